@@ -1,0 +1,72 @@
+// Command kvrouter is a KV-cache-aware request router for LLM serving
+// fleets, with an emulated engine, a fleet simulator and a live demo.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// version is the release; "dev" for builds from a work tree.
+const version = "dev"
+
+// command is one subcommand: it parses its own flags from args.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+func commands() map[string]command {
+	return map[string]command{
+		"version": {"print the version", func(context.Context, []string) error {
+			fmt.Println("kvrouter", version)
+			return nil
+		}},
+	}
+}
+
+func main() {
+	cmds := commands()
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage(cmds)
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		return
+	}
+	c, ok := cmds[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "kvrouter: unknown command %q\n\n", os.Args[1])
+		usage(cmds)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := c.run(ctx, os.Args[2:])
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kvrouter %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func usage(cmds map[string]command) {
+	fmt.Fprintln(os.Stderr, "usage: kvrouter <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(os.Stderr, "  %-8s %s\n", n, cmds[n].summary)
+	}
+	fmt.Fprintln(os.Stderr, "\nRun 'kvrouter <command> -h' for a command's flags.")
+}

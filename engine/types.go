@@ -1,0 +1,77 @@
+package engine
+
+import (
+	"time"
+
+	"kvrouter/prefix"
+)
+
+// Request is one inference request as the engine model sees it.
+type Request struct {
+	// ID identifies the request in events and in Cancel.
+	ID string
+	// Tokens are the prompt's token ids. The simulator may leave them nil and
+	// give Prompt and Hashes instead.
+	Tokens []uint32
+	// Prompt is the prompt length in tokens; zero means len(Tokens).
+	Prompt int
+	// Hashes are the chained hashes of the prompt's full blocks; nil means
+	// the engine computes them from Tokens and LoRA.
+	Hashes []prefix.Hash
+	// MaxTokens is the number of output tokens to generate, at least 1.
+	MaxTokens int
+	// LoRA names the adapter; it is an extra key of every block hash.
+	LoRA string
+}
+
+// Kind says what an Event reports.
+type Kind uint8
+
+// Event kinds.
+const (
+	// FirstToken: the request's prefill finished and its first output token
+	// is out.
+	FirstToken Kind = iota + 1
+	// Token: one more output token (not emitted with Config.NoTokenEvents).
+	Token
+	// Done: the request finished; the event carries its usage.
+	Done
+	// BlockStored: full blocks were computed and became reusable.
+	BlockStored
+	// BlockRemoved: cached blocks were evicted.
+	BlockRemoved
+	// AllCleared: every cached block was dropped.
+	AllCleared
+)
+
+// Event is one thing the engine reports from a Step.
+type Event struct {
+	Kind Kind
+	// At is when it happened on the engine's clock.
+	At time.Duration
+	// Req is the request's ID (FirstToken, Token, Done).
+	Req string
+
+	// Done carries the request's usage and timing.
+	PromptTokens, CachedTokens, OutputTokens int
+	// Arrived, Started and First are when the request was added, when its
+	// prefill was first scheduled, and when its first token came out.
+	Arrived, Started, First time.Duration
+	// Preemptions counts how often the request was preempted (recompute).
+	Preemptions int
+	// Canceled is true for a request ended by Cancel.
+	Canceled bool
+
+	// Hashes are the blocks stored or removed, in chain order for BlockStored.
+	Hashes []prefix.Hash
+	// Parent is the hash of the block before Hashes[0]; HasParent is false at
+	// the root.
+	Parent    prefix.Hash
+	HasParent bool
+	// TokenIDs are the stored blocks' tokens, BlockSize per hash, when the
+	// request carried tokens.
+	TokenIDs []uint32
+	// BlockSize is tokens per block; LoRA is the adapter name.
+	BlockSize int
+	LoRA      string
+}

@@ -1,0 +1,200 @@
+// Package route holds the routing policies: pure functions that pick a
+// replica for a request from an immutable fleet snapshot.
+//
+// Policies read no clocks, take no locks and do no I/O, so the live router
+// (package proxy) and the fleet simulator (package sim) run the same code.
+// Ties are broken by a hash of the request id, never by a global random
+// source, so every decision is reproducible.
+package route
+
+import "time"
+
+// Replica is one backend as the policy sees it at decision time.
+type Replica struct {
+	// ID names the replica (its base URL in the live router).
+	ID string
+	// Healthy is false for replicas that must get no traffic.
+	Healthy bool
+
+	// Running, Waiting and KVUsage are the engine's own figures from its last
+	// scrape; Scraped is false when no scrape has succeeded yet, and LoadAge
+	// says how old they are.
+	Running, Waiting int
+	// KVUsage is the fraction of the engine's KV blocks in use, 0..1.
+	KVUsage float64
+	Scraped bool
+	LoadAge time.Duration
+
+	// InFlight is the router's own count of requests sent and not finished:
+	// always fresh.
+	InFlight int
+	// PrefillTokens is the router's own count of prompt tokens routed here
+	// whose prefill has not finished yet (first token not seen), net of the
+	// tokens predicted to be cached.
+	PrefillTokens int
+	// Decoding is the router's own count of requests past their first token.
+	Decoding int
+	// DecodeBlocks is the KV footprint, in blocks of Snapshot.BlockSize
+	// tokens, of the requests this router has in flight here.
+	DecodeBlocks int
+	// RecentPrefill is the prompt tokens (uncached part) routed here over the
+	// last Needs.Window; zero when no window was asked for.
+	RecentPrefill int
+
+	// CacheBlocks is the replica's KV capacity in blocks of Snapshot.BlockSize
+	// tokens (from vllm:cache_config_info, else configured).
+	CacheBlocks int
+	// IndexBlocks is how many blocks the residency index attributes to this
+	// replica (SGLang's "smallest tree").
+	IndexBlocks int
+
+	// Rates is the replica's timing model, started from a preset and
+	// corrected online from observed TTFTs.
+	Rates Rates
+}
+
+// Rates is a replica's timing model, in the units the cost model needs.
+// Zero fields mean "use the default of the llama3-8b-h100 preset".
+type Rates struct {
+	// PrefillPerToken is the time to prefill one prompt token at short context.
+	PrefillPerToken time.Duration
+	// AttnPerToken2 is the attention term: extra seconds per token per token
+	// of context, in nanoseconds scaled by 1e-6 (so prefill of n tokens after c
+	// cached costs n*PrefillPerToken + n*(c+n/2)*AttnPerToken2/1e6).
+	AttnPerToken2 time.Duration
+	// DecodeStep is the duration of one decode step of a small batch.
+	DecodeStep time.Duration
+	// DecodePerSeq is the extra decode step time per running sequence.
+	DecodePerSeq time.Duration
+	// MaxSeqs is the engine's max_num_seqs; zero means 256.
+	MaxSeqs int
+	// Horizon is how long an untouched cached block typically survives
+	// before eviction on this replica (learned from its KV churn); zero
+	// means unknown (no decay).
+	Horizon time.Duration
+	// Scale corrects the model from observed TTFTs: observed / predicted,
+	// as an exponentially weighted mean; zero means 1.
+	Scale float64
+}
+
+// Snapshot is the fleet as the policy sees it. It is read-only; Pick must not
+// retain it.
+type Snapshot struct {
+	Replicas []Replica
+	// BlockSize is the tokens per block of Request.Match; zero means 16.
+	BlockSize int
+}
+
+// Request is what a policy knows of one request.
+type Request struct {
+	// ID identifies the request; Hash is a hash of it, used for tie-breaks
+	// and seeded choices.
+	ID   string
+	Hash uint64
+	// Seq is the request's arrival number at this router (round-robin).
+	Seq uint64
+	// Tokens is the prompt length in tokens (an estimate in text mode).
+	Tokens int
+	// MaxTokens is the expected number of output tokens; zero means unknown.
+	MaxTokens int
+	// Blocks is the number of full prefix blocks of the prompt.
+	Blocks int
+	// Match holds, per replica (same index as Snapshot.Replicas), the number
+	// of leading blocks believed resident there. Nil means none anywhere.
+	Match []int
+	// Age holds, per replica, how long ago the deepest matched block was last
+	// touched there. Nil means fresh.
+	Age []time.Duration
+	// Session is a hash of the session id, zero when the request has none.
+	Session uint64
+	// Pinned is the replica the session is bound to, or -1.
+	Pinned int
+	// PrefixKey is a hash of the first 100 characters of the first user
+	// message (or prompt) and the LoRA name, for consistent-hashing policies.
+	PrefixKey uint64
+	// Costs, when its capacity is at least len(Snapshot.Replicas), receives
+	// each candidate's cost terms, and Decision.Costs aliases it. Nil means
+	// the policy records none. Callers reuse it to keep Pick allocation-free.
+	Costs []Cost
+}
+
+// Cost is one candidate's terms in a decision. Every term is a duration.
+type Cost struct {
+	Replica int
+	// Matched is the predicted cached prompt tokens on this replica.
+	Matched int
+	// Wait is the time until the replica can start this prefill.
+	Wait time.Duration
+	// Prefill is the time to prefill the uncached part of the prompt.
+	Prefill time.Duration
+	// Decode is the slowdown from and to the replica's running decodes.
+	Decode time.Duration
+	// Memory is the expected cost of evictions and preemption under KV
+	// pressure.
+	Memory time.Duration
+	// Total is what the policy minimised (or, for score-based peers, the
+	// negated score expressed as-is).
+	Total time.Duration
+}
+
+// Decision is a policy's choice.
+type Decision struct {
+	// Replica is an index into Snapshot.Replicas, or -1 to reject.
+	Replica int
+	// Reason says in a word why: "prefix", "session", "least-cost",
+	// "least-loaded", "round-robin", "no-healthy", ... It is a constant
+	// string, so recording it allocates nothing.
+	Reason string
+	// Matched is the cached prompt tokens the policy predicts on Replica.
+	Matched int
+	// Costs aliases Request.Costs when the caller supplied it.
+	Costs []Cost
+}
+
+// Policy picks a replica for a request.
+type Policy interface {
+	Pick(*Request, *Snapshot) Decision
+}
+
+// Func adapts a function to Policy, like http.HandlerFunc.
+type Func func(*Request, *Snapshot) Decision
+
+// Pick calls f.
+func (f Func) Pick(r *Request, s *Snapshot) Decision { return f(r, s) }
+
+// IndexKind says what residency information a policy reads.
+type IndexKind uint8
+
+const (
+	// NoIndex: the policy reads no residency (Match is nil).
+	NoIndex IndexKind = iota
+	// Approximate: an index fed by the router's own routing decisions.
+	Approximate
+	// Precise: an index fed by the engines' KV events.
+	Precise
+)
+
+// Needs describes the signals a policy expects, so that the simulator and
+// the live router can feed each policy what it would really see. The zero
+// value means: no index, metrics at the default scrape interval.
+type Needs struct {
+	Index IndexKind
+	// IndexBlocks caps each replica's share of an approximate index, in
+	// blocks; zero means the replica's CacheBlocks.
+	IndexBlocks int
+	// IndexTTL drops index entries untouched for longer; zero means never.
+	IndexTTL time.Duration
+	// BlockTokens is the index's block granularity in tokens; zero means the
+	// snapshot's BlockSize.
+	BlockTokens int
+	// ScrapeInterval is how often the policy's source reads engine metrics;
+	// zero means the router's default (100 ms).
+	ScrapeInterval time.Duration
+	// Window is the span of Replica.RecentPrefill; zero means not needed.
+	Window time.Duration
+}
+
+// Needer is implemented by policies that need more than the defaults.
+type Needer interface {
+	Needs() Needs
+}
