@@ -1,6 +1,6 @@
 module kvrouter
 
-go 1.26
+go 1.26.0
 require (
 	github.com/ardanlabs/jinja v1.8.0
 	github.com/cespare/xxhash/v2 v2.3.0
