@@ -1,0 +1,135 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"kvrouter/prefix"
+	"kvrouter/route"
+)
+
+// Idle is the next wake-up Step returns when the engine has no work: call
+// Step again only after Add.
+const Idle time.Duration = 1<<63 - 1
+
+// Config sizes one engine and sets its timing model. Zero values mean the
+// llama3-8b-h100 preset's figure for sizes and timing, so Config{} is a
+// working Llama-3.1-8B on one H100.
+type Config struct {
+	// BlockSize is tokens per KV block; zero means 16 (vLLM's default).
+	BlockSize int
+	// NumBlocks is the KV capacity in blocks; zero means 28160 (about 450k
+	// tokens, llama3-8b-h100).
+	NumBlocks int
+	// MaxNumSeqs caps the running batch (vLLM max_num_seqs); zero means 256.
+	MaxNumSeqs int
+	// MaxBatchedTokens is the per-step token budget (vLLM
+	// max_num_batched_tokens); zero means 8192.
+	MaxBatchedTokens int
+	// MaxModelLen caps prompt plus output tokens per request; zero means
+	// 131072 (Llama 3.1), further capped by the whole cache.
+	MaxModelLen int
+	// NoTokenEvents suppresses the per-token Token events (FirstToken and
+	// Done are still emitted); the simulator sets it to run faster.
+	NoTokenEvents bool
+	// KVBytesPerToken is the KV footprint of one token across all GPUs of
+	// the replica, in bytes; zero means 131072 (Llama-3-8B, bf16). The model
+	// uses it only to report memory; NumBlocks sets the capacity.
+	KVBytesPerToken int
+	// Root is the hash the engine's block chains start from (before the
+	// LoRA name is folded in). It need not equal the router's root: the
+	// engine hashes its own blocks, as vLLM does.
+	Root prefix.Hash
+
+	// StepOverhead is the fixed cost of every iteration (scheduling, kernel
+	// launch, sampling); zero means the preset's.
+	StepOverhead time.Duration
+	// PrefillPerToken is the linear cost of prefilling one token (the
+	// weights' FLOPs); zero means the preset's.
+	PrefillPerToken time.Duration
+	// AttnPerToken2 is the attention cost per (token, context token) pair,
+	// in nanoseconds scaled by 1e-6, as route.Rates.AttnPerToken2: a chunk of
+	// n tokens after c computed ones costs n*(c+n/2)*AttnPerToken2/1e6.
+	// Zero means the preset's.
+	AttnPerToken2 time.Duration
+	// DecodeStep is added to an iteration that decodes at least one
+	// sequence (reading the weights once); zero means the preset's.
+	DecodeStep time.Duration
+	// DecodePerSeq is added per decoding sequence; zero means the preset's.
+	DecodePerSeq time.Duration
+	// DecodePerMTokens is added per million tokens of context of the
+	// decoding sequences (reading their KV); zero means the preset's.
+	DecodePerMTokens time.Duration
+}
+
+// defaults returns c with every zero field set.
+func (c Config) defaults() Config {
+	p := llama8B()
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.BlockSize, 16)
+	def(&c.NumBlocks, p.NumBlocks*16/c.BlockSize)
+	def(&c.MaxNumSeqs, 256)
+	def(&c.MaxBatchedTokens, 8192)
+	def(&c.MaxModelLen, p.MaxModelLen)
+	def(&c.KVBytesPerToken, p.KVBytesPerToken)
+	defD(&c.StepOverhead, p.StepOverhead)
+	defD(&c.PrefillPerToken, p.PrefillPerToken)
+	defD(&c.AttnPerToken2, p.AttnPerToken2)
+	defD(&c.DecodeStep, p.DecodeStep)
+	defD(&c.DecodePerSeq, p.DecodePerSeq)
+	defD(&c.DecodePerMTokens, p.DecodePerMTokens)
+	if m := c.NumBlocks * c.BlockSize; c.MaxModelLen > m {
+		c.MaxModelLen = m
+	}
+	return c
+}
+
+// validate reports a config with negative or inconsistent figures.
+func (c Config) validate() error {
+	switch {
+	case c.BlockSize < 1:
+		return fmt.Errorf("engine config: block size %d < 1", c.BlockSize)
+	case c.NumBlocks < 1:
+		return fmt.Errorf("engine config: %d blocks < 1", c.NumBlocks)
+	case c.NumBlocks >= 1<<31-1:
+		return fmt.Errorf("engine config: %d blocks is too many", c.NumBlocks)
+	case c.MaxNumSeqs < 1:
+		return fmt.Errorf("engine config: max num seqs %d < 1", c.MaxNumSeqs)
+	case c.MaxBatchedTokens < 1:
+		return fmt.Errorf("engine config: max batched tokens %d < 1", c.MaxBatchedTokens)
+	case c.MaxModelLen < 2:
+		return fmt.Errorf("engine config: max model len %d < 2", c.MaxModelLen)
+	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.AttnPerToken2 < 0 ||
+		c.DecodeStep < 0 || c.DecodePerSeq < 0 || c.DecodePerMTokens < 0:
+		return fmt.Errorf("engine config: negative timing figure")
+	}
+	return nil
+}
+
+// rateContext is the context length, in tokens, folded into
+// Rates().DecodePerSeq, since route.Rates has no per-context-token term.
+const rateContext = 4096
+
+// Rates converts the timing model to the router's units, so the router's
+// cost model starts from the same preset. route.Rates has no context term:
+// DecodePerSeq folds in the KV read of a sequence of 4096 tokens, and
+// DecodeStep includes the step overhead.
+func (c Config) Rates() route.Rates {
+	c = c.defaults()
+	return route.Rates{
+		PrefillPerToken: c.PrefillPerToken,
+		AttnPerToken2:   c.AttnPerToken2,
+		DecodeStep:      c.StepOverhead + c.DecodeStep,
+		DecodePerSeq:    c.DecodePerSeq + c.DecodePerMTokens*rateContext/1_000_000,
+		MaxSeqs:         c.MaxNumSeqs,
+	}
+}

@@ -1,0 +1,308 @@
+// Package engine models one vLLM v1 inference engine: a paged KV cache with
+// automatic prefix caching, a continuous-batching scheduler with chunked
+// prefill and preemption, and a timing model for each iteration.
+//
+// The model is a clock-free state machine: time is an argument of every
+// call, there are no goroutines, and the same calls always give the same
+// events. The emulator drives it from the wall clock and the simulator from
+// a virtual one:
+//
+//	e.Add(now, req)
+//	events, next := e.Step(now) // call Step again at next
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"kvrouter/prefix"
+)
+
+// seq is one request inside the engine.
+type seq struct {
+	id     string
+	tokens []uint32
+	// hashes are the chained hashes of the prompt's full blocks.
+	hashes    []prefix.Hash
+	prompt    int
+	maxTokens int
+	lora      string
+	parent    prefix.Hash // root of the chain (parent of hashes[0])
+
+	// computed counts tokens whose KV is computed (vLLM
+	// num_computed_tokens); output counts sampled output tokens.
+	computed, output int
+	// blocks is the block table.
+	blocks []int32
+	// stored counts leading prompt blocks whose cache status is settled
+	// (hit at admission, or computed and offered to the cache).
+	stored int
+	// n is the tokens scheduled in the iteration in flight.
+	n int
+
+	cached                  int
+	admitted                bool
+	arrived, started, first time.Duration
+	preemptions             int
+	// gone is set when the request finished or was canceled.
+	gone bool
+}
+
+// need is the tokens seq must compute before it can sample its next token.
+func (s *seq) need() int { return s.prompt + s.output - s.computed }
+
+// Stats are the engine's counters, as vLLM exports them.
+type Stats struct {
+	// Running and Waiting are the requests in the batch and in the queue.
+	Running, Waiting int
+	// UsedBlocks is the blocks held by requests; TotalBlocks the capacity.
+	// KV usage (vllm:kv_cache_usage_perc) is UsedBlocks/TotalBlocks.
+	UsedBlocks, TotalBlocks int
+	// CachedBlocks is the computed blocks reusable by prefix caching, held
+	// or free.
+	CachedBlocks int
+	// PrefixQueries and PrefixHits are prompt tokens looked up and found in
+	// the prefix cache at admission (vllm:prefix_cache_queries_total and
+	// vllm:prefix_cache_hits_total).
+	PrefixQueries, PrefixHits int64
+	// Preemptions counts requests preempted (recompute).
+	Preemptions int64
+	// StoredBlocks and RemovedBlocks count blocks reported in BlockStored
+	// and BlockRemoved events.
+	StoredBlocks, RemovedBlocks int64
+	// Finished and Canceled count requests that completed or were canceled.
+	Finished, Canceled int64
+	// PrefillTokens counts prompt tokens computed (including recomputation
+	// after preemption); OutputTokens counts sampled tokens.
+	PrefillTokens, OutputTokens int64
+	// Steps counts iterations; Busy is their total duration.
+	Steps int64
+	Busy  time.Duration
+}
+
+// Engine is one modelled inference engine. It is not safe for concurrent
+// use: one goroutine owns it.
+type Engine struct {
+	cfg  Config
+	pool *pool
+
+	waiting deque
+	running []*seq
+	byID    map[string]*seq
+
+	// busy is true while an iteration is in flight; it runs from start to
+	// end and computes batch.
+	busy       bool
+	start, end time.Duration
+	batch      []*seq
+	// evicted collects the hashes evicted while scheduling the iteration
+	// in flight, reported when it ends.
+	evicted []prefix.Hash
+
+	// pend collects events for the next Step; out is the slice the last
+	// Step returned. They swap on every Step.
+	pend, out []Event
+	stats     Stats
+}
+
+// New returns an idle engine with an empty cache.
+func New(cfg Config) (*Engine, error) {
+	cfg = cfg.defaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{
+		cfg:  cfg,
+		pool: newPool(cfg.NumBlocks),
+		byID: make(map[string]*seq),
+	}, nil
+}
+
+// Config returns the engine's configuration, zero fields filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Add queues a request arriving at now. It is scheduled at the next
+// iteration: if the engine is idle, call Step(now) after Add. Add rejects a
+// request with an empty prompt, MaxTokens < 1, a prompt plus output longer
+// than MaxModelLen or than the whole cache, or the ID of a request still in
+// the engine. The engine keeps r's Tokens and Hashes: do not modify them.
+func (e *Engine) Add(now time.Duration, r *Request) error {
+	p := r.Prompt
+	if p == 0 {
+		p = len(r.Tokens)
+	}
+	bs := e.cfg.BlockSize
+	switch {
+	case p < 1:
+		return fmt.Errorf("request %s: empty prompt", r.ID)
+	case len(r.Tokens) > 0 && len(r.Tokens) != p:
+		return fmt.Errorf("request %s: prompt %d tokens but %d token ids", r.ID, p, len(r.Tokens))
+	case r.MaxTokens < 1:
+		return fmt.Errorf("request %s: max tokens %d < 1", r.ID, r.MaxTokens)
+	case p+r.MaxTokens > e.cfg.MaxModelLen:
+		return fmt.Errorf("request %s: %d prompt + %d output tokens exceed the max model length %d",
+			r.ID, p, r.MaxTokens, e.cfg.MaxModelLen)
+	case (p+r.MaxTokens+bs-1)/bs > e.cfg.NumBlocks:
+		return fmt.Errorf("request %s: %d tokens exceed the KV cache of %d blocks", r.ID, p+r.MaxTokens, e.cfg.NumBlocks)
+	}
+	if _, dup := e.byID[r.ID]; dup {
+		return fmt.Errorf("request %s: already in the engine", r.ID)
+	}
+	s := &seq{id: r.ID, tokens: r.Tokens, prompt: p, maxTokens: r.MaxTokens, lora: r.LoRA, arrived: now}
+	s.parent = e.cfg.Root
+	if r.LoRA != "" {
+		s.parent = prefix.Chain(e.cfg.Root, []byte(r.LoRA))
+	}
+	switch {
+	case r.Hashes != nil:
+		s.hashes = r.Hashes[:min(len(r.Hashes), p/bs)]
+	case len(r.Tokens) > 0:
+		s.hashes = prefix.Blocks(s.parent, r.Tokens, bs, make([]prefix.Hash, 0, p/bs))
+	}
+	e.byID[r.ID] = s
+	e.waiting.pushBack(s)
+	return nil
+}
+
+// Cancel ends the request id at now, as an abort does in vLLM: it leaves
+// the queue or the batch, its blocks are freed (its computed blocks stay
+// cached), and a Done event with Canceled set is reported by the next Step.
+// Work the iteration in flight did for it is discarded. Cancel reports
+// false for an unknown or finished request.
+func (e *Engine) Cancel(now time.Duration, id string) bool {
+	s, ok := e.byID[id]
+	if !ok {
+		return false
+	}
+	if e.busy && e.end <= now {
+		e.finish()
+	}
+	if s.admitted {
+		i := slices.Index(e.running, s)
+		e.running = slices.Delete(e.running, i, i+1)
+		e.free(s)
+	} else {
+		e.waiting.remove(s)
+	}
+	e.stats.Canceled++
+	e.done(s, now, true)
+	return true
+}
+
+// Reset drops every cached block, as vLLM's reset_prefix_cache, and
+// reports AllCleared at the next Step. Like vLLM it refuses, returning
+// false, while requests hold blocks (an iteration in flight or requests
+// running); waiting requests are kept.
+func (e *Engine) Reset(now time.Duration) bool {
+	if e.busy && e.end <= now {
+		e.finish()
+	}
+	if e.busy || e.pool.used() > 0 {
+		return false
+	}
+	e.pool.clear()
+	e.pend = append(e.pend, Event{Kind: AllCleared, At: now, BlockSize: e.cfg.BlockSize})
+	return true
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	st := e.stats
+	st.Running = len(e.running)
+	st.Waiting = e.waiting.len()
+	st.UsedBlocks = e.pool.used()
+	st.TotalBlocks = e.cfg.NumBlocks
+	st.CachedBlocks = len(e.pool.table)
+	return st
+}
+
+// Cached returns the hashes of all computed cached blocks, held or free,
+// sorted.
+func (e *Engine) Cached() []prefix.Hash {
+	hs := make([]prefix.Hash, 0, len(e.pool.table))
+	for h := range e.pool.table {
+		hs = append(hs, h)
+	}
+	slices.Sort(hs)
+	return hs
+}
+
+// free releases seq's blocks, last block first as vLLM does, so that a
+// request's tail is evicted before its head.
+func (e *Engine) free(s *seq) {
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		e.pool.release(s.blocks[i])
+	}
+	s.blocks = s.blocks[:0]
+}
+
+// done reports s finished at t and forgets it.
+func (e *Engine) done(s *seq, t time.Duration, canceled bool) {
+	s.gone = true
+	delete(e.byID, s.id)
+	e.pend = append(e.pend, Event{
+		Kind: Done, At: t, Req: s.id,
+		PromptTokens: s.prompt, CachedTokens: s.cached, OutputTokens: s.output,
+		Arrived: s.arrived, Started: s.started, First: s.first,
+		Preemptions: s.preemptions, Canceled: canceled,
+	})
+}
+
+// deque is the FCFS waiting queue: a ring buffer that also takes
+// preempted requests back at its front.
+type deque struct {
+	buf        []*seq
+	head, size int
+}
+
+func (q *deque) len() int { return q.size }
+
+func (q *deque) front() *seq { return q.buf[q.head] }
+
+func (q *deque) grow() {
+	if q.size < len(q.buf) {
+		return
+	}
+	nb := make([]*seq, max(8, 2*len(q.buf)))
+	for i := range q.size {
+		nb[i] = q.buf[(q.head+i)%len(q.buf)]
+	}
+	q.buf, q.head = nb, 0
+}
+
+func (q *deque) pushBack(s *seq) {
+	q.grow()
+	q.buf[(q.head+q.size)%len(q.buf)] = s
+	q.size++
+}
+
+func (q *deque) pushFront(s *seq) {
+	q.grow()
+	q.head = (q.head - 1 + len(q.buf)) % len(q.buf)
+	q.buf[q.head] = s
+	q.size++
+}
+
+func (q *deque) popFront() *seq {
+	s := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head = (q.head + 1) % len(q.buf)
+	q.size--
+	return s
+}
+
+// remove deletes s from the queue, keeping the order of the others.
+func (q *deque) remove(s *seq) {
+	for i := range q.size {
+		if q.buf[(q.head+i)%len(q.buf)] != s {
+			continue
+		}
+		for j := i; j < q.size-1; j++ {
+			q.buf[(q.head+j)%len(q.buf)] = q.buf[(q.head+j+1)%len(q.buf)]
+		}
+		q.buf[(q.head+q.size-1)%len(q.buf)] = nil
+		q.size--
+		return
+	}
+}

@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"time"
+)
+
+// Step advances the engine to now. If the iteration in flight ended by
+// now, Step completes it and returns its events, stamped with its end
+// time (and any events of Cancel and Reset since the last Step). Then, if
+// no iteration is in flight and there is work, it schedules the next one,
+// starting at now. next is when to call Step again: the end of the
+// iteration in flight, or Idle when there is no work.
+//
+// The returned slice is reused by the next Step call: copy what you keep.
+func (e *Engine) Step(now time.Duration) (events []Event, next time.Duration) {
+	if e.busy && e.end <= now {
+		e.finish()
+	}
+	if !e.busy {
+		e.schedule(now)
+	}
+	e.out, e.pend = e.pend, e.out[:0]
+	if e.busy {
+		return e.out, e.end
+	}
+	return e.out, Idle
+}
+
+// schedule picks the next iteration's batch as vLLM v1's Scheduler.schedule
+// (vllm/v1/core/sched/scheduler.py): running requests first, in order,
+// each taking what it still needs within the token budget (one token for a
+// decode, a chunk for a prefill); when blocks run out, the newest running
+// request is preempted; then, if nothing was preempted, waiting requests
+// are admitted in FCFS order with their cached prefix while seats, budget
+// and blocks last.
+func (e *Engine) schedule(now time.Duration) {
+	e.batch = e.batch[:0]
+	budget := e.cfg.MaxBatchedTokens
+	preempted := false
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := min(s.need(), budget)
+		for !e.grow(s, n) {
+			v := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(v)
+			preempted = true
+			if v == s {
+				break
+			}
+		}
+		if !s.admitted {
+			break
+		}
+		s.n = n
+		budget -= n
+		e.batch = append(e.batch, s)
+	}
+	if !preempted {
+		e.admit(now, budget)
+	}
+	if len(e.batch) == 0 {
+		return
+	}
+	e.busy = true
+	e.start = now
+	e.end = now + e.duration()
+	e.stats.Steps++
+	e.stats.Busy += e.end - now
+}
+
+// admit moves waiting requests into the batch.
+func (e *Engine) admit(now time.Duration, budget int) {
+	bs := e.cfg.BlockSize
+	for e.waiting.len() > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+		s := e.waiting.front()
+		total := s.prompt + s.output
+		// Longest chain of computed cached blocks; never the whole prompt,
+		// as vLLM recomputes the last token to get its logits.
+		hits := 0
+		limit := min(len(s.hashes), (total-1)/bs)
+		for hits < limit {
+			if _, ok := e.pool.lookup(s.hashes[hits]); !ok {
+				break
+			}
+			hits++
+		}
+		// Blocks needed: new ones plus hits sitting in the free queue.
+		n := min(total-hits*bs, budget)
+		want := (hits*bs+n+bs-1)/bs - hits
+		for _, h := range s.hashes[:hits] {
+			if i, _ := e.pool.lookup(h); e.pool.blocks[i].ref == 0 {
+				want++
+			}
+		}
+		if want > e.pool.nfree {
+			return
+		}
+		e.waiting.popFront()
+		for _, h := range s.hashes[:hits] {
+			i, _ := e.pool.lookup(h)
+			e.pool.touch(i)
+			s.blocks = append(s.blocks, i)
+		}
+		s.computed = hits * bs
+		s.stored = hits
+		e.grow(s, n)
+		e.stats.PrefixQueries += int64(total)
+		e.stats.PrefixHits += int64(hits * bs)
+		if s.preemptions == 0 {
+			s.cached = hits * bs
+			s.started = now
+		}
+		s.admitted = true
+		s.n = n
+		budget -= n
+		e.running = append(e.running, s)
+		e.batch = append(e.batch, s)
+	}
+}
+
+// grow gives s the blocks for n more tokens, evicting cached free blocks
+// as needed. It reports false, changing nothing, if too few are free.
+func (e *Engine) grow(s *seq, n int) bool {
+	bs := e.cfg.BlockSize
+	want := (s.computed+n+bs-1)/bs - len(s.blocks)
+	if want <= 0 {
+		return true
+	}
+	if want > e.pool.nfree {
+		return false
+	}
+	for range want {
+		var i int32
+		i, e.evicted = e.pool.alloc(e.evicted)
+		s.blocks = append(s.blocks, i)
+	}
+	return true
+}
+
+// preempt frees s's blocks and puts it back at the front of the queue, to
+// recompute from scratch (vLLM's preemption by recompute).
+func (e *Engine) preempt(s *seq) {
+	e.free(s)
+	s.computed = 0
+	s.stored = 0
+	s.admitted = false
+	s.preemptions++
+	e.stats.Preemptions++
+	e.waiting.pushFront(s)
+}
+
+// duration is the iteration's length under the timing model.
+func (e *Engine) duration() time.Duration {
+	c := &e.cfg
+	var prefill, pairs, decodes, ctx int64
+	for _, s := range e.batch {
+		n := int64(s.n)
+		if n == 1 && s.output > 0 {
+			decodes++
+			ctx += int64(s.computed + 1)
+			continue
+		}
+		prefill += n
+		pairs += n * (int64(s.computed) + n/2)
+	}
+	d := c.StepOverhead + time.Duration(prefill)*c.PrefillPerToken +
+		time.Duration(pairs*int64(c.AttnPerToken2)/1_000_000)
+	if decodes > 0 {
+		d += c.DecodeStep + time.Duration(decodes)*c.DecodePerSeq +
+			time.Duration(ctx*int64(c.DecodePerMTokens)/1_000_000)
+	}
+	return d
+}
