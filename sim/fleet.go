@@ -1,0 +1,52 @@
+package sim
+
+import "kvrouter/trace"
+
+// onFleet applies the next fleet event and queues the one after.
+//
+// Kill: the replica goes unhealthy at once (the live router's health check
+// would take a probe interval; the simulator gives every policy the same
+// instant knowledge), its requests in flight fail and are counted as
+// errors (rejectKilled, never re-sent: a client would see the failure),
+// its engine and cache are gone, and the index forgets it. Add: a cold
+// replica joins, appended after the others.
+func (r *runner) onFleet() {
+	fe := r.cfg.fleet[r.fleet]
+	r.fleet++
+	if r.fleet < len(r.cfg.fleet) {
+		r.q.push(event{at: r.cfg.fleet[r.fleet].at, kind: evFleet})
+	}
+	switch fe.kind {
+	case trace.Kill:
+		r.kill(fe.replica)
+	case trace.Add:
+		if err := r.addReplica(); err != nil {
+			r.err = err
+		}
+	}
+}
+
+// kill takes replica i down.
+func (r *runner) kill(i int) {
+	if i < 0 || i >= len(r.reps) || !r.reps[i].alive {
+		return
+	}
+	rp := &r.reps[i]
+	rp.alive = false
+	rp.eng = nil
+	rp.wake = -1
+	rp.inFlight, rp.prefillTokens, rp.decoding, rp.decodeBlocks = 0, 0, 0, 0
+	rp.running, rp.waiting, rp.kvUsage = 0, 0, 0
+	for j := range r.flights {
+		f := &r.flights[j]
+		if f.active && int(f.rep) == i {
+			f.active = false
+			r.live--
+			delete(r.byID, r.jobs[j].id)
+			r.reject(j, rejectKilled)
+		}
+	}
+	if r.idx != nil {
+		r.idx.clearReplica(i)
+	}
+}

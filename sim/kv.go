@@ -1,0 +1,56 @@
+package sim
+
+import (
+	"time"
+
+	"kvrouter/engine"
+	"kvrouter/prefix"
+)
+
+// kvEvent is an engine KV event on its way to the precise index.
+type kvEvent struct {
+	due    time.Duration
+	rep    int32
+	kind   engine.Kind
+	hashes []prefix.Hash
+}
+
+// queueKV sends a KV event of replica i to the index, KVEventDelay late.
+// The event's hashes are copied (the engine reuses them). Due times are
+// monotonic (events come out in time order, the delay is constant), so a
+// FIFO drained before each event replaces heap entries.
+func (r *runner) queueKV(i int, ev *engine.Event) {
+	if r.cfg.KVEventDelay == 0 {
+		r.applyKV(i, ev.Kind, ev.Hashes)
+		return
+	}
+	if r.kvq0 > 0 && r.kvq0 == len(r.kvq) {
+		r.kvq, r.kvq0 = r.kvq[:0], 0
+	}
+	r.kvq = append(r.kvq, kvEvent{due: ev.At + r.cfg.KVEventDelay, rep: int32(i), kind: ev.Kind,
+		hashes: append([]prefix.Hash(nil), ev.Hashes...)})
+}
+
+// drainKV applies the delayed KV events due by now.
+func (r *runner) drainKV() {
+	for r.kvq0 < len(r.kvq) && r.kvq[r.kvq0].due <= r.now {
+		e := &r.kvq[r.kvq0]
+		if r.reps[e.rep].alive {
+			r.applyKV(int(e.rep), e.kind, e.hashes)
+		}
+		e.hashes = nil
+		r.kvq0++
+	}
+}
+
+// applyKV updates the precise index with one event of replica i.
+func (r *runner) applyKV(i int, k engine.Kind, hashes []prefix.Hash) {
+	switch k {
+	case engine.BlockStored:
+		r.idx.store(i, hashes, r.now)
+	case engine.BlockRemoved:
+		r.idx.remove(i, hashes)
+	case engine.AllCleared:
+		r.idx.clearReplica(i)
+	}
+}

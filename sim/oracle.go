@@ -1,0 +1,154 @@
+package sim
+
+import "kvrouter/prefix"
+
+// Oracles are the hit-rate ceilings a routing policy is judged against
+// (docs/benchmarks.md), computed over the run's jobs in arrival order.
+//
+//   - Infinite cache: a set of every block hash seen so far. A request's
+//     cached tokens are its leading blocks already in the set.
+//   - Pooled cache: ONE cache holding the whole fleet's blocks
+//     (Replicas × NumBlocks), with the engine's eviction policy (LRU of
+//     blocks). The approximation: blocks are looked up and touched at
+//     arrival, in arrival order, and are evictable at once; a real engine
+//     pins the blocks of running requests until they finish and also holds
+//     their output blocks. With a fleet-sized pool the difference is small
+//     (the running set is a small part of the pool), and it errs on the
+//     generous side, which is what a ceiling should do.
+//
+// Both apply the engine's last-token rule (cachedTokens): a prompt served
+// wholly from cache still recomputes its last token, so at most
+// (prompt-1)/blockSize blocks count as cached.
+
+// oracleResult is one oracle's totals.
+type oracleResult struct {
+	Prompt, Cached int64
+}
+
+// cachedTokens is the engine's rule: matched leading blocks, capped so that
+// at least one prompt token is computed (vLLM v1 looks up at most
+// prompt-1 tokens), in whole blocks.
+func cachedTokens(matched, prompt, blockSize int) int {
+	if max := (prompt - 1) / blockSize; matched > max {
+		matched = max
+	}
+	if matched < 0 {
+		return 0
+	}
+	return matched * blockSize
+}
+
+// infiniteOracle returns the infinite-cache totals of jobs.
+func infiniteOracle(jobs []job, blockSize int) oracleResult {
+	var res oracleResult
+	seen := make(map[prefix.Hash]struct{}, 1<<16)
+	for i := range jobs {
+		j := &jobs[i]
+		m := 0
+		for m < len(j.hashes) {
+			if _, ok := seen[j.hashes[m]]; !ok {
+				break
+			}
+			m++
+		}
+		res.Prompt += int64(j.prompt)
+		res.Cached += int64(cachedTokens(m, j.prompt, blockSize))
+		for _, h := range j.hashes[m:] {
+			seen[h] = struct{}{}
+		}
+	}
+	return res
+}
+
+// pooledOracle returns the pooled-cache totals of jobs with one LRU of
+// capacity blocks.
+func pooledOracle(jobs []job, blockSize, capacity int) oracleResult {
+	var res oracleResult
+	l := newLRU(capacity)
+	for i := range jobs {
+		j := &jobs[i]
+		m := 0
+		for m < len(j.hashes) && l.has(j.hashes[m]) {
+			m++
+		}
+		res.Prompt += int64(j.prompt)
+		res.Cached += int64(cachedTokens(m, j.prompt, blockSize))
+		// Touch leaf-last, so the root of the chain is the most recent:
+		// like the engine, which frees a request's blocks in reverse order
+		// so that the tail is evicted first.
+		for k := len(j.hashes) - 1; k >= 0; k-- {
+			l.touch(j.hashes[k])
+		}
+	}
+	return res
+}
+
+// lru is a fixed-capacity LRU set of block hashes: a map to slots of an
+// intrusive doubly linked list held in slices (no pointer per entry).
+type lru struct {
+	slot       map[prefix.Hash]int32
+	hash       []prefix.Hash
+	prev, next []int32
+	head       int32 // most recent, -1 when empty
+	tail       int32 // least recent
+	cap        int
+}
+
+func newLRU(capacity int) *lru {
+	if capacity < 1 {
+		capacity = 1
+	}
+	return &lru{slot: make(map[prefix.Hash]int32, min(capacity, 1<<20)), head: -1, tail: -1, cap: capacity}
+}
+
+func (l *lru) has(h prefix.Hash) bool { _, ok := l.slot[h]; return ok }
+
+// touch makes h the most recent entry, inserting it (and evicting the least
+// recent entry when full) if absent.
+func (l *lru) touch(h prefix.Hash) {
+	if s, ok := l.slot[h]; ok {
+		l.unlink(s)
+		l.pushFront(s)
+		return
+	}
+	var s int32
+	if len(l.hash) < l.cap {
+		s = int32(len(l.hash))
+		l.hash = append(l.hash, h)
+		l.prev = append(l.prev, -1)
+		l.next = append(l.next, -1)
+	} else {
+		s = l.tail
+		l.unlink(s)
+		delete(l.slot, l.hash[s])
+		l.hash[s] = h
+	}
+	l.slot[h] = s
+	l.pushFront(s)
+}
+
+func (l *lru) unlink(s int32) {
+	p, n := l.prev[s], l.next[s]
+	if p >= 0 {
+		l.next[p] = n
+	} else {
+		l.head = n
+	}
+	if n >= 0 {
+		l.prev[n] = p
+	} else {
+		l.tail = p
+	}
+}
+
+func (l *lru) pushFront(s int32) {
+	l.prev[s] = -1
+	l.next[s] = l.head
+	if l.head >= 0 {
+		l.prev[l.head] = s
+	}
+	l.head = s
+	if l.tail < 0 {
+		l.tail = s
+	}
+}

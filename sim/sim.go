@@ -1,0 +1,211 @@
+// Package sim is the fleet simulator: a trace-driven discrete-event
+// simulation of a fleet of engine models (package engine) on one virtual
+// clock, each request routed by a policy (package route) through a fleet
+// snapshot built the way the live router builds it.
+//
+// One goroutine, one event heap, virtual time. The events are arrivals,
+// engine wake-ups (one pending per replica), scrape ticks (engine metrics in
+// the snapshot are refreshed only then, so they are stale by up to the
+// scrape interval), delayed KV events (precise mode), fleet events (a
+// replica killed or added) and load-sample ticks. Every policy runs on a
+// fresh fleet over the same requests; the same seed gives the same output,
+// byte for byte.
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"kvrouter/engine"
+	"kvrouter/route"
+	"kvrouter/trace"
+)
+
+// Defaults of Config's zero fields.
+const (
+	// DefaultScrapeInterval is how often engine metrics reach the snapshot.
+	DefaultScrapeInterval = 100 * time.Millisecond
+	// DefaultSLOTTFT and DefaultSLOITL are the goodput SLO.
+	DefaultSLOTTFT = 2 * time.Second
+	DefaultSLOITL  = 100 * time.Millisecond
+	// PreciseSuffix, appended to a policy name, runs that policy with a
+	// precise index (engine KV events) instead of its own: "kv-aware-precise".
+	PreciseSuffix = "-precise"
+	// sampleEvery is the bucket of the load-over-time series.
+	sampleEvery = time.Second
+)
+
+// Index modes of Config.Mode.
+const (
+	// ModeApproximate: kv-aware reads an index fed by its routing decisions.
+	ModeApproximate = "approximate"
+	// ModePrecise: kv-aware reads an index fed by the engines' KV events.
+	ModePrecise = "precise"
+)
+
+// SLO is the goodput target: a request meets it when its TTFT and its mean
+// ITL are both within bounds.
+type SLO struct {
+	// TTFT is the time-to-first-token bound; zero means 2 s.
+	TTFT time.Duration
+	// ITL is the mean inter-token latency bound; zero means 100 ms.
+	ITL time.Duration
+}
+
+// Config is one simulation: a workload, a fleet and the policies to compare.
+type Config struct {
+	// Workload names the workload in the report ("mooncake-conversation").
+	Workload string
+	// Requests are the requests, in arrival order (At ascending).
+	Requests []trace.Request
+	// Fleet are fleet events (kill or add a replica), in time order, on the
+	// requests' original clock (scaled like the arrivals).
+	Fleet []trace.FleetEvent
+	// Replicas is the fleet size at the start; zero means 16.
+	Replicas int
+	// Preset is every replica's engine configuration (engine.Preset).
+	// NoTokenEvents is forced on.
+	Preset engine.Config
+	// Load is the offered work as a fraction of the fleet's capacity (see
+	// work): arrival times are scaled to meet it. Zero keeps the requests'
+	// own times.
+	Load float64
+	// Policies are route policy names (route.Names()), plus any name with
+	// the PreciseSuffix. Empty means every route policy.
+	Policies []string
+	// Seed varies the policies' tie-breaks (it is mixed into each request's
+	// hash); workload generators take it separately.
+	Seed uint64
+	// ScrapeInterval is how often engine metrics (Running, Waiting,
+	// KVUsage) reach the snapshot, unless the policy's Needs says its own;
+	// zero means 100 ms.
+	ScrapeInterval time.Duration
+	// KVEventDelay is how long an engine KV event takes to reach a precise
+	// index; zero means immediately.
+	KVEventDelay time.Duration
+	// Mode is ModeApproximate (the default) or ModePrecise: the index
+	// "kv-aware" reads.
+	Mode string
+	// SLO is the goodput target.
+	SLO SLO
+	// Progress, if set, is called now and then with the requests finished
+	// by the policy running and the requests of the run.
+	Progress func(policy string, done, total int)
+
+	// fleet is Fleet on the scaled clock (set by Run).
+	fleet []fleetEvent
+}
+
+// withDefaults fills zero fields and validates.
+func (c Config) withDefaults() (Config, error) {
+	if c.Replicas == 0 {
+		c.Replicas = 16
+	}
+	if c.Replicas < 1 {
+		return c, fmt.Errorf("sim: %d replicas < 1", c.Replicas)
+	}
+	if c.Load < 0 {
+		return c, fmt.Errorf("sim: load %g < 0", c.Load)
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = DefaultScrapeInterval
+	}
+	if c.ScrapeInterval < 0 || c.KVEventDelay < 0 {
+		return c, fmt.Errorf("sim: negative scrape interval or KV event delay")
+	}
+	switch c.Mode {
+	case "":
+		c.Mode = ModeApproximate
+	case ModeApproximate, ModePrecise:
+	default:
+		return c, fmt.Errorf("sim: mode %q: want %s or %s", c.Mode, ModeApproximate, ModePrecise)
+	}
+	if c.SLO.TTFT == 0 {
+		c.SLO.TTFT = DefaultSLOTTFT
+	}
+	if c.SLO.ITL == 0 {
+		c.SLO.ITL = DefaultSLOITL
+	}
+	if len(c.Policies) == 0 {
+		c.Policies = route.Names()
+	}
+	c.Preset.NoTokenEvents = true
+	e, err := engine.New(c.Preset)
+	if err != nil {
+		return c, fmt.Errorf("sim: preset: %w", err)
+	}
+	c.Preset = e.Config() // zero fields filled
+	for _, p := range c.Policies {
+		base := p
+		if len(p) > len(PreciseSuffix) && p[len(p)-len(PreciseSuffix):] == PreciseSuffix {
+			base = p[:len(p)-len(PreciseSuffix)]
+		}
+		if _, err := route.New(base); err != nil {
+			return c, fmt.Errorf("sim: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// outcome is everything a simulation produced, before reporting.
+type outcome struct {
+	cfg      Config
+	jobs     []job
+	factor   float64 // arrival time scale applied (0: spaced evenly)
+	infinite oracleResult
+	pooled   oracleResult
+	runs     []*result
+	names    []string
+}
+
+// simulate runs every policy of cfg over the same jobs.
+func simulate(cfg Config) (*outcome, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	bs := cfg.Preset.BlockSize
+	jobs := makeJobs(cfg.Requests, bs, cfg.Seed)
+	rates := cfg.Preset.Rates()
+	factor := scaleArrivals(jobs, &rates, cfg.Replicas, cfg.Load)
+	var t0 time.Duration
+	if len(cfg.Requests) > 0 {
+		t0 = cfg.Requests[0].At
+	}
+	cfg.fleet = make([]fleetEvent, len(cfg.Fleet))
+	for i, fe := range cfg.Fleet {
+		at := fe.At - t0
+		if factor > 0 {
+			at = time.Duration(float64(at) * factor)
+		} else if len(jobs) > 0 && len(cfg.Requests) > 0 {
+			// Arrivals were spaced evenly: place the event at the same
+			// fraction of the requests.
+			at = jobs[min(sortIndex(cfg.Requests, fe.At), len(jobs)-1)].at
+		}
+		cfg.fleet[i] = fleetEvent{at: max(at, 0), kind: fe.Kind, replica: fe.Replica}
+	}
+	o := &outcome{cfg: cfg, jobs: jobs, factor: factor, names: cfg.Policies}
+	o.infinite = infiniteOracle(jobs, bs)
+	o.pooled = pooledOracle(jobs, bs, cfg.Replicas*cfg.Preset.NumBlocks)
+	for _, name := range cfg.Policies {
+		r, err := newRunner(&cfg, jobs, name)
+		if err != nil {
+			return nil, err
+		}
+		r.run()
+		if r.err != nil {
+			return nil, fmt.Errorf("sim %s: %w", name, r.err)
+		}
+		o.runs = append(o.runs, &r.res)
+	}
+	return o, nil
+}
+
+// sortIndex is the number of requests arriving before t.
+func sortIndex(reqs []trace.Request, t time.Duration) int {
+	n := 0
+	for n < len(reqs) && reqs[n].At < t {
+		n++
+	}
+	return n
+}

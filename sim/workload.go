@@ -1,0 +1,81 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"kvrouter/prefix"
+	"kvrouter/trace"
+)
+
+// prefixKeyTokens is how much of the prompt keys consistent-hashing
+// policies: KubeAI hashes the first 100 characters, about 25 tokens.
+const prefixKeyTokens = 25
+
+// job is one request as every policy run sees it: derived once from the
+// workload and shared (read-only) by the runs.
+type job struct {
+	id     string
+	at     time.Duration // arrival, after load scaling
+	prompt int
+	// output is the tokens to generate, at least 1 (a trace's zero output
+	// length becomes 1: the engine rejects MaxTokens < 1).
+	output int
+	hashes []prefix.Hash // engine block hashes
+	// hash seeds tie-breaks (route.Request.Hash): xxhash of the id, mixed
+	// with the seed.
+	hash      uint64
+	session   uint64 // hash of the session id, 0 for none
+	prefixKey uint64
+}
+
+// fleetEvent is a trace.FleetEvent on the scaled clock.
+type fleetEvent struct {
+	at      time.Duration
+	kind    trace.FleetEventKind
+	replica int
+}
+
+// makeJobs derives the jobs from reqs. Arrival times are relative to the
+// first request.
+func makeJobs(reqs []trace.Request, blockSize int, seed uint64) []job {
+	jobs := make([]job, len(reqs))
+	total := 0
+	for i := range reqs {
+		total += reqs[i].Prompt / blockSize
+	}
+	// One backing array for every job's hashes: fewer, larger allocations.
+	buf := make([]prefix.Hash, 0, total)
+	var t0 time.Duration
+	if len(reqs) > 0 {
+		t0 = reqs[0].At
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		start := len(buf)
+		buf = r.EngineHashes(blockSize, buf)
+		j := &jobs[i]
+		j.id = r.ID
+		j.at = r.At - t0
+		j.prompt = r.Prompt
+		j.output = max(r.Output, 1)
+		j.hashes = buf[start:len(buf):len(buf)]
+		j.hash = mix64(xxhash.Sum64String(r.ID) ^ seed*0x9e3779b97f4a7c15)
+		if r.Session != "" {
+			j.session = xxhash.Sum64String(r.Session) | 1
+		}
+		j.prefixKey = r.PrefixKey(prefixKeyTokens)
+	}
+	return jobs
+}
+
+// mix64 is the SplitMix64 finalizer.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
