@@ -24,6 +24,7 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
+		"serve": {"run the router in front of replicas", runServe},
 		"version": {"print the version", func(context.Context, []string) error {
 			fmt.Println("kvrouter", version)
 			return nil

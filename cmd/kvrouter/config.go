@@ -1,0 +1,144 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"kvrouter/proxy"
+)
+
+// backendList is the repeatable --backend flag. The first Set after reset
+// replaces the list (so flags replace the file's backends rather than add to
+// them); later ones append.
+type backendList struct {
+	list    *[]proxy.Backend
+	touched bool
+}
+
+func (b *backendList) String() string {
+	if b.list == nil {
+		return ""
+	}
+	s := make([]string, len(*b.list))
+	for i, x := range *b.list {
+		s[i] = x.String()
+	}
+	return strings.Join(s, " ")
+}
+
+// Set adds one backend, or several separated by spaces (the environment
+// variable's form).
+func (b *backendList) Set(s string) error {
+	if !b.touched {
+		*b.list = nil
+		b.touched = true
+	}
+	for _, f := range strings.Fields(s) {
+		v, err := proxy.ParseBackend(f)
+		if err != nil {
+			return err
+		}
+		*b.list = append(*b.list, v)
+	}
+	return nil
+}
+
+// serveFlags binds the serve flags to cfg.
+func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backendList {
+	fs.StringVar(configPath, "config", "", "YAML config file (keys are the flag names; unknown keys are errors)")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on, host:port")
+	bl := &backendList{list: &cfg.Backends}
+	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558]")
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy")
+	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body accepted, bytes")
+	fs.IntVar(&cfg.ChunkChars, "chunk-chars", cfg.ChunkChars, "prefix block size in characters (text mode)")
+	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")
+	fs.DurationVar(&cfg.HealthInterval, "health-interval", cfg.HealthInterval, "how often each replica's /health is probed")
+	fs.IntVar(&cfg.Decisions, "decisions", cfg.Decisions, "recent decisions kept for /debug/decisions")
+	fs.StringVar(&cfg.Preset, "preset", cfg.Preset, "engine preset the cost model's rates start from")
+	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", cfg.CacheBlocks, "replica KV capacity in blocks when its metrics do not say (0: the preset's)")
+	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other replicas tried before the first byte reaches the client")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	return bl
+}
+
+// envName is the environment variable that sets flag name.
+func envName(name string) string {
+	return "KVROUTER_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// loadServeConfig builds the serve configuration with precedence
+// flags > KVROUTER_* environment > config file > defaults. getenv is
+// os.Getenv outside tests.
+func loadServeConfig(args []string, getenv func(string) string, stderr io.Writer) (proxy.Config, error) {
+	// First pass: find --config and which flags were given.
+	scratch := proxy.DefaultConfig()
+	var path string
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	serveFlags(fs, &scratch, &path)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kvrouter serve --backend URL [--backend URL ...] [flags]")
+		fmt.Fprintln(stderr, "\nEvery flag can also be set as KVROUTER_<FLAG> (e.g. KVROUTER_SCRAPE_INTERVAL=250ms;")
+		fmt.Fprintln(stderr, "KVROUTER_BACKEND takes space-separated backends) or as a key of the --config YAML file.")
+		fmt.Fprintln(stderr, "Precedence: flags > environment > file > defaults.\n\nflags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return proxy.Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return proxy.Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if path == "" {
+		path = getenv(envName("config"))
+	}
+
+	cfg := proxy.DefaultConfig()
+	if path != "" {
+		if err := proxy.ReadConfigFile(path, &cfg); err != nil {
+			return proxy.Config{}, err
+		}
+	}
+	// Second pass on the real config: environment, then flags.
+	fs2 := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs2.SetOutput(io.Discard)
+	var ignored string
+	bl := serveFlags(fs2, &cfg, &ignored)
+	var err error
+	fs2.VisitAll(func(f *flag.Flag) {
+		if err != nil || f.Name == "config" || given[f.Name] {
+			return
+		}
+		if v, ok := lookup(getenv, envName(f.Name)); ok {
+			if e := fs2.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", envName(f.Name), v, e)
+			}
+		}
+	})
+	if err != nil {
+		return proxy.Config{}, err
+	}
+	bl.touched = false
+	if err := fs2.Parse(args); err != nil {
+		return proxy.Config{}, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return proxy.Config{}, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return cfg, nil
+}
+
+func lookup(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+// osGetenv is the getenv of a real run.
+func osGetenv(name string) string { return os.Getenv(name) }

@@ -1,0 +1,240 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is everything the router needs to start. The zero value is not
+// usable: start from DefaultConfig, then overlay a file (ReadConfigFile),
+// environment variables and flags (cmd/kvrouter does that), and let New
+// validate it once.
+type Config struct {
+	// Listen is the address the router serves on, host:port.
+	Listen string `yaml:"listen"`
+	// Backends are the replicas, in order; their index is the replica index
+	// in route.Snapshot.
+	Backends []Backend `yaml:"backend"`
+	// Policy names the routing policy (route.Names()); empty means kv-aware.
+	Policy string `yaml:"policy"`
+	// SessionHeader is the request header that carries a session id.
+	SessionHeader string `yaml:"session-header"`
+	// MaxBodyBytes caps a request body, in bytes; larger ones get 413.
+	MaxBodyBytes int64 `yaml:"max-body-bytes"`
+	// ChunkChars is the text-mode prefix block size, in characters.
+	ChunkChars int `yaml:"chunk-chars"`
+	// ScrapeInterval is how often each replica's /metrics is read.
+	ScrapeInterval time.Duration `yaml:"scrape-interval"`
+	// HealthInterval is how often each replica's /health is probed.
+	HealthInterval time.Duration `yaml:"health-interval"`
+	// Decisions is how many recent decisions /debug/decisions keeps.
+	Decisions int `yaml:"decisions"`
+	// Preset names the engine preset the cost model's rates start from.
+	Preset string `yaml:"preset"`
+	// CacheBlocks is each replica's KV capacity in blocks when its metrics do
+	// not report one; zero means the preset's.
+	CacheBlocks int `yaml:"cache-blocks"`
+	// Retries is how many other replicas a request may be retried on before
+	// its first byte reaches the client.
+	Retries int `yaml:"retries"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log-level"`
+}
+
+// Backend is one replica: its base URL and optional extra endpoints, written
+// as "http://h:8000,kv=tcp://h:5557,replay=tcp://h:5558".
+type Backend struct {
+	// URL is the replica's OpenAI-compatible base URL (scheme://host:port).
+	URL string
+	// KV is the replica's KV-event publisher endpoint (precise mode); empty
+	// means none.
+	KV string
+	// Replay is the replica's KV-event replay endpoint; empty means none.
+	Replay string
+}
+
+// Defaults of Config, also shown in flag help.
+const (
+	DefaultListen         = "127.0.0.1:8000"
+	DefaultPolicy         = "kv-aware"
+	DefaultSessionHeader  = "X-Session-ID"
+	DefaultMaxBodyBytes   = 8 << 20
+	DefaultChunkChars     = 64
+	DefaultScrapeInterval = 100 * time.Millisecond
+	DefaultHealthInterval = time.Second
+	DefaultDecisions      = 1024
+	DefaultPreset         = "llama3-8b-h100"
+	DefaultRetries        = 2
+	DefaultLogLevel       = "info"
+)
+
+// DefaultConfig returns the configuration used where nothing else is said.
+// It has no backends.
+func DefaultConfig() Config {
+	return Config{
+		Listen:         DefaultListen,
+		Policy:         DefaultPolicy,
+		SessionHeader:  DefaultSessionHeader,
+		MaxBodyBytes:   DefaultMaxBodyBytes,
+		ChunkChars:     DefaultChunkChars,
+		ScrapeInterval: DefaultScrapeInterval,
+		HealthInterval: DefaultHealthInterval,
+		Decisions:      DefaultDecisions,
+		Preset:         DefaultPreset,
+		Retries:        DefaultRetries,
+		LogLevel:       DefaultLogLevel,
+	}
+}
+
+// ParseBackend parses "URL[,kv=ENDPOINT][,replay=ENDPOINT]".
+func ParseBackend(s string) (Backend, error) {
+	parts := strings.Split(strings.TrimSpace(s), ",")
+	b := Backend{URL: strings.TrimRight(strings.TrimSpace(parts[0]), "/")}
+	if err := checkURL(b.URL); err != nil {
+		return Backend{}, fmt.Errorf("backend %q: %w", s, err)
+	}
+	for _, opt := range parts[1:] {
+		k, v, ok := strings.Cut(strings.TrimSpace(opt), "=")
+		if !ok || v == "" {
+			return Backend{}, fmt.Errorf("backend %q: option %q is not key=value", s, opt)
+		}
+		switch k {
+		case "kv":
+			b.KV = v
+		case "replay":
+			b.Replay = v
+		default:
+			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay)", s, k)
+		}
+	}
+	return b, nil
+}
+
+func checkURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("scheme must be http or https, got %q", u.Scheme)
+	}
+	if u.Host == "" {
+		return errors.New("no host")
+	}
+	return nil
+}
+
+// String renders b in the form ParseBackend reads.
+func (b Backend) String() string {
+	s := b.URL
+	if b.KV != "" {
+		s += ",kv=" + b.KV
+	}
+	if b.Replay != "" {
+		s += ",replay=" + b.Replay
+	}
+	return s
+}
+
+// UnmarshalYAML reads a backend from its string form.
+func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: backend must be a string like http://host:port[,kv=...]", n.Line)
+	}
+	v, err := ParseBackend(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*b = v
+	return nil
+}
+
+// MarshalYAML writes a backend in its string form.
+func (b Backend) MarshalYAML() (any, error) { return b.String(), nil }
+
+// ReadConfigFile overlays the YAML file at path on cfg. Keys are the flag
+// names; unknown keys are errors.
+func ReadConfigFile(path string, cfg *Config) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}
+
+// Validate checks cfg once, with messages that name the setting.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen %q: %w", c.Listen, err))
+	}
+	if len(c.Backends) == 0 {
+		errs = append(errs, errors.New("backend: at least one is needed (--backend http://host:port)"))
+	}
+	seen := map[string]bool{}
+	for _, b := range c.Backends {
+		if err := checkURL(b.URL); err != nil {
+			errs = append(errs, fmt.Errorf("backend %q: %w", b.URL, err))
+		}
+		if seen[b.URL] {
+			errs = append(errs, fmt.Errorf("backend %q: listed twice", b.URL))
+		}
+		seen[b.URL] = true
+	}
+	if _, err := newPolicy(c.Policy); err != nil {
+		errs = append(errs, fmt.Errorf("policy: %w", err))
+	}
+	if c.SessionHeader == "" {
+		errs = append(errs, errors.New("session-header: must not be empty"))
+	}
+	positive := []struct {
+		name string
+		v    int64
+	}{
+		{"max-body-bytes", c.MaxBodyBytes},
+		{"chunk-chars", int64(c.ChunkChars)},
+		{"scrape-interval", int64(c.ScrapeInterval)},
+		{"health-interval", int64(c.HealthInterval)},
+		{"decisions", int64(c.Decisions)},
+	}
+	for _, p := range positive {
+		if p.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", p.name, p.v))
+		}
+	}
+	if c.CacheBlocks < 0 {
+		errs = append(errs, fmt.Errorf("cache-blocks: must not be negative, got %d", c.CacheBlocks))
+	}
+	if c.Retries < 0 {
+		errs = append(errs, fmt.Errorf("retries: must not be negative, got %d", c.Retries))
+	}
+	if _, err := ParseLogLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// ParseLogLevel reads debug, info, warn or error.
+func ParseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}

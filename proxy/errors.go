@@ -1,0 +1,48 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// apiError is the OpenAI error shape: {"error":{"message","type","code"}}.
+type apiError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    any    `json:"code"`
+	} `json:"error"`
+}
+
+// OpenAI error types the router answers with.
+const (
+	errInvalidRequest = "invalid_request_error"
+	errUnavailable    = "service_unavailable"
+	errUpstream       = "upstream_error"
+)
+
+// writeError answers with status and an OpenAI-shaped error body.
+func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	var e apiError
+	e.Error.Message = msg
+	e.Error.Type = typ
+	e.Error.Code = code
+	b, _ := json.Marshal(&e)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// writeUnavailable answers 503 with Retry-After, in seconds (at least 1).
+func writeUnavailable(w http.ResponseWriter, retryAfter time.Duration, msg string) {
+	s := int((retryAfter + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(s))
+	writeError(w, http.StatusServiceUnavailable, errUnavailable, "no_healthy_replica", msg)
+}

@@ -1,0 +1,96 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the router's own instruments, registered on the Registerer
+// given to New (no global registry).
+type metrics struct {
+	requests  *prometheus.CounterVec   // replica, policy, reason
+	errors    *prometheus.CounterVec   // code
+	retries   *prometheus.CounterVec   // replica (the one that failed)
+	ttft      *prometheus.HistogramVec // replica
+	e2e       *prometheus.HistogramVec // replica
+	predicted *prometheus.CounterVec   // replica
+	actual    *prometheus.CounterVec   // replica
+	prompt    *prometheus.CounterVec   // replica
+	decide    prometheus.Histogram
+}
+
+// latencyBuckets span 1 ms to ~65 s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_requests_total",
+			Help: "Requests routed, by chosen replica, policy and decision reason.",
+		}, []string{"replica", "policy", "reason"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_errors_total",
+			Help: "Requests answered with a router error, by error code.",
+		}, []string{"code"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_retries_total",
+			Help: "Attempts retried on another replica before the first byte, by the replica that failed.",
+		}, []string{"replica"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvrouter_ttft_seconds",
+			Help:    "Time from request arrival at the router to the first response byte, seconds.",
+			Buckets: latencyBuckets,
+		}, []string{"replica"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvrouter_e2e_seconds",
+			Help:    "Time from request arrival at the router to the end of the response, seconds.",
+			Buckets: latencyBuckets,
+		}, []string{"replica"}),
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_predicted_cached_tokens_total",
+			Help: "Prompt tokens the policy predicted cached on the chosen replica.",
+		}, []string{"replica"}),
+		actual: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_actual_cached_tokens_total",
+			Help: "Prompt tokens the engine reported cached (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"replica"}),
+		prompt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_prompt_tokens_total",
+			Help: "Prompt tokens the engine reported (usage.prompt_tokens), for the hit rate.",
+		}, []string{"replica"}),
+		decide: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvrouter_decision_seconds",
+			Help:    "Time to parse, hash, match and pick, seconds.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 2, 18),
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.errors, m.retries, m.ttft, m.e2e, m.predicted, m.actual, m.prompt, m.decide} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// replicaGauges registers per-replica gauges read at collection time:
+// in-flight requests and health (1 healthy, 0 not).
+func replicaGauges(reg prometheus.Registerer, names []string, inflight, healthy func(i int) float64) error {
+	for i, name := range names {
+		i := i
+		labels := prometheus.Labels{"replica": name}
+		g1 := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvrouter_inflight", Help: "Requests the router has in flight on the replica.",
+			ConstLabels: labels,
+		}, func() float64 { return inflight(i) })
+		g2 := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvrouter_replica_healthy", Help: "1 when the replica gets traffic, 0 when it is unhealthy.",
+			ConstLabels: labels,
+		}, func() float64 { return healthy(i) })
+		if err := reg.Register(g1); err != nil {
+			return err
+		}
+		if err := reg.Register(g2); err != nil {
+			return err
+		}
+	}
+	return nil
+}

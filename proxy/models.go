@@ -1,0 +1,169 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// modelsTTL is how long the union of the backends' models is cached.
+const modelsTTL = 5 * time.Second
+
+// modelsCache holds the last union of /v1/models. mu guards body and at.
+type modelsCache struct {
+	mu   sync.Mutex
+	body []byte
+	at   time.Time
+}
+
+// model is one entry of /v1/models; unknown fields are kept as they came.
+type model map[string]any
+
+// serveModels answers GET /v1/models with the union, by id, of the healthy
+// backends' models, cached for modelsTTL.
+func (rt *Router) serveModels(w http.ResponseWriter, r *http.Request) {
+	rt.models.mu.Lock()
+	body := rt.models.body
+	fresh := time.Since(rt.models.at) < modelsTTL
+	rt.models.mu.Unlock()
+	if body == nil || !fresh {
+		b, err := rt.fetchModels(r.Context())
+		if err != nil {
+			writeUnavailable(w, rt.cfg.HealthInterval, "no replica listed its models: "+err.Error())
+			return
+		}
+		body = b
+		rt.models.mu.Lock()
+		rt.models.body, rt.models.at = b, time.Now()
+		rt.models.mu.Unlock()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(body)
+}
+
+// fetchModels asks every healthy backend, concurrently, and merges.
+func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	lists := make([][]model, len(rt.names))
+	errs := make([]error, len(rt.names))
+	var wg sync.WaitGroup
+	for i, name := range rt.names {
+		if rt.st.healthyOf(i) == 0 {
+			continue
+		}
+		wg.Go(func() { lists[i], errs[i] = rt.fetchModelList(ctx, name) })
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	out := []model{}
+	var firstErr error
+	ok := false
+	for i := range lists {
+		if errs[i] != nil {
+			firstErr = errs[i]
+			continue
+		}
+		if lists[i] != nil {
+			ok = true
+		}
+		for _, m := range lists[i] {
+			id, _ := m["id"].(string)
+			if id == "" || seen[id] {
+				continue
+			}
+			seen[id] = true
+			out = append(out, m)
+		}
+	}
+	if !ok && firstErr != nil {
+		return nil, firstErr
+	}
+	return json.Marshal(map[string]any{"object": "list", "data": out})
+}
+
+func (rt *Router) fetchModelList(ctx context.Context, base string) ([]model, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := rt.upstream.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, &statusError{base, resp.StatusCode}
+	}
+	var v struct {
+		Data []model `json:"data"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 4<<20)).Decode(&v); err != nil {
+		return nil, err
+	}
+	if v.Data == nil {
+		v.Data = []model{}
+	}
+	return v.Data, nil
+}
+
+type statusError struct {
+	url    string
+	status int
+}
+
+func (e *statusError) Error() string {
+	return e.url + "/v1/models: " + http.StatusText(e.status)
+}
+
+// servePassThrough forwards any other route to a healthy replica, with the
+// same retry rule as completions.
+func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
+	c := &call{rt: rt, start: time.Now(), path: r.URL.Path, replica: -1}
+	defer c.finish(r.Context())
+	body, ok := c.readBody(w, r)
+	if !ok {
+		return
+	}
+	c.id = "kvr-pass"
+	c.replica = rt.anyHealthy(nil)
+	if c.replica < 0 {
+		c.status, c.errCode = http.StatusServiceUnavailable, "no_healthy_replica"
+		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+		return
+	}
+	c.ticket = rt.st.commit(c, c.start)
+	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
+	setBody(out, body)
+	if len(body) == 0 {
+		out.Body, out.ContentLength, out.GetBody = http.NoBody, 0, nil
+		out.Header.Del("Content-Length")
+	}
+	rt.rp.ServeHTTP(w, out)
+}
+
+// anyHealthy returns the healthy replica with the fewest in-flight requests,
+// skipping those in exclude, or -1.
+func (rt *Router) anyHealthy(exclude []int) int {
+	best, bestLoad := -1, 0.0
+	for i := range rt.names {
+		if rt.st.healthyOf(i) == 0 || contains(exclude, i) {
+			continue
+		}
+		if l := rt.st.inflightOf(i); best < 0 || l < bestLoad {
+			best, bestLoad = i, l
+		}
+	}
+	return best
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

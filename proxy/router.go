@@ -1,0 +1,185 @@
+// Package proxy is kvrouter's data plane: an OpenAI-compatible streaming
+// reverse proxy (httputil.ReverseProxy) that routes every request with a
+// route.Policy over a fleet snapshot, forwards the body unchanged, streams
+// SSE byte for byte, retries on another replica only before the first byte
+// reaches the client, and records each decision with what came of it.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kvrouter/route"
+)
+
+// Deps are what New takes besides the Config. Every field may be left zero.
+type Deps struct {
+	// Registry receives the router's metrics; nil means a private registry.
+	Registry prometheus.Registerer
+	// Gatherer serves /metrics; nil means Registry when it is also a
+	// Gatherer (a *prometheus.Registry), else no /metrics route.
+	Gatherer prometheus.Gatherer
+	// Logger receives one line per request at debug level and operational
+	// messages; nil means discard.
+	Logger *slog.Logger
+	// Transport carries upstream requests; nil means a pooled
+	// http.Transport tuned for many concurrent streams to few hosts.
+	Transport http.RoundTripper
+	// Policy overrides Config.Policy (tests, experiments); nil means the
+	// policy Config.Policy names.
+	Policy route.Policy
+}
+
+// Router is the live router. Create it with New, serve Handler, and run Run
+// for the background loops (metrics scrapes and health probes).
+type Router struct {
+	cfg        Config
+	log        *slog.Logger
+	names      []string   // replica base URLs, index = replica index
+	urls       []*url.URL // parsed names
+	policy     route.Policy
+	policyName string
+	m          *metrics
+	gatherer   prometheus.Gatherer
+	decisions  *ring
+	seq        atomic.Uint64
+	upstream   http.RoundTripper // the plain transport
+	rp         *httputil.ReverseProxy
+	models     modelsCache
+	st         *state
+	pool       sync.Pool // *buffers
+}
+
+// New validates cfg and builds a Router. Nothing runs until Run.
+func New(cfg Config, deps Deps) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("proxy config: %w", err)
+	}
+	rt := &Router{cfg: cfg, log: deps.Logger, upstream: deps.Transport, policy: deps.Policy, policyName: cfg.Policy}
+	if rt.log == nil {
+		rt.log = slog.New(slog.DiscardHandler)
+	}
+	if rt.policy == nil {
+		p, err := newPolicy(cfg.Policy)
+		if err != nil {
+			return nil, err
+		}
+		rt.policy = p
+	} else if rt.policyName == "" {
+		rt.policyName = fmt.Sprintf("%T", rt.policy)
+	}
+	if rt.upstream == nil {
+		rt.upstream = newTransport()
+	}
+	for _, b := range cfg.Backends {
+		u, err := url.Parse(b.URL)
+		if err != nil {
+			return nil, fmt.Errorf("backend %q: %w", b.URL, err)
+		}
+		rt.names = append(rt.names, b.URL)
+		rt.urls = append(rt.urls, u)
+	}
+	reg := deps.Registry
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg, deps.Gatherer = r, r
+	}
+	rt.gatherer = deps.Gatherer
+	if g, ok := reg.(prometheus.Gatherer); ok && rt.gatherer == nil {
+		rt.gatherer = g
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
+	rt.m = m
+	rt.decisions = newRing(cfg.Decisions)
+	st, err := newState(rt)
+	if err != nil {
+		return nil, err
+	}
+	rt.st = st
+	if err := replicaGauges(reg, rt.names, rt.st.inflightOf, rt.st.healthyOf); err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
+	rt.rp = &httputil.ReverseProxy{
+		Rewrite:        rt.rewrite,
+		Transport:      retrier{rt},
+		ModifyResponse: rt.modifyResponse,
+		ErrorHandler:   rt.errorHandler,
+		ErrorLog:       slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
+	}
+	rt.pool.New = func() any { return new(buffers) }
+	return rt, nil
+}
+
+// newTransport returns the upstream transport: keep-alive pools sized for
+// many concurrent streams to a few replicas, no response compression (the
+// bytes pass through as the replica sent them).
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ResponseHeaderTimeout: 0,
+	}
+}
+
+// Replicas returns the replicas' base URLs, in replica-index order.
+func (rt *Router) Replicas() []string { return append([]string(nil), rt.names...) }
+
+// Policy returns the name of the routing policy.
+func (rt *Router) Policy() string { return rt.policyName }
+
+// Handler returns the router's HTTP handler: the OpenAI routes, /v1/models,
+// /debug/decisions, /metrics, /health and a pass-through for everything
+// else.
+func (rt *Router) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", rt.serveCompletion)
+	mux.HandleFunc("POST /v1/completions", rt.serveCompletion)
+	mux.HandleFunc("GET /v1/models", rt.serveModels)
+	mux.HandleFunc("GET /debug/decisions", rt.serveDecisions)
+	mux.HandleFunc("GET /health", rt.serveHealth)
+	if rt.gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(rt.gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", rt.servePassThrough)
+	return mux
+}
+
+// Run runs the background loops (metrics scrapes, health probes) until ctx
+// is done, then waits for them and returns nil.
+func (rt *Router) Run(ctx context.Context) error {
+	err := rt.st.run(ctx)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	return err
+}
+
+// serveHealth answers 200 when at least one replica is healthy, else 503.
+func (rt *Router) serveHealth(w http.ResponseWriter, r *http.Request) {
+	for i := range rt.names {
+		if rt.st.healthyOf(i) > 0 {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+	}
+	writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+}

@@ -1,0 +1,200 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"time"
+)
+
+// usage is the OpenAI usage object, as much of it as the router reads.
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// cached returns usage.prompt_tokens_details.cached_tokens, or -1 when the
+// engine did not report it.
+func (u *usage) cached() int {
+	if u.PromptTokensDetails == nil {
+		return -1
+	}
+	return u.PromptTokensDetails.CachedTokens
+}
+
+// usageBody is a chunk or a whole non-streaming response: the router reads
+// its usage and whether it has choices.
+type usageBody struct {
+	Choices []json.RawMessage `json:"choices"`
+	Usage   *usage            `json:"usage"`
+}
+
+// maxJSONCopy caps the bytes of a non-streaming response kept to read its
+// usage at the end.
+const maxJSONCopy = 1 << 20
+
+// tap wraps an upstream response body. It hands the client the same bytes
+// the upstream sent, with one exception: when strip is set, an SSE event that
+// carries only usage (no choices) is dropped, because the router asked for
+// it and the client did not. It records when the first byte arrived, the
+// usage, and any upstream read error. SSE is handed out one whole event at a
+// time, so ReverseProxy's per-write flush is a per-event flush.
+type tap struct {
+	body  io.ReadCloser
+	sse   bool
+	strip bool
+	// onFirst, if set, is called once with the time of the first byte.
+	onFirst func(time.Time)
+
+	first    time.Time
+	usage    usage
+	hasUsage bool
+	stripped bool
+	err      error // upstream read error other than io.EOF
+	eof      bool
+
+	buf   []byte // SSE: bytes read and not yet handed out
+	ready int    // SSE: buf[:ready] are whole events ready to hand out
+	copy  []byte // JSON: copy of the body for usage at EOF
+}
+
+// Read implements io.Reader.
+func (t *tap) Read(p []byte) (int, error) {
+	if !t.sse {
+		return t.readJSON(p)
+	}
+	for t.ready == 0 {
+		if t.eof {
+			if len(t.buf) == 0 {
+				return 0, io.EOF
+			}
+			t.ready = len(t.buf) // a trailing partial event passes through
+			break
+		}
+		if err := t.fill(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, t.buf[:t.ready])
+	t.buf = t.buf[:copy(t.buf, t.buf[n:])]
+	t.ready -= n
+	return n, nil
+}
+
+// fill reads once from the upstream and frames what it can into events.
+func (t *tap) fill() error {
+	if cap(t.buf)-len(t.buf) < 4096 {
+		nb := make([]byte, len(t.buf), 2*cap(t.buf)+8192)
+		copy(nb, t.buf)
+		t.buf = nb
+	}
+	n, err := t.body.Read(t.buf[len(t.buf):cap(t.buf)])
+	if n > 0 {
+		t.firstByte()
+		start := len(t.buf)
+		t.buf = t.buf[:start+n]
+		t.frame(start)
+	}
+	if err == io.EOF {
+		t.eof = true
+		return nil
+	}
+	if err != nil {
+		t.err = err
+		return err
+	}
+	return nil
+}
+
+var eventEnd = []byte("\n\n")
+
+// frame moves whole events of buf past ready into the ready region,
+// dropping the usage-only one when stripping. from is where new bytes start.
+func (t *tap) frame(from int) {
+	scan := max(t.ready, from-1)
+	for {
+		i := bytes.Index(t.buf[scan:], eventEnd)
+		if i < 0 {
+			return
+		}
+		end := scan + i + len(eventEnd)
+		ev := t.buf[t.ready:end]
+		if t.observe(ev) && t.strip {
+			t.buf = append(t.buf[:t.ready], t.buf[end:]...)
+			t.stripped = true
+			scan = t.ready
+			continue
+		}
+		t.ready = end
+		scan = end
+	}
+}
+
+var promptTokensKey = []byte(`"prompt_tokens"`)
+
+// observe reads the usage of an event that carries one and reports whether
+// the event is usage only (no choices).
+func (t *tap) observe(ev []byte) bool {
+	if !bytes.Contains(ev, promptTokensKey) {
+		return false
+	}
+	data := sseData(ev)
+	var b usageBody
+	if json.Unmarshal(data, &b) != nil || b.Usage == nil {
+		return false
+	}
+	t.usage, t.hasUsage = *b.Usage, true
+	return len(b.Choices) == 0
+}
+
+// sseData returns the payload of an event's first data line.
+func sseData(ev []byte) []byte {
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			return bytes.TrimSpace(d)
+		}
+	}
+	return nil
+}
+
+func (t *tap) readJSON(p []byte) (int, error) {
+	n, err := t.body.Read(p)
+	if n > 0 {
+		t.firstByte()
+		if len(t.copy)+n <= maxJSONCopy {
+			t.copy = append(t.copy, p[:n]...)
+		}
+	}
+	switch {
+	case err == io.EOF:
+		t.eof = true
+		var b usageBody
+		if json.Unmarshal(t.copy, &b) == nil && b.Usage != nil {
+			t.usage, t.hasUsage = *b.Usage, true
+		}
+	case err != nil:
+		t.err = err
+	}
+	return n, err
+}
+
+func (t *tap) firstByte() {
+	if t.first.IsZero() {
+		t.first = time.Now()
+		if t.onFirst != nil {
+			t.onFirst(t.first)
+		}
+	}
+}
+
+// Close closes the upstream body.
+func (t *tap) Close() error { return t.body.Close() }
