@@ -1,0 +1,172 @@
+package emulator
+
+import (
+	"bytes"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"kvrouter/engine"
+)
+
+// Event encodings (KVEventsFormat).
+const (
+	// FormatMap encodes events as tagged maps, as vLLM >= 0.26 does:
+	// {"type": "BlockStored", "block_hashes": [...], ...}.
+	FormatMap = "map"
+	// FormatArray encodes events as tagged arrays, as older vLLM does:
+	// ["BlockStored", block_hashes, parent_block_hash, token_ids,
+	// block_size, lora_id, medium, lora_name].
+	FormatArray = "array"
+)
+
+// medium is the storage tier of every block the emulator stores.
+const medium = "GPU"
+
+// batchEncoder turns one step's block events into a msgpack event batch
+// [ts, [event, ...], data_parallel_rank]. It is used by the engine goroutine
+// only.
+type batchEncoder struct {
+	array bool
+	buf   bytes.Buffer
+	enc   *msgpack.Encoder
+}
+
+func newBatchEncoder(format string) *batchEncoder {
+	b := &batchEncoder{array: format == FormatArray}
+	b.enc = msgpack.NewEncoder(&b.buf)
+	b.enc.UseCompactInts(true)
+	return b
+}
+
+// encode returns a fresh payload for the block events among events, stamped
+// ts (unix seconds), or nil if there are none.
+func (b *batchEncoder) encode(ts float64, events []engine.Event) []byte {
+	n := 0
+	for i := range events {
+		if isBlockEvent(events[i].Kind) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	b.buf.Reset()
+	e := b.enc
+	e.EncodeArrayLen(3)
+	e.EncodeFloat64(ts)
+	e.EncodeArrayLen(n)
+	for i := range events {
+		switch events[i].Kind {
+		case engine.BlockStored:
+			b.stored(&events[i])
+		case engine.BlockRemoved:
+			b.removed(&events[i])
+		case engine.AllCleared:
+			b.cleared()
+		}
+	}
+	e.EncodeInt(0) // data_parallel_rank
+	return bytes.Clone(b.buf.Bytes())
+}
+
+func isBlockEvent(k engine.Kind) bool {
+	return k == engine.BlockStored || k == engine.BlockRemoved || k == engine.AllCleared
+}
+
+// key writes a map key in the map format and nothing in the array format.
+func (b *batchEncoder) key(k string) {
+	if !b.array {
+		b.enc.EncodeString(k)
+	}
+}
+
+func (b *batchEncoder) stored(ev *engine.Event) {
+	e := b.enc
+	if b.array {
+		e.EncodeArrayLen(8)
+		e.EncodeString("BlockStored")
+	} else {
+		e.EncodeMapLen(10)
+		e.EncodeString("type")
+		e.EncodeString("BlockStored")
+	}
+	b.key("block_hashes")
+	b.hashes(ev)
+	b.key("parent_block_hash")
+	if ev.HasParent {
+		e.EncodeUint(uint64(ev.Parent))
+	} else {
+		e.EncodeNil()
+	}
+	b.key("token_ids")
+	e.EncodeArrayLen(len(ev.TokenIDs))
+	for _, t := range ev.TokenIDs {
+		e.EncodeUint(uint64(t))
+	}
+	b.key("block_size")
+	e.EncodeInt(int64(ev.BlockSize))
+	b.key("lora_id")
+	if ev.LoRA == "" {
+		e.EncodeNil()
+	} else {
+		e.EncodeInt(loraID(ev.LoRA))
+	}
+	b.key("medium")
+	e.EncodeString(medium)
+	b.key("lora_name")
+	if ev.LoRA == "" {
+		e.EncodeNil()
+	} else {
+		e.EncodeString(ev.LoRA)
+	}
+	if !b.array {
+		e.EncodeString("extra_keys")
+		e.EncodeNil()
+		e.EncodeString("group_idx")
+		e.EncodeInt(0)
+	}
+}
+
+func (b *batchEncoder) removed(ev *engine.Event) {
+	e := b.enc
+	if b.array {
+		e.EncodeArrayLen(3)
+		e.EncodeString("BlockRemoved")
+	} else {
+		e.EncodeMapLen(4)
+		e.EncodeString("type")
+		e.EncodeString("BlockRemoved")
+	}
+	b.key("block_hashes")
+	b.hashes(ev)
+	b.key("medium")
+	e.EncodeString(medium)
+	if !b.array {
+		e.EncodeString("group_idx")
+		e.EncodeInt(0)
+	}
+}
+
+func (b *batchEncoder) cleared() {
+	if b.array {
+		b.enc.EncodeArrayLen(1)
+	} else {
+		b.enc.EncodeMapLen(1)
+		b.enc.EncodeString("type")
+	}
+	b.enc.EncodeString("AllBlocksCleared")
+}
+
+func (b *batchEncoder) hashes(ev *engine.Event) {
+	b.enc.EncodeArrayLen(len(ev.Hashes))
+	for _, h := range ev.Hashes {
+		b.enc.EncodeUint(uint64(h))
+	}
+}
+
+// loraID is the integer id vLLM would give an adapter: here a stable hash
+// of its name, 1..2^31-1.
+func loraID(name string) int64 {
+	return int64(xxhash.Sum64String(name)%(1<<31-1)) + 1
+}

@@ -1,0 +1,270 @@
+package emulator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kvrouter/engine"
+)
+
+// Handler serves the replica's HTTP API: POST /v1/chat/completions,
+// POST /v1/completions, GET /v1/models, GET /health, POST /tokenize and
+// GET /metrics.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// job is a validated generation request.
+type job struct {
+	id       string
+	tokens   []uint32
+	max      int  // output tokens to generate
+	explicit bool // max came from the request: finish_reason "length"
+	stream   bool
+	usage    bool // stream_options.include_usage
+	chat     bool
+}
+
+// httpError is an error with its HTTP status.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// fail answers err as an OpenAI error.
+func fail(w http.ResponseWriter, err error) {
+	var he *httpError
+	if errors.As(err, &he) {
+		writeError(w, he.status, he.msg)
+		return
+	}
+	writeError(w, http.StatusBadRequest, err.Error())
+}
+
+// decode reads the JSON body into v, bounded by MaxBodyBytes.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			return &httpError{http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("request body exceeds %d bytes", s.cfg.MaxBodyBytes)}
+		}
+		return badRequest("read body: %v", err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return badRequest("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
+// checkModel rejects a model other than the served one (empty means the
+// served one, as in vLLM).
+func (s *Server) checkModel(model string) error {
+	if model != "" && model != s.cfg.Model {
+		return &httpError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)}
+	}
+	return nil
+}
+
+// limits validates the output length against the model length and returns
+// the job's max tokens.
+func (s *Server) limits(j *job, maxTokens *int, n *int) error {
+	if n != nil && *n != 1 {
+		return badRequest("n must be 1, got %d", *n)
+	}
+	mml := s.ecfg.MaxModelLen
+	p := len(j.tokens)
+	if p == 0 {
+		return badRequest("the prompt is empty")
+	}
+	if p >= mml {
+		return badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", mml, p)
+	}
+	if maxTokens == nil {
+		j.max = min(DefaultMaxTokens, mml-p)
+		return nil
+	}
+	if *maxTokens < 1 {
+		return badRequest("max_tokens must be at least 1, got %d.", *maxTokens)
+	}
+	if p+*maxTokens > mml {
+		return badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			mml, p+*maxTokens, p, *maxTokens)
+	}
+	j.max, j.explicit = *maxTokens, true
+	return nil
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if err := s.decode(w, r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	if err := s.checkModel(req.Model); err != nil {
+		fail(w, err)
+		return
+	}
+	text, err := renderMessages(req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+	if err != nil {
+		fail(w, badRequest("%v", err))
+		return
+	}
+	j := &job{id: s.newID("chatcmpl-"), tokens: Tokenize(text), stream: req.Stream, chat: true}
+	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	maxTokens := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		maxTokens = req.MaxCompletionTokens
+	}
+	if err := s.limits(j, maxTokens, req.N); err != nil {
+		fail(w, err)
+		return
+	}
+	s.serve(w, r, j)
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if err := s.decode(w, r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	if err := s.checkModel(req.Model); err != nil {
+		fail(w, err)
+		return
+	}
+	tokens, err := promptTokens(req.Prompt)
+	if err != nil {
+		fail(w, badRequest("%v", err))
+		return
+	}
+	j := &job{id: s.newID("cmpl-"), tokens: tokens, stream: req.Stream}
+	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	if err := s.limits(j, req.MaxTokens, req.N); err != nil {
+		fail(w, err)
+		return
+	}
+	s.serve(w, r, j)
+}
+
+// serve submits the job to the engine and answers, streaming or not.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
+	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max})
+	select {
+	case s.submit <- f:
+	case <-s.stopped:
+		writeError(w, http.StatusServiceUnavailable, "the engine is not running")
+		return
+	case <-r.Context().Done():
+		return
+	}
+	if err := <-f.added; err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if j.stream {
+		s.stream(w, r, j, f)
+		return
+	}
+	final, err := s.wait(r.Context(), f, nil)
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+		}
+		return
+	}
+	writeJSON(w, s.response(j, final))
+}
+
+// wait follows f until it is done, calling onTokens (if not nil) with each
+// new range of output tokens [from, to) and whether the request is done. A
+// canceled ctx (the client went away) cancels the request in the engine.
+func (s *Server) wait(ctx context.Context, f *flight, onTokens func(from, to int, done bool, final engine.Event) error) (engine.Event, error) {
+	sent := 0
+	for {
+		select {
+		case <-f.notify:
+		case <-ctx.Done():
+			s.abort(f.req.ID)
+			return engine.Event{}, ctx.Err()
+		}
+		tokens, done, final, err := f.state()
+		if err != nil {
+			return engine.Event{}, err
+		}
+		if onTokens != nil && (tokens > sent || done) {
+			if err := onTokens(sent, tokens, done, final); err != nil {
+				s.abort(f.req.ID)
+				return engine.Event{}, err
+			}
+			sent = tokens
+		}
+		if done {
+			return final, nil
+		}
+	}
+}
+
+// abort cancels a request in the engine without blocking the handler.
+func (s *Server) abort(id string) {
+	select {
+	case s.cancels <- id:
+	case <-s.stopped:
+	}
+}
+
+func (s *Server) finishReason(j *job, final engine.Event) string {
+	if j.explicit && final.OutputTokens >= j.max {
+		return "length"
+	}
+	return "stop"
+}
+
+func usageOf(final engine.Event) *usage {
+	return &usage{
+		PromptTokens:        final.PromptTokens,
+		CompletionTokens:    final.OutputTokens,
+		TotalTokens:         final.PromptTokens + final.OutputTokens,
+		PromptTokensDetails: promptDetails{CachedTokens: final.CachedTokens},
+	}
+}
+
+// response is the non-streaming body.
+func (s *Server) response(j *job, final engine.Event) any {
+	reason := s.finishReason(j, final)
+	text := filler(0, final.OutputTokens, j.chat)
+	created := time.Now().Unix()
+	if j.chat {
+		return chatResponse{
+			ID: j.id, Object: "chat.completion", Created: created, Model: s.cfg.Model,
+			Choices: []chatChoice{{Message: &chatOut{Role: "assistant", Content: &text}, FinishReason: &reason}},
+			Usage:   usageOf(final),
+		}
+	}
+	return completionResponse{
+		ID: j.id, Object: "text_completion", Created: created, Model: s.cfg.Model,
+		Choices: []completionChoice{{Text: text, FinishReason: &reason}},
+		Usage:   usageOf(final),
+	}
+}

@@ -1,0 +1,248 @@
+package emulator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// The OpenAI request and response shapes, as vLLM serves them
+// (vllm/entrypoints/openai/protocol.py). Fields the emulator ignores
+// (temperature, top_p, ...) are accepted and dropped.
+
+// chatRequest is the body of POST /v1/chat/completions.
+type chatRequest struct {
+	Model               string         `json:"model"`
+	Messages            []chatMessage  `json:"messages"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+	User                string         `json:"user"`
+	N                   *int           `json:"n"`
+	AddGenerationPrompt *bool          `json:"add_generation_prompt"`
+}
+
+// completionRequest is the body of POST /v1/completions.
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+	N             *int            `json:"n"`
+}
+
+// tokenizeRequest is the body of POST /tokenize: prompt or messages.
+type tokenizeRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	ReturnTokenStrs     bool            `json:"return_token_strs"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// chatMessage accepts content as a string or as an array of parts
+// ({"type":"text","text":...}); non-text parts are ignored.
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func (m chatMessage) text() (string, error) {
+	if len(m.Content) == 0 || string(m.Content) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(m.Content, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(m.Content, &parts); err != nil {
+		return "", fmt.Errorf("message content must be a string or an array of parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String(), nil
+}
+
+// renderMessages renders chat messages through the fixed template.
+func renderMessages(msgs []chatMessage, generationPrompt bool) (string, error) {
+	if len(msgs) == 0 {
+		return "", errors.New("messages must be a non-empty array")
+	}
+	ms := make([]Message, len(msgs))
+	for i, m := range msgs {
+		if m.Role == "" {
+			return "", fmt.Errorf("messages[%d].role is required", i)
+		}
+		c, err := m.text()
+		if err != nil {
+			return "", fmt.Errorf("messages[%d]: %w", i, err)
+		}
+		ms[i] = Message{Role: m.Role, Content: c}
+	}
+	return RenderChat(ms, generationPrompt), nil
+}
+
+// promptTokens turns a completions prompt (a string, a one-element array of
+// strings, or an array of token ids) into tokens.
+func promptTokens(raw json.RawMessage) ([]uint32, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errors.New("prompt is required")
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return Tokenize(s), nil
+	}
+	var ss []string
+	if err := json.Unmarshal(raw, &ss); err == nil {
+		if len(ss) != 1 {
+			return nil, errors.New("only a single prompt is supported")
+		}
+		return Tokenize(ss[0]), nil
+	}
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		return ids, nil
+	}
+	return nil, errors.New("prompt must be a string, an array of one string, or an array of token ids")
+}
+
+// usage is the OpenAI usage object; PromptTokensDetails is always present.
+type usage struct {
+	PromptTokens        int           `json:"prompt_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	PromptTokensDetails promptDetails `json:"prompt_tokens_details"`
+}
+
+// nullUsage marshals as "usage": null, which vLLM puts on every stream
+// chunk when stream_options.include_usage is set.
+var nullUsage = json.RawMessage("null")
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+type chatResponse struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	// Usage is a *usage, nullUsage, or nil (omitted).
+	Usage any `json:"usage,omitempty"`
+}
+
+type chatChoice struct {
+	Index        int      `json:"index"`
+	Message      *chatOut `json:"message,omitempty"`
+	Delta        *chatOut `json:"delta,omitempty"`
+	Logprobs     any      `json:"logprobs"`
+	FinishReason *string  `json:"finish_reason"`
+	StopReason   any      `json:"stop_reason"`
+}
+
+type chatOut struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type completionResponse struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	// Usage is a *usage, nullUsage, or nil (omitted).
+	Usage any `json:"usage,omitempty"`
+}
+
+type completionChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+	StopReason   any     `json:"stop_reason"`
+}
+
+// apiError is the OpenAI error body: {"error": {message, type, param, code}}.
+type apiError struct {
+	Error errorInfo `json:"error"`
+}
+
+type errorInfo struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+// errorType maps a status to the OpenAI error type vLLM uses.
+func errorType(status int) string {
+	switch status {
+	case http.StatusNotFound:
+		return "NotFoundError"
+	case http.StatusRequestEntityTooLarge:
+		return "RequestEntityTooLarge"
+	case http.StatusServiceUnavailable:
+		return "ServiceUnavailableError"
+	}
+	if status >= 500 {
+		return "InternalServerError"
+	}
+	return "BadRequestError"
+}
+
+// writeError answers with an OpenAI-shaped JSON error.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(apiError{Error: errorInfo{Message: msg, Type: errorType(status), Code: status}})
+}
+
+// writeJSON answers 200 with v as JSON.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// fillerWords are the output text: each is one token of the emulator's
+// tokenizer, with or without a leading space.
+var fillerWords = [...]string{
+	"the", "cat", "sat", "on", "a", "mat", "and", "then", "it", "ran",
+	"to", "see", "what", "was", "new", "in", "town", "so", "far", "away",
+}
+
+// fillerWord is output token i: deterministic text, one token each. The
+// first word of a chat reply has no leading space.
+func fillerWord(i int, chat bool) string {
+	w := fillerWords[i%len(fillerWords)]
+	if i == 0 && chat {
+		return strings.ToUpper(w[:1]) + w[1:]
+	}
+	return " " + w
+}
+
+// filler is the text of output tokens [from, to).
+func filler(from, to int, chat bool) string {
+	var b strings.Builder
+	for i := from; i < to; i++ {
+		b.WriteString(fillerWord(i, chat))
+	}
+	return b.String()
+}

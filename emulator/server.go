@@ -1,0 +1,312 @@
+// Package emulator runs the engine model on a wall clock behind vLLM's
+// protocols: the OpenAI-compatible HTTP API (chat and text completions,
+// streaming or not, /v1/models, /health, /tokenize), Prometheus /metrics
+// with vLLM's or SGLang's names, and KV-cache events over ZMQ in vLLM's
+// format. It stands in for a GPU replica in tests, benchmarks and the demo.
+//
+// One goroutine owns the engine (style.md §4): HTTP handlers submit requests
+// and cancellations over channels and follow their requests through
+// per-request state; the loop calls engine.Step, delivers its events and
+// publishes a Stats snapshot for /metrics through an atomic.Pointer.
+package emulator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/engine"
+	"kvrouter/prefix"
+)
+
+// Metrics flavors (MetricsFlavor).
+const (
+	// FlavorVLLM exposes vLLM's metric names (vllm:...).
+	FlavorVLLM = "vllm"
+	// FlavorSGLang exposes SGLang's metric names (sglang:...).
+	FlavorSGLang = "sglang"
+)
+
+// DefaultMaxTokens is the output length of a request that gives neither
+// max_tokens nor max_completion_tokens (capped by the model length); such
+// a request finishes with finish_reason "stop", as if the model emitted
+// its end-of-sequence token.
+const DefaultMaxTokens = 64
+
+// Config configures one emulated replica.
+type Config struct {
+	// Model is the served model name; requests naming another model get a
+	// 404. Empty means "emulated".
+	Model string
+	// Preset names an engine preset (engine.Presets()); empty means Engine
+	// is used as given.
+	Preset string
+	// Engine is the engine configuration when Preset is empty.
+	Engine engine.Config
+	// MaxNumSeqs and KVBlocks override the preset's or Engine's
+	// MaxNumSeqs and NumBlocks; zero keeps them.
+	MaxNumSeqs, KVBlocks int
+	// TimeScale is wall seconds per engine second: 0.05 runs the model 20×
+	// faster than real time. Zero means 1.
+	TimeScale float64
+	// KVEventsEndpoint is the ZMQ endpoint of the KV-event PUB socket, e.g.
+	// "tcp://*:5557"; empty disables events. It binds when it has a "*",
+	// "::", port 0, or is ipc:// or inproc://, and connects otherwise
+	// (vLLM's rule). "tcp://127.0.0.1:*" binds a random loopback port.
+	KVEventsEndpoint string
+	// ReplayEndpoint is the ZMQ ROUTER endpoint answering replay requests;
+	// empty disables replay. It always binds.
+	ReplayEndpoint string
+	// KVEventsFormat is FormatMap or FormatArray; empty means FormatMap.
+	KVEventsFormat string
+	// Topic is the first frame of every KV-event message; empty means ""
+	// (vLLM's default), except that Start sets "kv@<host>:<port>@<model>".
+	Topic string
+	// MetricsFlavor is FlavorVLLM or FlavorSGLang; empty means FlavorVLLM.
+	MetricsFlavor string
+	// MaxBodyBytes caps request bodies; larger ones get a 413. Zero means
+	// 16 MiB.
+	MaxBodyBytes int64
+	// Logger receives the few warnings of the ZMQ side; nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is one emulated replica. Its engine runs only while Run runs (or
+// between Start and Close); requests made before get a 503.
+type Server struct {
+	cfg   Config
+	ecfg  engine.Config
+	scale float64
+	log   *slog.Logger
+	eng   *engine.Engine // owned by the Run goroutine
+	pub   *publisher     // nil without KV events
+	enc   *batchEncoder
+	reg   *prometheus.Registry
+	m     *metrics
+	stats atomic.Pointer[engine.Stats]
+
+	submit  chan *flight
+	cancels chan string
+	resets  chan chan struct{}
+	running atomic.Bool
+	stopped chan struct{} // closed when Run returns
+	ids     atomic.Uint64
+	created int64 // unix seconds, for /v1/models
+
+	closeOnce sync.Once
+	http      *http.Server // Start only
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
+	url       string
+}
+
+// New validates cfg, builds the engine and opens the ZMQ sockets (binding
+// now, so their addresses are known). Call Run, or use Start instead.
+func New(cfg Config) (*Server, error) {
+	if cfg.Model == "" {
+		cfg.Model = "emulated"
+	}
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 1
+	}
+	if cfg.TimeScale < 0 {
+		return nil, fmt.Errorf("emulator: negative time scale %g", cfg.TimeScale)
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 16 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch cfg.KVEventsFormat {
+	case "":
+		cfg.KVEventsFormat = FormatMap
+	case FormatMap, FormatArray:
+	default:
+		return nil, fmt.Errorf("emulator: kv events format %q: want %q or %q", cfg.KVEventsFormat, FormatMap, FormatArray)
+	}
+	switch cfg.MetricsFlavor {
+	case "":
+		cfg.MetricsFlavor = FlavorVLLM
+	case FlavorVLLM, FlavorSGLang:
+	default:
+		return nil, fmt.Errorf("emulator: metrics flavor %q: want %q or %q", cfg.MetricsFlavor, FlavorVLLM, FlavorSGLang)
+	}
+	ecfg, err := engineConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := engine.New(ecfg)
+	if err != nil {
+		return nil, fmt.Errorf("emulator: %w", err)
+	}
+	s := &Server{
+		cfg:     cfg,
+		ecfg:    eng.Config(),
+		scale:   cfg.TimeScale,
+		log:     cfg.Logger,
+		eng:     eng,
+		enc:     newBatchEncoder(cfg.KVEventsFormat),
+		reg:     prometheus.NewRegistry(),
+		submit:  make(chan *flight),
+		cancels: make(chan string, 64),
+		resets:  make(chan chan struct{}),
+		stopped: make(chan struct{}),
+		created: time.Now().Unix(),
+	}
+	st := eng.Stats()
+	s.stats.Store(&st)
+	s.m = newMetrics(s.reg, cfg.MetricsFlavor, cfg.Model, s.ecfg, s.stats.Load)
+	if cfg.KVEventsEndpoint != "" {
+		s.pub, err = newPublisher(cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.Topic, cfg.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("emulator: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// engineConfig resolves the preset and the overrides.
+func engineConfig(cfg Config) (engine.Config, error) {
+	ec := cfg.Engine
+	if cfg.Preset != "" {
+		p, err := engine.Preset(cfg.Preset)
+		if err != nil {
+			return ec, fmt.Errorf("emulator: %w", err)
+		}
+		ec = p
+	}
+	if cfg.MaxNumSeqs < 0 || cfg.KVBlocks < 0 {
+		return ec, errors.New("emulator: negative max num seqs or kv blocks")
+	}
+	if cfg.MaxNumSeqs > 0 {
+		ec.MaxNumSeqs = cfg.MaxNumSeqs
+	}
+	if cfg.KVBlocks > 0 {
+		ec.NumBlocks = cfg.KVBlocks
+	}
+	ec.NoTokenEvents = false
+	if ec.Root == 0 {
+		ec.Root = prefix.Root(cfg.Model, "")
+	}
+	return ec, nil
+}
+
+// EngineConfig is the engine's configuration after defaults, presets and
+// overrides.
+func (s *Server) EngineConfig() engine.Config { return s.ecfg }
+
+// Model is the served model name.
+func (s *Server) Model() string { return s.cfg.Model }
+
+// KVEventsEndpoint is an endpoint a local SUB socket can dial for the
+// KV events ("tcp://127.0.0.1:PORT" for a bound tcp endpoint), or "" when
+// events are off or the publisher connects out.
+func (s *Server) KVEventsEndpoint() string {
+	if s.pub == nil {
+		return ""
+	}
+	return s.pub.pubAddr
+}
+
+// ReplayEndpoint is an endpoint a local DEALER socket can dial for
+// replay, or "" when replay is off.
+func (s *Server) ReplayEndpoint() string {
+	if s.pub == nil {
+		return ""
+	}
+	return s.pub.replayAddr
+}
+
+// Topic is the first frame of every KV-event message.
+func (s *Server) Topic() string { return s.cfg.Topic }
+
+// Stats is the engine's state as of its last step.
+func (s *Server) Stats() engine.Stats { return *s.stats.Load() }
+
+// Registry is the server's own Prometheus registry (served on /metrics).
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// Start builds a server, listens on addr ("127.0.0.1:0" picks a free
+// port), and runs the engine loop and the HTTP server until Close. If
+// cfg.Topic is empty it becomes "kv@<host>:<port>@<model>".
+func Start(cfg Config, addr string) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("emulator: listen %s: %w", addr, err)
+	}
+	if cfg.Topic == "" {
+		m := cfg.Model
+		if m == "" {
+			m = "emulated"
+		}
+		cfg.Topic = "kv@" + ln.Addr().String() + "@" + m
+	}
+	s, err := New(cfg)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	s.url = "http://" + ln.Addr().String()
+	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.wg.Go(func() { s.Run(ctx) })
+	s.wg.Go(func() { s.http.Serve(ln) })
+	return s, nil
+}
+
+// URL is the base URL of a server made by Start, e.g.
+// "http://127.0.0.1:41234"; "" otherwise.
+func (s *Server) URL() string { return s.url }
+
+// Close stops a server made by Start (HTTP server, engine loop, ZMQ
+// sockets) and waits for its goroutines; on a server run with Run it only
+// closes the ZMQ sockets (cancel Run's context first). Close is idempotent.
+func (s *Server) Close() error {
+	if s.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.stop() // ends the engine loop: in-flight requests fail fast
+		if err := s.http.Shutdown(ctx); err != nil {
+			s.http.Close()
+		}
+		cancel()
+		s.wg.Wait()
+	}
+	s.closePublisher()
+	return nil
+}
+
+func (s *Server) closePublisher() {
+	s.closeOnce.Do(func() {
+		if s.pub != nil {
+			s.pub.close()
+		}
+	})
+}
+
+// Reset drops every cached block, as a restarted engine would: requests in
+// flight fail, and subscribers get an AllBlocksCleared event. It returns
+// once done, or at once if the engine loop is not running.
+func (s *Server) Reset() {
+	ack := make(chan struct{})
+	select {
+	case s.resets <- ack:
+		<-ack
+	case <-s.stopped:
+	}
+}
+
+// newID returns a unique request id with the given prefix.
+func (s *Server) newID(prefix string) string {
+	return fmt.Sprintf("%s%016x", prefix, s.ids.Add(1))
+}
