@@ -1,0 +1,232 @@
+package prefix
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Text is text mode: it hashes a canonical rendering of the request, cut
+// into chunks of ChunkChars bytes, with no tokenizer. Equal hashes mean equal
+// prefixes of the rendering; the zero value is ready to use.
+//
+// The rendering is, in order: the tools (if any), then for chat each
+// message as a tagged record whose fields (role, content, name, tool call
+// id, tool calls) are length-prefixed, or for completions the raw text of
+// the first prompt (or its token ids, 4 bytes each) with no length prefix,
+// so that a prompt that grows keeps sharing its earlier chunks. Length
+// prefixes make the rendering unambiguous: no content, whatever bytes it
+// holds, can imitate a message boundary. The chain starts at Root(model, ""),
+// so different models (and vLLM LoRA adapters, named in "model") never share
+// a hash.
+//
+// Block i's hash is Chain(hash i-1, chunk i), the same function token mode
+// uses. Only full chunks are hashed; the trailing partial chunk is not.
+type Text struct {
+	// ChunkChars is the block size in bytes of the UTF-8 rendering; zero
+	// means 64 (about 16 tokens of English).
+	ChunkChars int
+}
+
+// chunkChars returns the effective chunk size.
+func (t Text) chunkChars() int {
+	if t.ChunkChars <= 0 {
+		return 64
+	}
+	return t.ChunkChars
+}
+
+// TokensPerBlock is the estimated prompt tokens one block stands for
+// (ChunkChars / 4, at least 1), so the router can turn matched blocks into
+// matched tokens.
+func (t Text) TokensPerBlock() int {
+	return max(t.chunkChars()/4, 1)
+}
+
+// messageOverhead is the tokens a chat template adds per message (role
+// markers and separators: 4 to 5 for Llama 3 and Qwen templates).
+const messageOverhead = 4
+
+// Hashes appends to out the chained hashes of the full chunks of p's
+// rendering and returns them with an estimate of the prompt's tokens.
+//
+// The estimate counts ASCII bytes / 4 (English averages 4 characters per
+// token in Llama 3 and Qwen vocabularies) plus one token per non-ASCII
+// character (CJK runs close to one token a character; accented Latin text is
+// overestimated), plus 4 per chat message for its template markers; token id
+// prompts count exactly. All prompts of a batch count toward tokens, but only
+// the first is hashed. Hashes allocates only when out lacks capacity (and
+// once for a ChunkChars over 504).
+func (t Text) Hashes(p *Prompt, out []Hash) (hashes []Hash, tokens int) {
+	c := chunker{size: t.chunkChars(), h: Root(p.Model, ""), out: out}
+	if 8+c.size > len(c.arr) {
+		c.big = make([]byte, 8+c.size)
+	}
+	var est estimate
+	if len(p.Tools) > 0 {
+		c.fieldBytes('T', p.Tools)
+		est.add(p.Tools)
+	}
+	switch {
+	case p.Chat:
+		for i := range p.Messages {
+			m := &p.Messages[i]
+			c.tag('M')
+			c.field('r', m.Role)
+			c.field('c', m.Content)
+			if m.Name != "" {
+				c.field('n', m.Name)
+			}
+			if m.ToolCallID != "" {
+				c.field('i', m.ToolCallID)
+			}
+			if len(m.ToolCalls) > 0 {
+				c.fieldBytes('t', m.ToolCalls)
+				est.add(m.ToolCalls)
+			}
+			est.addString(m.Content)
+			est.extra += messageOverhead
+		}
+	case len(p.Prompts) > 0:
+		c.tag('P')
+		c.writeString(p.Prompts[0])
+		for _, s := range p.Prompts {
+			est.addString(s)
+		}
+	case len(p.PromptIDs) > 0:
+		c.tag('I')
+		var b [4]byte
+		for _, id := range p.PromptIDs[0] {
+			binary.LittleEndian.PutUint32(b[:], id)
+			c.write(b[:])
+		}
+		for _, ids := range p.PromptIDs {
+			est.extra += len(ids)
+		}
+	}
+	return c.out, est.tokens()
+}
+
+// chunker streams the rendering through a buffer of one chunk, chaining a
+// hash each time the chunk fills, so the whole rendering is never built.
+type chunker struct {
+	arr  [512]byte // buf()[:8] receives the parent hash, buf()[8:] the chunk
+	big  []byte    // the buffer when a chunk does not fit arr
+	n    int       // bytes of the current chunk filled
+	size int
+	h    Hash
+	out  []Hash
+}
+
+// buf returns the chunk buffer: 8 bytes for the parent hash, then the chunk.
+func (c *chunker) buf() []byte {
+	if c.big != nil {
+		return c.big
+	}
+	return c.arr[:8+c.size]
+}
+
+// writeString appends s to the rendering.
+func (c *chunker) writeString(s string) {
+	for len(s) > 0 {
+		k := copy(c.buf()[8+c.n:], s)
+		c.n += k
+		s = s[k:]
+		if c.n == c.size {
+			c.flush()
+		}
+	}
+}
+
+// write appends b to the rendering.
+func (c *chunker) write(b []byte) {
+	for len(b) > 0 {
+		k := copy(c.buf()[8+c.n:], b)
+		c.n += k
+		b = b[k:]
+		if c.n == c.size {
+			c.flush()
+		}
+	}
+}
+
+// flush chains the full chunk onto the hash.
+func (c *chunker) flush() {
+	buf := c.buf()
+	binary.LittleEndian.PutUint64(buf, uint64(c.h))
+	c.h = Hash(xxhash.Sum64(buf))
+	c.out = append(c.out, c.h)
+	c.n = 0
+}
+
+// tag appends one byte.
+func (c *chunker) tag(b byte) {
+	c.buf()[8+c.n] = b
+	c.n++
+	if c.n == c.size {
+		c.flush()
+	}
+}
+
+// field appends a tag, the length of s as a uvarint, and s.
+func (c *chunker) field(tag byte, s string) {
+	c.header(tag, len(s))
+	c.writeString(s)
+}
+
+// fieldBytes is field for a byte slice.
+func (c *chunker) fieldBytes(tag byte, b []byte) {
+	c.header(tag, len(b))
+	c.write(b)
+}
+
+// header appends a tag and a length as a uvarint.
+func (c *chunker) header(tag byte, n int) {
+	var b [1 + binary.MaxVarintLen64]byte
+	b[0] = tag
+	k := binary.PutUvarint(b[1:], uint64(n))
+	c.write(b[:1+k])
+}
+
+// estimate accumulates the token estimate of Hashes.
+type estimate struct {
+	ascii, other, extra int
+}
+
+// add counts the bytes of s: ASCII bytes, and the lead bytes of non-ASCII
+// characters. It reads 8 bytes at a time.
+func (e *estimate) add(s []byte) {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := binary.LittleEndian.Uint64(s[i:])
+		hi := w & 0x8080808080808080
+		if hi == 0 {
+			e.ascii += 8
+			continue
+		}
+		// Continuation bytes are 10xxxxxx: high bit set, next bit clear.
+		cont := hi &^ (w << 1)
+		nonASCII := bits.OnesCount64(hi)
+		e.ascii += 8 - nonASCII
+		e.other += nonASCII - bits.OnesCount64(cont)
+	}
+	for ; i < len(s); i++ {
+		switch b := s[i]; {
+		case b < 0x80:
+			e.ascii++
+		case b >= 0xC0:
+			e.other++
+		}
+	}
+}
+
+// addString is add for a string; it reads s in place, without copying.
+func (e *estimate) addString(s string) {
+	e.add(unsafe.Slice(unsafe.StringData(s), len(s)))
+}
+
+func (e *estimate) tokens() int {
+	return (e.ascii+3)/4 + e.other + e.extra
+}
