@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+const (
+	chunk1    = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n"
+	chunk2    = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\" there\"}}],\"usage\":null}\n\n"
+	usageOnly = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\n"
+	done      = "data: [DONE]\n\n"
+)
+
+func TestTap(t *testing.T) {
+	tests := []struct {
+		name       string
+		in         string
+		sse, strip bool
+		want       string
+		cached     int
+		prompt     int
+	}{
+		{"sse keeps usage when not stripping", chunk1 + chunk2 + usageOnly + done, true, false, chunk1 + chunk2 + usageOnly + done, 64, 100},
+		{"sse strips usage-only chunk", chunk1 + chunk2 + usageOnly + done, true, true, chunk1 + chunk2 + done, 64, 100},
+		{"sse without usage", chunk1 + done, true, true, chunk1 + done, -1, -1},
+		{"partial trailing event passes", chunk1 + "data: {\"x\"", true, true, chunk1 + "data: {\"x\"", -1, -1},
+		{"json body", `{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, false, false,
+			`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, 3, 7},
+		{"json without details", `{"usage":{"prompt_tokens":7}}`, false, false, `{"usage":{"prompt_tokens":7}}`, -1, 7},
+	}
+	readers := map[string]func(string) io.Reader{
+		"whole":   func(s string) io.Reader { return strings.NewReader(s) },
+		"onebyte": func(s string) io.Reader { return iotest.OneByteReader(strings.NewReader(s)) },
+		"half":    func(s string) io.Reader { return iotest.HalfReader(strings.NewReader(s)) },
+	}
+	for _, tc := range tests {
+		for rname, mk := range readers {
+			t.Run(tc.name+"/"+rname, func(t *testing.T) {
+				tp := &tap{body: io.NopCloser(mk(tc.in)), sse: tc.sse, strip: tc.strip}
+				got, err := io.ReadAll(tp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if string(got) != tc.want {
+					t.Errorf("got %q, want %q", got, tc.want)
+				}
+				cached, prompt := -1, -1
+				if tp.hasUsage {
+					cached, prompt = tp.usage.cached(), tp.usage.PromptTokens
+				}
+				if cached != tc.cached || prompt != tc.prompt {
+					t.Errorf("got cached %d prompt %d, want %d %d", cached, prompt, tc.cached, tc.prompt)
+				}
+				if tp.first.IsZero() {
+					t.Error("first byte time not recorded")
+				}
+			})
+		}
+	}
+}
+
+// TestTapEventPerRead checks that SSE comes out one whole event per Read,
+// so that ReverseProxy's flush after each write flushes whole events.
+func TestTapEventPerRead(t *testing.T) {
+	tp := &tap{body: io.NopCloser(strings.NewReader(chunk1 + chunk2 + done)), sse: true}
+	buf := make([]byte, 64<<10)
+	var got []string
+	for {
+		n, err := tp.Read(buf)
+		if n > 0 {
+			got = append(got, string(buf[:n]))
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The reader hands all three at once; they come out as one read of
+	// whole events (never a partial one).
+	if s := strings.Join(got, ""); s != chunk1+chunk2+done {
+		t.Fatalf("got %q", s)
+	}
+	for _, g := range got {
+		if !strings.HasSuffix(g, "\n\n") {
+			t.Errorf("read %q does not end an event", g)
+		}
+	}
+}
+
+func TestInjectUsage(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{`{"model":"m","stream":true}`, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`},
+		{` { "model":"m"}`, ` {"stream_options":{"include_usage":true}, "model":"m"}`},
+		{`{}`, `{"stream_options":{"include_usage":true}}`},
+	}
+	for _, tc := range tests {
+		if got := string(injectUsage([]byte(tc.in))); got != tc.want {
+			t.Errorf("injectUsage(%s): got %s, want %s", tc.in, got, tc.want)
+		}
+		if !bytes.Contains(injectUsage([]byte(tc.in)), []byte(`"include_usage":true`)) {
+			t.Error("no include_usage")
+		}
+	}
+}
