@@ -97,8 +97,9 @@ type Engine struct {
 	start, end time.Duration
 	batch      []*seq
 	// evicted collects the hashes evicted while scheduling the iteration
-	// in flight, reported when it ends.
-	evicted []prefix.Hash
+	// in flight, reported when it ends; spare is the array the last
+	// BlockRemoved event holds. They swap, like pend and out.
+	evicted, spare []prefix.Hash
 
 	// pend collects events for the next Step; out is the slice the last
 	// Step returned. They swap on every Step.
@@ -213,17 +214,14 @@ func (e *Engine) Stats() Stats {
 	st.Waiting = e.waiting.len()
 	st.UsedBlocks = e.pool.used()
 	st.TotalBlocks = e.cfg.NumBlocks
-	st.CachedBlocks = len(e.pool.table)
+	st.CachedBlocks = e.pool.table.n
 	return st
 }
 
 // Cached returns the hashes of all computed cached blocks, held or free,
 // sorted.
 func (e *Engine) Cached() []prefix.Hash {
-	hs := make([]prefix.Hash, 0, len(e.pool.table))
-	for h := range e.pool.table {
-		hs = append(hs, h)
-	}
+	hs := e.pool.table.all(make([]prefix.Hash, 0, e.pool.table.n))
 	slices.Sort(hs)
 	return hs
 }

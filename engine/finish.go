@@ -12,8 +12,9 @@ func (e *Engine) finish() {
 	if len(e.evicted) > 0 {
 		e.stats.RemovedBlocks += int64(len(e.evicted))
 		e.pend = append(e.pend, Event{Kind: BlockRemoved, At: t, Hashes: e.evicted, BlockSize: e.cfg.BlockSize})
-		// The event keeps this array; the next evictions start a new one.
-		e.evicted = nil
+		// The event keeps this array until the next Step; the next
+		// evictions go to the other one.
+		e.evicted, e.spare = e.spare[:0], e.evicted
 	}
 	finished := false
 	for _, s := range e.batch {

@@ -31,7 +31,7 @@ type pool struct {
 	// nfree is the free queue's length: free plus evictable cached blocks.
 	nfree int
 	// table maps a cached block's hash to its index.
-	table map[prefix.Hash]int32
+	table table
 }
 
 // newPool returns a pool of n free blocks, in index order.
@@ -39,7 +39,7 @@ func newPool(n int) *pool {
 	p := &pool{
 		blocks:   make([]block, n+1),
 		sentinel: int32(n),
-		table:    make(map[prefix.Hash]int32),
+		table:    newTable(n),
 	}
 	s := p.sentinel
 	p.blocks[s].prev, p.blocks[s].next = s, s
@@ -70,8 +70,7 @@ func (p *pool) unlink(i int32) {
 
 // lookup returns the cached block holding hash h.
 func (p *pool) lookup(h prefix.Hash) (int32, bool) {
-	i, ok := p.table[h]
-	return i, ok
+	return p.table.get(h)
 }
 
 // touch takes a reference on cached block i, taking it off the free queue
@@ -91,7 +90,7 @@ func (p *pool) alloc(evicted []prefix.Hash) (int32, []prefix.Hash) {
 	p.unlink(i)
 	b := &p.blocks[i]
 	if b.cached {
-		delete(p.table, b.hash)
+		p.table.del(b.hash)
 		evicted = append(evicted, b.hash)
 		b.cached = false
 	}
@@ -114,10 +113,10 @@ func (p *pool) release(i int32) {
 // holds h (two requests computed the same prefix at once): one owner per
 // hash keeps BlockStored and BlockRemoved exactly paired.
 func (p *pool) store(i int32, h prefix.Hash) bool {
-	if _, dup := p.table[h]; dup {
+	if _, dup := p.table.get(h); dup {
 		return false
 	}
-	p.table[h] = i
+	p.table.put(h, i)
 	p.blocks[i].hash = h
 	p.blocks[i].cached = true
 	return true
@@ -128,7 +127,7 @@ func (p *pool) clear() {
 	for i := range p.blocks {
 		p.blocks[i].cached = false
 	}
-	clear(p.table)
+	p.table.clear()
 }
 
 // used is the number of blocks held by requests.
