@@ -1,0 +1,193 @@
+// Package scrape reads engine load signals from each replica's Prometheus
+// /metrics endpoint: running and waiting requests, KV-cache usage, cache
+// geometry and prefix-cache counters, in vLLM's and SGLang's metric names.
+//
+// Parse is a pure function over the Prometheus text format (parsed with
+// github.com/prometheus/common/expfmt, not string matching). Scraper runs
+// one polling loop per replica, with a per-replica offset so loops do not
+// align, and tracks staleness.
+//
+// Metric names follow vLLM v1 (vllm/v1/metrics/loggers.py) and SGLang
+// (python/sglang/srt/metrics/collector.py).
+package scrape
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Load is one replica's engine state as read from one scrape. Counts are
+// summed over label sets (several engines or data-parallel ranks behind one
+// endpoint).
+type Load struct {
+	// Running is the number of requests in the engine's running batch.
+	Running int
+	// Waiting is the number of requests queued and not yet scheduled.
+	Waiting int
+	// KVUsage is the fraction of KV-cache blocks in use, 0..1 (the mean over
+	// engines when there are several).
+	KVUsage float64
+	// BlockSize is the engine's tokens per KV block (SGLang's page size);
+	// zero when the engine does not report it.
+	BlockSize int
+	// NumBlocks is the engine's KV capacity in blocks of BlockSize tokens,
+	// summed over engines; zero when not reported.
+	NumBlocks int
+	// PrefixQueries and PrefixHits are the engine's cumulative prefix-cache
+	// counters, in tokens: prompt tokens looked up, and those found cached.
+	PrefixQueries, PrefixHits float64
+	// At is when the scrape completed; Parse leaves it zero.
+	At time.Time
+}
+
+// Names of the metrics Parse reads. Counters are looked up both with and
+// without the _total suffix, since Python's client names the family either
+// way depending on its version.
+const (
+	vllmRunning     = "vllm:num_requests_running"
+	vllmWaiting     = "vllm:num_requests_waiting"
+	vllmKVUsage     = "vllm:kv_cache_usage_perc"
+	vllmGPUUsage    = "vllm:gpu_cache_usage_perc" // before vLLM 0.10
+	vllmCacheConfig = "vllm:cache_config_info"
+	vllmQueries     = "vllm:prefix_cache_queries"
+	vllmHits        = "vllm:prefix_cache_hits"
+
+	sglRunning     = "sglang:num_running_reqs"
+	sglWaiting     = "sglang:num_queue_reqs"
+	sglUsage       = "sglang:token_usage"
+	sglCacheConfig = "sglang:cache_config_info"
+	sglMaxTokens   = "sglang:max_total_num_tokens"
+	sglPrompt      = "sglang:prompt_tokens"
+	sglCached      = "sglang:cached_tokens"
+)
+
+// Parse reads one /metrics response in the Prometheus text format and
+// extracts the load signals of vLLM or SGLang. Metrics it does not know are
+// ignored; an input with none of the known metrics is not an error (the Load
+// is zero). Malformed text is an error.
+func Parse(r io.Reader) (Load, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return Load{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	s := make(series, len(known))
+	for _, name := range known {
+		f, ok := fams[name]
+		if !ok {
+			continue
+		}
+		v, err := expfmt.ExtractSamples(&expfmt.DecodeOptions{}, f)
+		if err != nil {
+			return Load{}, fmt.Errorf("parse metrics: %s: %w", name, err)
+		}
+		s[name] = v
+	}
+	var l Load
+	l.Running = int(s.sum(vllmRunning) + s.sum(sglRunning))
+	l.Waiting = int(s.sum(vllmWaiting) + s.sum(sglWaiting))
+	l.KVUsage = s.usage()
+	l.BlockSize, l.NumBlocks = s.geometry()
+	l.PrefixQueries = s.counter(vllmQueries) + s.counter(sglPrompt)
+	l.PrefixHits = s.counter(vllmHits) + s.counter(sglCached)
+	return l, nil
+}
+
+// known lists the families Parse extracts.
+var known = [...]string{
+	vllmRunning, vllmWaiting, vllmKVUsage, vllmGPUUsage, vllmCacheConfig,
+	vllmQueries, vllmQueries + "_total", vllmHits, vllmHits + "_total",
+	sglRunning, sglWaiting, sglUsage, sglCacheConfig, sglMaxTokens,
+	sglPrompt, sglPrompt + "_total", sglCached, sglCached + "_total",
+}
+
+// series holds the samples of the known families, by family name.
+type series map[string]model.Vector
+
+// sum adds the values of every sample of a family; zero if absent. NaN and
+// infinite samples count as zero.
+func (s series) sum(name string) float64 {
+	var t float64
+	for _, v := range s[name] {
+		f := float64(v.Value)
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			continue
+		}
+		t += f
+	}
+	return t
+}
+
+// counter sums a counter family found under name_total or name.
+func (s series) counter(name string) float64 {
+	if _, ok := s[name+"_total"]; ok {
+		return s.sum(name + "_total")
+	}
+	return s.sum(name)
+}
+
+// mean averages a family's samples; ok is false if it is absent or empty.
+func (s series) mean(name string) (float64, bool) {
+	if len(s[name]) == 0 {
+		return 0, false
+	}
+	return s.sum(name) / float64(len(s[name])), true
+}
+
+// usage is the KV usage fraction, clamped to 0..1.
+func (s series) usage() float64 {
+	u, ok := s.mean(vllmKVUsage)
+	if !ok {
+		u, ok = s.mean(vllmGPUUsage)
+	}
+	if !ok {
+		u, _ = s.mean(sglUsage)
+	}
+	return min(max(u, 0), 1)
+}
+
+// geometry reads block size and block count from the info metrics, summing
+// the block count over samples (one per engine). SGLang without num_pages
+// falls back to max_total_num_tokens divided by the page size (1 if unknown).
+func (s series) geometry() (blockSize, numBlocks int) {
+	if bs, n := s.info(vllmCacheConfig, "block_size", "num_gpu_blocks"); n > 0 && bs > 0 {
+		return bs, n
+	}
+	bs, n := s.info(sglCacheConfig, "page_size", "num_pages")
+	if n > 0 && bs > 0 {
+		return bs, n
+	}
+	if tokens := s.sum(sglMaxTokens); tokens >= 1 && tokens < 1<<40 {
+		bs = max(bs, 1)
+		return bs, int(tokens) / bs
+	}
+	return 0, 0
+}
+
+// info reads two integer labels of an info metric (value 1, data in
+// labels): the size from any sample, the count summed over samples. Labels
+// that are missing or not positive integers ("None") count as zero.
+func (s series) info(name, sizeLabel, countLabel string) (size, count int) {
+	for _, v := range s[name] {
+		if n := label(v.Metric, sizeLabel); n > 0 {
+			size = n
+		}
+		count += label(v.Metric, countLabel)
+	}
+	return size, count
+}
+
+// label returns a positive integer label, or zero.
+func label(m model.Metric, name string) int {
+	n, err := strconv.Atoi(string(m[model.LabelName(name)]))
+	if err != nil || n <= 0 || n > 1<<40 {
+		return 0
+	}
+	return n
+}

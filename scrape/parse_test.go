@@ -1,0 +1,106 @@
+package scrape
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		file string
+		want Load
+	}{
+		{"vllm.txt", Load{Running: 5, Waiting: 5, KVUsage: 0.5, BlockSize: 16, NumBlocks: 54000, PrefixQueries: 15000, PrefixHits: 7000}},
+		{"vllm-old.txt", Load{Running: 7, Waiting: 0, KVUsage: 0.5, BlockSize: 32, NumBlocks: 1000}},
+		{"sglang.txt", Load{Running: 10, Waiting: 2, KVUsage: 0.30000000000000004, BlockSize: 1, NumBlocks: 800000, PrefixQueries: 90000, PrefixHits: 54000}},
+		{"sglang-paged.txt", Load{Running: 1, KVUsage: 0.1, BlockSize: 64, NumBlocks: 2000}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			f, err := os.Open(filepath.Join("testdata", tt.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			got, err := Parse(f)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if d := cmp.Diff(tt.want, got); d != "" {
+				t.Errorf("Parse mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestParseLiteral(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    Load
+		wantErr bool
+	}{
+		{name: "empty", in: "", want: Load{}},
+		{name: "unknown metrics only", in: "# TYPE foo gauge\nfoo 3\n", want: Load{}},
+		{name: "untyped samples", in: "vllm:num_requests_running 2\nvllm:num_requests_waiting{engine=\"0\"} 9\n", want: Load{Running: 2, Waiting: 9}},
+		{name: "counter without _total", in: "# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits 12\n", want: Load{PrefixHits: 12}},
+		{name: "usage clamped", in: "vllm:kv_cache_usage_perc 1.7\n", want: Load{KVUsage: 1}},
+		{name: "NaN ignored", in: "vllm:num_requests_running NaN\n", want: Load{}},
+		{name: "new usage wins over old", in: "vllm:kv_cache_usage_perc 0.2\nvllm:gpu_cache_usage_perc 0.9\n", want: Load{KVUsage: 0.2}},
+		{name: "cache config None", in: "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n", want: Load{}},
+		{name: "malformed value", in: "vllm:num_requests_running abc\n", wantErr: true},
+		{name: "unterminated label", in: "vllm:num_requests_running{engine=\"0} 1\n", wantErr: true},
+		{name: "type mismatch", in: "# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_running counter\n", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(strings.NewReader(tt.in))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Parse error = %v, wantErr %v", err, tt.wantErr)
+			}
+			if d := cmp.Diff(tt.want, got); d != "" {
+				t.Errorf("Parse mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, name := range []string{"vllm.txt", "vllm-old.txt", "sglang.txt", "sglang-paged.txt"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte("vllm:num_requests_running{a=\"b\"} 1e308\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		l, err := Parse(strings.NewReader(string(b)))
+		if err != nil {
+			return
+		}
+		if l.KVUsage < 0 || l.KVUsage > 1 {
+			t.Errorf("KVUsage %v outside 0..1", l.KVUsage)
+		}
+		if l.BlockSize < 0 || l.NumBlocks < 0 {
+			t.Errorf("negative geometry %d x %d", l.BlockSize, l.NumBlocks)
+		}
+	})
+}
+
+func BenchmarkParse(b *testing.B) {
+	data, err := os.ReadFile(filepath.Join("testdata", "vllm.txt"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(strings.NewReader(string(data))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,265 @@
+package scrape
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// DefaultInterval is the polling period when Scraper.Interval is zero.
+const DefaultInterval = 100 * time.Millisecond
+
+// maxBody caps how much of a /metrics response is read (a vLLM endpoint
+// serves a few hundred kilobytes at most).
+const maxBody = 16 << 20
+
+// Scraper polls the /metrics endpoint of each of its targets, one loop per
+// target, and reports every result through its hooks. Targets are replica
+// base URLs ("http://10.0.0.1:8000"); the metrics path is appended.
+//
+// Set the exported fields before Run; Add and Remove may be called at any
+// time, before or during Run.
+type Scraper struct {
+	// Client does the requests; nil means a client with no timeout of its
+	// own (each request is bounded by Timeout).
+	Client *http.Client
+	// Interval is the polling period; zero means DefaultInterval.
+	Interval time.Duration
+	// Timeout bounds one scrape; zero means Interval.
+	Timeout time.Duration
+	// Path is the metrics path; empty means "/metrics".
+	Path string
+	// OnLoad, if set, receives every successful scrape, from the target's
+	// own goroutine (so calls for one target are ordered).
+	OnLoad func(id string, l Load)
+	// OnError, if set, receives every failed scrape.
+	OnError func(id string, err error)
+
+	// mu guards targets and ctx.
+	mu      sync.Mutex
+	targets map[string]*target
+	ctx     context.Context // set while Run runs
+	wg      sync.WaitGroup  // joins target loops
+}
+
+// Status is a target's scrape health.
+type Status struct {
+	// Last is the most recent successful Load (At is when it was taken);
+	// Last.At is zero if no scrape has succeeded yet.
+	Last Load
+	// Errors is the number of consecutive failed scrapes since the last
+	// success.
+	Errors int
+	// Err is the most recent error, nil after a success.
+	Err error
+}
+
+// Age returns how old the last successful scrape is at now; it is a very
+// large duration when there has been none.
+func (s Status) Age(now time.Time) time.Duration {
+	if s.Last.At.IsZero() {
+		return time.Duration(1<<63 - 1)
+	}
+	return now.Sub(s.Last.At)
+}
+
+// target is one replica's loop state.
+type target struct {
+	id     string
+	cancel context.CancelFunc // nil until its loop starts
+
+	// mu guards status.
+	mu     sync.Mutex
+	status Status
+}
+
+// Add starts scraping id (a base URL); adding a present id does nothing.
+func (s *Scraper) Add(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.targets == nil {
+		s.targets = make(map[string]*target)
+	}
+	if _, ok := s.targets[id]; ok {
+		return
+	}
+	t := &target{id: id}
+	s.targets[id] = t
+	if s.ctx != nil {
+		s.startLocked(t)
+	}
+}
+
+// Remove stops scraping id; no hook is called for it once Remove returns,
+// except for a scrape already delivering.
+func (s *Scraper) Remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.targets[id]
+	if !ok {
+		return
+	}
+	delete(s.targets, id)
+	if t.cancel != nil {
+		t.cancel()
+	}
+}
+
+// Status returns id's scrape status; ok is false for an unknown id.
+func (s *Scraper) Status(id string) (st Status, ok bool) {
+	s.mu.Lock()
+	t, ok := s.targets[id]
+	s.mu.Unlock()
+	if !ok {
+		return Status{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.status, true
+}
+
+// Run scrapes every target until ctx is done, then waits for the loops to
+// stop and returns ctx's error. Run must not be called twice at once.
+func (s *Scraper) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.ctx != nil {
+		s.mu.Unlock()
+		return errors.New("scrape: already running")
+	}
+	s.ctx = ctx
+	for _, t := range s.targets {
+		s.startLocked(t)
+	}
+	s.mu.Unlock()
+
+	<-ctx.Done()
+	s.mu.Lock()
+	s.ctx = nil
+	for _, t := range s.targets {
+		t.cancel = nil
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return ctx.Err()
+}
+
+// startLocked starts t's loop under Run's context.
+func (s *Scraper) startLocked(t *target) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	t.cancel = cancel
+	s.wg.Go(func() {
+		defer cancel()
+		s.loop(ctx, t)
+	})
+}
+
+// loop scrapes t every interval, starting at an offset hashed from its id so
+// that loops for different replicas spread over the period.
+func (s *Scraper) loop(ctx context.Context, t *target) {
+	every := s.interval()
+	timer := time.NewTimer(Offset(t.id, every))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		start := time.Now()
+		s.scrapeOnce(ctx, t)
+		// Keep the period fixed: a slow scrape delays the next one only by
+		// what it overran.
+		timer.Reset(max(every-time.Since(start), 0))
+	}
+}
+
+// scrapeOnce does one scrape of t and reports it.
+func (s *Scraper) scrapeOnce(ctx context.Context, t *target) {
+	l, err := s.fetch(ctx, t.id)
+	if ctx.Err() != nil {
+		return // removed or stopping: a canceled scrape is not a failure
+	}
+	t.mu.Lock()
+	if err != nil {
+		t.status.Errors++
+		t.status.Err = err
+	} else {
+		t.status = Status{Last: l}
+	}
+	t.mu.Unlock()
+	switch {
+	case err != nil && s.OnError != nil:
+		s.OnError(t.id, err)
+	case err == nil && s.OnLoad != nil:
+		s.OnLoad(t.id, l)
+	}
+}
+
+// fetch GETs and parses one /metrics response.
+func (s *Scraper) fetch(ctx context.Context, id string) (Load, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout())
+	defer cancel()
+	url := strings.TrimSuffix(id, "/") + s.path()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	client := s.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return Load{}, fmt.Errorf("scrape %s: status %s", url, resp.Status)
+	}
+	l, err := Parse(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	l.At = time.Now()
+	return l, nil
+}
+
+func (s *Scraper) interval() time.Duration {
+	if s.Interval > 0 {
+		return s.Interval
+	}
+	return DefaultInterval
+}
+
+func (s *Scraper) timeout() time.Duration {
+	if s.Timeout > 0 {
+		return s.Timeout
+	}
+	return s.interval()
+}
+
+func (s *Scraper) path() string {
+	if s.Path != "" {
+		return s.Path
+	}
+	return "/metrics"
+}
+
+// Offset is the delay before a replica's first scrape: a hash of its id
+// (FNV-1a) reduced modulo the interval, so that loops do not align.
+func Offset(id string, interval time.Duration) time.Duration {
+	if interval <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return time.Duration(h.Sum64() % uint64(interval))
+}
