@@ -213,6 +213,11 @@ func (s *Server) wait(ctx context.Context, f *flight, onTokens func(from, to int
 		if err != nil {
 			return engine.Event{}, err
 		}
+		if !done {
+			// The last token goes out with the Done event, so that its
+			// chunk can carry the finish reason.
+			tokens = min(tokens, f.req.MaxTokens-1)
+		}
 		if onTokens != nil && (tokens > sent || done) {
 			if err := onTokens(sent, tokens, done, final); err != nil {
 				s.abort(f.req.ID)
