@@ -88,7 +88,7 @@ func busy(b *testing.B, cfg Config, seqs, prompt, shared, out int) {
 	for b.Loop() {
 		step()
 	}
-	b.ReportMetric((now - start).Seconds()/(cpuTime() - cpu0).Seconds(), "engine-s/cpu-s")
+	b.ReportMetric((now-start).Seconds()/(cpuTime()-cpu0).Seconds(), "engine-s/cpu-s")
 	st := e.Stats()
 	b.ReportMetric(float64(st.Running), "running")
 	b.ReportMetric(float64(st.Busy)/float64(st.Steps)/1e6, "ms/step")
