@@ -23,10 +23,10 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 	x.entries[e] = entry{touched: now, hash: h, replica: int32(r), prev: -1, next: -1, nextSame: -1}
 	x.pushFrontLocked(r, e)
 	x.total++
-	nd, ok := x.nodes[h]
+	nd, ok := x.nodes.get(h)
 	switch {
 	case !ok:
-		x.nodes[h] = node{head: e, count: 1}
+		x.nodes.put(h, node{head: e, count: 1})
 	case nd.count < 0:
 		x.hotInsertLocked(&x.hots[-nd.count-1], r, e, now)
 	default:
@@ -36,7 +36,7 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 		if nd.count >= hotAt {
 			nd = x.promoteLocked(nd)
 		}
-		x.nodes[h] = nd
+		x.nodes.put(h, nd)
 	}
 }
 
@@ -45,7 +45,7 @@ func (x *Index) refreshLocked(e int32, now time.Duration) {
 	en := &x.entries[e]
 	en.touched = now
 	r := int(en.replica)
-	if nd := x.nodes[en.hash]; nd.count < 0 {
+	if nd, _ := x.nodes.get(en.hash); nd.count < 0 {
 		hb := &x.hots[-nd.count-1]
 		k := hb.rank(r)
 		old := hb.touched[k]
@@ -60,7 +60,7 @@ func (x *Index) refreshLocked(e int32, now time.Duration) {
 
 // findLocked returns the entry of (r, h), or -1.
 func (x *Index) findLocked(r int, h prefix.Hash) int32 {
-	nd, ok := x.nodes[h]
+	nd, ok := x.nodes.get(h)
 	if !ok {
 		return -1
 	}
@@ -85,7 +85,7 @@ func (x *Index) deleteLocked(e int32) {
 	r := int(en.replica)
 	x.unlinkLocked(r, e)
 	x.total--
-	nd := x.nodes[en.hash]
+	nd, _ := x.nodes.get(en.hash)
 	if nd.count < 0 {
 		hi := -nd.count - 1
 		hb := &x.hots[hi]
@@ -94,7 +94,7 @@ func (x *Index) deleteLocked(e int32) {
 		hb.touched = slices.Delete(hb.touched, k, k+1)
 		hb.entries = slices.Delete(hb.entries, k, k+1)
 		if len(hb.entries) < coldAt {
-			x.nodes[en.hash] = x.demoteLocked(hi)
+			x.nodes.put(en.hash, x.demoteLocked(hi))
 		}
 	} else {
 		if nd.head == e {
@@ -108,9 +108,9 @@ func (x *Index) deleteLocked(e int32) {
 		}
 		nd.count--
 		if nd.count == 0 {
-			delete(x.nodes, en.hash)
+			x.nodes.del(en.hash)
 		} else {
-			x.nodes[en.hash] = nd
+			x.nodes.put(en.hash, nd)
 		}
 	}
 	x.entries[e] = entry{next: x.freeEnt}

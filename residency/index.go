@@ -57,7 +57,7 @@ type Index struct {
 	words int // uint64 words of a replica bitset
 
 	mu       sync.RWMutex
-	nodes    map[prefix.Hash]node
+	nodes    table
 	entries  []entry
 	freeEnt  int32 // head of the free entry list, linked by next; -1 if none
 	hots     []hot
@@ -108,7 +108,7 @@ func New(cfg Config) *Index {
 	x := &Index{
 		cfg:      cfg,
 		words:    (cfg.MaxReplicas + 63) / 64,
-		nodes:    make(map[prefix.Hash]node),
+		nodes:    newTable(),
 		freeEnt:  -1,
 		replicas: make([]replica, cfg.MaxReplicas),
 	}

@@ -27,7 +27,7 @@ func (x *Index) Match(hashes []prefix.Hash, now time.Duration, match []int, age 
 	m := matcher{x: x, now: now, match: match, age: age, prev: node{head: -1}}
 	i := 0
 	for ; i < len(hashes); i++ {
-		nd, ok := x.nodes[hashes[i]]
+		nd, ok := x.nodes.get(hashes[i])
 		if !ok {
 			break
 		}
