@@ -29,6 +29,7 @@ func commands() map[string]command {
 			fmt.Println("kvrouter", version)
 			return nil
 		}},
+		"engine": {"run an emulated vLLM-compatible replica", runEngine},
 	}
 }
 

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"kvrouter/emulator"
+	"kvrouter/engine"
+)
+
+// runEngine runs one emulated vLLM-compatible replica until ctx is done.
+func runEngine(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: kvrouter engine [flags]\n\n"+
+			"Runs an emulated vLLM replica: the engine model on a wall clock behind the\n"+
+			"OpenAI API, /metrics, /tokenize and ZMQ KV-cache events.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	var cfg emulator.Config
+	listen := fs.String("listen", "127.0.0.1:8001", "HTTP listen address")
+	fs.StringVar(&cfg.Model, "model", "emulated", "served model name")
+	fs.StringVar(&cfg.Preset, "preset", "llama3-8b-h100", "engine preset: "+strings.Join(engine.Presets(), ", "))
+	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "wall seconds per engine second (0.05 runs 20x faster than real time)")
+	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB endpoint for KV events, e.g. tcp://*:5557 (binds with * or ::, connects otherwise); empty: no events")
+	fs.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER endpoint for event replay, e.g. tcp://*:5558")
+	fs.StringVar(&cfg.KVEventsFormat, "kv-events-format", emulator.FormatMap, "KV event encoding: map (vLLM >= 0.26) or array (legacy)")
+	fs.StringVar(&cfg.Topic, "kv-events-topic", "", "KV event topic; empty: kv@<listen>@<model>")
+	fs.StringVar(&cfg.MetricsFlavor, "metrics-flavor", emulator.FlavorVLLM, "metric names: vllm or sglang")
+	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "max running requests; 0: the preset's")
+	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV cache capacity in blocks of 16 tokens; 0: the preset's")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.Logger = log
+	s, err := emulator.Start(cfg, *listen)
+	if err != nil {
+		return err
+	}
+	ec := s.EngineConfig()
+	log.Info("kvrouter engine serving", "url", s.URL(), "model", s.Model(), "preset", cfg.Preset,
+		"time_scale", cfg.TimeScale, "kv_blocks", ec.NumBlocks, "block_size", ec.BlockSize,
+		"max_num_seqs", ec.MaxNumSeqs, "max_model_len", ec.MaxModelLen,
+		"kv_events", s.KVEventsEndpoint(), "replay", s.ReplayEndpoint(), "topic", s.Topic())
+	<-ctx.Done()
+	log.Info("kvrouter engine stopping")
+	return s.Close()
+}
