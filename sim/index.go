@@ -23,7 +23,7 @@ type index struct {
 	cap  int // per-replica blocks, approximate mode; 0 = unbounded
 	ttl  time.Duration
 
-	head map[prefix.Hash]int32 // first entry of the hash's chain
+	head table // first entry of the hash's chain
 
 	// Entry slots.
 	hash      []prefix.Hash
@@ -44,7 +44,7 @@ type index struct {
 // newIndex returns an empty index; capacity is each replica's share in
 // blocks when needs does not cap it.
 func newIndex(kind route.IndexKind, needs route.Needs, capacity int) *index {
-	x := &index{kind: kind, head: make(map[prefix.Hash]int32, 1<<16)}
+	x := &index{kind: kind, head: newTable(1 << 16)}
 	if kind == route.Approximate {
 		x.cap = capacity
 		if needs.IndexBlocks > 0 {
@@ -92,7 +92,7 @@ func (x *index) lookup(hashes []prefix.Hash, now time.Duration) ([]int, []time.D
 }
 
 func (x *index) headOf(h prefix.Hash) int32 {
-	if e, ok := x.head[h]; ok {
+	if e, ok := x.head.get(h); ok {
 		return e
 	}
 	return -1
@@ -155,7 +155,7 @@ func (x *index) put(i int, h prefix.Hash, now time.Duration) {
 		e = x.alloc()
 		x.hash[e], x.rep[e] = h, int32(i)
 		x.same[e] = x.headOf(h)
-		x.head[h] = e
+		x.head.put(h, e)
 		x.count[i]++
 	}
 	x.touched[e] = now
@@ -204,14 +204,14 @@ func (x *index) unlink(e int32) {
 func (x *index) drop(e int32) {
 	x.unlink(e)
 	h := x.hash[e]
-	if x.head[h] == e {
+	if x.headOf(h) == e {
 		if x.same[e] >= 0 {
-			x.head[h] = x.same[e]
+			x.head.put(h, x.same[e])
 		} else {
-			delete(x.head, h)
+			x.head.del(h)
 		}
 	} else {
-		for p := x.head[h]; p >= 0; p = x.same[p] {
+		for p := x.headOf(h); p >= 0; p = x.same[p] {
 			if x.same[p] == e {
 				x.same[p] = x.same[e]
 				break

@@ -41,20 +41,25 @@ func cachedTokens(matched, prompt, blockSize int) int {
 // infiniteOracle returns the infinite-cache totals of jobs.
 func infiniteOracle(jobs []job, blockSize int) oracleResult {
 	var res oracleResult
-	seen := make(map[prefix.Hash]struct{}, 1<<16)
+	seen := newTable(1 << 16)
 	for i := range jobs {
 		j := &jobs[i]
-		m := 0
-		for m < len(j.hashes) {
-			if _, ok := seen[j.hashes[m]]; !ok {
-				break
+		// The set is prefix-closed (a request adds its whole chain), and a
+		// chained hash names its whole prefix, so the seen blocks of a
+		// request are a leading run: binary search for its length.
+		lo, hi := 0, len(j.hashes) // hashes[:lo] seen, hashes[hi:] not
+		for lo < hi {
+			mid := int(uint(lo+hi) >> 1)
+			if _, ok := seen.get(j.hashes[mid]); ok {
+				lo = mid + 1
+			} else {
+				hi = mid
 			}
-			m++
 		}
 		res.Prompt += int64(j.prompt)
-		res.Cached += int64(cachedTokens(m, j.prompt, blockSize))
-		for _, h := range j.hashes[m:] {
-			seen[h] = struct{}{}
+		res.Cached += int64(cachedTokens(lo, j.prompt, blockSize))
+		for _, h := range j.hashes[lo:] {
+			seen.put(h, 0)
 		}
 	}
 	return res
@@ -86,7 +91,7 @@ func pooledOracle(jobs []job, blockSize, capacity int) oracleResult {
 // lru is a fixed-capacity LRU set of block hashes: a map to slots of an
 // intrusive doubly linked list held in slices (no pointer per entry).
 type lru struct {
-	slot       map[prefix.Hash]int32
+	slot       table
 	hash       []prefix.Hash
 	prev, next []int32
 	head       int32 // most recent, -1 when empty
@@ -98,15 +103,15 @@ func newLRU(capacity int) *lru {
 	if capacity < 1 {
 		capacity = 1
 	}
-	return &lru{slot: make(map[prefix.Hash]int32, min(capacity, 1<<20)), head: -1, tail: -1, cap: capacity}
+	return &lru{slot: newTable(min(capacity, 1<<20)), head: -1, tail: -1, cap: capacity}
 }
 
-func (l *lru) has(h prefix.Hash) bool { _, ok := l.slot[h]; return ok }
+func (l *lru) has(h prefix.Hash) bool { _, ok := l.slot.get(h); return ok }
 
 // touch makes h the most recent entry, inserting it (and evicting the least
 // recent entry when full) if absent.
 func (l *lru) touch(h prefix.Hash) {
-	if s, ok := l.slot[h]; ok {
+	if s, ok := l.slot.get(h); ok {
 		l.unlink(s)
 		l.pushFront(s)
 		return
@@ -120,10 +125,10 @@ func (l *lru) touch(h prefix.Hash) {
 	} else {
 		s = l.tail
 		l.unlink(s)
-		delete(l.slot, l.hash[s])
+		l.slot.del(l.hash[s])
 		l.hash[s] = h
 	}
-	l.slot[h] = s
+	l.slot.put(h, s)
 	l.pushFront(s)
 }
 

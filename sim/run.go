@@ -19,7 +19,7 @@ type replica struct {
 
 	// The router's own counts (always fresh).
 	inFlight, prefillTokens, decoding, decodeBlocks int
-	recent                                        window
+	recent                                          window
 
 	// The engine's figures as of the last scrape tick.
 	running, waiting int

@@ -160,6 +160,35 @@ type outcome struct {
 
 // simulate runs every policy of cfg over the same jobs.
 func simulate(cfg Config) (*outcome, error) {
+	o, err := prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range o.cfg.Policies {
+		res, err := o.run(name)
+		if err != nil {
+			return nil, err
+		}
+		o.runs = append(o.runs, res)
+	}
+	return o, nil
+}
+
+// run simulates one policy over o's jobs on a fresh fleet.
+func (o *outcome) run(name string) (*result, error) {
+	r, err := newRunner(&o.cfg, o.jobs, name)
+	if err != nil {
+		return nil, err
+	}
+	r.run()
+	if r.err != nil {
+		return nil, fmt.Errorf("sim %s: %w", name, r.err)
+	}
+	return &r.res, nil
+}
+
+// prepare validates cfg, derives the jobs and computes the oracles.
+func prepare(cfg Config) (*outcome, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -187,17 +216,6 @@ func simulate(cfg Config) (*outcome, error) {
 	o := &outcome{cfg: cfg, jobs: jobs, factor: factor, names: cfg.Policies}
 	o.infinite = infiniteOracle(jobs, bs)
 	o.pooled = pooledOracle(jobs, bs, cfg.Replicas*cfg.Preset.NumBlocks)
-	for _, name := range cfg.Policies {
-		r, err := newRunner(&cfg, jobs, name)
-		if err != nil {
-			return nil, err
-		}
-		r.run()
-		if r.err != nil {
-			return nil, fmt.Errorf("sim %s: %w", name, r.err)
-		}
-		o.runs = append(o.runs, &r.res)
-	}
 	return o, nil
 }
 
@@ -208,4 +226,9 @@ func sortIndex(reqs []trace.Request, t time.Duration) int {
 		n++
 	}
 	return n
+}
+
+// allPolicies is every route policy plus kv-aware in precise mode.
+func allPolicies() []string {
+	return append(route.Names(), "kv-aware"+PreciseSuffix)
 }
