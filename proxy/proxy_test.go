@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -92,7 +93,7 @@ func startRouter(t *testing.T, policy string, mod func(*Config), backends ...str
 	if mod != nil {
 		mod(&cfg)
 	}
-	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry()})
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,4 +269,17 @@ func TestModelsUnionAndPassThrough(t *testing.T) {
 	if resp.StatusCode != 200 || body != `{"version":"fake"}` || resp.Header.Get(HeaderReplica) == "" {
 		t.Errorf("pass-through: status %d body %q replica %q", resp.StatusCode, body, resp.Header.Get(HeaderReplica))
 	}
+}
+
+// testLogger logs to the test at debug level, so that one line per request
+// shows with -v.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }

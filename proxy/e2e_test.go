@@ -1,0 +1,230 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"kvrouter/emulator"
+)
+
+// replicas starts n emulated replicas on loopback, fast (timeScale wall
+// seconds per engine second).
+func replicas(t *testing.T, n int, timeScale float64) []*emulator.Server {
+	t.Helper()
+	out := make([]*emulator.Server, n)
+	for i := range out {
+		s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: timeScale}, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		out[i] = s
+	}
+	return out
+}
+
+func urls(ss []*emulator.Server) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = s.URL()
+	}
+	return out
+}
+
+// runRouter starts the router's loops for the test's life.
+func runRouter(t *testing.T, rt *Router) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+type chatMsg struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatResp struct {
+	Choices []struct {
+		Message chatMsg `json:"message"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// words returns deterministic text of n words, distinct per seed.
+func words(seed, n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "w%d_%d ", seed, (i*7919+seed)%1000)
+	}
+	return b.String()
+}
+
+// converse runs one multi-turn conversation and returns the replicas that
+// served each turn and the cached / prompt tokens of turns after the first.
+func converse(t *testing.T, url string, turns, seed int) (served []string, cached, prompt int) {
+	msgs := []chatMsg{{"system", "You are terse. " + words(seed, 20)}}
+	for turn := range turns {
+		msgs = append(msgs, chatMsg{"user", words(seed*100+turn, 120)})
+		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 8})
+		resp, body := do(t, "POST", url+"/v1/chat/completions", string(b))
+		if resp.StatusCode != 200 {
+			t.Fatalf("turn %d: status %d: %s", turn, resp.StatusCode, body)
+		}
+		var r chatResp
+		if err := json.Unmarshal([]byte(body), &r); err != nil || len(r.Choices) == 0 {
+			t.Fatalf("turn %d: %v: %s", turn, err, body)
+		}
+		served = append(served, resp.Header.Get(HeaderReplica))
+		if turn > 0 {
+			cached += r.Usage.PromptTokensDetails.CachedTokens
+			prompt += r.Usage.PromptTokens
+		}
+		msgs = append(msgs, r.Choices[0].Message)
+	}
+	return served, cached, prompt
+}
+
+func TestConversationStaysUnderKVAware(t *testing.T) {
+	reps := replicas(t, 4, 0.01)
+	hit := map[string]float64{}
+	for _, policy := range []string{"kv-aware", "round-robin"} {
+		for _, s := range reps {
+			s.Reset()
+		}
+		rt, url := startRouter(t, policy, nil, urls(reps)...)
+		runRouter(t, rt)
+		served, cached, prompt := converse(t, url, 8, 1)
+		distinct := map[string]bool{}
+		for _, s := range served {
+			distinct[s] = true
+		}
+		hit[policy] = float64(cached) / float64(prompt)
+		t.Logf("%s: %d replicas, cached %d of %d prompt tokens (%.2f)", policy, len(distinct), cached, prompt, hit[policy])
+		switch policy {
+		case "kv-aware":
+			if len(distinct) != 1 {
+				t.Errorf("kv-aware: conversation served by %d replicas %v, want 1", len(distinct), served)
+			}
+			if hit[policy] < 0.7 {
+				t.Errorf("kv-aware: hit rate %.2f, want >= 0.7", hit[policy])
+			}
+		case "round-robin":
+			if len(distinct) != len(reps) {
+				t.Errorf("round-robin: conversation served by %d replicas, want %d", len(distinct), len(reps))
+			}
+		}
+	}
+	if hit["kv-aware"] < hit["round-robin"]+0.3 {
+		t.Errorf("kv-aware hit rate %.2f not clearly above round-robin's %.2f", hit["kv-aware"], hit["round-robin"])
+	}
+}
+
+// TestStreamUsageOnEmulator: a streaming client that did not ask for usage
+// sees no usage chunk, and the router still records cached tokens.
+func TestStreamUsageOnEmulator(t *testing.T) {
+	reps := replicas(t, 2, 0.01)
+	rt, url := startRouter(t, "kv-aware", nil, urls(reps)...)
+	runRouter(t, rt)
+	req := `{"model":"m","stream":true,"max_tokens":5,"messages":[{"role":"system","content":"` + words(3, 200) + `"},{"role":"user","content":"hi"}]}`
+	for i := range 2 {
+		resp, body := do(t, "POST", url+"/v1/chat/completions", req)
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderReplica) == "" {
+			t.Fatalf("status %d replica %q: %s", resp.StatusCode, resp.Header.Get(HeaderReplica), body)
+		}
+		if strings.Contains(body, `"prompt_tokens"`) {
+			t.Errorf("request %d: client got a usage chunk it did not ask for", i)
+		}
+		if !strings.HasSuffix(body, "data: [DONE]\n\n") {
+			t.Errorf("request %d: stream does not end with [DONE]: %q", i, body[max(0, len(body)-80):])
+		}
+	}
+	recs := rt.Decisions(2) // newest first
+	if len(recs) != 2 || recs[0].PromptTokens <= 0 || recs[0].ActualCached <= 0 {
+		t.Fatalf("got records %+v, want actual cached tokens on the second request", recs)
+	}
+	if recs[0].Replica != recs[1].Replica {
+		t.Errorf("repeat went to %s, first to %s", recs[0].Replica, recs[1].Replica)
+	}
+	if recs[0].PredictedCached <= 0 {
+		t.Errorf("predicted cached %d, want > 0 on a repeat", recs[0].PredictedCached)
+	}
+}
+
+func TestKilledReplicaGetsNoTraffic(t *testing.T) {
+	reps := replicas(t, 3, 0.01)
+	rt, url := startRouter(t, "round-robin", func(c *Config) { c.HealthInterval = 20 * time.Millisecond }, urls(reps)...)
+	runRouter(t, rt)
+	killed := reps[1].URL()
+	reps[1].Close()
+	served := map[string]int{}
+	for i := range 12 {
+		resp, body := do(t, "POST", url+"/v1/chat/completions", fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"q%d"}]}`, i))
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		}
+		served[resp.Header.Get(HeaderReplica)]++
+	}
+	if served[killed] != 0 {
+		t.Errorf("killed replica served %d requests", served[killed])
+	}
+	if len(served) != 2 {
+		t.Errorf("served by %v, want the two live replicas", served)
+	}
+	if rt.st.healthyOf(1) != 0 {
+		t.Error("killed replica still marked healthy")
+	}
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	reps := replicas(t, 1, 0.05)
+	rt, url := startRouter(t, "kv-aware", nil, urls(reps)...)
+	runRouter(t, rt)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"tell me a long story"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q: %v", line, err)
+	}
+	if got := reps[0].Stats().Running; got != 1 {
+		t.Fatalf("replica running %d while streaming, want 1", got)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for reps[0].Stats().Running != 0 || rt.st.inflightOf(0) != 0 || len(rt.Decisions(1)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after disconnect: replica running %d, router in flight %v; want 0 and 0", reps[0].Stats().Running, rt.st.inflightOf(0))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if c := reps[0].Stats().Canceled; c != 1 {
+		t.Errorf("replica canceled %d requests, want 1", c)
+	}
+	recs := rt.Decisions(1)
+	if len(recs) != 1 || recs[0].Outcome != "canceled" {
+		t.Errorf("got records %+v, want one canceled", recs)
+	}
+}
