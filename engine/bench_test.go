@@ -21,16 +21,24 @@ import (
 //	go test -run='^$' -bench=BusyReplica -benchmem ./engine
 func BenchmarkBusyReplica(b *testing.B) {
 	for _, tc := range []struct {
-		name     string
-		noTokens bool
-	}{{"tokens", false}, {"notokens", true}} {
+		name                      string
+		preset                    string
+		noTokens                  bool
+		seqs, prompt, shared, out int
+	}{
+		{"tokens", "llama3-70b-8xh100", false, 64, 7680, 2048, 512},
+		{"notokens", "llama3-70b-8xh100", true, 64, 7680, 2048, 512},
+		// Mooncake's shape (mean 12k prompt, 343 output tokens) at 16 in
+		// flight on the 8B preset.
+		{"mooncake", "llama3-8b-h100", true, 16, 12288, 0, 343},
+	} {
 		b.Run(tc.name, func(b *testing.B) {
-			cfg, err := Preset("llama3-70b-8xh100")
+			cfg, err := Preset(tc.preset)
 			if err != nil {
 				b.Fatal(err)
 			}
 			cfg.NoTokenEvents = tc.noTokens
-			busy(b, cfg, 64, 7680, 2048, 512)
+			busy(b, cfg, tc.seqs, tc.prompt, tc.shared, tc.out)
 		})
 	}
 }

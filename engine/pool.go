@@ -113,10 +113,9 @@ func (p *pool) release(i int32) {
 // holds h (two requests computed the same prefix at once): one owner per
 // hash keeps BlockStored and BlockRemoved exactly paired.
 func (p *pool) store(i int32, h prefix.Hash) bool {
-	if _, dup := p.table.get(h); dup {
+	if !p.table.add(h, i) {
 		return false
 	}
-	p.table.put(h, i)
 	p.blocks[i].hash = h
 	p.blocks[i].cached = true
 	return true

@@ -12,6 +12,12 @@ import (
 // iteration in flight, or Idle when there is no work.
 //
 // The returned slice is reused by the next Step call: copy what you keep.
+// So is the Hashes slice of a BlockRemoved event; the Hashes and TokenIDs
+// of a BlockStored event alias the Request's own Hashes and Tokens.
+//
+// Within one iteration's events, BlockRemoved (blocks evicted to make room
+// for it) comes first, then for each request in batch order its
+// BlockStored, its FirstToken or Token, and its Done.
 func (e *Engine) Step(now time.Duration) (events []Event, next time.Duration) {
 	if e.busy && e.end <= now {
 		e.finish()
@@ -56,7 +62,10 @@ func (e *Engine) schedule(now time.Duration) {
 		budget -= n
 		e.batch = append(e.batch, s)
 	}
-	if !preempted {
+	if !preempted || len(e.batch) == 0 {
+		// vLLM admits nobody in a step that preempted; an empty batch
+		// cannot arise (Add rejects requests larger than the cache), but
+		// admitting then keeps the engine from stalling.
 		e.admit(now, budget)
 	}
 	if len(e.batch) == 0 {
@@ -77,30 +86,30 @@ func (e *Engine) admit(now time.Duration, budget int) {
 		total := s.prompt + s.output
 		// Longest chain of computed cached blocks; never the whole prompt,
 		// as vLLM recomputes the last token to get its logits.
-		hits := 0
+		// The hit blocks go straight into the block table; evictable ones
+		// (in the free queue) count against the free blocks.
 		limit := min(len(s.hashes), (total-1)/bs)
-		for hits < limit {
-			if _, ok := e.pool.lookup(s.hashes[hits]); !ok {
+		s.blocks = s.blocks[:0]
+		evictable := 0
+		for len(s.blocks) < limit {
+			i, ok := e.pool.lookup(s.hashes[len(s.blocks)])
+			if !ok {
 				break
 			}
-			hits++
-		}
-		// Blocks needed: new ones plus hits sitting in the free queue.
-		n := min(total-hits*bs, budget)
-		want := (hits*bs+n+bs-1)/bs - hits
-		for _, h := range s.hashes[:hits] {
-			if i, _ := e.pool.lookup(h); e.pool.blocks[i].ref == 0 {
-				want++
+			if e.pool.blocks[i].ref == 0 {
+				evictable++
 			}
+			s.blocks = append(s.blocks, i)
 		}
-		if want > e.pool.nfree {
+		hits := len(s.blocks)
+		n := min(total-hits*bs, budget)
+		if (hits*bs+n+bs-1)/bs-hits+evictable > e.pool.nfree {
+			s.blocks = s.blocks[:0]
 			return
 		}
 		e.waiting.popFront()
-		for _, h := range s.hashes[:hits] {
-			i, _ := e.pool.lookup(h)
+		for _, i := range s.blocks {
 			e.pool.touch(i)
-			s.blocks = append(s.blocks, i)
 		}
 		s.computed = hits * bs
 		s.stored = hits

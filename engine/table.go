@@ -50,14 +50,19 @@ func (t *table) get(h prefix.Hash) (int32, bool) {
 	}
 }
 
-// put records h → blk; h must be absent.
-func (t *table) put(h prefix.Hash, blk int32) {
+// add records h → blk in one probe and reports true, or reports false if
+// h is already present.
+func (t *table) add(h prefix.Hash, blk int32) bool {
 	i := t.home(h)
 	for t.slots[i].blk != 0 {
+		if t.slots[i].h == h {
+			return false
+		}
 		i = (i + 1) & t.mask
 	}
 	t.slots[i] = slot{h: h, blk: blk + 1}
 	t.n++
+	return true
 }
 
 // del removes h, shifting later entries of its probe run back.
