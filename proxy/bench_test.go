@@ -1,0 +1,85 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// streamUpstream answers every request with a short SSE stream (8 chunks and
+// the usage chunk when asked), as fast as loopback allows.
+func streamUpstream() *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		for range 8 {
+			io.WriteString(w, chunk1)
+			fl.Flush()
+		}
+		if strings.Contains(string(body), `"include_usage":true`) {
+			io.WriteString(w, usageOnly)
+		}
+		io.WriteString(w, done)
+	}))
+}
+
+// BenchmarkProxy measures the latency the router adds to one streamed chat
+// request on loopback: each iteration sends the same request directly to an
+// upstream and through the router to it, and reports the p50 and p99 of
+// both and of the difference (budget: ≤ 1 ms added at p99).
+//
+//	go test -run='^$' -bench=Proxy -benchmem -count=5 ./proxy
+func BenchmarkProxy(b *testing.B) {
+	up := streamUpstream()
+	defer up.Close()
+	cfg := DefaultConfig()
+	cfg.Policy = "kv-aware"
+	cfg.Backends = []Backend{{URL: up.URL}}
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(rt.Handler())
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
+	body := `{"model":"m","stream":true,"max_tokens":8,"messages":[{"role":"system","content":"` + strings.Repeat("You are a helpful assistant. ", 40) + `"},{"role":"user","content":"hello"}]}`
+	get := func(url string) time.Duration {
+		t0 := time.Now()
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || n == 0 {
+			b.Fatalf("status %d, %d bytes", resp.StatusCode, n)
+		}
+		return time.Since(t0)
+	}
+	get(up.URL)
+	get(srv.URL)
+	var direct, routed []time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		direct = append(direct, get(up.URL))
+		routed = append(routed, get(srv.URL))
+	}
+	slices.Sort(direct)
+	slices.Sort(routed)
+	q := func(s []time.Duration, p float64) float64 {
+		return float64(s[min(int(p*float64(len(s))), len(s)-1)].Microseconds())
+	}
+	b.ReportMetric(q(direct, 0.5), "direct-p50-µs")
+	b.ReportMetric(q(routed, 0.5), "routed-p50-µs")
+	b.ReportMetric(q(routed, 0.5)-q(direct, 0.5), "added-p50-µs")
+	b.ReportMetric(q(direct, 0.99), "direct-p99-µs")
+	b.ReportMetric(q(routed, 0.99), "routed-p99-µs")
+	b.ReportMetric(q(routed, 0.99)-q(direct, 0.99), "added-p99-µs")
+}
