@@ -2,10 +2,10 @@ package sim
 
 import (
 	"os"
-	"syscall"
-	"time"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"kvrouter/trace"
 )
@@ -43,6 +43,12 @@ func BenchmarkMooncake(b *testing.B) {
 	})
 	for _, name := range allPolicies() {
 		b.Run(name, func(b *testing.B) {
+			if o == nil {
+				if o, err = prepare(cfg); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+			}
 			b.ReportAllocs()
 			cpu0 := cpuTime()
 			for b.Loop() {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"kvrouter/engine"
+	"kvrouter/residency"
 	"kvrouter/route"
 	"kvrouter/trace"
 )
@@ -103,6 +104,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Replicas < 1 {
 		return c, fmt.Errorf("sim: %d replicas < 1", c.Replicas)
+	}
+	adds := 0
+	for _, fe := range c.Fleet {
+		if fe.Kind == trace.Add {
+			adds++
+		}
+	}
+	if c.Replicas+adds > residency.MaxReplicasLimit {
+		return c, fmt.Errorf("sim: %d replicas > %d", c.Replicas+adds, residency.MaxReplicasLimit)
 	}
 	if c.Load < 0 {
 		return c, fmt.Errorf("sim: load %g < 0", c.Load)
