@@ -1,0 +1,109 @@
+package fleet
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"kvrouter/route"
+	"kvrouter/scrape"
+)
+
+func TestCalibratorConverges(t *testing.T) {
+	tests := []struct {
+		name      string
+		cal       Calibrator
+		predicted time.Duration
+		observed  time.Duration
+		n         int
+		want      float64
+	}{
+		{"twice as slow", Calibrator{}, 100 * time.Millisecond, 200 * time.Millisecond, 50, 2},
+		{"faster than predicted", Calibrator{}, 100 * time.Millisecond, 50 * time.Millisecond, 50, 0.5},
+		{"exact model", Calibrator{}, 80 * time.Millisecond, 80 * time.Millisecond, 10, 1},
+		{"clamped high", Calibrator{}, 10 * time.Millisecond, time.Second, 50, 4},
+		{"clamped by custom max", Calibrator{Max: 1.5}, 10 * time.Millisecond, 20 * time.Millisecond, 50, 1.5},
+		{"tiny predictions ignored", Calibrator{}, 100 * time.Microsecond, 10 * time.Millisecond, 50, 1},
+		{"no observation", Calibrator{}, time.Second, time.Second, 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.cal
+			for range tt.n {
+				c.Observe(tt.predicted, tt.observed)
+			}
+			if got := c.Scale(); math.Abs(got-tt.want) > 1e-9 {
+				t.Errorf("Scale = %v, want %v", got, tt.want)
+			}
+			if got := c.Apply(route.Rates{MaxSeqs: 7}); got.Scale != c.Scale() || got.MaxSeqs != 7 {
+				t.Errorf("Apply = %+v, want MaxSeqs 7 and Scale %v", got, c.Scale())
+			}
+		})
+	}
+}
+
+// TestCalibratorTracksChange checks that after a regime change the scale
+// moves toward the new ratio with the EWMA weight, and ignores one outlier.
+func TestCalibratorTracksChange(t *testing.T) {
+	var c Calibrator
+	for range 100 {
+		c.Observe(100*time.Millisecond, 100*time.Millisecond)
+	}
+	c.Observe(100*time.Millisecond, 10*time.Second) // one outlier, clamped to 4
+	if got := c.Scale(); got > 1.15 {
+		t.Errorf("after one outlier: Scale %v, want <= 1.15 (4^0.1)", got)
+	}
+	for range 60 {
+		c.Observe(100*time.Millisecond, 300*time.Millisecond)
+	}
+	if got := c.Scale(); math.Abs(got-3) > 0.01 {
+		t.Errorf("after 60 observations at 3x: Scale %v, want ~3", got)
+	}
+}
+
+func TestFleetObserveTTFT(t *testing.T) {
+	f := newFleet(t, Config{})
+	for range 30 {
+		f.ObserveTTFT(a, 50*time.Millisecond, 75*time.Millisecond)
+	}
+	var s route.Snapshot
+	f.Snapshot(&s, time.Now())
+	if got := s.Replicas[0].Rates.Scale; math.Abs(got-1.5) > 1e-9 {
+		t.Errorf("replica a Scale %v, want 1.5", got)
+	}
+	if got := s.Replicas[1].Rates.Scale; got != 1 {
+		t.Errorf("replica b Scale %v, want 1 (no observations)", got)
+	}
+}
+
+func TestChurnHorizon(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	load := func(sec float64, queries, hits float64) scrape.Load {
+		return scrape.Load{BlockSize: 16, NumBlocks: 6250, PrefixQueries: queries, PrefixHits: hits,
+			At: t0.Add(time.Duration(sec * float64(time.Second)))}
+	}
+	tests := []struct {
+		name  string
+		loads []scrape.Load
+		want  time.Duration
+	}{
+		{"no data", nil, 0},
+		{"one reading", []scrape.Load{load(0, 0, 0)}, 0},
+		// 100,000 tokens of capacity, 1,000 missed tokens per second.
+		{"steady misses", []scrape.Load{load(0, 0, 0), load(1, 3000, 2000), load(2, 6000, 4000)}, 100 * time.Second},
+		{"short spans accumulate", []scrape.Load{load(0, 0, 0), load(0.5, 1000, 500), load(1, 2000, 1000)}, 100 * time.Second},
+		{"all hits", []scrape.Load{load(0, 0, 0), load(1, 5000, 5000)}, 0},
+		{"counter reset restarts", []scrape.Load{load(0, 9000, 0), load(1, 10, 0), load(2, 1010, 0)}, 100 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c Churn
+			for _, l := range tt.loads {
+				c.Observe(l)
+			}
+			if got := c.Horizon(); got != tt.want {
+				t.Errorf("Horizon = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

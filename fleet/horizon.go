@@ -1,0 +1,89 @@
+package fleet
+
+import (
+	"time"
+
+	"kvrouter/scrape"
+)
+
+// Churn estimates a replica's eviction horizon (route.Rates.Horizon) from
+// its scraped prefix-cache counters.
+//
+// The model is deliberately simple: every prompt token the engine could not
+// find cached (queries − hits) is computed and stored, and once the cache is
+// full each stored token evicts the least recently used one. An untouched
+// block therefore survives about as long as it takes the engine to compute
+// a whole cache's worth of new tokens:
+//
+//	Horizon ≈ capacity tokens / miss tokens per second
+//
+// (vLLM's LRU free-block queue, vllm/v1/core/kv_cache_utils.py). Before the
+// cache first fills this underestimates the horizon, which only makes the
+// policy more cautious about old prefixes. The miss rate is measured over
+// spans of at least Span and smoothed exponentially.
+//
+// Its zero value is ready. It is a pure value (time comes from Load.At).
+type Churn struct {
+	// Span is the least time between two counter readings used for a rate;
+	// zero means 1 s (counters move in whole requests, so shorter spans are
+	// noise).
+	Span time.Duration
+	// Alpha is the weight of each new rate, 0..1; zero means 0.3.
+	Alpha float64
+
+	ref      scrape.Load // counters at the start of the current span
+	haveRef  bool
+	rate     float64 // smoothed miss tokens per second
+	capacity float64 // tokens, from the latest load
+}
+
+// Observe takes one scrape. Loads without a timestamp are ignored; a counter
+// that went backwards (engine restart) restarts the measurement.
+func (c *Churn) Observe(l scrape.Load) {
+	if l.At.IsZero() {
+		return
+	}
+	if l.NumBlocks > 0 && l.BlockSize > 0 {
+		c.capacity = float64(l.NumBlocks) * float64(l.BlockSize)
+	}
+	if !c.haveRef || l.PrefixQueries < c.ref.PrefixQueries || l.PrefixHits < c.ref.PrefixHits {
+		c.ref, c.haveRef = l, true
+		return
+	}
+	span := c.Span
+	if span <= 0 {
+		span = time.Second
+	}
+	dt := l.At.Sub(c.ref.At)
+	if dt < span {
+		return
+	}
+	misses := (l.PrefixQueries - c.ref.PrefixQueries) - (l.PrefixHits - c.ref.PrefixHits)
+	rate := max(misses, 0) / dt.Seconds()
+	alpha := c.Alpha
+	if alpha <= 0 || alpha > 1 {
+		alpha = 0.3
+	}
+	if c.rate == 0 {
+		c.rate = rate
+	} else {
+		c.rate = (1-alpha)*c.rate + alpha*rate
+	}
+	c.ref = l
+}
+
+// Horizon returns the estimated eviction horizon; zero (unknown, no decay)
+// until both a capacity and a positive miss rate have been seen.
+func (c *Churn) Horizon() time.Duration {
+	if c.capacity <= 0 || c.rate <= 0 {
+		return 0
+	}
+	h := c.capacity / c.rate // seconds
+	if h > (24 * time.Hour).Seconds() {
+		return 24 * time.Hour
+	}
+	return time.Duration(h * float64(time.Second))
+}
+
+// MissRate returns the smoothed rate of uncached prompt tokens, per second.
+func (c *Churn) MissRate() float64 { return c.rate }
