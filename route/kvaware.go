@@ -77,31 +77,52 @@ func (p KVAware) Needs() Needs {
 	return Needs{Index: Approximate}
 }
 
-// Pick chooses the replica with the least expected cost.
+// Pick chooses the replica with the least expected cost. It allocates
+// nothing: the terms are computed in float64 nanoseconds and converted to
+// Durations only for the recorded costs.
 func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
-	p = p.withDefaults()
-	bs := blockSize(s)
+	sc := kvScan{p: p.withDefaults(), r: r, bs: blockSize(s), out: r.MaxTokens, prefill0: -1}
+	if sc.out <= 0 {
+		sc.out = sc.p.MeanOutput
+	}
+	sc.invBS = 1 / float64(sc.bs)
+	sc.tm.set(&sc.prev)
 	costs := costsFor(r, len(s.Replicas))
-	best, maxCached := -1, 0
-	var bc Cost
+	best, bestCached, maxCached := -1, 0, 0
+	bestTotal := 0.0
+	var t kvTerms
 	for i := range s.Replicas {
 		rp := &s.Replicas[i]
 		if !rp.Healthy {
 			continue
 		}
-		c := p.cost(r, rp, i, bs)
+		sc.terms(&t, rp, i)
 		if costs != nil {
-			costs = append(costs, c)
+			costs = costs[:len(costs)+1]
+			t.fill(&costs[len(costs)-1], i)
 		}
-		maxCached = max(maxCached, c.Matched)
-		if best < 0 || c.Total < bc.Total || c.Total == bc.Total && p.tieBefore(r, i, best) {
-			best, bc = i, c
+		maxCached = max(maxCached, t.cached)
+		if best < 0 || t.total < bestTotal || t.total == bestTotal && p.tieBefore(r, i, best) {
+			best, bestTotal, bestCached = i, t.total, t.cached
 		}
 	}
 	if best < 0 {
 		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs}
 	}
-	return Decision{Replica: best, Reason: kvReason(r, best, bc.Matched, maxCached, bs), Matched: bc.Matched, Costs: costs}
+	return Decision{Replica: best, Reason: kvReason(r, best, bestCached, maxCached, sc.bs), Matched: bestCached, Costs: costs}
+}
+
+// kvScan is one Pick's state: the request, and the timing of the last
+// replica's Rates, reused while consecutive replicas share them (the usual
+// case: one preset), with the prefill time of an uncached prompt.
+type kvScan struct {
+	p        KVAware
+	r        *Request
+	bs, out  int
+	invBS    float64
+	prev     Rates
+	tm       timing
+	prefill0 float64 // prefill of the whole prompt with tm; < 0: not computed
 }
 
 // withDefaults fills p's zero fields.
@@ -140,48 +161,119 @@ func kvReason(r *Request, best, cached, maxCached, bs int) string {
 	return ReasonLeastCost
 }
 
-// cost prices replica rp (index i) for request r.
-func (p KVAware) cost(r *Request, rp *Replica, i, bs int) Cost {
-	rt := rp.Rates.withDefaults()
-	fresh := rp.Scraped && rp.LoadAge <= p.StaleAfter
-	cached := 0
-	if m := min(matchOf(r, i)*bs, r.Tokens); m > 0 {
-		cached = int(residency(ageOf(r, i), rt.Horizon) * float64(m))
-	}
-	uncached := r.Tokens - cached
-	out := r.MaxTokens
-	if out <= 0 {
-		out = p.MeanOutput
-	}
-	c := Cost{Replica: i, Matched: cached}
-	c.Wait = p.wait(rp, &rt, fresh, r.Tokens, out)
-	c.Prefill = rt.prefillTime(uncached, cached)
-	batch := rp.Decoding
-	if fresh {
-		batch = rp.Running
-	}
-	c.Decode = rt.stepTime(batch) + c.Prefill*time.Duration(batch)/time.Duration(rt.MaxSeqs)
-	c.Memory = p.memory(rp, &rt, fresh, (uncached+out+bs-1)/bs, bs)
-	if rt.Scale != 1 {
-		c.Wait, c.Prefill = scaled(c.Wait, rt.Scale), scaled(c.Prefill, rt.Scale)
-		c.Decode, c.Memory = scaled(c.Decode, rt.Scale), scaled(c.Memory, rt.Scale)
-	}
-	c.Total = c.Wait + c.Prefill + c.Decode + c.Memory
-	if i == r.Pinned && p.PinBonus > 0 {
-		c.Total = max(c.Total-p.PinBonus, 0)
-	}
-	return c
+// kvTerms is one candidate's cost terms in nanoseconds, already scaled.
+type kvTerms struct {
+	cached                               int
+	wait, prefill, decode, memory, total float64
 }
 
-// wait is the time until rp can start a prefill of tokens: queued prefill
-// work (ours, plus others' seen in fresh metrics) and a full-batch penalty.
-func (p KVAware) wait(rp *Replica, rt *Rates, fresh bool, tokens, out int) time.Duration {
+// fill writes t into c as the Cost of replica i, field by field (building a
+// Cost and copying it stalls on store forwarding).
+func (t *kvTerms) fill(c *Cost, i int) {
+	c.Replica, c.Matched = i, t.cached
+	c.Wait, c.Prefill, c.Decode = time.Duration(t.wait), time.Duration(t.prefill), time.Duration(t.decode)
+	c.Memory, c.Total = time.Duration(t.memory), time.Duration(t.total)
+}
+
+// timing is a replica's Rates as float64 nanoseconds with defaults filled.
+type timing struct {
+	perTok, attn, step, perSeq, maxSeqs, invSeqs, scale float64
+}
+
+// set fills t from rt with defaults, as Rates.withDefaults does, in
+// float64 (in place: building and copying a struct here costs more than all
+// the arithmetic of a Pick).
+func (t *timing) set(rt *Rates) {
+	t.perTok, t.attn, t.step, t.perSeq, t.maxSeqs, t.invSeqs, t.scale = float64(DefaultPrefillPerToken),
+		float64(DefaultAttnPerToken2)*1e-6, float64(DefaultDecodeStep), float64(DefaultDecodePerSeq),
+		DefaultMaxSeqs, 1.0/DefaultMaxSeqs, 1
+	if rt.PrefillPerToken > 0 {
+		t.perTok = float64(rt.PrefillPerToken)
+	}
+	if rt.AttnPerToken2 > 0 {
+		t.attn = float64(rt.AttnPerToken2) * 1e-6
+	}
+	if rt.DecodeStep > 0 {
+		t.step = float64(rt.DecodeStep)
+	}
+	if rt.DecodePerSeq > 0 {
+		t.perSeq = float64(rt.DecodePerSeq)
+	}
+	if rt.MaxSeqs > 0 && rt.MaxSeqs != DefaultMaxSeqs {
+		t.maxSeqs = float64(rt.MaxSeqs)
+		t.invSeqs = 1 / t.maxSeqs
+	}
+	if rt.Scale > 0 {
+		t.scale = rt.Scale
+	}
+}
+
+// prefill is the prefill time of n new tokens after c cached, in ns.
+func (t *timing) prefill(n, c float64) float64 {
+	return n*t.perTok + n*(c+n/2)*t.attn
+}
+
+// terms prices replica rp (index i) into t.
+func (sc *kvScan) terms(t *kvTerms, rp *Replica, i int) {
+	if !sameRates(&rp.Rates, &sc.prev) {
+		sc.prev = rp.Rates
+		sc.tm.set(&rp.Rates)
+		sc.prefill0 = -1
+	}
+	p, r, tm := &sc.p, sc.r, &sc.tm
+	fresh := rp.Scraped && rp.LoadAge <= p.StaleAfter
+	t.cached = 0
+	if m := min(matchOf(r, i)*sc.bs, r.Tokens); m > 0 {
+		t.cached = int(residency(ageOf(r, i), rp.Rates.Horizon) * float64(m))
+	}
+	uncached := float64(r.Tokens - t.cached)
+	switch {
+	case t.cached > 0:
+		t.prefill = tm.prefill(uncached, float64(t.cached))
+	case sc.prefill0 >= 0:
+		t.prefill = sc.prefill0
+	default:
+		t.prefill = tm.prefill(uncached, 0)
+		sc.prefill0 = t.prefill
+	}
+	t.wait = sc.wait(rp, fresh)
+	batch := float64(rp.Decoding)
+	if fresh {
+		batch = float64(rp.Running)
+	}
+	t.decode = tm.step + batch*tm.perSeq + t.prefill*batch*tm.invSeqs
+	t.memory = 0
+	if need := (uncached + float64(sc.out)) * sc.invBS; nearFull(rp, fresh, need, p.HighWater) {
+		t.memory = p.memory(rp, tm, fresh, need, sc.bs)
+	}
+	if tm.scale != 1 {
+		t.wait, t.prefill, t.decode, t.memory = t.wait*tm.scale, t.prefill*tm.scale, t.decode*tm.scale, t.memory*tm.scale
+	}
+	t.total = t.wait + t.prefill + t.decode + t.memory
+	if i == r.Pinned && p.PinBonus > 0 {
+		t.total = max(t.total-float64(p.PinBonus), 0)
+	}
+}
+
+// sameRates is a == b, field by field (the compiler's == on Rates calls a
+// memory-compare function, slower than the rest of a candidate's pricing).
+func sameRates(a, b *Rates) bool {
+	return a.PrefillPerToken == b.PrefillPerToken && a.AttnPerToken2 == b.AttnPerToken2 &&
+		a.DecodeStep == b.DecodeStep && a.DecodePerSeq == b.DecodePerSeq && a.MaxSeqs == b.MaxSeqs &&
+		a.Horizon == b.Horizon && a.Scale == b.Scale
+}
+
+// wait is the time until rp can start a prefill of the request, in ns:
+// queued prefill work (ours, plus others' seen in fresh metrics) and a
+// full-batch penalty.
+func (sc *kvScan) wait(rp *Replica, fresh bool) float64 {
+	tm := &sc.tm
 	queued := rp.PrefillTokens
 	own := max(rp.InFlight-rp.Decoding, 0)
 	occupancy := rp.InFlight
 	if fresh {
 		if extra := rp.Waiting - own; extra > 0 {
-			per := tokens
+			per := sc.r.Tokens
 			if own > 0 {
 				per = rp.PrefillTokens / own
 			}
@@ -189,39 +281,54 @@ func (p KVAware) wait(rp *Replica, rt *Rates, fresh bool, tokens, out int) time.
 		}
 		occupancy = max(occupancy, rp.Running+rp.Waiting)
 	}
-	w := time.Duration(queued) * rt.PrefillPerToken
-	if over := occupancy - rt.MaxSeqs + 1; over > 0 {
-		slot := time.Duration(out) * rt.stepTime(rt.MaxSeqs) / time.Duration(rt.MaxSeqs)
-		w += time.Duration(over) * slot
+	w := float64(queued) * tm.perTok
+	if over := float64(occupancy) - tm.maxSeqs + 1; over > 0 {
+		// One slot frees every out × step(MaxSeqs) / MaxSeqs on average.
+		w += over * float64(sc.out) * (tm.step + tm.maxSeqs*tm.perSeq) * tm.invSeqs
 	}
 	return w
 }
 
-// memory is the expected cost of evictions and preemption when admitting
-// need more blocks pushes rp's KV usage above HighWater.
-func (p KVAware) memory(rp *Replica, rt *Rates, fresh bool, need, bs int) time.Duration {
-	used := 0.0
-	if rp.CacheBlocks > 0 {
-		used = float64(rp.DecodeBlocks) / float64(rp.CacheBlocks)
+// nearFull reports whether admitting need more blocks may push rp's KV
+// usage above highWater (a cheap test before memory).
+func nearFull(rp *Replica, fresh bool, need, highWater float64) bool {
+	c := float64(rp.CacheBlocks)
+	if c <= 0 {
+		return fresh && rp.KVUsage > highWater
 	}
+	used := float64(rp.DecodeBlocks)
 	if fresh {
-		used = max(used, rp.KVUsage)
+		used = max(used, rp.KVUsage*c)
 	}
-	after := used
-	if rp.CacheBlocks > 0 {
-		after += float64(need) / float64(rp.CacheBlocks)
+	return used+need > highWater*c
+}
+
+// memory is the expected cost, in ns, of evictions and preemption when
+// admitting need more blocks pushes rp's KV usage above HighWater.
+func (p *KVAware) memory(rp *Replica, tm *timing, fresh bool, need float64, bs int) float64 {
+	capacity := float64(rp.CacheBlocks)
+	used := float64(rp.DecodeBlocks) // in blocks, or a fraction when capacity is unknown
+	if fresh && rp.KVUsage*capacity > used {
+		used = rp.KVUsage * capacity
 	}
-	if after <= p.HighWater {
+	after := used + need
+	if capacity <= 0 {
+		if !fresh {
+			return 0
+		}
+		capacity, after = 1, rp.KVUsage // fraction only: this request's share is unknown
+	}
+	if after <= p.HighWater*capacity {
 		return 0
 	}
-	frac := (after - p.HighWater) / (1 - p.HighWater)
-	m := time.Duration(frac * float64(rt.prefillTime(need*bs, 0)))
-	if after > 1 {
-		ctx := need * bs
+	frac := (after/capacity - p.HighWater) / (1 - p.HighWater)
+	m := frac * tm.prefill(need*float64(bs), 0)
+	if after > capacity {
+		ctx := need * float64(bs)
 		if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
-			ctx = rp.DecodeBlocks * bs / rp.InFlight
+			ctx = float64(rp.DecodeBlocks*bs) / float64(rp.InFlight)
 		}
-		m += rt.prefillTime(ctx, 0)
+		m += tm.prefill(ctx, 0)
 	}
 	return m
 }
