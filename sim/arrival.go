@@ -33,14 +33,16 @@ func (r *runner) onArrival(j int) {
 		return
 	}
 	f := &r.flights[j]
-	*f = flight{rep: int32(i), routed: r.now, first: -1, predicted: min(d.Matched, jb.prompt),
-		scale: rp.rates.Scale, active: true}
-	if f.scale == 0 {
-		f.scale = 1
-	}
+	*f = flight{rep: int32(i), routed: r.now, first: -1, predicted: min(d.Matched, jb.prompt), active: true}
 	for _, c := range d.Costs {
 		if c.Replica == i {
-			f.predTTFT = c.Wait + c.Prefill
+			// Calibrate as the live fleet does (fleet.ObserveTTFT): the
+			// unscaled Wait+Prefill+Decode against the observed TTFT.
+			scale := rp.rates.Scale
+			if scale <= 0 {
+				scale = 1
+			}
+			f.predTTFT = time.Duration(float64(c.Wait+c.Prefill+c.Decode) / scale)
 			break
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"kvrouter/engine"
+	"kvrouter/fleet"
+	"kvrouter/scrape"
 	"kvrouter/prefix"
 	"kvrouter/route"
 )
@@ -27,8 +29,23 @@ type replica struct {
 	scraped          bool
 	scrapedAt        time.Duration
 
-	rates route.Rates
-	cal   calibrator
+	// base is the preset's rates; rates is base corrected by cal (Scale)
+	// and churn (Horizon), as the live fleet does (package fleet).
+	base, rates route.Rates
+	cal         fleet.Calibrator
+	churn       fleet.Churn
+}
+
+// epoch is virtual time zero on the wall clock, for the fleet package's
+// scrape.Load timestamps (a zero time.Time means "no timestamp" there).
+var epoch = time.Unix(1_000_000_000, 0)
+
+// updateRates recomputes rates from base, as fleet does.
+func (rp *replica) updateRates() {
+	rp.rates = rp.cal.Apply(rp.base)
+	if h := rp.churn.Horizon(); h > 0 {
+		rp.rates.Horizon = h
+	}
 }
 
 // flight is one request's state while it runs on a replica.
@@ -39,8 +56,9 @@ type flight struct {
 	predicted int           // cached tokens the policy predicted
 	uncached  int           // prompt tokens counted in PrefillTokens
 	blocks    int           // counted in DecodeBlocks
-	predTTFT  time.Duration // the policy's Wait+Prefill, 0 if unknown
-	scale     float64       // the replica's Rates.Scale at decision time
+	// predTTFT is the policy's Wait+Prefill+Decode of the chosen replica,
+	// unscaled (divided by the Rates.Scale it used); 0 if unknown.
+	predTTFT time.Duration
 	retries   int
 	active    bool
 }
@@ -130,7 +148,7 @@ func (r *runner) addReplica() error {
 		return fmt.Errorf("engine: %w", err)
 	}
 	rates := r.cfg.Preset.Rates()
-	r.reps = append(r.reps, replica{eng: e, alive: true, wake: -1, rates: rates, cal: newCalibrator()})
+	r.reps = append(r.reps, replica{eng: e, alive: true, wake: -1, base: rates, rates: rates})
 	id := fmt.Sprintf("r%d", len(r.reps)-1)
 	r.snap.Replicas = append(r.snap.Replicas, route.Replica{ID: id})
 	if r.idx != nil {
@@ -188,6 +206,10 @@ func (r *runner) onScrape() {
 			rp.kvUsage = float64(s.UsedBlocks) / float64(s.TotalBlocks)
 		}
 		rp.scraped, rp.scrapedAt = true, r.now
+		rp.churn.Observe(scrape.Load{Running: s.Running, Waiting: s.Waiting, KVUsage: rp.kvUsage,
+			BlockSize: r.cfg.Preset.BlockSize, NumBlocks: s.TotalBlocks,
+			PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits), At: epoch.Add(r.now)})
+		rp.updateRates()
 	}
 	if r.busy() {
 		iv := r.cfg.ScrapeInterval
@@ -263,8 +285,8 @@ func (r *runner) onFirst(i int, ev *engine.Event) {
 	f.uncached = 0
 	rp.decoding++
 	if f.predTTFT > 0 {
-		rp.cal.observe(ev.At-f.routed, f.predTTFT, f.scale)
-		rp.rates.Scale = rp.cal.scale
+		rp.cal.Observe(f.predTTFT, ev.At-f.routed)
+		rp.updateRates()
 	}
 }
 
