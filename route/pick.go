@@ -71,7 +71,7 @@ func tieKey(h uint64, i int) uint64 {
 
 // matchOf is the number of leading blocks of r resident on replica i.
 func matchOf(r *Request, i int) int {
-	if i < len(r.Match) && r.Match[i] > 0 {
+	if i >= 0 && i < len(r.Match) && r.Match[i] > 0 {
 		return r.Match[i]
 	}
 	return 0
@@ -79,7 +79,7 @@ func matchOf(r *Request, i int) int {
 
 // ageOf is how long ago replica i last touched r's deepest matched block.
 func ageOf(r *Request, i int) time.Duration {
-	if i < len(r.Age) {
+	if i >= 0 && i < len(r.Age) {
 		return r.Age[i]
 	}
 	return 0
