@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"kvrouter/engine"
+	"kvrouter/report"
 	"kvrouter/route"
 )
 
@@ -19,9 +20,8 @@ func (r *runner) onArrival(j int) {
 	req := r.request(jb)
 	r.fillSnapshot()
 	d := r.policy.Pick(req, &r.snap)
-	r.res.reason(d.Reason)
 	if d.Replica < 0 || d.Replica >= len(r.reps) || !r.reps[d.Replica].alive {
-		r.reject(j, rejectPolicy)
+		r.reject(j, -1, d.Reason, rejectPolicy)
 		return
 	}
 	i := d.Replica
@@ -29,11 +29,12 @@ func (r *runner) onArrival(j int) {
 	er := &r.ereq[j]
 	*er = engine.Request{ID: jb.id, Prompt: jb.prompt, Hashes: jb.hashes, MaxTokens: jb.output}
 	if err := rp.eng.Add(r.now, er); err != nil {
-		r.reject(j, rejectEngine)
+		r.reject(j, i, d.Reason, rejectEngine)
 		return
 	}
 	f := &r.flights[j]
-	*f = flight{rep: int32(i), routed: r.now, first: -1, predicted: min(d.Matched, jb.prompt), active: true}
+	*f = flight{rep: int32(i), routed: r.now, first: -1, predicted: min(d.Matched, jb.prompt),
+		reason: d.Reason, active: true}
 	for _, c := range d.Costs {
 		if c.Replica == i {
 			// Calibrate as the live fleet does (fleet.ObserveTTFT): the
@@ -62,7 +63,6 @@ func (r *runner) onArrival(j int) {
 	if r.kind == route.Approximate {
 		r.idx.touch(i, r.idxHash, r.now)
 	}
-	r.res.predicted += int64(f.predicted)
 	if rp.wake < 0 {
 		r.step(i)
 	}
@@ -129,17 +129,15 @@ func (r *runner) fillSnapshot() {
 	}
 }
 
-// Reject causes.
-const (
-	rejectPolicy = iota // the policy returned -1 (or a dead replica)
-	rejectEngine        // the engine refused the request (too long)
-	rejectKilled        // its replica was killed while it ran
-)
-
-// reject records job j as not served.
-func (r *runner) reject(j int, cause int) {
-	r.res.rejected[cause]++
-	r.res.rejectedJobs = append(r.res.rejectedJobs, int32(j))
+// reject records job j as not served: rejected by the policy, refused by
+// replica i's engine or failed with replica i (errors).
+func (r *runner) reject(j, i int, reason string, cause int) {
+	jb := &r.jobs[j]
+	s := report.Sample{At: jb.at, Prompt: jb.prompt, Replica: i, Reason: reason, Rejected: cause == rejectPolicy}
+	if cause == rejectKilled {
+		s.E2E = r.now - jb.at
+	}
+	r.res.samples = append(r.res.samples, s)
 	r.progress()
 }
 

@@ -43,7 +43,7 @@ func (r *runner) kill(i int) {
 			f.active = false
 			r.live--
 			delete(r.byID, r.jobs[j].id)
-			r.reject(j, rejectKilled)
+			r.reject(j, i, f.reason, rejectKilled)
 		}
 	}
 	if r.idx != nil {

@@ -25,6 +25,14 @@ type oracleResult struct {
 	Prompt, Cached int64
 }
 
+// rate is the hit rate, 0..1.
+func (o oracleResult) rate() float64 {
+	if o.Prompt == 0 {
+		return 0
+	}
+	return float64(o.Cached) / float64(o.Prompt)
+}
+
 // cachedTokens is the engine's rule: matched leading blocks, capped so that
 // at least one prompt token is computed (vLLM v1 looks up at most
 // prompt-1 tokens), in whole blocks.

@@ -12,7 +12,6 @@ const (
 	evWake    kind = iota // engine step of replica rep
 	evFleet               // fleet event idx (kill / add a replica)
 	evScrape              // scrape tick: refresh engine metrics in the snapshot
-	evSample              // load sample tick (per-replica in-flight, 1 s buckets)
 	evArrival             // arrival of job idx (or a re-routed one)
 )
 

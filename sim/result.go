@@ -2,34 +2,38 @@ package sim
 
 import (
 	"time"
-)
 
-// sample is one finished request of one policy run.
-type sample struct {
-	job, rep               int32
-	ttft, e2e, itl         time.Duration
-	prompt, cached, output int
-	predicted              int
-	preempt, retries       int
-}
+	"kvrouter/report"
+)
 
 // result is what one policy run produced.
 type result struct {
-	samples      []sample
-	rejected     [3]int // by cause: policy, engine, killed
-	rejectedJobs []int32
-	reasons      map[string]int
-	predicted    int64
-	load         [][]int32 // per second, per replica in flight
-	replicas     int
-	finished     int
-	end          time.Duration
+	// samples holds one entry per request (served, rejected or failed),
+	// in the order they ended.
+	samples  []report.Sample
+	replicas int // fleet size at the end (added replicas included)
+	finished int // requests ended, for progress
+	end      time.Duration
 }
 
-// reason counts one decision reason.
-func (s *result) reason(why string) {
-	if s.reasons == nil {
-		s.reasons = make(map[string]int)
+// Reject causes.
+const (
+	rejectPolicy = iota // the policy returned -1 (or a dead replica): Rejected
+	rejectEngine        // the engine refused the request (too long): an error
+	rejectKilled        // its replica was killed while it ran: an error
+)
+
+// counts returns how many samples are served, rejected and errors.
+func (s *result) counts() (ok, rejected, errors int) {
+	for i := range s.samples {
+		switch {
+		case s.samples[i].OK:
+			ok++
+		case s.samples[i].Rejected:
+			rejected++
+		default:
+			errors++
+		}
 	}
-	s.reasons[why]++
+	return ok, rejected, errors
 }

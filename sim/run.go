@@ -1,14 +1,16 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	"kvrouter/engine"
 	"kvrouter/fleet"
-	"kvrouter/scrape"
+	"kvrouter/report"
 	"kvrouter/prefix"
 	"kvrouter/route"
+	"kvrouter/scrape"
 )
 
 // replica is one simulated backend: its engine and what the router knows
@@ -59,8 +61,9 @@ type flight struct {
 	// predTTFT is the policy's Wait+Prefill+Decode of the chosen replica,
 	// unscaled (divided by the Rates.Scale it used); 0 if unknown.
 	predTTFT time.Duration
-	retries   int
-	active    bool
+	reason   string // the decision's reason
+	retries  int
+	active   bool
 }
 
 // runner simulates one policy over the jobs on a fresh fleet.
@@ -167,8 +170,11 @@ func (r *runner) run() {
 		r.q.push(event{at: r.cfg.fleet[0].at, kind: evFleet})
 	}
 	r.q.push(event{at: 0, kind: evScrape})
-	r.q.push(event{at: 0, kind: evSample})
-	for r.q.len() > 0 {
+	for n := 0; r.q.len() > 0; n++ {
+		if n&4095 == 0 && r.canceled() {
+			r.err = errors.New("canceled")
+			return
+		}
 		ev := r.q.pop()
 		r.now = ev.at
 		r.drainKV()
@@ -179,13 +185,21 @@ func (r *runner) run() {
 			r.onFleet()
 		case evScrape:
 			r.onScrape()
-		case evSample:
-			r.onSample()
 		case evArrival:
 			r.onArrival(int(ev.idx))
 		}
 	}
 	r.res.end = r.now
+}
+
+// canceled reports whether Config.Cancel is closed.
+func (r *runner) canceled() bool {
+	select {
+	case <-r.cfg.Cancel:
+		return true
+	default:
+		return false
+	}
 }
 
 // busy reports whether anything but ticks is still to happen.
@@ -217,17 +231,6 @@ func (r *runner) onScrape() {
 			iv = r.needs.ScrapeInterval
 		}
 		r.q.push(event{at: r.now + iv, kind: evScrape})
-	}
-}
-
-func (r *runner) onSample() {
-	row := make([]int32, len(r.reps))
-	for i := range r.reps {
-		row[i] = int32(r.reps[i].inFlight)
-	}
-	r.res.load = append(r.res.load, row)
-	if r.busy() {
-		r.q.push(event{at: r.now + sampleEvery, kind: evSample})
 	}
 }
 
@@ -307,16 +310,24 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 	f.active = false
 	r.live--
 	jb := &r.jobs[j]
-	s := sample{job: j, rep: int32(i), prompt: ev.PromptTokens, cached: ev.CachedTokens,
-		predicted: f.predicted, output: ev.OutputTokens, preempt: ev.Preemptions, retries: f.retries}
-	first := ev.First
-	s.ttft = first - jb.at
-	s.e2e = ev.At - jb.at
-	if ev.OutputTokens > 1 {
-		s.itl = (ev.At - first) / time.Duration(ev.OutputTokens-1)
-	}
-	r.res.samples = append(r.res.samples, s)
+	r.res.samples = append(r.res.samples, report.Sample{
+		At: jb.at, TTFT: ev.First - jb.at, E2E: ev.At - jb.at, ITL: itl(ev),
+		Prompt: ev.PromptTokens, Cached: ev.CachedTokens, PredictedCached: f.predicted, Output: ev.OutputTokens,
+		Replica: i, OK: true, Reason: f.reason,
+	})
 	r.progress()
+}
+
+// itl is a request's mean inter-token latency: the time from its first
+// token to its last over the gaps between them, (E2E − TTFT)/(Output − 1);
+// zero for a single output token. The engine runs without per-token events
+// (Config.NoTokenEvents), so per-token gaps are not seen; the mean is what
+// the SLO checks.
+func itl(ev *engine.Event) time.Duration {
+	if ev.OutputTokens <= 1 {
+		return 0
+	}
+	return (ev.At - ev.First) / time.Duration(ev.OutputTokens-1)
 }
 
 // progress reports a finished (or rejected) request.

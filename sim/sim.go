@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"kvrouter/engine"
+	"kvrouter/report"
 	"kvrouter/residency"
 	"kvrouter/route"
 	"kvrouter/trace"
@@ -32,8 +33,6 @@ const (
 	// PreciseSuffix, appended to a policy name, runs that policy with a
 	// precise index (engine KV events) instead of its own: "kv-aware-precise".
 	PreciseSuffix = "-precise"
-	// sampleEvery is the bucket of the load-over-time series.
-	sampleEvery = time.Second
 )
 
 // Index modes of Config.Mode.
@@ -64,6 +63,8 @@ type Config struct {
 	Fleet []trace.FleetEvent
 	// Replicas is the fleet size at the start; zero means 16.
 	Replicas int
+	// PresetName names Preset in the report ("llama3-8b-h100").
+	PresetName string
 	// Preset is every replica's engine configuration (engine.Preset).
 	// NoTokenEvents is forced on.
 	Preset engine.Config
@@ -92,6 +93,10 @@ type Config struct {
 	// Progress, if set, is called now and then with the requests finished
 	// by the policy running and the requests of the run.
 	Progress func(policy string, done, total int)
+
+	// Cancel, when closed, stops the run with an error (a signal in the
+	// command); nil means never.
+	Cancel <-chan struct{}
 
 	// fleet is Fleet on the scaled clock (set by Run).
 	fleet []fleetEvent
@@ -241,4 +246,56 @@ func sortIndex(reqs []trace.Request, t time.Duration) int {
 // allPolicies is every route policy plus kv-aware in precise mode.
 func allPolicies() []string {
 	return append(route.Names(), "kv-aware"+PreciseSuffix)
+}
+
+// Run simulates every policy of cfg on a fresh fleet over the same
+// requests and returns the comparison: the run's parameters, the two
+// oracle rows (infinite and pooled cache) and one report.Result per
+// policy, in the order of cfg.Policies.
+func Run(cfg Config) (report.Run, error) {
+	o, err := prepare(cfg)
+	if err != nil {
+		return report.Run{}, err
+	}
+	run := report.Run{Title: "kvrouter simulation: " + o.cfg.Workload, Params: o.params(), Oracles: []report.Oracle{
+		{Name: report.OracleInfinite, HitRate: o.infinite.rate()},
+		{Name: report.OraclePooled, HitRate: o.pooled.rate()},
+	}}
+	for _, name := range o.cfg.Policies {
+		res, err := o.run(name)
+		if err != nil {
+			return report.Run{}, err
+		}
+		run.Policies = append(run.Policies, report.Summarize(res.samples, report.Options{
+			Policy: name, SLO: report.SLO(o.cfg.SLO), Replicas: res.replicas,
+		}))
+	}
+	return run, nil
+}
+
+// params lists the run's parameters for the report header and JSON.
+func (o *outcome) params() []report.Param {
+	c := &o.cfg
+	var span time.Duration
+	if n := len(o.jobs); n > 0 {
+		span = o.jobs[n-1].at
+	}
+	p := func(name string, v any) report.Param { return report.Param{Name: name, Value: fmt.Sprint(v)} }
+	return []report.Param{
+		p("workload", c.Workload),
+		p("requests", len(o.jobs)),
+		p("replicas", c.Replicas),
+		p("preset", c.PresetName),
+		p("preset_blocks", c.Preset.NumBlocks),
+		p("block_size", c.Preset.BlockSize),
+		p("load", c.Load),
+		p("arrival_span", span.Round(time.Millisecond)),
+		p("seed", c.Seed),
+		p("scrape_interval", c.ScrapeInterval),
+		p("kv_event_delay", c.KVEventDelay),
+		p("mode", c.Mode),
+		p("slo_ttft", c.SLO.TTFT),
+		p("slo_itl", c.SLO.ITL),
+		p("fleet_events", len(c.Fleet)),
+	}
 }

@@ -1,10 +1,18 @@
 package sim
 
 import (
+	"bytes"
+	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
+	"kvrouter/engine"
+	"kvrouter/report"
 	"kvrouter/trace"
 )
 
@@ -29,8 +37,10 @@ func sharedPrefix(groups, prompts, prefixTokens, question, output int, gap time.
 func hitRate(res *result) float64 {
 	var p, c int64
 	for _, s := range res.samples {
-		p += int64(s.prompt)
-		c += int64(s.cached)
+		if s.OK {
+			p += int64(s.Prompt)
+			c += int64(s.Cached)
+		}
 	}
 	if p == 0 {
 		return 0
@@ -38,7 +48,6 @@ func hitRate(res *result) float64 {
 	return float64(c) / float64(p)
 }
 
-func rejected(res *result) int { return res.rejected[0] + res.rejected[1] + res.rejected[2] }
 
 // TestSharedPrefixByHand checks each policy's hit rate on a case small
 // enough to count by hand: G groups × P prompts of a 2,048-token prefix
@@ -139,13 +148,17 @@ func TestInvariants(t *testing.T) {
 				t.Errorf("pooled oracle %.4f > infinite %.4f", pooled, inf)
 			}
 			for i, res := range o.runs {
-				if n := len(res.samples) + rejected(res); n != len(w.Requests) {
-					t.Errorf("%s: %d served + %d rejected, want %d requests", o.names[i], len(res.samples), rejected(res), len(w.Requests))
+				ok, rej, errs := res.counts()
+				if ok+rej+errs != len(w.Requests) {
+					t.Errorf("%s: %d served + %d rejected + %d errors, want %d requests", o.names[i], ok, rej, errs, len(w.Requests))
+				}
+				if len(res.samples) != len(w.Requests) {
+					t.Errorf("%s: %d samples, want one per request (%d)", o.names[i], len(res.samples), len(w.Requests))
 				}
 				if h := hitRate(res); h > inf+1e-12 {
 					t.Errorf("%s: hit rate %.4f > infinite oracle %.4f", o.names[i], h, inf)
 				}
-				if w.Name == "failure" && res.rejected[rejectKilled] == 0 && o.names[i] == "round-robin" {
+				if w.Name == "failure" && errs == 0 && o.names[i] == "round-robin" {
 					t.Errorf("%s: no request failed with the killed replica", o.names[i])
 				}
 			}
@@ -173,5 +186,83 @@ func TestKVAwareBeatsRoundRobin(t *testing.T) {
 				t.Errorf("kv-aware hit rate %.3f <= round-robin %.3f", kv, rr)
 			}
 		})
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite the golden summaries under testdata/")
+
+// goldenCases are two small runs whose summaries are pinned under
+// testdata/: any change in the engine model, a policy or the simulator
+// that moves a figure shows up as a diff (refresh with -update after
+// checking it is intended).
+var goldenCases = []struct {
+	file     string
+	workload string
+	opt      trace.GenOptions
+	replicas int
+	load     float64
+	policies []string
+}{
+	{"shared-prefix.json", "shared-prefix", trace.GenOptions{Seed: 1, Groups: 8, PerGroup: 8}, 4, 0.8,
+		[]string{"round-robin", "least-loaded", "kv-aware", "kv-aware-precise", "dynamo-kv", "llm-d"}},
+	{"failure.json", "failure", trace.GenOptions{Seed: 2, Requests: 300}, 4, 0.8,
+		[]string{"round-robin", "session-hash", "kv-aware", "sglang-cache-aware"}},
+}
+
+func runJSON(t *testing.T, workload string, opt trace.GenOptions, replicas int, load float64, policies []string) []byte {
+	t.Helper()
+	w, err := trace.Generate(workload, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	preset, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := Run(Config{Workload: workload, Requests: w.Requests, Fleet: w.Events, Replicas: replicas,
+		PresetName: "llama3-8b-h100", Preset: preset, Load: load, Policies: policies, Seed: opt.Seed,
+		KVEventDelay: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := report.WriteJSON(&buf, &run); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestGolden compares two small runs' JSON summaries with testdata/.
+func TestGolden(t *testing.T) {
+	for _, gc := range goldenCases {
+		t.Run(gc.file, func(t *testing.T) {
+			got := runJSON(t, gc.workload, gc.opt, gc.replicas, gc.load, gc.policies)
+			path := filepath.Join("testdata", gc.file)
+			if *update {
+				if err := os.MkdirAll("testdata", 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if diff := cmp.Diff(string(want), string(got)); diff != "" {
+				t.Errorf("summary differs from %s (-want +got):\n%s", path, diff)
+			}
+		})
+	}
+}
+
+// TestDeterministic runs one simulation twice: same seed, same bytes.
+func TestDeterministic(t *testing.T) {
+	gc := goldenCases[0]
+	a := runJSON(t, gc.workload, gc.opt, gc.replicas, gc.load, allPolicies())
+	b := runJSON(t, gc.workload, gc.opt, gc.replicas, gc.load, allPolicies())
+	if !bytes.Equal(a, b) {
+		t.Errorf("two runs with one seed differ:\n%s", cmp.Diff(string(a), string(b)))
 	}
 }
