@@ -25,6 +25,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"serve": {"run the router in front of replicas", runServe},
+		"sim":   {"simulate a fleet under several routing policies, side by side", runSim},
 		"version": {"print the version", func(context.Context, []string) error {
 			fmt.Println("kvrouter", version)
 			return nil
