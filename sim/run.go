@@ -7,8 +7,8 @@ import (
 
 	"kvrouter/engine"
 	"kvrouter/fleet"
-	"kvrouter/report"
 	"kvrouter/prefix"
+	"kvrouter/report"
 	"kvrouter/route"
 	"kvrouter/scrape"
 )

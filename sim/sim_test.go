@@ -48,7 +48,6 @@ func hitRate(res *result) float64 {
 	return float64(c) / float64(p)
 }
 
-
 // TestSharedPrefixByHand checks each policy's hit rate on a case small
 // enough to count by hand: G groups × P prompts of a 2,048-token prefix
 // (128 blocks of 16) and a 128-token unique question, on R replicas, with
