@@ -1,0 +1,156 @@
+package report
+
+import (
+	"embed"
+	"fmt"
+	"html/template"
+	"io"
+	"slices"
+	"strings"
+)
+
+// assets holds uPlot 1.6.32 (MIT, vendored from `npm pack uplot@1.6.32`)
+// and the page template.
+//
+//go:embed assets/uPlot.iife.min.js assets/uPlot.min.css assets/LICENSE page.html
+var assets embed.FS
+
+// page is the HTML template's input.
+type page struct {
+	Title   string
+	Params  []Param
+	Header  []string
+	Rows    [][]string
+	Policy  int // rows before this index are policies, the rest oracles
+	Reasons []reasonBar
+	Legend  []reasonSlice
+	UPlot   template.JS
+	CSS     template.CSS
+	Data    chartData
+}
+
+// chartData is what the page's script draws with uPlot.
+type chartData struct {
+	Policies []string       `json:"policies"`
+	CDF      [][2][]float64 `json:"cdf"` // per policy: xs (ms), ys (fraction)
+	Hit      []float64      `json:"hit"`
+	Pred     []float64      `json:"pred"`
+	Oracles  []Oracle       `json:"oracles"`
+	Load     []loadChart    `json:"load"`
+}
+
+// loadChart is one policy's per-replica load over time.
+type loadChart struct {
+	Bucket  float64     `json:"bucket_s"`
+	Replica [][]float64 `json:"replica"`
+}
+
+// reasonBar is one policy's decision reasons as a stacked bar.
+type reasonBar struct {
+	Policy string
+	Slices []reasonSlice
+}
+
+// reasonSlice is one reason's share of a bar.
+type reasonSlice struct {
+	Reason string
+	Count  int
+	Pct    float64
+	Color  string
+}
+
+// palette colours series and reasons, in order.
+func palette(i int) string {
+	p := [...]string{"#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2",
+		"#db2777", "#65a30d", "#4b5563", "#ea580c", "#0d9488", "#9333ea"}
+	return p[i%len(p)]
+}
+
+// WriteHTML writes run as one self-contained HTML page: a header with the
+// run's parameters, the table, and charts (TTFT CDF per policy, hit rate
+// against the oracles, per-replica load over time, decision reasons). uPlot
+// and the data are inlined; the page loads nothing from the network.
+func WriteHTML(w io.Writer, run *Run) error {
+	r := run.normalized()
+	js, err := assets.ReadFile("assets/uPlot.iife.min.js")
+	if err != nil {
+		return fmt.Errorf("report html: %w", err)
+	}
+	css, _ := assets.ReadFile("assets/uPlot.min.css")
+	lic, _ := assets.ReadFile("assets/LICENSE")
+	tpl, err := template.ParseFS(assets, "page.html")
+	if err != nil {
+		return fmt.Errorf("report html: %w", err)
+	}
+	p := page{
+		Title:  r.Title,
+		Params: r.Params,
+		Header: tableHeader(),
+		Rows:   tableRows(&r),
+		Policy: len(r.Policies),
+		UPlot:  template.JS("/*! uPlot 1.6.32 | " + strings.ReplaceAll(string(lic), "*/", "* /") + "*/\n" + string(js)),
+		CSS:    template.CSS(css),
+		Data:   charts(&r),
+	}
+	p.Reasons, p.Legend = reasons(&r)
+	if err := tpl.Execute(w, &p); err != nil {
+		return fmt.Errorf("report html: %w", err)
+	}
+	return nil
+}
+
+// charts gathers the chart series of a normalized run.
+func charts(r *Run) chartData {
+	d := chartData{Oracles: r.Oracles, CDF: [][2][]float64{}, Load: []loadChart{}, Hit: []float64{}, Pred: []float64{}, Policies: []string{}}
+	for _, p := range r.Policies {
+		d.Policies = append(d.Policies, p.Policy)
+		d.Hit = append(d.Hit, p.HitRate)
+		d.Pred = append(d.Pred, p.PredictedHitRate)
+		var xy [2][]float64
+		xy[0], xy[1] = []float64{}, []float64{}
+		for _, pt := range p.Series.TTFT {
+			xy[0] = append(xy[0], pt.X)
+			xy[1] = append(xy[1], pt.Y)
+		}
+		d.CDF = append(d.CDF, xy)
+		lc := loadChart{Bucket: round6(p.Series.Bucket.Seconds()), Replica: p.Series.Load}
+		if lc.Replica == nil {
+			lc.Replica = [][]float64{}
+		}
+		d.Load = append(d.Load, lc)
+	}
+	return d
+}
+
+// reasons returns the stacked reason bars, one per policy, and the legend;
+// reasons are coloured in sorted order, so colours agree across policies.
+func reasons(r *Run) ([]reasonBar, []reasonSlice) {
+	var names []string
+	for _, p := range r.Policies {
+		for k := range p.Reasons {
+			if !slices.Contains(names, k) {
+				names = append(names, k)
+			}
+		}
+	}
+	slices.Sort(names)
+	var legend []reasonSlice
+	for i, n := range names {
+		legend = append(legend, reasonSlice{Reason: n, Color: palette(i)})
+	}
+	var bars []reasonBar
+	for _, p := range r.Policies {
+		total := 0
+		for _, c := range p.Reasons {
+			total += c
+		}
+		b := reasonBar{Policy: p.Policy}
+		for i, n := range names {
+			if c := p.Reasons[n]; c > 0 {
+				b.Slices = append(b.Slices, reasonSlice{Reason: n, Count: c, Pct: round6(100 * float64(c) / float64(total)), Color: palette(i)})
+			}
+		}
+		bars = append(bars, b)
+	}
+	return bars, legend
+}
