@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"kvrouter/residency"
 )
 
 // Config is everything the router needs to start. The zero value is not
@@ -28,6 +30,9 @@ type Config struct {
 	Policy string `yaml:"policy"`
 	// SessionHeader is the request header that carries a session id.
 	SessionHeader string `yaml:"session-header"`
+	// SessionTTL is how long an idle session stays bound to its replica;
+	// zero means fleet.DefaultSessionTTL (10 min).
+	SessionTTL time.Duration `yaml:"session-ttl"`
 	// MaxBodyBytes caps a request body, in bytes; larger ones get 413.
 	MaxBodyBytes int64 `yaml:"max-body-bytes"`
 	// ChunkChars is the text-mode prefix block size, in characters.
@@ -67,6 +72,7 @@ const (
 	DefaultListen         = "127.0.0.1:8000"
 	DefaultPolicy         = "kv-aware"
 	DefaultSessionHeader  = "X-Session-ID"
+	DefaultSessionTTL     = 10 * time.Minute
 	DefaultMaxBodyBytes   = 8 << 20
 	DefaultChunkChars     = 64
 	DefaultScrapeInterval = 100 * time.Millisecond
@@ -84,6 +90,7 @@ func DefaultConfig() Config {
 		Listen:         DefaultListen,
 		Policy:         DefaultPolicy,
 		SessionHeader:  DefaultSessionHeader,
+		SessionTTL:     DefaultSessionTTL,
 		MaxBodyBytes:   DefaultMaxBodyBytes,
 		ChunkChars:     DefaultChunkChars,
 		ScrapeInterval: DefaultScrapeInterval,
@@ -217,6 +224,12 @@ func (c *Config) Validate() error {
 		if p.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", p.name, p.v))
 		}
+	}
+	if c.SessionTTL < 0 {
+		errs = append(errs, fmt.Errorf("session-ttl: must not be negative, got %s", c.SessionTTL))
+	}
+	if len(c.Backends) > residency.MaxReplicasLimit {
+		errs = append(errs, fmt.Errorf("backend: at most %d, got %d", residency.MaxReplicasLimit, len(c.Backends)))
 	}
 	if c.CacheBlocks < 0 {
 		errs = append(errs, fmt.Errorf("cache-blocks: must not be negative, got %d", c.CacheBlocks))

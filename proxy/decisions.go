@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -11,38 +12,53 @@ import (
 )
 
 // Record is one routing decision and what came of it, as /debug/decisions
-// shows it. Durations are in milliseconds.
+// shows it. It is written when the request is routed (Outcome in-flight)
+// and completed when its response ends. Durations are in milliseconds.
 type Record struct {
-	ID      string    `json:"id"`
-	At      time.Time `json:"at"`
-	Session string    `json:"session,omitempty"`
-	Policy  string    `json:"policy"`
-	Model   string    `json:"model"`
-	Path    string    `json:"path"`
-	Stream  bool      `json:"stream"`
+	ID string    `json:"id"`
+	At time.Time `json:"at"`
+	// Session is the session id the request was bound by, and
+	// SessionSource where it came from: header, user or content (see
+	// SessionHeader, SessionUser, SessionContent).
+	Session       string `json:"session,omitempty"`
+	SessionSource string `json:"session_source,omitempty"`
+	Policy        string `json:"policy"`
+	// Index is the residency feed the policy read: approximate or none.
+	Index  string `json:"index"`
+	Model  string `json:"model"`
+	Path   string `json:"path"`
+	Stream bool   `json:"stream"`
 	// Tokens is the router's estimate of the prompt length; Blocks its full
 	// prefix blocks.
 	Tokens     int         `json:"tokens"`
 	Blocks     int         `json:"blocks"`
 	Candidates []Candidate `json:"candidates"`
-	// Replica is the chosen replica's URL; Failed lists replicas tried first
-	// that failed before the first byte.
+	// Replica is the chosen replica's URL (empty when none could take the
+	// request); Failed lists replicas tried first that failed before the
+	// first byte.
 	Replica string   `json:"replica"`
 	Reason  string   `json:"reason"`
 	Failed  []string `json:"failed,omitempty"`
 	// PredictedCached is the policy's predicted cached prompt tokens;
 	// ActualCached the engine's usage.prompt_tokens_details.cached_tokens
-	// (-1: not reported); PromptTokens the engine's prompt_tokens (-1: not
-	// reported).
+	// (-1: not reported, or not yet); PromptTokens the engine's
+	// prompt_tokens (-1: not reported, or not yet).
 	PredictedCached int `json:"predicted_cached_tokens"`
 	ActualCached    int `json:"actual_cached_tokens"`
 	PromptTokens    int `json:"prompt_tokens"`
-	// DecideMS is the time spent hashing, matching and picking.
+	// PredictedTTFTMS is the chosen candidate's predicted time to first
+	// token at calibration scale 1 (kv-aware only; 0 otherwise), the figure
+	// the observed TTFT of a streamed response calibrates against.
+	PredictedTTFTMS float64 `json:"predicted_ttft_ms,omitempty"`
+	// DecideMS is the time spent matching and picking (all attempts).
 	DecideMS float64 `json:"decide_ms"`
-	TTFTMS   float64 `json:"ttft_ms"`
-	E2EMS    float64 `json:"e2e_ms"`
-	Status   int     `json:"status"`
-	// Outcome is ok, canceled (client went away), upstream-error or error.
+	// TTFTMS is arrival to first response byte; E2EMS arrival to the end of
+	// the response (0 while in flight).
+	TTFTMS float64 `json:"ttft_ms"`
+	E2EMS  float64 `json:"e2e_ms"`
+	Status int     `json:"status"`
+	// Outcome is in-flight, ok, canceled (client went away),
+	// upstream-error or error.
 	Outcome string `json:"outcome"`
 }
 
@@ -59,12 +75,8 @@ type Candidate struct {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// candidates converts a decision's cost terms, naming replicas by URL.
-func candidates(costs []route.Cost, names []string) []Candidate {
-	if len(costs) == 0 {
-		return nil
-	}
-	out := make([]Candidate, 0, len(costs))
+// appendCandidates converts a decision's cost terms, naming replicas by URL.
+func appendCandidates(out []Candidate, costs []route.Cost, names []string) []Candidate {
 	for _, c := range costs {
 		name := ""
 		if c.Replica >= 0 && c.Replica < len(names) {
@@ -79,32 +91,96 @@ func candidates(costs []route.Cost, names []string) []Candidate {
 	return out
 }
 
-// ring keeps the last len(recs) records. mu guards recs, next and n.
+// fill writes the call's decision and, once finished, its outcome into
+// rec, reusing rec's slices.
+func (c *call) fill(rec *Record) {
+	rt := c.rt
+	cands, failed := rec.Candidates[:0], rec.Failed[:0]
+	*rec = Record{
+		ID: c.id, At: c.start, Session: c.session, SessionSource: c.sessionSrc,
+		Policy: rt.policyName, Index: rt.st.idx.mode(), Path: c.path,
+		Tokens: c.req.Tokens, Blocks: c.req.Blocks,
+		Candidates: appendCandidates(cands, c.dec.Costs, rt.names),
+		Reason:     c.dec.Reason, PredictedCached: c.dec.Matched,
+		ActualCached: c.actual, PromptTokens: c.usage,
+		PredictedTTFTMS: ms(c.predicted), DecideMS: ms(c.decide), TTFTMS: ms(c.ttft),
+		Status: c.status, Outcome: c.outcome,
+	}
+	if c.replica >= 0 {
+		rec.Replica = rt.names[c.replica]
+	}
+	if c.prompt != nil {
+		rec.Model, rec.Stream = c.prompt.Model, c.prompt.Stream
+	}
+	for _, f := range c.failed {
+		failed = append(failed, rt.names[f])
+	}
+	rec.Failed = failed
+	if rec.Outcome == "" {
+		rec.Outcome = OutcomeInFlight
+	} else {
+		rec.E2EMS = ms(c.end.Sub(c.start))
+	}
+}
+
+// record writes the call's record: a new one at its first decision, the
+// same one updated afterwards (a retry's new decision, the outcome).
+func (c *call) record() {
+	if c.rec == 0 {
+		c.rec = c.rt.decisions.begin(c)
+		return
+	}
+	c.rt.decisions.update(c.rec, c)
+}
+
+// ring keeps the last len(recs) records in place, reusing each slot's
+// slices. mu guards recs, seqs and n.
 type ring struct {
 	mu   sync.Mutex
 	recs []Record
-	next int
-	n    int
+	seqs []uint64 // the sequence number of the record in each slot
+	n    uint64   // records ever begun
 }
 
-func newRing(size int) *ring { return &ring{recs: make([]Record, size)} }
+func newRing(size int) *ring { return &ring{recs: make([]Record, size), seqs: make([]uint64, size)} }
 
-func (r *ring) add(rec Record) {
+// begin writes c's record into the next slot and returns its sequence
+// number (from 1).
+func (r *ring) begin(c *call) uint64 {
 	r.mu.Lock()
-	r.recs[r.next] = rec
-	r.next = (r.next + 1) % len(r.recs)
-	r.n = min(r.n+1, len(r.recs))
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	r.n++
+	i := (r.n - 1) % uint64(len(r.recs))
+	r.seqs[i] = r.n
+	c.fill(&r.recs[i])
+	return r.n
 }
 
-// last returns up to n records, newest first.
+// update rewrites record seq from c, unless newer records overwrote it.
+func (r *ring) update(seq uint64, c *call) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := (seq - 1) % uint64(len(r.recs))
+	if r.seqs[i] == seq {
+		c.fill(&r.recs[i])
+	}
+}
+
+// last returns copies of up to n records, newest first.
 func (r *ring) last(n int) []Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n = min(n, r.n)
+	n = int(min(uint64(max(n, 0)), r.n, uint64(len(r.recs))))
 	out := make([]Record, n)
-	for i := range n {
-		out[i] = r.recs[(r.next-1-i+2*len(r.recs))%len(r.recs)]
+	for k := range n {
+		i := (r.n - 1 - uint64(k)) % uint64(len(r.recs))
+		out[k] = r.recs[i]
+		out[k].Candidates = slices.Clone(out[k].Candidates)
+		if len(out[k].Failed) > 0 {
+			out[k].Failed = slices.Clone(out[k].Failed)
+		} else {
+			out[k].Failed = nil
+		}
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kvrouter/emulator"
+	"kvrouter/route"
 )
 
 // replicas starts n emulated replicas on loopback, fast (timeScale wall
@@ -187,8 +188,12 @@ func TestKilledReplicaGetsNoTraffic(t *testing.T) {
 	if len(served) != 2 {
 		t.Errorf("served by %v, want the two live replicas", served)
 	}
-	if rt.st.healthyOf(1) != 0 {
-		t.Error("killed replica still marked healthy")
+	deadline := time.Now().Add(2 * time.Second)
+	for rt.st.healthy(1) {
+		if time.Now().After(deadline) {
+			t.Fatal("killed replica still marked healthy after 2 s of 20 ms probes")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -204,6 +209,9 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if recs := rt.Decisions(1); len(recs) != 1 || recs[0].Outcome != OutcomeInFlight {
+		t.Errorf("while streaming: got records %+v, want one in-flight", recs)
+	}
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "data: ") {
 		t.Fatalf("first line %q: %v", line, err)
@@ -214,9 +222,9 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	deadline := time.Now().Add(2 * time.Second)
-	for reps[0].Stats().Running != 0 || rt.st.inflightOf(0) != 0 || len(rt.Decisions(1)) == 0 {
+	for reps[0].Stats().Running != 0 || inflight(rt, 0) != 0 || rt.Decisions(1)[0].Outcome == OutcomeInFlight {
 		if time.Now().After(deadline) {
-			t.Fatalf("after disconnect: replica running %d, router in flight %v; want 0 and 0", reps[0].Stats().Running, rt.st.inflightOf(0))
+			t.Fatalf("after disconnect: replica running %d, router in flight %v; want 0 and 0", reps[0].Stats().Running, inflight(rt, 0))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -227,4 +235,11 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	if len(recs) != 1 || recs[0].Outcome != "canceled" {
 		t.Errorf("got records %+v, want one canceled", recs)
 	}
+}
+
+// inflight is the router's in-flight count on replica i.
+func inflight(rt *Router, i int) int {
+	var s route.Snapshot
+	rt.st.fleet.Snapshot(&s, time.Now())
+	return s.Replicas[i].InFlight
 }

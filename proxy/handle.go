@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 
+	"kvrouter/fleet"
 	"kvrouter/prefix"
 	"kvrouter/route"
 )
@@ -26,39 +28,84 @@ const (
 	HeaderDecision = "X-Kvrouter-Decision"
 )
 
-// buffers are per-request scratch slices, pooled so that routing a request
-// allocates little.
-type buffers struct {
+// Session sources, as Record.SessionSource names them: where the session
+// id came from.
+const (
+	// SessionHeader: the configured request header (default X-Session-ID).
+	SessionHeader = "header"
+	// SessionUser: the OpenAI "user" field.
+	SessionUser = "user"
+	// SessionContent: the conversation's own content
+	// (prefix.Prompt.ConversationKey: its messages up to the first user
+	// message), for requests that carry no session id.
+	SessionContent = "content"
+)
+
+// call is one request's state from arrival to the end of its response. It
+// travels in the request context; only the request's own goroutine (the
+// handler, and the ReverseProxy hooks it calls synchronously) touches it.
+// Calls are pooled: every slice keeps its capacity from one request to the
+// next, so that routing a request allocates little.
+type call struct {
+	rt         *Router
+	id         string
+	start      time.Time
+	path       string
+	prompt     *prefix.Prompt
+	session    string
+	sessionSrc string
+	req        route.Request
+	dec        route.Decision
+	replica    int   // current replica, -1 before routing
+	failed     []int // replicas that failed before the first byte
+	strip      bool  // the router injected include_usage; drop the usage chunk
+	decide     time.Duration
+	sent       time.Time     // when the current replica was chosen
+	predicted  time.Duration // the chosen candidate's TTFT at Scale 1; 0: none
+	ticket     *fleet.Ticket
+	tapped     bool // tap wraps the response body
+	status     int
+	errCode    string // router error code, if the router answered
+	routed     bool   // a completion routed by the policy (not a pass-through)
+	rec        uint64 // the decision record's sequence number; 0: none
+
+	// Scratch, reused across requests.
+	body   []byte
 	hashes []prefix.Hash
 	match  []int
 	age    []time.Duration
 	costs  []route.Cost
 	snap   route.Snapshot
+	hdr    []byte
+	tap    tap
+	rb     reqBody
+
+	// Outcome, set by finish.
+	outcome       string
+	actual, usage int // engine's cached and prompt tokens; -1: not reported
+	ttft          time.Duration
+	end           time.Time
 }
 
-// call is one request's state from arrival to the end of its response. It
-// travels in the request context; only the request's own goroutine (the
-// handler, and ReverseProxy hooks it calls synchronously) touches it.
-type call struct {
-	rt      *Router
-	id      string
-	start   time.Time
-	path    string
-	prompt  *prefix.Prompt
-	session string
-	req     route.Request
-	dec     route.Decision
-	replica int   // current replica, -1 before routing
-	failed  []int // replicas that failed before the first byte
-	strip   bool  // the router injected include_usage; drop the usage chunk
-	bufs    *buffers
-	decide  time.Duration
-	ticket  ticket
-	tap     *tap
-	status  int
-	errCode string // router error code, if the router answered
-	routed  bool   // a completion routed by the policy (not a pass-through)
+// reqBody is the pooled request body sent upstream. It notes when the
+// transport read it to the end, after which no read can come: only then
+// may the call (and its body buffer) be reused.
+type reqBody struct {
+	r   bytes.Reader
+	eof atomic.Bool
 }
+
+// Read implements io.Reader.
+func (b *reqBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// Close does nothing: the bytes belong to the call.
+func (b *reqBody) Close() error { return nil }
 
 type callKey struct{}
 
@@ -67,9 +114,20 @@ func callFrom(ctx context.Context) *call {
 	return c
 }
 
+// newCall takes a call from the pool, reset, keeping its scratch capacity.
+func (rt *Router) newCall(r *http.Request, routed bool) *call {
+	c := rt.pool.Get().(*call)
+	*c = call{
+		rt: rt, start: time.Now(), path: r.URL.Path, replica: -1, routed: routed, actual: -1, usage: -1,
+		failed: c.failed[:0], body: c.body[:0], hashes: c.hashes[:0], match: c.match, age: c.age,
+		costs: c.costs, snap: c.snap, hdr: c.hdr[:0], tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
+	}
+	return c
+}
+
 // serveCompletion routes POST /v1/chat/completions and /v1/completions.
 func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
-	c := &call{rt: rt, start: time.Now(), path: r.URL.Path, replica: -1, routed: true}
+	c := rt.newCall(r, true)
 	defer c.finish(r.Context())
 	body, ok := c.readBody(w, r)
 	if !ok {
@@ -85,32 +143,57 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		body = injectUsage(body)
 		c.strip = true
 	}
-	c.session = r.Header.Get(rt.cfg.SessionHeader)
-	if c.session == "" {
-		c.session = p.User
-	}
+	c.sessionOf(r, p)
 	if !c.route(w) {
 		return
 	}
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
-	setBody(out, body)
+	c.setBody(out, body)
 	rt.rp.ServeHTTP(w, out)
 }
 
-// readBody reads the whole body once, answering 413 past the limit.
+// sessionOf finds the request's session id: the configured header, else
+// the OpenAI user field, else a key of the conversation's own content.
+func (c *call) sessionOf(r *http.Request, p *prefix.Prompt) {
+	switch {
+	case r.Header.Get(c.rt.cfg.SessionHeader) != "":
+		c.session, c.sessionSrc = r.Header.Get(c.rt.cfg.SessionHeader), SessionHeader
+	case p.User != "":
+		c.session, c.sessionSrc = p.User, SessionUser
+	default:
+		c.session, c.sessionSrc = "conv-"+strconv.FormatUint(p.ConversationKey(), 16), SessionContent
+	}
+}
+
+// readBody reads the whole body once into the call's buffer, answering
+// 413 past the limit.
 func (c *call) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.rt.cfg.MaxBodyBytes))
+	limit := c.rt.cfg.MaxBodyBytes
+	if r.ContentLength > limit {
+		c.tooLarge(w, limit)
+		return nil, false
+	}
+	if r.ContentLength > 0 && int64(cap(c.body)) < r.ContentLength+1 {
+		c.body = make([]byte, 0, r.ContentLength+1)
+	}
+	buf := bytes.NewBuffer(c.body[:0])
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	c.body = buf.Bytes()
 	if err == nil {
-		return body, true
+		return c.body, true
 	}
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
-		c.fail(w, http.StatusRequestEntityTooLarge, errInvalidRequest, "request_too_large",
-			fmt.Sprintf("request body is larger than %d bytes", tooBig.Limit))
+		c.tooLarge(w, tooBig.Limit)
 	} else {
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "body_read_error", "reading request body: "+err.Error())
 	}
 	return nil, false
+}
+
+func (c *call) tooLarge(w http.ResponseWriter, limit int64) {
+	c.fail(w, http.StatusRequestEntityTooLarge, errInvalidRequest, "request_too_large",
+		fmt.Sprintf("request body is larger than %d bytes", limit))
 }
 
 func (c *call) parseError(w http.ResponseWriter, err error) {
@@ -151,9 +234,11 @@ func injectUsage(body []byte) []byte {
 	return append(out, body[i+1:]...)
 }
 
-// setBody makes r carry body, replayable through GetBody.
-func setBody(r *http.Request, body []byte) {
-	r.Body = io.NopCloser(bytes.NewReader(body))
+// setBody makes r carry body (from the call's reusable reader),
+// replayable through GetBody.
+func (c *call) setBody(r *http.Request, body []byte) {
+	c.rb.r.Reset(body)
+	r.Body = &c.rb
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -164,52 +249,75 @@ func setBody(r *http.Request, body []byte) {
 func (c *call) route(w http.ResponseWriter) bool {
 	rt := c.rt
 	seq := rt.seq.Add(1)
-	c.id = "kvr-" + strconv.FormatUint(rt.st.epoch, 36) + "-" + strconv.FormatUint(seq, 10)
-	c.bufs = rt.pool.Get().(*buffers)
-	b := c.bufs
+	c.id = rt.idPrefix + strconv.FormatUint(seq, 10)
 	var tokens int
-	b.hashes, tokens = rt.st.hash(c.prompt, b.hashes[:0])
+	c.hashes, tokens = rt.st.idx.hash(c.prompt, c.hashes[:0])
 	n := len(rt.names)
-	b.match, b.age, b.costs = grow(b.match, n), grow(b.age, n), grow(b.costs, n)
+	c.match, c.age, c.costs = grow(c.match, n), grow(c.age, n), grow(c.costs, n)
 	c.req = route.Request{
 		ID: c.id, Hash: xxhash.Sum64String(c.id), Seq: seq - 1,
-		Tokens: tokens, MaxTokens: c.prompt.MaxTokens, Blocks: len(b.hashes),
-		Match: b.match, Age: b.age, Pinned: -1, Costs: b.costs[:0],
+		Tokens: tokens, MaxTokens: c.prompt.MaxTokens, Blocks: len(c.hashes),
+		Match: c.match, Age: c.age, Pinned: -1, Costs: c.costs[:0],
+		Session: xxhash.Sum64String(c.session) | 1, PrefixKey: c.prompt.PrefixKey(),
 	}
-	if c.session != "" {
-		c.req.Session = xxhash.Sum64String(c.session)
-	}
-	c.req.PrefixKey = prefixKey(c.prompt)
 	return c.pick(w)
 }
 
 // pick runs the policy over a fresh snapshot (excluding replicas that
-// already failed this request) and commits the choice.
+// already failed this request), commits the choice to the fleet (load,
+// session binding), touches the index and records the decision.
 func (c *call) pick(w http.ResponseWriter) bool {
-	rt, b := c.rt, c.bufs
+	rt := c.rt
 	t0 := time.Now()
-	rt.st.match(b.hashes, t0, b.match, b.age)
-	rt.st.snapshot(&b.snap)
+	rt.st.idx.match(c.hashes, t0, c.match, c.age)
+	rt.st.snapshot(&c.snap, t0)
 	for _, f := range c.failed {
-		b.snap.Replicas[f].Healthy = false
+		c.snap.Replicas[f].Healthy = false
 	}
-	if c.req.Session != 0 {
-		c.req.Pinned = rt.st.pinned(c.req.Session, t0)
-	}
-	c.dec = rt.policy.Pick(&c.req, &b.snap)
-	c.decide += time.Since(t0)
+	c.req.Pinned = rt.st.fleet.Pin(c.session, &c.snap)
+	c.req.Costs = c.costs[:0]
+	c.dec = rt.policy.Pick(&c.req, &c.snap)
 	if c.dec.Replica < 0 || c.dec.Replica >= len(rt.names) {
+		c.decide += time.Since(t0)
 		if w != nil {
 			writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica can take the request")
 			c.status, c.errCode = http.StatusServiceUnavailable, "no_healthy_replica"
 			rt.m.errors.WithLabelValues(c.errCode).Inc()
+			c.record()
 		}
 		return false
 	}
-	c.replica = c.dec.Replica
-	c.ticket = rt.st.commit(c, t0)
+	tk, err := rt.st.fleet.Commit(&c.snap, &c.req, c.dec, c.session)
+	if err != nil { // cannot happen: the replica is in the snapshot
+		rt.log.Error("commit", "err", err)
+		return false
+	}
+	c.replica, c.ticket, c.sent = c.dec.Replica, tk, t0
+	rt.st.idx.touch(c.replica, c.hashes, t0)
+	c.predicted = c.predictedTTFT()
+	c.decide += time.Since(t0)
 	rt.m.decide.Observe(c.decide.Seconds())
+	c.record()
 	return true
+}
+
+// predictedTTFT is the chosen candidate's time to first token at Scale 1
+// (its Wait+Prefill+Decode, which the policy scaled), or 0 when the
+// policy's costs are not kv-aware durations.
+func (c *call) predictedTTFT() time.Duration {
+	if !c.rt.st.calibrate {
+		return 0
+	}
+	for _, k := range c.dec.Costs {
+		if k.Replica == c.replica {
+			scale := c.snap.Replicas[c.replica].Rates.Scale
+			if scale <= 0 {
+				scale = 1
+			}
+			return time.Duration(float64(k.Wait+k.Prefill+k.Decode) / scale)
+		}
+	}
+	return 0
 }
 
 func grow[T any](s []T, n int) []T {
@@ -245,8 +353,9 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
-	c.tap = &tap{body: resp.Body, sse: sse, strip: c.strip && sse, onFirst: c.firstByte}
-	resp.Body = c.tap
+	c.tap.body, c.tap.sse, c.tap.strip, c.tap.onFirst = resp.Body, sse, c.strip && sse, c
+	c.tapped = true
+	resp.Body = &c.tap
 	return nil
 }
 
@@ -258,19 +367,22 @@ func (c *call) summary() string {
 			total = k.Total
 		}
 	}
-	s := "reason=" + c.dec.Reason + "; predicted-cached=" + strconv.Itoa(c.dec.Matched) +
-		"; cost=" + strconv.FormatFloat(ms(total), 'f', 3, 64) + "ms; id=" + c.id
+	b := append(c.hdr[:0], "reason="...)
+	b = append(b, c.dec.Reason...)
+	b = append(b, "; predicted-cached="...)
+	b = strconv.AppendInt(b, int64(c.dec.Matched), 10)
+	b = append(b, "; cost="...)
+	b = strconv.AppendFloat(b, ms(total), 'f', 3, 64)
+	b = append(b, "ms; session="...)
+	b = append(b, c.sessionSrc...)
+	b = append(b, "; id="...)
+	b = append(b, c.id...)
 	if len(c.failed) > 0 {
-		s += "; retried=" + strconv.Itoa(len(c.failed))
+		b = append(b, "; retried="...)
+		b = strconv.AppendInt(b, int64(len(c.failed)), 10)
 	}
-	return s
-}
-
-// firstByte runs when the first response byte arrives from the upstream.
-func (c *call) firstByte(at time.Time) {
-	if c.routed && c.status < 300 {
-		c.rt.st.firstToken(c, at)
-	}
+	c.hdr = b
+	return string(b)
 }
 
 // errorHandler answers when no upstream response could be had.
@@ -286,98 +398,4 @@ func (rt *Router) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	rt.m.errors.WithLabelValues("upstream_unreachable").Inc()
 	rt.log.Warn("upstream error", "err", err, "path", r.URL.Path)
 	writeError(w, http.StatusBadGateway, errUpstream, "upstream_unreachable", "no replica could be reached: "+err.Error())
-}
-
-// finish settles the call on every path: releases the replica's load,
-// feeds health and calibration, records metrics, the decision and a log
-// line. It runs once, when the handler returns (also when it panics with
-// http.ErrAbortHandler after a mid-stream failure).
-func (c *call) finish(ctx context.Context) {
-	rt := c.rt
-	end := time.Now()
-	outcome := "ok"
-	switch {
-	case c.errCode != "":
-		outcome = "error"
-	case ctx.Err() != nil:
-		outcome = "canceled"
-	case c.tap != nil && c.tap.err != nil:
-		outcome = "upstream-error"
-	case c.status >= 500:
-		outcome = "upstream-error"
-	}
-	if c.replica < 0 {
-		rt.logRequest(c, outcome, end)
-		return
-	}
-	actual, prompt := -1, -1
-	var ttft time.Duration
-	if c.tap != nil {
-		if c.tap.hasUsage {
-			actual, prompt = c.tap.usage.cached(), c.tap.usage.PromptTokens
-		}
-		if !c.tap.first.IsZero() {
-			ttft = c.tap.first.Sub(c.start)
-		}
-	}
-	rt.st.release(c, outcome, actual, end)
-	if outcome == "upstream-error" && c.tap != nil && c.tap.err != nil {
-		rt.st.passiveFailure(c.replica, end)
-	}
-	name := rt.names[c.replica]
-	if c.routed {
-		rt.m.requests.WithLabelValues(name, rt.policyName, c.dec.Reason).Inc()
-		rt.m.predicted.WithLabelValues(name).Add(float64(c.dec.Matched))
-		if actual >= 0 {
-			rt.m.actual.WithLabelValues(name).Add(float64(actual))
-		}
-		if prompt >= 0 {
-			rt.m.prompt.WithLabelValues(name).Add(float64(prompt))
-		}
-	}
-	if ttft > 0 {
-		rt.m.ttft.WithLabelValues(name).Observe(ttft.Seconds())
-	}
-	rt.m.e2e.WithLabelValues(name).Observe(end.Sub(c.start).Seconds())
-	if c.routed {
-		rt.decisions.add(c.record(outcome, actual, prompt, ttft, end))
-	}
-	rt.logRequest(c, outcome, end)
-	if c.bufs != nil {
-		rt.pool.Put(c.bufs)
-		c.bufs = nil
-	}
-}
-
-// record builds the decision record (copying what aliases pooled buffers).
-func (c *call) record(outcome string, actual, prompt int, ttft time.Duration, end time.Time) Record {
-	rec := Record{
-		ID: c.id, At: c.start, Session: c.session, Policy: c.rt.policyName, Path: c.path,
-		Tokens: c.req.Tokens, Blocks: c.req.Blocks,
-		Candidates: candidates(c.dec.Costs, c.rt.names),
-		Replica:    c.rt.names[c.replica], Reason: c.dec.Reason,
-		PredictedCached: c.dec.Matched, ActualCached: actual, PromptTokens: prompt,
-		DecideMS: ms(c.decide), TTFTMS: ms(ttft), E2EMS: ms(end.Sub(c.start)),
-		Status: c.status, Outcome: outcome,
-	}
-	if c.prompt != nil {
-		rec.Model, rec.Stream = c.prompt.Model, c.prompt.Stream
-	}
-	for _, f := range c.failed {
-		rec.Failed = append(rec.Failed, c.rt.names[f])
-	}
-	return rec
-}
-
-func (rt *Router) logRequest(c *call, outcome string, end time.Time) {
-	if !rt.log.Enabled(context.Background(), -4) {
-		return
-	}
-	replica := ""
-	if c.replica >= 0 {
-		replica = rt.names[c.replica]
-	}
-	rt.log.Debug("request", "id", c.id, "path", c.path, "replica", replica,
-		"reason", c.dec.Reason, "predicted_cached", c.dec.Matched, "status", c.status,
-		"outcome", outcome, "retries", len(c.failed), "dur", end.Sub(c.start))
 }

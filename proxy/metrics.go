@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/route"
 )
 
 // metrics are the router's own instruments, registered on the Registerer
@@ -71,26 +75,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// replicaGauges registers per-replica gauges read at collection time:
-// in-flight requests and health (1 healthy, 0 not).
-func replicaGauges(reg prometheus.Registerer, names []string, inflight, healthy func(i int) float64) error {
-	for i, name := range names {
-		i := i
-		labels := prometheus.Labels{"replica": name}
-		g1 := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "kvrouter_inflight", Help: "Requests the router has in flight on the replica.",
-			ConstLabels: labels,
-		}, func() float64 { return inflight(i) })
-		g2 := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "kvrouter_replica_healthy", Help: "1 when the replica gets traffic, 0 when it is unhealthy.",
-			ConstLabels: labels,
-		}, func() float64 { return healthy(i) })
-		if err := reg.Register(g1); err != nil {
-			return err
-		}
-		if err := reg.Register(g2); err != nil {
-			return err
-		}
+// fleetCollector exports per-replica gauges read at collection time from
+// one fleet view: in-flight requests, health (1 healthy, 0 not) and the
+// blocks the residency index attributes to the replica.
+type fleetCollector struct {
+	st                          *state
+	inflight, healthy, idxBlock *prometheus.Desc
+}
+
+func newFleetCollector(st *state) *fleetCollector {
+	l := []string{"replica"}
+	return &fleetCollector{
+		st:       st,
+		inflight: prometheus.NewDesc("kvrouter_inflight", "Requests the router has in flight on the replica.", l, nil),
+		healthy:  prometheus.NewDesc("kvrouter_replica_healthy", "1 when the replica gets traffic, 0 when it is unhealthy.", l, nil),
+		idxBlock: prometheus.NewDesc("kvrouter_index_blocks", "Prefix blocks the residency index attributes to the replica.", l, nil),
 	}
-	return nil
+}
+
+// Describe implements prometheus.Collector.
+func (fc *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- fc.inflight
+	ch <- fc.healthy
+	ch <- fc.idxBlock
+}
+
+// Collect implements prometheus.Collector.
+func (fc *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	var s route.Snapshot
+	fc.st.snapshot(&s, time.Now())
+	for _, r := range s.Replicas {
+		h := 0.0
+		if r.Healthy {
+			h = 1
+		}
+		ch <- prometheus.MustNewConstMetric(fc.inflight, prometheus.GaugeValue, float64(r.InFlight), r.ID)
+		ch <- prometheus.MustNewConstMetric(fc.healthy, prometheus.GaugeValue, h, r.ID)
+		ch <- prometheus.MustNewConstMetric(fc.idxBlock, prometheus.GaugeValue, float64(r.IndexBlocks), r.ID)
+	}
 }

@@ -6,6 +6,9 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"kvrouter/fleet"
+	"kvrouter/route"
 )
 
 // modelsTTL is how long the union of the backends' models is cached.
@@ -51,7 +54,7 @@ func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
 	errs := make([]error, len(rt.names))
 	var wg sync.WaitGroup
 	for i, name := range rt.names {
-		if rt.st.healthyOf(i) == 0 {
+		if !rt.st.healthy(i) {
 			continue
 		}
 		wg.Go(func() { lists[i], errs[i] = rt.fetchModelList(ctx, name) })
@@ -121,22 +124,20 @@ func (e *statusError) Error() string {
 // servePassThrough forwards any other route to a healthy replica, with the
 // same retry rule as completions.
 func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
-	c := &call{rt: rt, start: time.Now(), path: r.URL.Path, replica: -1}
+	c := rt.newCall(r, false)
 	defer c.finish(r.Context())
 	body, ok := c.readBody(w, r)
 	if !ok {
 		return
 	}
 	c.id = "kvr-pass"
-	c.replica = rt.anyHealthy(nil)
-	if c.replica < 0 {
+	if !c.passTo(rt.anyHealthy(nil)) {
 		c.status, c.errCode = http.StatusServiceUnavailable, "no_healthy_replica"
 		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
 		return
 	}
-	c.ticket = rt.st.commit(c, c.start)
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
-	setBody(out, body)
+	c.setBody(out, body)
 	if len(body) == 0 {
 		out.Body, out.ContentLength, out.GetBody = http.NoBody, 0, nil
 		out.Header.Del("Content-Length")
@@ -144,16 +145,32 @@ func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
 	rt.rp.ServeHTTP(w, out)
 }
 
+// passTo sends a pass-through call to replica i (-1: none), charging it
+// an in-flight request with no prefill.
+func (c *call) passTo(i int) bool {
+	if i < 0 {
+		return false
+	}
+	tk, err := c.rt.st.fleet.Acquire(c.rt.names[i], fleet.Claim{})
+	if err != nil {
+		return false
+	}
+	c.replica, c.ticket, c.sent = i, tk, time.Now()
+	return true
+}
+
 // anyHealthy returns the healthy replica with the fewest in-flight requests,
 // skipping those in exclude, or -1.
 func (rt *Router) anyHealthy(exclude []int) int {
-	best, bestLoad := -1, 0.0
-	for i := range rt.names {
-		if rt.st.healthyOf(i) == 0 || contains(exclude, i) {
+	var s route.Snapshot
+	rt.st.fleet.Snapshot(&s, time.Now())
+	best := -1
+	for i := range s.Replicas {
+		if !s.Replicas[i].Healthy || contains(exclude, i) {
 			continue
 		}
-		if l := rt.st.inflightOf(i); best < 0 || l < bestLoad {
-			best, bestLoad = i, l
+		if best < 0 || s.Replicas[i].InFlight < s.Replicas[best].InFlight {
+			best = i
 		}
 	}
 	return best

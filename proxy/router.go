@@ -7,13 +7,13 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,11 +55,12 @@ type Router struct {
 	gatherer   prometheus.Gatherer
 	decisions  *ring
 	seq        atomic.Uint64
+	idPrefix   string            // "kvr-<epoch>-", request ids append a sequence number
 	upstream   http.RoundTripper // the plain transport
 	rp         *httputil.ReverseProxy
 	models     modelsCache
 	st         *state
-	pool       sync.Pool // *buffers
+	pool       sync.Pool // *call
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run.
@@ -106,12 +107,15 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	rt.m = m
 	rt.decisions = newRing(cfg.Decisions)
-	st, err := newState(rt)
+	needs := route.NeedsOf(rt.policy)
+	st, err := newState(rt, needs)
 	if err != nil {
 		return nil, err
 	}
 	rt.st = st
-	if err := replicaGauges(reg, rt.names, rt.st.inflightOf, rt.st.healthyOf); err != nil {
+	st.logIndexMode(rt.log, needs)
+	rt.idPrefix = "kvr-" + strconv.FormatUint(st.epoch, 36) + "-"
+	if err := reg.Register(newFleetCollector(st)); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	rt.rp = &httputil.ReverseProxy{
@@ -121,7 +125,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		ErrorHandler:   rt.errorHandler,
 		ErrorLog:       slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
-	rt.pool.New = func() any { return new(buffers) }
+	rt.pool.New = func() any { return new(call) }
 	return rt, nil
 }
 
@@ -166,17 +170,13 @@ func (rt *Router) Handler() http.Handler {
 // Run runs the background loops (metrics scrapes, health probes) until ctx
 // is done, then waits for them and returns nil.
 func (rt *Router) Run(ctx context.Context) error {
-	err := rt.st.run(ctx)
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return nil
-	}
-	return err
+	return rt.st.run(ctx)
 }
 
 // serveHealth answers 200 when at least one replica is healthy, else 503.
 func (rt *Router) serveHealth(w http.ResponseWriter, r *http.Request) {
 	for i := range rt.names {
-		if rt.st.healthyOf(i) > 0 {
+		if rt.st.healthy(i) {
 			w.WriteHeader(http.StatusOK)
 			return
 		}

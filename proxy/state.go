@@ -4,109 +4,87 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"kvrouter/engine"
-	"kvrouter/prefix"
+	"kvrouter/fleet"
+	"kvrouter/health"
 	"kvrouter/route"
 	"kvrouter/scrape"
 )
 
-// state is the router's live view of the fleet, adapted to what the call
-// path needs: per-replica in-flight accounting, engine load from package
-// scrape, health (active: /health probes, downAfter consecutive failures
-// take a replica out; passive: a replica that fails a request is out for
-// passiveHold and until its next good probe), sessions, and an approximate residency index fed by the
-// routing decisions. It is the one place the call path touches for fleet
-// state, so that moving it onto packages fleet, residency and health
-// changes this file only.
+// state wires the router's live view of the fleet from its packages:
+// fleet (in-flight accounting through tickets, sessions, scraped load,
+// TTFT calibration, eviction horizon, snapshots), health (active /health
+// probes plus the failures the proxy reports), scrape (/metrics loops) and
+// the residency index (index.go). Replica i is cfg.Backends[i] everywhere:
+// in the fleet's snapshot order, in the index and in rt.names.
 type state struct {
 	rt      *Router
 	epoch   uint64 // random per router, part of request ids
-	text    prefix.Text
-	rates   route.Rates
-	blocks  int // fallback capacity in text blocks
-	reps    []replicaState
+	fleet   *fleet.Fleet
+	health  *health.Checker
 	scraper *scrape.Scraper
-
-	mu       sync.Mutex // guards sessions
-	sessions map[uint64]session
-
-	idx index
+	idx     *index
+	// calibrate is set when the policy's Cost terms are kv-aware durations
+	// that ObserveTTFT may compare with observed TTFTs.
+	calibrate bool
 }
 
-// replicaState is one replica's live counters.
-type replicaState struct {
-	inflight, prefill, decoding, decodeBlocks atomic.Int64
-	healthy                                   atomic.Bool
-	downUntil                                 atomic.Int64 // unix ns; passive failure hold
-	load                                      atomic.Pointer[scrape.Load]
-}
-
-// session is a session's binding to a replica.
-type session struct {
-	replica int
-	at      time.Time
-}
-
-// sessionIdle is how long an unused session binding lasts.
-const sessionIdle = 30 * time.Minute
-
-// passiveHold is the least time a replica that failed a request stays out.
-const passiveHold = time.Second
-
-// downAfter is how many consecutive failed health probes mark a replica
-// down.
-const downAfter = 3
-
-// ticket is a committed request's hold on its replica.
-type ticket struct {
-	replica  int
-	uncached int64 // prefill tokens counted in replicaState.prefill
-	blocks   int64 // blocks counted in replicaState.decodeBlocks
-	decoding bool
-}
-
-func newState(rt *Router) (*state, error) {
+func newState(rt *Router, needs route.Needs) (*state, error) {
 	ecfg, err := engine.Preset(rt.cfg.Preset)
 	if err != nil {
 		return nil, fmt.Errorf("preset: %w", err)
 	}
 	var b [8]byte
 	rand.Read(b[:])
-	st := &state{
-		rt: rt, epoch: binary.LittleEndian.Uint64(b[:]) >> 16,
-		text:     prefix.Text{ChunkChars: rt.cfg.ChunkChars},
-		rates:    ecfg.Rates(),
-		reps:     make([]replicaState, len(rt.names)),
-		sessions: map[uint64]session{},
-		idx:      index{n: len(rt.names), m: map[prefix.Hash][]int64{}},
-	}
-	capTokens := ecfg.NumBlocks * ecfg.BlockSize
+	st := &state{rt: rt, epoch: binary.LittleEndian.Uint64(b[:]) >> 16}
+	_, st.calibrate = rt.policy.(route.KVAware)
+	h := newTextHasher(rt.cfg.ChunkChars)
+	// Fallback capacity, in the hasher's blocks: the configured engine
+	// blocks of the preset's size, else the preset's own.
+	engineBlocks := ecfg.NumBlocks
 	if rt.cfg.CacheBlocks > 0 {
-		capTokens = rt.cfg.CacheBlocks * ecfg.BlockSize
+		engineBlocks = rt.cfg.CacheBlocks
 	}
-	st.blocks = capTokens / st.text.TokensPerBlock()
-	st.idx.max = max(st.blocks*len(rt.names), 1<<16)
-	for i := range st.reps {
-		st.reps[i].healthy.Store(true)
+	fallback := engineBlocks * ecfg.BlockSize / h.TokensPerBlock()
+	st.idx = newIndex(h, needs, len(rt.names), fallback)
+	st.fleet, err = fleet.New(fleet.Config{
+		Replicas:    rt.names,
+		Rates:       ecfg.Rates(),
+		BlockSize:   h.TokensPerBlock(),
+		CacheBlocks: fallback,
+		SessionTTL:  rt.cfg.SessionTTL,
+		Window:      needs.Window,
+	})
+	if err != nil {
+		return nil, err
+	}
+	st.health = &health.Checker{
+		Client:   &http.Client{Transport: rt.upstream},
+		Interval: rt.cfg.HealthInterval,
+		Timeout:  max(rt.cfg.HealthInterval, health.DefaultTimeout),
+		OnChange: st.onHealth,
 	}
 	st.scraper = &scrape.Scraper{
+		Client:   &http.Client{Transport: rt.upstream},
 		Interval: rt.cfg.ScrapeInterval,
 		Timeout:  max(rt.cfg.ScrapeInterval, time.Second),
 		OnLoad:   st.onLoad,
 	}
 	for _, name := range rt.names {
+		st.health.Add(name)
 		st.scraper.Add(name)
 	}
 	return st, nil
 }
 
+// replica returns the index of the replica named id, or -1.
 func (st *state) replica(id string) int {
 	for i, n := range st.rt.names {
 		if n == id {
@@ -116,202 +94,58 @@ func (st *state) replica(id string) int {
 	return -1
 }
 
+// onLoad takes one scrape: load, churn and capacity.
 func (st *state) onLoad(id string, l scrape.Load) {
+	st.fleet.SetLoad(id, l)
 	if i := st.replica(id); i >= 0 {
-		st.reps[i].load.Store(&l)
+		st.idx.setEngineCapacity(i, l.NumBlocks, l.BlockSize)
 	}
 }
 
-// passiveFailure takes a replica out after a failed request: until
-// passiveHold has passed and a scrape has succeeded again.
-func (st *state) passiveFailure(i int, now time.Time) {
-	r := &st.reps[i]
-	r.downUntil.Store(now.Add(passiveHold).UnixNano())
-	if r.healthy.Swap(false) {
-		st.rt.log.Warn("replica down (request failed)", "replica", st.rt.names[i])
-	}
-}
-
-func (st *state) hash(p *prefix.Prompt, out []prefix.Hash) ([]prefix.Hash, int) {
-	return st.text.Hashes(p, out)
-}
-
-func prefixKey(p *prefix.Prompt) uint64 { return p.PrefixKey() }
-
-func (st *state) match(hashes []prefix.Hash, now time.Time, match []int, age []time.Duration) {
-	st.idx.match(hashes, now, match, age)
-}
-
-// snapshot fills dst with every replica's current state.
-func (st *state) snapshot(dst *route.Snapshot) {
-	n := len(st.rt.names)
-	dst.Replicas = grow(dst.Replicas, n)
-	dst.BlockSize = st.text.TokensPerBlock()
-	now := time.Now()
-	for i := range n {
-		r := &st.reps[i]
-		rep := route.Replica{
-			ID: st.rt.names[i], Healthy: r.healthy.Load(),
-			InFlight: int(r.inflight.Load()), PrefillTokens: max(int(r.prefill.Load()), 0),
-			Decoding: int(r.decoding.Load()), DecodeBlocks: int(r.decodeBlocks.Load()),
-			CacheBlocks: st.blocks, Rates: st.rates,
-		}
-		if l := r.load.Load(); l != nil {
-			rep.Running, rep.Waiting, rep.KVUsage = l.Running, l.Waiting, l.KVUsage
-			rep.Scraped, rep.LoadAge = true, now.Sub(l.At)
-			if l.NumBlocks > 0 && l.BlockSize > 0 {
-				rep.CacheBlocks = l.NumBlocks * l.BlockSize / dst.BlockSize
-			}
-		}
-		dst.Replicas[i] = rep
-	}
-}
-
-func (st *state) pinned(h uint64, now time.Time) int {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	s, ok := st.sessions[h]
-	if !ok || now.Sub(s.at) > sessionIdle || !st.reps[s.replica].healthy.Load() {
-		return -1
-	}
-	return s.replica
-}
-
-// commit books the request on its replica: load, session binding and the
-// blocks it will leave cached there.
-func (st *state) commit(c *call, now time.Time) ticket {
-	i := c.replica
-	r := &st.reps[i]
-	t := ticket{replica: i}
-	r.inflight.Add(1)
-	if c.routed {
-		bs := max(st.text.TokensPerBlock(), 1)
-		t.uncached = int64(max(c.req.Tokens-c.dec.Matched, 0))
-		t.blocks = int64((c.req.Tokens + c.req.MaxTokens + bs - 1) / bs)
-		r.prefill.Add(t.uncached)
-		r.decodeBlocks.Add(t.blocks)
-		st.idx.touch(i, c.bufs.hashes, now)
-	}
-	if c.req.Session != 0 {
-		st.mu.Lock()
-		st.sessions[c.req.Session] = session{replica: i, at: now}
-		if len(st.sessions) > 1<<20 {
-			st.expireLocked(now)
-		}
-		st.mu.Unlock()
-	}
-	return t
-}
-
-func (st *state) expireLocked(now time.Time) {
-	for k, s := range st.sessions {
-		if now.Sub(s.at) > sessionIdle {
-			delete(st.sessions, k)
-		}
-	}
-}
-
-// firstToken moves the request from prefill to decoding.
-func (st *state) firstToken(c *call, at time.Time) {
-	t := &c.ticket
-	if t.replica < 0 || t.decoding {
-		return
-	}
-	r := &st.reps[t.replica]
-	r.prefill.Add(-t.uncached)
-	r.decoding.Add(1)
-	t.decoding = true
-}
-
-// release returns the request's load; it runs once per ticket on every
-// path (done, error, cancel, retry).
-func (st *state) release(c *call, outcome string, actual int, now time.Time) {
-	t := &c.ticket
-	if t.replica < 0 {
-		return
-	}
-	r := &st.reps[t.replica]
-	r.inflight.Add(-1)
-	if t.decoding {
-		r.decoding.Add(-1)
+// onHealth follows the health checker's transitions.
+func (st *state) onHealth(id string, healthy bool) {
+	st.fleet.SetHealthy(id, healthy)
+	if healthy {
+		st.rt.log.Info("replica up", "replica", id)
 	} else {
-		r.prefill.Add(-t.uncached)
+		st.rt.log.Warn("replica down", "replica", id)
 	}
-	r.decodeBlocks.Add(-t.blocks)
-	*t = ticket{replica: -1}
 }
 
-func (st *state) inflightOf(i int) float64 { return float64(st.reps[i].inflight.Load()) }
+// reportFailure feeds passive health: a request to replica i failed
+// (connect error, 5xx, broken stream).
+func (st *state) reportFailure(i int) { st.health.ReportFailure(st.rt.names[i]) }
 
-func (st *state) healthyOf(i int) float64 {
-	if st.reps[i].healthy.Load() {
-		return 1
-	}
-	return 0
+// reportSuccess feeds passive health: a request to replica i succeeded.
+func (st *state) reportSuccess(i int) { st.health.ReportSuccess(st.rt.names[i]) }
+
+// snapshot fills dst with every replica's state at now, index blocks
+// included.
+func (st *state) snapshot(dst *route.Snapshot, now time.Time) {
+	st.fleet.Snapshot(dst, now)
+	st.idx.fillBlocks(dst)
 }
 
-// run runs the scrape loops and one health probe loop per replica until
-// ctx is done, and joins them.
+// healthy reports whether replica i may get traffic.
+func (st *state) healthy(i int) bool { return st.fleet.Healthy(st.rt.names[i]) }
+
+// run runs the scrape loops and the health probes until ctx is done, and
+// joins them.
 func (st *state) run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for i := range st.reps {
-		wg.Go(func() { st.probeLoop(ctx, i) })
-	}
-	err := st.scraper.Run(ctx)
+	var herr error
+	wg.Go(func() { herr = st.health.Run(ctx) })
+	serr := st.scraper.Run(ctx)
 	wg.Wait()
+	return quiet(errors.Join(serr, herr))
+}
+
+// quiet drops the context errors that end every run.
+func quiet(err error) error {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
 	return err
-}
-
-// probeLoop probes replica i's /health every HealthInterval: downAfter
-// consecutive failures take it out; a success brings it back once any
-// passive hold has passed.
-func (st *state) probeLoop(ctx context.Context, i int) {
-	t := time.NewTicker(st.rt.cfg.HealthInterval)
-	defer t.Stop()
-	fails := 0
-	for {
-		err := st.probe(ctx, i)
-		r := &st.reps[i]
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err == nil:
-			fails = 0
-			if time.Now().UnixNano() >= r.downUntil.Load() && !r.healthy.Swap(true) {
-				st.rt.log.Info("replica up", "replica", st.rt.names[i])
-			}
-		default:
-			fails++
-			if fails >= downAfter && r.healthy.Swap(false) {
-				st.rt.log.Warn("replica down", "replica", st.rt.names[i], "err", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// probe GETs /health with a timeout of max(HealthInterval, 1 s).
-func (st *state) probe(ctx context.Context, i int) error {
-	ctx, cancel := context.WithTimeout(ctx, max(st.rt.cfg.HealthInterval, time.Second))
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "GET", st.rt.names[i]+"/health", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := st.rt.upstream.RoundTrip(req)
-	if err != nil {
-		return err
-	}
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("health %s: %s", st.rt.names[i], resp.Status)
-	}
-	return nil
 }
 
 func newPolicy(name string) (route.Policy, error) {
@@ -319,4 +153,14 @@ func newPolicy(name string) (route.Policy, error) {
 		name = route.Default
 	}
 	return route.New(name)
+}
+
+// logIndexMode says at start which residency feed the policy gets.
+func (st *state) logIndexMode(log *slog.Logger, needs route.Needs) {
+	switch needs.Index {
+	case route.Precise:
+		log.Warn("policy asks for a precise (KV-event) index; using the approximate one until KV-event subscribers exist", "policy", st.rt.policyName)
+	case route.NoIndex:
+		log.Debug("policy reads no residency index", "policy", st.rt.policyName)
+	}
 }

@@ -46,8 +46,8 @@ type tap struct {
 	body  io.ReadCloser
 	sse   bool
 	strip bool
-	// onFirst, if set, is called once with the time of the first byte.
-	onFirst func(time.Time)
+	// onFirst, if set, is told once the time of the first byte.
+	onFirst firstHook
 
 	first    time.Time
 	usage    usage
@@ -191,10 +191,13 @@ func (t *tap) firstByte() {
 	if t.first.IsZero() {
 		t.first = time.Now()
 		if t.onFirst != nil {
-			t.onFirst(t.first)
+			t.onFirst.firstByte(t.first)
 		}
 	}
 }
+
+// firstHook is what a tap tells of the first byte (the call).
+type firstHook interface{ firstByte(at time.Time) }
 
 // Close closes the upstream body.
 func (t *tap) Close() error { return t.body.Close() }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"io"
 	"net/http"
-	"time"
 )
 
 // retrier is the ReverseProxy's transport. It sends the request to the
@@ -25,12 +24,12 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		failed := c.replica
-		now := time.Now()
-		rt.st.passiveFailure(failed, now)
+		rt.st.reportFailure(failed)
 		rt.m.retries.WithLabelValues(rt.names[failed]).Inc()
 		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.names[failed], "err", errString(resp, err))
 		c.failed = append(c.failed, failed)
-		rt.st.release(c, "retry", -1, now)
+		c.ticket.Done(-1, errRetried)
+		c.ticket = nil
 		if !c.repick() {
 			return resp, err
 		}
@@ -61,13 +60,7 @@ func (c *call) repick() bool {
 	if c.routed {
 		return c.pick(nil)
 	}
-	r := c.rt.anyHealthy(c.failed)
-	if r < 0 {
-		return false
-	}
-	c.replica = r
-	c.ticket = c.rt.st.commit(c, time.Now())
-	return true
+	return c.passTo(c.rt.anyHealthy(c.failed))
 }
 
 // retryable reports whether an attempt failed before the replica started

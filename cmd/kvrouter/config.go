@@ -54,6 +54,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558]")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy")
 	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
+	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long an idle session stays bound to its replica")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body accepted, bytes")
 	fs.IntVar(&cfg.ChunkChars, "chunk-chars", cfg.ChunkChars, "prefix block size in characters (text mode)")
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")

@@ -35,6 +35,7 @@ func TestLoadServeConfigPrecedence(t *testing.T) {
 		{"decisions (file over default)", cfg.Decisions, 7},
 		{"chunk chars (file)", cfg.ChunkChars, 128},
 		{"session header (default)", cfg.SessionHeader, "X-Session-ID"},
+		{"session ttl (default)", cfg.SessionTTL, 10 * time.Minute},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -64,6 +65,7 @@ func TestLoadServeConfigErrors(t *testing.T) {
 		{"unknown backend option", []string{"--backend", "http://a:1,foo=bar"}, "unknown option"},
 		{"unknown policy", []string{"--backend", "http://a:1", "--policy", "nope"}, "unknown policy"},
 		{"negative size", []string{"--backend", "http://a:1", "--max-body-bytes", "0"}, "max-body-bytes"},
+		{"negative session ttl", []string{"--backend", "http://a:1", "--session-ttl", "-1s"}, "session-ttl"},
 		{"bad log level", []string{"--backend", "http://a:1", "--log-level", "loud"}, "log-level"},
 		{"unknown yaml key", []string{"--config", bad}, "no-such-key"},
 	}

@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// Outcomes of a call, as Record.Outcome names them.
+const (
+	// OutcomeInFlight: the response has not ended yet.
+	OutcomeInFlight = "in-flight"
+	// OutcomeOK: the response ended normally (whatever its status).
+	OutcomeOK = "ok"
+	// OutcomeCanceled: the client went away first.
+	OutcomeCanceled = "canceled"
+	// OutcomeUpstreamError: the replica answered 5xx, could not be reached,
+	// or broke the stream.
+	OutcomeUpstreamError = "upstream-error"
+	// OutcomeError: the router answered with an error of its own.
+	OutcomeError = "error"
+)
+
+// Errors a ticket is released with, for the fleet's failure counts.
+var (
+	errUpstreamFailed = errors.New("upstream failed")
+	errRouterAnswered = errors.New("router answered with an error")
+	errRetried        = errors.New("retried on another replica")
+)
+
+// firstByte runs when the first response byte arrives from the upstream:
+// prefill is over, and for a streamed response the time since the replica
+// was chosen is its observed TTFT, which calibrates the replica's rates
+// against the decision's prediction.
+func (c *call) firstByte(at time.Time) {
+	if !c.routed || c.status >= 300 {
+		return
+	}
+	c.ticket.FirstToken()
+	if c.predicted > 0 && c.prompt != nil && c.prompt.Stream {
+		c.rt.st.fleet.ObserveTTFT(c.rt.names[c.replica], c.predicted, at.Sub(c.sent))
+	}
+}
+
+// finish settles the call on every path: releases the replica's load,
+// feeds passive health, records metrics, completes the decision record and
+// logs a line. It runs once, when the handler returns (also when it
+// panics with http.ErrAbortHandler after a mid-stream failure).
+func (c *call) finish(ctx context.Context) {
+	rt := c.rt
+	c.end = time.Now()
+	c.outcome = c.outcomeOf(ctx)
+	if c.tapped {
+		if c.tap.hasUsage {
+			c.actual, c.usage = c.tap.usage.cached(), c.tap.usage.PromptTokens
+		}
+		if !c.tap.first.IsZero() {
+			c.ttft = c.tap.first.Sub(c.start)
+		}
+	}
+	if c.replica >= 0 {
+		c.settle()
+	}
+	if c.rec != 0 {
+		c.record()
+	}
+	rt.logRequest(c)
+	rt.recycle(c)
+}
+
+// outcomeOf classifies how the call ended.
+func (c *call) outcomeOf(ctx context.Context) string {
+	switch {
+	case c.errCode != "":
+		return OutcomeError
+	case ctx.Err() != nil:
+		return OutcomeCanceled
+	case c.tapped && c.tap.err != nil, c.status >= 500:
+		return OutcomeUpstreamError
+	}
+	return OutcomeOK
+}
+
+// settle releases the ticket, feeds health and records the metrics of a
+// call that reached a replica.
+func (c *call) settle() {
+	rt := c.rt
+	switch c.outcome {
+	case OutcomeOK:
+		c.ticket.Done(c.actual, nil)
+		rt.st.reportSuccess(c.replica)
+	case OutcomeCanceled: // not the replica's fault
+		c.ticket.Done(-1, nil)
+	case OutcomeUpstreamError:
+		c.ticket.Done(-1, errUpstreamFailed)
+		rt.st.reportFailure(c.replica)
+	default:
+		c.ticket.Done(-1, errRouterAnswered)
+		if c.errCode == "upstream_unreachable" {
+			rt.st.reportFailure(c.replica)
+		}
+	}
+	name := rt.names[c.replica]
+	if c.routed {
+		rt.m.requests.WithLabelValues(name, rt.policyName, c.dec.Reason).Inc()
+		rt.m.predicted.WithLabelValues(name).Add(float64(c.dec.Matched))
+		if c.actual >= 0 {
+			rt.m.actual.WithLabelValues(name).Add(float64(c.actual))
+		}
+		if c.usage >= 0 {
+			rt.m.prompt.WithLabelValues(name).Add(float64(c.usage))
+		}
+	}
+	if c.ttft > 0 {
+		rt.m.ttft.WithLabelValues(name).Observe(c.ttft.Seconds())
+	}
+	rt.m.e2e.WithLabelValues(name).Observe(c.end.Sub(c.start).Seconds())
+}
+
+// recycle returns c to the pool unless the upstream transport may still
+// read its body (it had not read it to the end, or a retry replayed it
+// through GetBody): then the garbage collector takes it.
+func (rt *Router) recycle(c *call) {
+	if c.rb.r.Size() > 0 && !c.rb.eof.Load() || len(c.failed) > 0 {
+		return
+	}
+	c.prompt, c.ticket, c.tap.body, c.tap.onFirst = nil, nil, nil, nil
+	rt.pool.Put(c)
+}
+
+func (rt *Router) logRequest(c *call) {
+	if !rt.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	replica := ""
+	if c.replica >= 0 {
+		replica = rt.names[c.replica]
+	}
+	rt.log.Debug("request", "id", c.id, "path", c.path, "replica", replica,
+		"reason", c.dec.Reason, "session", c.sessionSrc, "predicted_cached", c.dec.Matched,
+		"actual_cached", c.actual, "status", c.status, "outcome", c.outcome,
+		"retries", len(c.failed), "dur", c.end.Sub(c.start))
+}
