@@ -1,0 +1,165 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/emulator"
+	"kvrouter/proxy"
+	"kvrouter/trace"
+)
+
+// testScale is the emulators' time scale in these tests: wall seconds per
+// model second.
+const testScale = 0.1
+
+// startReplicas starts n emulated replicas on loopback for the test.
+func startReplicas(t *testing.T, n int) []*emulator.Server {
+	t.Helper()
+	out := make([]*emulator.Server, n)
+	for i := range out {
+		s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: testScale}, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		out[i] = s
+	}
+	return out
+}
+
+// startRouter runs a kvrouter with policy in front of reps.
+func startRouter(t *testing.T, policy string, reps []*emulator.Server) string {
+	t.Helper()
+	cfg := proxy.DefaultConfig()
+	cfg.Policy = policy
+	cfg.Listen = "127.0.0.1:0"
+	for _, s := range reps {
+		cfg.Backends = append(cfg.Backends, proxy.Backend{URL: s.URL()})
+	}
+	rt, err := proxy.New(cfg, proxy.Deps{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	srv := httptest.NewServer(rt.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		cancel()
+		<-done
+	})
+	return srv.URL
+}
+
+// chats is a small conversational workload: sessions of turns, each turn
+// the system prompt, the history and a new question, arriving 40 ms
+// (model time) apart.
+func chats(sessions, turns int) []trace.Request {
+	var out []trace.Request
+	id := uint64(100)
+	sys := trace.Segment{ID: 1, Tokens: 600}
+	for s := range sessions {
+		segs := []trace.Segment{sys}
+		for turn := range turns {
+			id++
+			segs = append(segs, trace.Segment{ID: id, Tokens: 300 + 50*turn})
+			out = append(out, trace.Request{
+				ID: fmt.Sprintf("s%d-t%d", s, turn), Session: fmt.Sprintf("s%d", s),
+				At: time.Duration(len(out)) * 40 * time.Millisecond, Segments: append([]trace.Segment(nil), segs...),
+				Output: 16,
+			})
+			id++
+			segs = append(segs, trace.Segment{ID: id, Tokens: 16})
+		}
+	}
+	return out
+}
+
+// TestReplayMatchesEngine replays a conversational workload against one
+// replica directly and against two through the router, then checks the
+// client's figures against what the engines report about themselves:
+// cached tokens from the usage chunks must add up to the engines' own
+// vllm:prefix_cache_hits_total, prompt tokens to their
+// prefix_cache_queries_total, and the mean TTFT the client measured (wall
+// time / time scale) must be the engines' mean
+// vllm:time_to_first_token_seconds plus a little transport overhead.
+func TestReplayMatchesEngine(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		replicas int
+		router   bool
+	}{
+		{"direct", 1, false},
+		{"router", 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reps := startReplicas(t, tc.replicas)
+			target := reps[0].URL()
+			if tc.router {
+				target = startRouter(t, "kv-aware", reps)
+			}
+			reqs := chats(4, 4)
+			res, err := Run(context.Background(), Config{Target: target, Requests: reqs, TimeScale: testScale, Duration: 30 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tot := res.Totals()
+			if tot.OK != len(reqs) {
+				t.Fatalf("completed %d of %d requests; errors %v", tot.OK, len(reqs), tot.Errors)
+			}
+			var eng EngineFigures
+			for _, s := range reps {
+				f, err := ScrapeEngine(context.Background(), http.DefaultClient, s.URL())
+				if err != nil {
+					t.Fatal(err)
+				}
+				eng = eng.Add(f)
+			}
+			if got, want := float64(tot.CachedTokens), eng.PrefixHits; got != want {
+				t.Errorf("usage cached tokens %v, engine prefix_cache_hits_total %v", got, want)
+			}
+			if got, want := float64(tot.PromptTokens), eng.PrefixQueries; got != want {
+				t.Errorf("usage prompt tokens %v, engine prefix_cache_queries_total %v", got, want)
+			}
+			if tot.CachedTokens == 0 {
+				t.Errorf("no cached tokens on a conversational workload")
+			}
+			if got, want := eng.TTFTCount, uint64(len(reqs)); got != want {
+				t.Errorf("engine TTFT count %d, want %d", got, want)
+			}
+			var sum time.Duration
+			for _, s := range res.Samples {
+				sum += s.TTFT
+				if tc.router && s.Replica == "" {
+					t.Errorf("%s: no %s header through the router", s.ID, HeaderReplica)
+				}
+			}
+			measured, engine := sum/time.Duration(len(res.Samples)), eng.MeanTTFT()
+			// Transport overhead (HTTP, JSON, the emulator's tokenizer, the
+			// router's hashing) is about 2-3 wall milliseconds per request,
+			// i.e. tens of model milliseconds. Under -race the whole HTTP
+			// path slows by one or two orders of magnitude, so only the
+			// lower bound is checked there.
+			slack := time.Duration(float64(5*time.Millisecond)/testScale) + engine/4
+			t.Logf("mean TTFT measured %v, engine %v (model time); hit rate %.3f", measured, engine, tot.HitRate())
+			if measured < engine*95/100 {
+				t.Errorf("mean TTFT measured %v below the engine's own %v", measured, engine)
+			}
+			if !raceEnabled && measured > engine+slack {
+				t.Errorf("mean TTFT measured %v, engine reports %v: want at most %v more", measured, engine, slack)
+			}
+			if math.IsNaN(tot.HitRate()) {
+				t.Error("hit rate NaN")
+			}
+		})
+	}
+}
