@@ -1,11 +1,11 @@
 package prefix
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"math"
+	"unsafe"
 )
 
 // Prompt is what the router reads from an OpenAI request body: enough to
@@ -63,116 +63,40 @@ var (
 	ErrNoPrompt = errors.New("request has neither messages nor prompt")
 )
 
-// wireRequest is the subset of an OpenAI request Parse decodes.
-type wireRequest struct {
-	Model         string          `json:"model"`
-	Messages      []wireMessage   `json:"messages"`
-	Prompt        json.RawMessage `json:"prompt"`
-	Tools         json.RawMessage `json:"tools"`
-	User          string          `json:"user"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	MaxTokens           *int `json:"max_tokens"`
-	MaxCompletionTokens *int `json:"max_completion_tokens"`
-}
-
-type wireMessage struct {
-	Role       string          `json:"role"`
-	Content    content         `json:"content"`
-	Name       string          `json:"name"`
-	ToolCallID string          `json:"tool_call_id"`
-	ToolCalls  json.RawMessage `json:"tool_calls"`
-}
-
-// content decodes a message's content: a string, null, or an array of parts.
-type content string
-
-type part struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
-}
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (c *content) UnmarshalJSON(b []byte) error {
-	b = bytes.TrimLeft(b, " \t\r\n")
-	if len(b) == 0 || b[0] == 'n' {
-		*c = ""
-		return nil
-	}
-	if b[0] == '"' {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
-		*c = content(s)
-		return nil
-	}
-	var raw []json.RawMessage
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return fmt.Errorf("content is neither a string nor an array of parts: %w", err)
-	}
-	var sb strings.Builder
-	for i, r := range raw {
-		var p part
-		if err := json.Unmarshal(r, &p); err != nil {
-			return fmt.Errorf("content part %d: %w", i, err)
-		}
-		if i > 0 {
-			sb.WriteByte('\n')
-		}
-		if p.Type == "text" {
-			sb.WriteString(p.Text)
-		} else {
-			sb.Write(bytes.TrimSpace(r))
-		}
-	}
-	*c = content(sb.String())
-	return nil
-}
-
 // Parse reads an OpenAI chat or completions request body. It returns an
 // error wrapping ErrMalformed, ErrNoModel or ErrNoPrompt when the body
 // cannot be routed.
+//
+// It reads the body in one pass (see scanner) and copies every string it
+// keeps, so the Prompt does not alias body. A "null" field
+// counts as absent.
 func Parse(body []byte) (*Prompt, error) {
-	var w wireRequest
-	if err := json.Unmarshal(body, &w); err != nil {
+	s := scanner{b: body}
+	p := &Prompt{}
+	var f fields
+	if err := s.request(p, &f); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if w.Model == "" {
+	if p.Model == "" {
 		return nil, ErrNoModel
 	}
-	p := &Prompt{
-		Model:  w.Model,
-		Tools:  w.Tools,
-		User:   w.User,
-		Stream: w.Stream,
-	}
-	if w.StreamOptions != nil {
-		p.IncludeUsage = w.StreamOptions.IncludeUsage
-	}
 	switch {
-	case w.MaxCompletionTokens != nil:
-		p.MaxTokens = *w.MaxCompletionTokens
-	case w.MaxTokens != nil:
-		p.MaxTokens = *w.MaxTokens
+	case f.hasMaxCompletion:
+		p.MaxTokens = f.maxCompletion
+	case f.hasMax:
+		p.MaxTokens = f.max
 	}
 	if p.MaxTokens < 0 {
 		return nil, fmt.Errorf("%w: max_tokens %d is negative", ErrMalformed, p.MaxTokens)
 	}
 	switch {
-	case w.Messages != nil:
-		if len(w.Messages) == 0 {
+	case p.Chat:
+		if len(p.Messages) == 0 {
 			return nil, fmt.Errorf("%w: messages is empty", ErrNoPrompt)
 		}
-		p.Chat = true
-		p.Messages = make([]Message, len(w.Messages))
-		for i, m := range w.Messages {
-			p.Messages[i] = Message{Role: m.Role, Content: string(m.Content), Name: m.Name, ToolCallID: m.ToolCallID, ToolCalls: m.ToolCalls}
-		}
-	case len(w.Prompt) > 0 && !bytes.Equal(w.Prompt, []byte("null")):
-		if err := parsePrompt(w.Prompt, p); err != nil {
+	case f.promptAt > 0:
+		s.i = f.promptAt
+		if err := s.prompt(p); err != nil {
 			return nil, fmt.Errorf("%w: prompt: %v", ErrMalformed, err)
 		}
 	default:
@@ -181,40 +105,349 @@ func Parse(body []byte) (*Prompt, error) {
 	return p, nil
 }
 
-// parsePrompt decodes a completions prompt: a string, an array of strings,
-// an array of token ids, or an array of arrays of token ids.
-func parsePrompt(raw json.RawMessage, p *Prompt) error {
-	var s string
-	if raw[0] == '"' {
-		if err := json.Unmarshal(raw, &s); err != nil {
+// fields holds what request reads before Parse interprets it.
+type fields struct {
+	max, maxCompletion       int
+	hasMax, hasMaxCompletion bool
+	promptAt                 int // offset of a non-null "prompt", else 0
+}
+
+// request reads the top-level object into p and f. The prompt is only
+// validated: Parse decodes it if there are no messages.
+func (s *scanner) request(p *Prompt, f *fields) error {
+	if err := s.enter('{'); err != nil {
+		return err
+	}
+	for n := 0; ; n++ {
+		more, err := s.more('}', n)
+		if err != nil {
 			return err
 		}
-		p.Prompts = []string{s}
-		return nil
-	}
-	var strs []string
-	if err := json.Unmarshal(raw, &strs); err == nil {
-		if len(strs) == 0 {
-			return errors.New("empty array")
+		if !more {
+			break
 		}
-		p.Prompts = strs
-		return nil
-	}
-	var ids []uint32
-	if err := json.Unmarshal(raw, &ids); err == nil {
-		if len(ids) == 0 {
-			return errors.New("empty array")
+		if err := s.requestField(p, f); err != nil {
+			return err
 		}
-		p.PromptIDs = [][]uint32{ids}
-		return nil
 	}
-	var batch [][]uint32
-	if err := json.Unmarshal(raw, &batch); err != nil {
-		return errors.New("want a string, an array of strings, or an array (of arrays) of token ids")
+	if s.ws() != 0 {
+		return s.syntaxErr("the end of the body")
 	}
-	if len(batch) == 0 {
-		return errors.New("empty array")
-	}
-	p.PromptIDs = batch
 	return nil
+}
+
+// requestField reads one field of the top-level object.
+func (s *scanner) requestField(p *Prompt, f *fields) error {
+	k, err := s.objectKey()
+	if err != nil {
+		return err
+	}
+	switch string(k) {
+	case "model":
+		p.Model, err = s.text("model")
+	case "messages":
+		err = s.messages(p)
+	case "prompt":
+		f.promptAt = 0
+		if null, err := s.null(); null || err != nil {
+			return err
+		}
+		f.promptAt = s.i
+		err = s.skip()
+	case "tools":
+		p.Tools, err = s.raw()
+	case "user":
+		p.User, err = s.text("user")
+	case "stream":
+		p.Stream, err = s.boolean("stream")
+	case "stream_options":
+		err = s.streamOptions(p)
+	case "max_tokens":
+		f.max, f.hasMax, err = s.maxTokens("max_tokens")
+	case "max_completion_tokens":
+		f.maxCompletion, f.hasMaxCompletion, err = s.maxTokens("max_completion_tokens")
+	default:
+		err = s.skip()
+	}
+	return err
+}
+
+// maxTokens reads an integer field that fits an int, or null.
+func (s *scanner) maxTokens(field string) (int, bool, error) {
+	v, ok, err := s.integer(field)
+	if err == nil && (v > math.MaxInt || v < math.MinInt) {
+		err = s.typeErr(field, "an int")
+	}
+	return int(v), ok, err
+}
+
+// streamOptions reads "stream_options": an object or null.
+func (s *scanner) streamOptions(p *Prompt) error {
+	p.IncludeUsage = false
+	if null, err := s.null(); null || err != nil {
+		return err
+	}
+	if s.ws() != '{' {
+		return s.typeErr("stream_options", "an object")
+	}
+	s.i++
+	for n := 0; ; n++ {
+		more, err := s.more('}', n)
+		if err != nil || !more {
+			return err
+		}
+		k, err := s.objectKey()
+		if err != nil {
+			return err
+		}
+		if string(k) == "include_usage" {
+			p.IncludeUsage, err = s.boolean("include_usage")
+		} else {
+			err = s.skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// messages reads "messages": an array of message objects, or null (absent).
+func (s *scanner) messages(p *Prompt) error {
+	p.Chat, p.Messages = false, nil
+	if null, err := s.null(); null || err != nil {
+		return err
+	}
+	if s.ws() != '[' {
+		return s.typeErr("messages", "an array")
+	}
+	s.i++
+	p.Chat = true
+	p.Messages = make([]Message, 0, 8)
+	for n := 0; ; n++ {
+		more, err := s.more(']', n)
+		if err != nil || !more {
+			return err
+		}
+		var m Message
+		if err := s.message(&m); err != nil {
+			return fmt.Errorf("message %d: %w", n, err)
+		}
+		p.Messages = append(p.Messages, m)
+	}
+}
+
+// message reads one message object; null reads as a zero message.
+func (s *scanner) message(m *Message) error {
+	if null, err := s.null(); null || err != nil {
+		return err
+	}
+	if s.ws() != '{' {
+		return s.typeErr("message", "an object")
+	}
+	s.i++
+	for n := 0; ; n++ {
+		more, err := s.more('}', n)
+		if err != nil || !more {
+			return err
+		}
+		k, err := s.objectKey()
+		if err != nil {
+			return err
+		}
+		switch string(k) {
+		case "role":
+			m.Role, err = s.text("role")
+		case "content":
+			m.Content, err = s.content()
+		case "name":
+			m.Name, err = s.text("name")
+		case "tool_call_id":
+			m.ToolCallID, err = s.text("tool_call_id")
+		case "tool_calls":
+			m.ToolCalls, err = s.raw()
+		default:
+			err = s.skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// content reads a message's content: a string, null, or an array of parts
+// flattened as Message.Content says.
+func (s *scanner) content() (string, error) {
+	if s.ws() != '[' {
+		return s.text("content")
+	}
+	s.i++
+	var buf []byte
+	for n := 0; ; n++ {
+		more, err := s.more(']', n)
+		if err != nil {
+			return "", err
+		}
+		if !more {
+			return unsafe.String(unsafe.SliceData(buf), len(buf)), nil
+		}
+		if n > 0 {
+			buf = append(buf, '\n')
+		}
+		if buf, err = s.part(buf); err != nil {
+			return "", fmt.Errorf("content part %d: %w", n, err)
+		}
+	}
+}
+
+// part appends one content part to buf: a text part's text, or any other
+// part's raw JSON.
+func (s *scanner) part(buf []byte) ([]byte, error) {
+	s.ws()
+	from := s.i
+	if null, err := s.null(); null || err != nil {
+		return append(buf, "null"...), err
+	}
+	if s.ws() != '{' {
+		return buf, s.typeErr("content part", "an object")
+	}
+	s.i++
+	isText, textAt := false, 0
+	for n := 0; ; n++ {
+		more, err := s.more('}', n)
+		if err != nil {
+			return buf, err
+		}
+		if !more {
+			break
+		}
+		if isText, textAt, err = s.partField(isText, textAt); err != nil {
+			return buf, err
+		}
+	}
+	if !isText {
+		return append(buf, s.b[from:s.i]...), nil
+	}
+	if textAt > 0 {
+		end := s.i
+		s.i = textAt
+		buf, _ = s.str(buf, true) // validated by partField
+		s.i = end
+	}
+	return buf, nil
+}
+
+// partField reads one field of a content part: "type" (is it "text"?) and
+// "text" (its offset, decoded by part once the type is known).
+func (s *scanner) partField(isText bool, textAt int) (bool, int, error) {
+	k, err := s.objectKey()
+	if err != nil {
+		return false, 0, err
+	}
+	switch string(k) {
+	case "type":
+		isText = false
+		if s.ws() == '"' {
+			t, err := s.str(s.key[:0], true)
+			return err == nil && string(t) == "text", textAt, err
+		}
+		if null, err := s.null(); !null || err != nil {
+			return false, 0, cmpErr(err, s.typeErr("type", "a string"))
+		}
+	case "text":
+		textAt = 0
+		if s.ws() == '"' {
+			textAt = s.i
+			_, err = s.str(nil, false)
+			return isText, textAt, err
+		}
+		if null, err := s.null(); !null || err != nil {
+			return false, 0, cmpErr(err, s.typeErr("text", "a string"))
+		}
+	default:
+		err = s.skip()
+	}
+	return isText, textAt, err
+}
+
+// cmpErr returns err if it is not nil, else alt.
+func cmpErr(err, alt error) error {
+	if err != nil {
+		return err
+	}
+	return alt
+}
+
+// prompt decodes a completions prompt: a string, an array of strings, an
+// array of token ids, or an array of arrays of token ids.
+func (s *scanner) prompt(p *Prompt) error {
+	const want = "a string, an array of strings, or an array (of arrays) of token ids"
+	switch s.ws() {
+	case '"':
+		t, err := s.text("prompt")
+		p.Prompts = []string{t}
+		return err
+	case '[':
+	default:
+		return s.typeErr("prompt", want)
+	}
+	s.i++
+	switch c := s.ws(); {
+	case c == ']':
+		return errors.New("empty array")
+	case c == '"':
+		return s.each(func() error {
+			if s.ws() != '"' {
+				return s.typeErr("prompt", want)
+			}
+			t, err := s.text("prompt")
+			p.Prompts = append(p.Prompts, t)
+			return err
+		})
+	case c == '[':
+		return s.each(func() error {
+			if s.ws() != '[' {
+				return s.typeErr("prompt", want)
+			}
+			s.i++
+			ids := []uint32{}
+			err := s.each(func() error {
+				id, err := s.tokenID()
+				ids = append(ids, id)
+				return err
+			})
+			p.PromptIDs = append(p.PromptIDs, ids)
+			return err
+		})
+	default:
+		var ids []uint32
+		err := s.each(func() error {
+			id, err := s.tokenID()
+			ids = append(ids, id)
+			return err
+		})
+		p.PromptIDs = [][]uint32{ids}
+		return err
+	}
+}
+
+// each calls f for every element of the array whose '[' was consumed.
+func (s *scanner) each(f func() error) error {
+	for n := 0; ; n++ {
+		more, err := s.more(']', n)
+		if err != nil || !more {
+			return err
+		}
+		if err := f(); err != nil {
+			return err
+		}
+	}
+}
+
+// tokenID reads a token id: an integer in [0, 2^32).
+func (s *scanner) tokenID() (uint32, error) {
+	v, ok, err := s.integer("token id")
+	if err == nil && (!ok || v < 0 || v > math.MaxUint32) {
+		err = s.typeErr("token id", "an integer in [0, 2^32)")
+	}
+	return uint32(v), err
 }

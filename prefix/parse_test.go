@@ -137,10 +137,8 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// BenchmarkParse measures Parse of a 32,000-character chat body.
-//
-//	go test -run='^$' -bench=BenchmarkParse -benchmem ./prefix
-func BenchmarkParse(b *testing.B) {
+// chatBody32k is chat32k as a streaming chat request body.
+func chatBody32k(tb testing.TB) []byte {
 	p := chat32k()
 	type msg struct {
 		Role    string `json:"role"`
@@ -157,8 +155,16 @@ func BenchmarkParse(b *testing.B) {
 	}
 	body, err := json.Marshal(w)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
+	return body
+}
+
+// BenchmarkParse measures Parse of a 32,000-character chat body.
+//
+//	go test -run='^$' -bench=BenchmarkParse -benchmem ./prefix
+func BenchmarkParse(b *testing.B) {
+	body := chatBody32k(b)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
