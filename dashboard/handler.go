@@ -1,0 +1,114 @@
+package dashboard
+
+import (
+	"embed"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// assets holds the page: HTML, CSS and script, written for this package
+// (no third-party code).
+//
+//go:embed assets/index.html assets/style.css assets/app.js
+var assets embed.FS
+
+// DefaultDecisions is how many decisions /ui/api/decisions returns when n
+// is not given; MaxDecisions caps n.
+const (
+	DefaultDecisions = 50
+	MaxDecisions     = 1000
+)
+
+// handler serves the page and the API over one Source.
+type handler struct {
+	src Source
+	now func() time.Time // time.Now outside tests
+	mux *http.ServeMux
+}
+
+// New returns the dashboard's handler over src. It answers GET (and HEAD)
+// on /ui and /ui/ (the page), /ui/style.css, /ui/app.js, /ui/api/fleet and
+// /ui/api/decisions?n=N, and 404 for anything else. Mount it with
+// mux.Handle("/ui/", dashboard.New(src)): http.ServeMux then redirects /ui
+// to /ui/.
+func New(src Source) http.Handler {
+	h := &handler{src: src, now: time.Now, mux: http.NewServeMux()}
+	h.mux.HandleFunc("GET /ui", h.servePage)
+	h.mux.HandleFunc("GET /ui/{$}", h.servePage)
+	h.mux.HandleFunc("GET /ui/style.css", h.serveAsset("assets/style.css", "text/css; charset=utf-8"))
+	h.mux.HandleFunc("GET /ui/app.js", h.serveAsset("assets/app.js", "text/javascript; charset=utf-8"))
+	h.mux.HandleFunc("GET /ui/api/fleet", h.serveFleet)
+	h.mux.HandleFunc("GET /ui/api/decisions", h.serveDecisions)
+	return h.mux
+}
+
+func (h *handler) servePage(w http.ResponseWriter, r *http.Request) {
+	h.serveAsset("assets/index.html", "text/html; charset=utf-8")(w, r)
+}
+
+// serveAsset returns a handler writing one embedded file.
+func (h *handler) serveAsset(name, contentType string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		b, err := assets.ReadFile(name)
+		if err != nil {
+			http.Error(w, "asset missing", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", contentType)
+		w.Header().Set("Cache-Control", "no-cache")
+		w.Write(b)
+	}
+}
+
+// serveFleet answers GET /ui/api/fleet with the fleet as of now.
+func (h *handler) serveFleet(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, fleetOf(h.src.Fleet(h.now())))
+}
+
+// serveDecisions answers GET /ui/api/decisions?n=N with the last N
+// decisions (default DefaultDecisions, at most MaxDecisions), newest first.
+func (h *handler) serveDecisions(w http.ResponseWriter, r *http.Request) {
+	n := DefaultDecisions
+	if s := r.URL.Query().Get("n"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 0 {
+			writeJSON(w, http.StatusBadRequest, apiError{"n must be a non-negative integer"})
+			return
+		}
+		n = min(v, MaxDecisions)
+	}
+	ds := h.src.Decisions(n)
+	if len(ds) > n {
+		ds = ds[:n]
+	}
+	if ds == nil {
+		ds = []Decision{}
+	}
+	for i := range ds {
+		if ds[i].Candidates == nil {
+			ds[i].Candidates = []Candidate{}
+		}
+	}
+	writeJSON(w, http.StatusOK, decisionsJSON{ds})
+}
+
+// apiError is the body of a 4xx answer.
+type apiError struct {
+	Error string `json:"error"`
+}
+
+// decisionsJSON is the body of /ui/api/decisions.
+type decisionsJSON struct {
+	Decisions []Decision `json:"decisions"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}

@@ -1,0 +1,135 @@
+package dashboard
+
+import "time"
+
+// fleetJSON is the body of /ui/api/fleet (see API.md): the Source's Fleet
+// with durations in milliseconds, hit rates divided out and replicas summed
+// into totals, so the page only draws.
+type fleetJSON struct {
+	At       time.Time     `json:"at"`
+	Policy   string        `json:"policy"`
+	Index    string        `json:"index,omitempty"`
+	Sessions int           `json:"sessions"`
+	Totals   totalsJSON    `json:"totals"`
+	Replicas []replicaJSON `json:"replicas"`
+}
+
+// totalsJSON sums the replicas.
+type totalsJSON struct {
+	Replicas        int      `json:"replicas"`
+	Healthy         int      `json:"healthy"`
+	InFlight        int      `json:"in_flight"`
+	PrefillTokens   int      `json:"prefill_tokens"`
+	Running         int      `json:"running"`
+	Waiting         int      `json:"waiting"`
+	Completed       int64    `json:"completed"`
+	Failed          int64    `json:"failed"`
+	PredictedCached int64    `json:"predicted_cached_tokens"`
+	ActualCached    int64    `json:"actual_cached_tokens"`
+	PromptTokens    int64    `json:"prompt_tokens"`
+	HitPredicted    *float64 `json:"hit_rate_predicted"`
+	HitActual       *float64 `json:"hit_rate_actual"`
+}
+
+// replicaJSON is one replica.
+type replicaJSON struct {
+	ID              string      `json:"id"`
+	URL             string      `json:"url,omitempty"`
+	Healthy         bool        `json:"healthy"`
+	InFlight        int         `json:"in_flight"`
+	PrefillTokens   int         `json:"prefill_tokens"`
+	Decoding        int         `json:"decoding"`
+	DecodeBlocks    int         `json:"decode_blocks"`
+	Scraped         bool        `json:"scraped"`
+	Running         int         `json:"running"`
+	Waiting         int         `json:"waiting"`
+	KVUsage         float64     `json:"kv_usage"`
+	LoadAgeMS       *float64    `json:"load_age_ms"`
+	CacheBlocks     int         `json:"cache_blocks"`
+	IndexBlocks     int         `json:"index_blocks"`
+	Sessions        int         `json:"sessions"`
+	Completed       int64       `json:"completed"`
+	Failed          int64       `json:"failed"`
+	PredictedCached int64       `json:"predicted_cached_tokens"`
+	ActualCached    int64       `json:"actual_cached_tokens"`
+	PromptTokens    int64       `json:"prompt_tokens"`
+	HitPredicted    *float64    `json:"hit_rate_predicted"`
+	HitActual       *float64    `json:"hit_rate_actual"`
+	Scale           float64     `json:"scale"`
+	HorizonMS       float64     `json:"horizon_ms"`
+	Events          *eventsJSON `json:"events,omitempty"`
+}
+
+// eventsJSON is one replica's KV-event stream health.
+type eventsJSON struct {
+	Connected      bool     `json:"connected"`
+	LastEventAgeMS *float64 `json:"last_event_age_ms"`
+	Gaps           int64    `json:"gaps"`
+	Replays        int64    `json:"replays"`
+	Resets         int64    `json:"resets"`
+	Fallback       bool     `json:"fallback"`
+}
+
+// fleetOf converts f for the API.
+func fleetOf(f Fleet) fleetJSON {
+	out := fleetJSON{At: f.At, Policy: f.Policy, Index: f.Index, Sessions: f.Sessions, Replicas: make([]replicaJSON, len(f.Replicas))}
+	t := &out.Totals
+	for i, r := range f.Replicas {
+		out.Replicas[i] = replicaOf(r)
+		t.Replicas++
+		if r.Healthy {
+			t.Healthy++
+		}
+		t.InFlight += r.InFlight
+		t.PrefillTokens += r.PrefillTokens
+		t.Running += r.Running
+		t.Waiting += r.Waiting
+		t.Completed += r.Completed
+		t.Failed += r.Failed
+		t.PredictedCached += r.PredictedCached
+		t.ActualCached += r.ActualCached
+		t.PromptTokens += r.PromptTokens
+	}
+	t.HitPredicted = ratio(t.PredictedCached, t.PromptTokens)
+	t.HitActual = ratio(t.ActualCached, t.PromptTokens)
+	return out
+}
+
+// replicaOf converts r for the API.
+func replicaOf(r Replica) replicaJSON {
+	out := replicaJSON{
+		ID: r.ID, URL: r.URL, Healthy: r.Healthy,
+		InFlight: r.InFlight, PrefillTokens: r.PrefillTokens, Decoding: r.Decoding, DecodeBlocks: r.DecodeBlocks,
+		Scraped: r.Scraped, Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage,
+		CacheBlocks: r.CacheBlocks, IndexBlocks: r.IndexBlocks, Sessions: r.Sessions,
+		Completed: r.Completed, Failed: r.Failed,
+		PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,
+		HitPredicted: ratio(r.PredictedCached, r.PromptTokens),
+		HitActual:    ratio(r.ActualCached, r.PromptTokens),
+		Scale:        r.Scale, HorizonMS: ms(r.Horizon),
+	}
+	if r.Scraped {
+		age := ms(r.LoadAge)
+		out.LoadAgeMS = &age
+	}
+	if e := r.Events; e != nil {
+		out.Events = &eventsJSON{Connected: e.Connected, Gaps: e.Gaps, Replays: e.Replays, Resets: e.Resets, Fallback: e.Fallback}
+		if e.LastEvent >= 0 {
+			age := ms(e.LastEvent)
+			out.Events.LastEventAgeMS = &age
+		}
+	}
+	return out
+}
+
+// ratio is num/den, or nil when den is not positive.
+func ratio(num, den int64) *float64 {
+	if den <= 0 {
+		return nil
+	}
+	v := float64(num) / float64(den)
+	return &v
+}
+
+// ms converts d to milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
