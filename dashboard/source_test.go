@@ -59,11 +59,11 @@ func sample() *literal {
 					Running: 1, KVUsage: 0.91, Scraped: true, LoadAge: 1500 * time.Millisecond,
 					CacheBlocks: 4096, IndexBlocks: 3900, Sessions: 2,
 					Completed: 12, PredictedCached: 2000, ActualCached: 2500, PromptTokens: 10000,
-					Scale: 0.9,
+					Scale:  0.9,
 					Events: &Events{Connected: true, LastEvent: 8 * time.Second, Gaps: 4, Replays: 2, Resets: 1, Fallback: true},
 				},
 				{
-					ID: "http://10.0.0.3:8000",
+					ID:     "http://10.0.0.3:8000",
 					Events: &Events{LastEvent: -1},
 				},
 			},
