@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -16,6 +17,7 @@ import (
 // Decoder is not safe for concurrent use; the zero value is not usable
 // (use NewDecoder).
 type Decoder struct {
+	p     []byte // the payload being decoded
 	r     bytes.Reader
 	d     *msgpack.Decoder
 	key   []byte            // scratch for map keys and tags
@@ -44,6 +46,7 @@ var errTrailing = errors.New("trailing bytes after the batch")
 // partially filled and must not be applied.
 func (x *Decoder) Decode(payload []byte, out *Batch) error {
 	out.reset()
+	x.p = payload
 	x.r.Reset(payload)
 	if err := x.batch(out); err != nil {
 		return fmt.Errorf("kv event batch: %w", err)
@@ -309,6 +312,10 @@ func (x *Decoder) hashes(dst []uint64) ([]uint64, error) {
 		return dst, err
 	}
 	for range n {
+		if v, ok := x.fastInt(); ok {
+			dst = append(dst, v)
+			continue
+		}
 		h, ok, err := x.hash()
 		if err != nil {
 			return dst, err
@@ -366,9 +373,12 @@ func (x *Decoder) tokens(dst []uint32) ([]uint32, error) {
 		return dst, err
 	}
 	for range n {
-		t, err := x.d.DecodeUint64()
-		if err != nil {
-			return dst, err
+		t, ok := x.fastInt()
+		if !ok {
+			var err error
+			if t, err = x.d.DecodeUint64(); err != nil {
+				return dst, err
+			}
 		}
 		if t > math.MaxUint32 {
 			return dst, fmt.Errorf("token id %d out of range", t)
@@ -499,4 +509,57 @@ func (x *Decoder) skip(n int) error {
 
 func isMap(c byte) bool {
 	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+// fastInt reads an integer straight from the payload, bypassing the
+// msgpack Decoder's reader calls (the hot path: token ids and hashes); ok
+// is false, and nothing is consumed, for anything but a complete integer.
+// Negative integers come out as two's complement.
+func (x *Decoder) fastInt() (v uint64, ok bool) {
+	pos := len(x.p) - x.r.Len()
+	if pos >= len(x.p) {
+		return 0, false
+	}
+	c := x.p[pos]
+	var size int
+	switch {
+	case c <= 0x7f:
+		x.r.Seek(int64(pos+1), io.SeekStart)
+		return uint64(c), true
+	case c >= 0xe0:
+		x.r.Seek(int64(pos+1), io.SeekStart)
+		return uint64(int64(int8(c))), true
+	case c == msgpcode.Uint8 || c == msgpcode.Int8:
+		size = 1
+	case c == msgpcode.Uint16 || c == msgpcode.Int16:
+		size = 2
+	case c == msgpcode.Uint32 || c == msgpcode.Int32:
+		size = 4
+	case c == msgpcode.Uint64 || c == msgpcode.Int64:
+		size = 8
+	default:
+		return 0, false
+	}
+	if pos+1+size > len(x.p) {
+		return 0, false
+	}
+	b := x.p[pos+1 : pos+1+size]
+	switch c {
+	case msgpcode.Uint8:
+		v = uint64(b[0])
+	case msgpcode.Int8:
+		v = uint64(int64(int8(b[0])))
+	case msgpcode.Uint16:
+		v = uint64(binary.BigEndian.Uint16(b))
+	case msgpcode.Int16:
+		v = uint64(int64(int16(binary.BigEndian.Uint16(b))))
+	case msgpcode.Uint32:
+		v = uint64(binary.BigEndian.Uint32(b))
+	case msgpcode.Int32:
+		v = uint64(int64(int32(binary.BigEndian.Uint32(b))))
+	default:
+		v = binary.BigEndian.Uint64(b)
+	}
+	x.r.Seek(int64(pos+1+size), io.SeekStart)
+	return v, true
 }

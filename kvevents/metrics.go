@@ -14,7 +14,7 @@ type Metrics struct {
 	sub *Subscriber
 
 	events, stored, removed, batches, gaps, replays, resets, orphans, decodeErrors *prometheus.Desc
-	connected, stale, lastEventAge, blocks, unmatched                               *prometheus.Desc
+	connected, stale, lastEventAge, blocks, unmatched                              *prometheus.Desc
 }
 
 // NewMetrics registers the metrics of sub on reg:

@@ -1,0 +1,183 @@
+package kvevents
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"kvrouter/prefix"
+	"kvrouter/residency"
+)
+
+func newTestChain(model string, offload bool) (*chain, *residency.Index, *residency.Index) {
+	main := residency.New(residency.Config{MaxReplicas: 4})
+	var off *residency.Index
+	if offload {
+		off = residency.New(residency.Config{MaxReplicas: 4})
+	}
+	return newChain(1, model, main, off, func() time.Duration { return 0 }), main, off
+}
+
+// keys returns the router keys of tokens cut in blocks of bs under model
+// and lora: what a request tokenized by the router hashes to.
+func keys(model, lora string, tokens []uint32, bs int) []prefix.Hash {
+	return prefix.Blocks(prefix.Root(model, lora), tokens, bs, nil)
+}
+
+func sorted(h []prefix.Hash) []prefix.Hash {
+	h = slices.Clone(h)
+	slices.Sort(h)
+	return h
+}
+
+func applyAll(t *testing.T, c *chain, payloads ...any) applied {
+	t.Helper()
+	var sum applied
+	for _, p := range payloads {
+		var b Batch
+		if err := Decode(pack(t, p), &b); err != nil {
+			t.Fatal(err)
+		}
+		n := c.apply(&b)
+		sum.events += n.events
+		sum.stored += n.stored
+		sum.removed += n.removed
+		sum.orphans += n.orphans
+		sum.resets += n.resets
+	}
+	return sum
+}
+
+func TestChain(t *testing.T) {
+	tok := utoks(1000, 16)
+	all := keys("m", "", tok, 4)
+	tests := []struct {
+		name     string
+		batches  []any
+		want     []prefix.Hash // main index, any order
+		wantOff  []prefix.Hash // offload index
+		orphans  int
+		resets   int
+		blocksIn int // engine blocks known
+	}{
+		{
+			name:     "chained across events",
+			batches:  []any{[]any{0.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(1000, 8), 4}, []any{"BlockStored", []any{3, 4}, 2, toks(1008, 8), 4}}}},
+			want:     all,
+			blocksIn: 4,
+		},
+		{
+			name: "removed by engine hash",
+			batches: []any{
+				[]any{0.0, []any{[]any{"BlockStored", []any{1, 2, 3, 4}, nil, toks(1000, 16), 4}}},
+				[]any{0.0, []any{[]any{"BlockRemoved", []any{4, 3, 99}}}},
+			},
+			want:     all[:2],
+			blocksIn: 2,
+		},
+		{
+			name:     "unknown parent is an orphan",
+			batches:  []any{[]any{0.0, []any{[]any{"BlockStored", []any{5, 6}, 77, toks(0, 8), 4}, []any{"BlockStored", []any{7}, 6, toks(8, 4), 4}}}},
+			orphans:  3,
+			blocksIn: 0,
+		},
+		{
+			name: "cleared",
+			batches: []any{
+				[]any{0.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(1000, 8), 4}}},
+				[]any{0.0, []any{[]any{"AllBlocksCleared"}, []any{"BlockStored", []any{1}, nil, toks(1000, 4), 4}}},
+			},
+			want:     all[:1],
+			resets:   1,
+			blocksIn: 1,
+		},
+		{
+			name: "CPU tier goes to the offload index and back",
+			batches: []any{
+				[]any{0.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(1000, 8), 4, nil, "GPU"}}},
+				[]any{0.0, []any{[]any{"BlockStored", []any{2}, 1, toks(1004, 4), 4, nil, "CPU"}}},
+				[]any{0.0, []any{[]any{"BlockRemoved", []any{2}, "GPU"}}},
+			},
+			want:     all[:1],
+			wantOff:  all[1:2],
+			blocksIn: 2,
+		},
+		{
+			name: "two engine hashes, one key: removed when both are",
+			batches: []any{
+				[]any{0.0, []any{[]any{"BlockStored", []any{1}, nil, toks(1000, 4), 4}, []any{"BlockStored", []any{9}, nil, toks(1000, 4), 4}}},
+				[]any{0.0, []any{[]any{"BlockRemoved", []any{1}}}},
+			},
+			want:     all[:1],
+			blocksIn: 1,
+		},
+		{
+			name: "LoRA root",
+			batches: []any{
+				[]any{0.0, []any{omap{{"type", "BlockStored"}, {"block_hashes", []any{1}}, {"token_ids", toks(1000, 4)}, {"block_size", 4}, {"lora_name", "ad"}}}},
+			},
+			want:     keys("m", "ad", tok[:4], 4),
+			blocksIn: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, main, off := newTestChain("m", true)
+			n := applyAll(t, c, tt.batches...)
+			if d := cmp.Diff(sorted(tt.want), sorted(main.Hashes(1)), cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("main index (-want +got):\n%s", d)
+			}
+			if d := cmp.Diff(sorted(tt.wantOff), sorted(off.Hashes(1)), cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("offload index (-want +got):\n%s", d)
+			}
+			if n.orphans != tt.orphans || n.resets != tt.resets || c.Len() != tt.blocksIn {
+				t.Errorf("orphans %d, resets %d, blocks %d; want %d, %d, %d", n.orphans, n.resets, c.Len(), tt.orphans, tt.resets, tt.blocksIn)
+			}
+		})
+	}
+}
+
+// TestChainMemoryBounded stores and removes many blocks: the engine-hash
+// map shrinks back with the engine's cache.
+func TestChainMemoryBounded(t *testing.T) {
+	c, main, _ := newTestChain("m", false)
+	for i := range 1000 {
+		h := uint64(i + 1)
+		applyAll(t, c, []any{0.0, []any{[]any{"BlockStored", []any{h}, nil, toks(i*4, 4), 4}}})
+		if i >= 10 {
+			applyAll(t, c, []any{0.0, []any{[]any{"BlockRemoved", []any{h - 10}}}})
+		}
+	}
+	if c.Len() != 10 || main.Blocks(1) != 10 || len(c.refs[tierMain]) != 10 {
+		t.Errorf("blocks %d, index %d, refs %d; want 10 each", c.Len(), main.Blocks(1), len(c.refs[tierMain]))
+	}
+}
+
+// FuzzDecode: garbage never panics, and a payload that fails to decode
+// never changes the index.
+func FuzzDecode(f *testing.F) {
+	seeds := []any{
+		[]any{1.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(0, 8), 4, nil, "GPU", nil}, []any{"BlockRemoved", []any{1}, "GPU"}, []any{"AllBlocksCleared"}}, 0},
+		omap{{"ts", 1.0}, {"events", []any{omap{{"type", "BlockStored"}, {"block_hashes", []any{hash32(5)}}, {"parent_block_hash", 0}, {"token_ids", toks(0, 2)}, {"block_size", 2}, {"medium", "CPU"}, {"lora_name", "x"}}}}, {"attn_dp_rank", 1}},
+	}
+	for _, s := range seeds {
+		f.Add(pack(f, s))
+	}
+	f.Add([]byte{0x93, 0xcb})
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		c, main, off := newTestChain("m", true)
+		applyAll(t, c, []any{0.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(0, 8), 4}, []any{"BlockStored", []any{3}, nil, toks(50, 4), 4, nil, "CPU"}}})
+		before, beforeOff := main.Hashes(1), off.Hashes(1)
+		var b Batch
+		if err := NewDecoder().Decode(payload, &b); err != nil {
+			if !slices.Equal(before, main.Hashes(1)) || !slices.Equal(beforeOff, off.Hashes(1)) {
+				t.Fatal("a failed decode changed the index")
+			}
+			return
+		}
+		c.apply(&b) // must not panic
+	})
+}
