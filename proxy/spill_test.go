@@ -63,7 +63,7 @@ func TestSharedPrefixSpills(t *testing.T) {
 	wg.Wait()
 
 	recs := rt.Decisions(n) // newest first
-	first := -1                // routing position of the first spill
+	first := -1             // routing position of the first spill
 	for k := range n {
 		rec, res := recs[n-1-k], results[k]
 		if res.status != 200 || res.replica != rec.Replica || !strings.Contains(res.header, "id="+rec.ID) {
