@@ -1,0 +1,281 @@
+// Package demo runs kvrouter's live demonstration: N emulated vLLM
+// replicas in process (real HTTP, SSE and ZMQ on loopback, time-scaled), the
+// router in front of them, and the same multi-turn workload replayed
+// through it once per routing policy, each policy on a cold fleet (new
+// replicas, new router). It compares the policies by what the engines
+// themselves report: usage.cached_tokens in every response, and their own
+// prefix-cache counters scraped at the end.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/emulator"
+	"kvrouter/loadgen"
+	"kvrouter/proxy"
+	"kvrouter/report"
+	"kvrouter/trace"
+)
+
+// Defaults of Config.
+const (
+	DefaultReplicas  = 4
+	DefaultRequests  = 240
+	DefaultTimeScale = 0.1
+	DefaultPreset    = "llama3-8b-h100"
+)
+
+// DefaultPolicies are the policies the demo compares.
+func DefaultPolicies() []string {
+	return []string{"round-robin", "least-loaded", "session-hash", "kv-aware"}
+}
+
+// Config configures a demo run. The zero value runs the defaults.
+type Config struct {
+	// Replicas is the fleet size; zero means DefaultReplicas.
+	Replicas int
+	// Policies are run in order; nil means DefaultPolicies().
+	Policies []string
+	// Workload names the workload (ChatWorkload or a trace.Generate name);
+	// empty means ChatWorkload.
+	Workload string
+	// Requests is the number of requests per policy; zero means
+	// DefaultRequests.
+	Requests int
+	// TimeScale is wall seconds per model second for the replicas; zero
+	// means DefaultTimeScale. Smaller is faster but lets the wall-clock
+	// overhead of HTTP weigh more in model time.
+	TimeScale float64
+	// Preset is the engine preset of the replicas and of the router's cost
+	// model; empty means DefaultPreset.
+	Preset string
+	// KVBlocks overrides each replica's KV capacity in blocks of 16 tokens;
+	// zero keeps the preset's.
+	KVBlocks int
+	// Seed makes the workload reproducible.
+	Seed uint64
+	// Progress, if not nil, counts requests done and shows the policy.
+	Progress *report.Progress
+	// Logger receives the router's and replicas' warnings; nil discards.
+	Logger *slog.Logger
+}
+
+// Result is a demo run's outcome.
+type Result struct {
+	// Config is the configuration after defaults.
+	Config Config
+	// Policies holds one entry per policy, in order.
+	Policies []PolicyResult
+	// Wall is the whole run's wall time.
+	Wall time.Duration
+}
+
+// PolicyResult is one policy's run.
+type PolicyResult struct {
+	// Policy names the routing policy.
+	Policy string
+	// Replicas are the replicas' base URLs, in the router's order.
+	Replicas []string
+	// Load is what the client measured.
+	Load *loadgen.Result
+	// Report is Load summarised for package report (model time), with the
+	// router's predicted hit rate and decision reasons filled in.
+	Report report.Result
+	// Engines are the replicas' own figures scraped at the end, summed.
+	Engines loadgen.EngineFigures
+	// Wall is this policy's wall time, fleet start to stop.
+	Wall time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Replicas <= 0 {
+		c.Replicas = DefaultReplicas
+	}
+	if len(c.Policies) == 0 {
+		c.Policies = DefaultPolicies()
+	}
+	if c.Workload == "" {
+		c.Workload = ChatWorkload
+	}
+	if c.Requests <= 0 {
+		c.Requests = DefaultRequests
+	}
+	if c.TimeScale <= 0 {
+		c.TimeScale = DefaultTimeScale
+	}
+	if c.Preset == "" {
+		c.Preset = DefaultPreset
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Run runs the demo: for each policy, a cold fleet and router, the
+// workload replayed through it, the engines scraped. It fails if a fleet
+// cannot start or ctx ends; request errors are counted, not fatal.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg = cfg.withDefaults()
+	reqs, err := Workload(cfg.Workload, cfg.Requests, cfg.Seed, 90*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	start := time.Now()
+	res := &Result{Config: cfg}
+	for _, p := range cfg.Policies {
+		cfg.Progress.SetLabel(p)
+		pr, err := runPolicy(ctx, cfg, p, reqs)
+		if err != nil {
+			return nil, fmt.Errorf("demo %s: %w", p, err)
+		}
+		res.Policies = append(res.Policies, *pr)
+	}
+	res.Wall = time.Since(start)
+	return res, nil
+}
+
+// runPolicy starts a cold fleet and router for policy, replays reqs
+// through it and scrapes the engines.
+func runPolicy(ctx context.Context, cfg Config, policy string, reqs []trace.Request) (*PolicyResult, error) {
+	t0 := time.Now()
+	fl, err := startFleet(cfg, policy)
+	if err != nil {
+		return nil, err
+	}
+	defer fl.close()
+	load, err := loadgen.Run(ctx, loadgen.Config{
+		Target: fl.url, Model: fl.model, Requests: reqs, TimeScale: cfg.TimeScale,
+		Duration: 5 * time.Minute, IgnoreEOS: true,
+		OnDone: func(loadgen.Sample) { cfg.Progress.Add(1) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	pr := &PolicyResult{Policy: policy, Replicas: fl.urls(), Load: load}
+	for _, s := range fl.reps {
+		f, err := loadgen.ScrapeEngine(ctx, http.DefaultClient, s.URL())
+		if err != nil {
+			return nil, err
+		}
+		pr.Engines = pr.Engines.Add(f)
+	}
+	pr.Report = load.Summarize(policy, pr.Replicas, report.SLO{})
+	fl.decisions(&pr.Report, len(reqs))
+	pr.Wall = time.Since(t0)
+	return pr, nil
+}
+
+// fleet is one policy's replicas and router.
+type fleet struct {
+	reps   []*emulator.Server
+	rt     *proxy.Router
+	srv    *http.Server
+	url    string
+	model  string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startFleet starts cfg.Replicas emulated replicas (HTTP and a KV-event
+// publisher on loopback) and a router with policy in front of them.
+func startFleet(cfg Config, policy string) (*fleet, error) {
+	fl := &fleet{model: "demo"}
+	for range cfg.Replicas {
+		s, err := emulator.Start(emulator.Config{
+			Model: fl.model, Preset: cfg.Preset, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale,
+			KVEventsEndpoint: "tcp://127.0.0.1:*", Logger: cfg.Logger,
+		}, "127.0.0.1:0")
+		if err != nil {
+			fl.close()
+			return nil, err
+		}
+		fl.reps = append(fl.reps, s)
+	}
+	pc := proxy.DefaultConfig()
+	pc.Policy = policy
+	pc.Preset = cfg.Preset
+	pc.Listen = "127.0.0.1:0"
+	pc.Decisions = max(cfg.Requests+64, proxy.DefaultDecisions)
+	// Scrape as often, in model time, as a real router would every 250 ms.
+	pc.ScrapeInterval = max(time.Duration(float64(250*time.Millisecond)*cfg.TimeScale), 10*time.Millisecond)
+	pc.CacheBlocks = cfg.KVBlocks
+	for _, s := range fl.reps {
+		pc.Backends = append(pc.Backends, proxy.Backend{URL: s.URL(), KV: s.KVEventsEndpoint()})
+	}
+	rt, err := proxy.New(pc, proxy.Deps{Registry: prometheus.NewRegistry(), Logger: cfg.Logger})
+	if err != nil {
+		fl.close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", pc.Listen)
+	if err != nil {
+		fl.close()
+		return nil, fmt.Errorf("router listen: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	fl.rt, fl.cancel, fl.done = rt, cancel, make(chan error, 2)
+	fl.srv = &http.Server{Handler: rt.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	fl.url = "http://" + ln.Addr().String()
+	go func() { fl.done <- rt.Run(ctx) }()
+	go func() {
+		if err := fl.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			fl.done <- err
+			return
+		}
+		fl.done <- nil
+	}()
+	return fl, nil
+}
+
+// urls returns the replicas' base URLs.
+func (fl *fleet) urls() []string {
+	out := make([]string, len(fl.reps))
+	for i, s := range fl.reps {
+		out[i] = s.URL()
+	}
+	return out
+}
+
+// decisions fills the router's predicted hit rate and decision reasons
+// from its last n decision records.
+func (fl *fleet) decisions(r *report.Result, n int) {
+	var predicted, prompt int64
+	r.Reasons = map[string]int{}
+	for _, rec := range fl.rt.Decisions(n) {
+		r.Reasons[rec.Reason]++
+		if rec.PromptTokens > 0 {
+			predicted += int64(rec.PredictedCached)
+			prompt += int64(rec.PromptTokens)
+		}
+	}
+	if prompt > 0 {
+		r.PredictedHitRate = float64(predicted) / float64(prompt)
+	}
+}
+
+// close stops the router and the replicas and waits for them.
+func (fl *fleet) close() {
+	if fl.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		fl.srv.Shutdown(ctx)
+		cancel()
+		fl.cancel()
+		<-fl.done
+		<-fl.done
+	}
+	for _, s := range fl.reps {
+		s.Close()
+	}
+}
