@@ -243,3 +243,98 @@ func inflight(rt *Router, i int) int {
 	rt.st.fleet.Snapshot(&s, time.Now())
 	return s.Replicas[i].InFlight
 }
+
+// TestViewCapacityAndCalibration: the index share of each replica follows
+// the capacity its engine reports (cache_config_info), streamed requests
+// calibrate the replica's rates against observed TTFTs (the emulator runs
+// 100× faster than its preset, so the scale falls below 1), and the view
+// carries predicted and actual cached tokens.
+func TestViewCapacityAndCalibration(t *testing.T) {
+	s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.01, KVBlocks: 512}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	rt, url := startRouter(t, "kv-aware", func(c *Config) { c.ScrapeInterval = 10 * time.Millisecond }, s.URL())
+	runRouter(t, rt)
+	// 512 engine blocks of 16 tokens = 8192 tokens = 512 blocks of 16
+	// estimated tokens (64-character chunks).
+	const wantCap = 512
+	deadline := time.Now().Add(2 * time.Second)
+	for rt.View(time.Now()).Replicas[0].IndexCapacity != wantCap {
+		if time.Now().After(deadline) {
+			t.Fatalf("index capacity %d, want %d from the engine's cache_config_info", rt.View(time.Now()).Replicas[0].IndexCapacity, wantCap)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	req := `{"model":"m","stream":true,"max_tokens":3,"messages":[{"role":"system","content":"` + words(5, 600) + `"},{"role":"user","content":"hi"}]}`
+	for i := range 6 {
+		if resp, body := do(t, "POST", url+"/v1/chat/completions", req); resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		}
+	}
+	v := rt.View(time.Now())
+	r := v.Replicas[0]
+	t.Logf("view: %+v", v)
+	if v.Policy != "kv-aware" || v.Index != "approximate" || v.Decisions != 6 || v.Sessions != 1 {
+		t.Errorf("view: policy %q index %q decisions %d sessions %d; want kv-aware approximate 6 1", v.Policy, v.Index, v.Decisions, v.Sessions)
+	}
+	if r.URL != s.URL() || !r.Healthy || r.InFlight != 0 || r.Completed != 6 {
+		t.Errorf("replica: url %s healthy %v in flight %d completed %d", r.URL, r.Healthy, r.InFlight, r.Completed)
+	}
+	if r.IndexBlocks <= 0 || r.IndexBlocks > wantCap {
+		t.Errorf("index blocks %d, want 1..%d", r.IndexBlocks, wantCap)
+	}
+	if r.PredictedCached <= 0 || r.ActualCached <= 0 {
+		t.Errorf("predicted %d actual %d cached tokens, want both > 0", r.PredictedCached, r.ActualCached)
+	}
+	if r.Scale >= 1 {
+		t.Errorf("calibration scale %.3f, want < 1 for an engine faster than its preset", r.Scale)
+	}
+	if rec := rt.Decisions(1)[0]; rec.PredictedTTFTMS <= 0 {
+		t.Errorf("record predicted TTFT %.3f ms, want > 0", rec.PredictedTTFTMS)
+	}
+}
+
+// TestSessionRebindsWhenReplicaDies: a session stays on its replica; when
+// that replica dies and health takes it out, the session's next request
+// is routed afresh and the session is bound to the new replica.
+func TestSessionRebindsWhenReplicaDies(t *testing.T) {
+	reps := replicas(t, 2, 0.01)
+	rt, url := startRouter(t, "kv-aware", func(c *Config) { c.HealthInterval = 20 * time.Millisecond }, urls(reps)...)
+	runRouter(t, rt)
+	send := func(turn int) string {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"turn %d %s"}]}`, turn, words(turn, 30))
+		resp, out := do(t, "POST", url+"/v1/chat/completions", body, "X-Session-ID", "s-1")
+		if resp.StatusCode != 200 {
+			t.Fatalf("turn %d: status %d: %s", turn, resp.StatusCode, out)
+		}
+		return resp.Header.Get(HeaderReplica)
+	}
+	first := send(0)
+	if got := send(1); got != first {
+		t.Fatalf("turn 1 went to %s, turn 0 to %s; want the bound replica", got, first)
+	}
+	dead := 0
+	if reps[1].URL() == first {
+		dead = 1
+	}
+	reps[dead].Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for rt.st.healthy(dead) {
+		if time.Now().After(deadline) {
+			t.Fatal("dead replica still healthy after 2 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	second := send(2)
+	if second == first {
+		t.Fatalf("turn 2 went to the dead replica %s", first)
+	}
+	if id, ok := rt.st.fleet.PinID("s-1"); !ok || id != second {
+		t.Errorf("session bound to %q (%v), want %s", id, ok, second)
+	}
+	if rec := rt.Decisions(1)[0]; len(rec.Failed) != 0 || rec.Session != "s-1" || rec.SessionSource != SessionHeader {
+		t.Errorf("turn 2 record: failed %v session %q from %q; want no retry, s-1 from header", rec.Failed, rec.Session, rec.SessionSource)
+	}
+}

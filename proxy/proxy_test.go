@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -282,4 +283,98 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
 	return len(p), nil
+}
+
+func TestSessionSource(t *testing.T) {
+	up := newFake(t, 0)
+	rt, url := startRouter(t, "session-hash", nil, up.URL)
+	convo := func(user string, turns int) string {
+		msgs := `{"role":"system","content":"be brief"},{"role":"user","content":"first question"}`
+		for i := 1; i < turns; i++ {
+			msgs += fmt.Sprintf(`,{"role":"assistant","content":"answer %d"},{"role":"user","content":"question %d"}`, i, i)
+		}
+		if user != "" {
+			return `{"model":"m","user":"` + user + `","messages":[` + msgs + `]}`
+		}
+		return `{"model":"m","messages":[` + msgs + `]}`
+	}
+	tests := []struct {
+		name, body, header    string
+		wantSource, wantValue string // wantValue "" means any conv- key
+	}{
+		{"header", convo("alice", 1), "sess-42", SessionHeader, "sess-42"},
+		{"user field", convo("alice", 1), "", SessionUser, "alice"},
+		{"content", convo("", 1), "", SessionContent, ""},
+		{"content, later turn", convo("", 3), "", SessionContent, ""},
+	}
+	var convKeys []string
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var hdr []string
+			if tc.header != "" {
+				hdr = []string{"X-Session-ID", tc.header}
+			}
+			resp, body := do(t, "POST", url+"/v1/chat/completions", tc.body, hdr...)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if d := resp.Header.Get(HeaderDecision); !strings.Contains(d, "session="+tc.wantSource) {
+				t.Errorf("%s: got %q, want session=%s", HeaderDecision, d, tc.wantSource)
+			}
+			rec := rt.Decisions(1)[0]
+			if rec.SessionSource != tc.wantSource {
+				t.Errorf("session source: got %q, want %q", rec.SessionSource, tc.wantSource)
+			}
+			switch {
+			case tc.wantValue != "" && rec.Session != tc.wantValue:
+				t.Errorf("session: got %q, want %q", rec.Session, tc.wantValue)
+			case tc.wantValue == "" && !strings.HasPrefix(rec.Session, "conv-"):
+				t.Errorf("session: got %q, want a conv- key", rec.Session)
+			case tc.wantValue == "":
+				convKeys = append(convKeys, rec.Session)
+			}
+		})
+	}
+	if len(convKeys) != 2 || convKeys[0] != convKeys[1] {
+		t.Errorf("content sessions of one conversation's turns: got %v, want two equal keys", convKeys)
+	}
+}
+
+// TestDecisionRecordLifecycle: the record exists while the response is
+// in flight and is completed with the outcome when it ends.
+func TestDecisionRecordLifecycle(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, chunk1)
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, usageOnly+done)
+	}))
+	t.Cleanup(up.Close)
+	rt, url := startRouter(t, "kv-aware", nil, up.URL)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(streamReq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got := rt.Decisions(10)
+	if len(got) != 1 || got[0].Outcome != OutcomeInFlight || got[0].Replica != up.URL || got[0].ActualCached != -1 || got[0].E2EMS != 0 {
+		t.Fatalf("in flight: got %+v, want one in-flight record without outcome figures", got)
+	}
+	close(release)
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for rt.Decisions(1)[0].Outcome == OutcomeInFlight && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	rec := rt.Decisions(1)[0]
+	if rec.Outcome != OutcomeOK || rec.Status != 200 || rec.ActualCached != 64 || rec.PromptTokens != 100 || rec.TTFTMS <= 0 || rec.E2EMS < rec.TTFTMS {
+		t.Errorf("finished: got %+v, want ok 200 with 64 of 100 cached and TTFT ≤ E2E", rec)
+	}
+	if len(rec.Candidates) != 1 || rec.Index != "approximate" {
+		t.Errorf("candidates %+v index %q, want one candidate, approximate", rec.Candidates, rec.Index)
+	}
 }
