@@ -3,6 +3,7 @@ package emulator
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"time"
 
@@ -170,7 +171,9 @@ func (l *loop) step() time.Duration {
 	if l.next == engine.Idle {
 		return time.Hour
 	}
-	return max(time.Duration(float64(l.next-l.now())*l.s.scale), 0)
+	// Round up (and add 1 ns) so the loop never wakes just before next
+	// and spins: at the next wake-up now() >= next.
+	return max(time.Duration(math.Ceil(float64(l.next-l.now())*l.s.scale))+1, 0)
 }
 
 func (l *loop) deliver(events []engine.Event) {
