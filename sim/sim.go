@@ -210,8 +210,7 @@ func prepare(cfg Config) (*outcome, error) {
 	}
 	bs := cfg.Preset.BlockSize
 	jobs := makeJobs(cfg.Requests, bs, cfg.Seed)
-	rates := cfg.Preset.Rates()
-	factor := scaleArrivals(jobs, &rates, cfg.Replicas, cfg.Load)
+	factor := scaleArrivals(jobs, &cfg.Preset, cfg.Replicas, cfg.Load)
 	var t0 time.Duration
 	if len(cfg.Requests) > 0 {
 		t0 = cfg.Requests[0].At
