@@ -91,9 +91,9 @@ function sparkline(id, width, height) {
   base.setAttribute("y1", height - 0.5); base.setAttribute("y2", height - 0.5);
   svg.append(base);
   if (h.length > 1) {
-    const end = h[h.length - 1][0], start = end - HISTORY_MS;
+    const end = h[h.length - 1][0], start = h[0][0], span = Math.max(1, end - start);
     const top = Math.max(1, ...h.map((p) => p[1]));
-    const pts = h.map(([t, v]) => `${(((t - start) / HISTORY_MS) * width).toFixed(1)},${(height - 1 - (v / top) * (height - 3)).toFixed(1)}`);
+    const pts = h.map(([t, v]) => `${(((t - start) / span) * width).toFixed(1)},${(height - 1 - (v / top) * (height - 3)).toFixed(1)}`);
     const line = document.createElementNS(ns, "polyline");
     line.setAttribute("points", pts.join(" "));
     svg.append(line);
@@ -119,28 +119,30 @@ function eventsCell(e) {
   if (!e.connected) badge = el("span", { class: "badge down" }, "disconnected");
   else if (e.fallback) badge = el("span", { class: "badge warn" }, "fallback");
   else badge = el("span", { class: "badge up" }, "live");
-  const info = `last ${dur(e.last_event_age_ms)} · gaps ${int(e.gaps)} · replays ${int(e.replays)} · resets ${int(e.resets)}`;
-  return el("span", { title: info }, badge, " ", el("span", { class: "muted" }, info));
+  const title = `last event ${e.last_event_age_ms === null ? "never" : dur(e.last_event_age_ms) + " ago"}; ` +
+    `${int(e.gaps)} gaps, ${int(e.replays)} replays, ${int(e.resets)} resets`;
+  return el("span", { title }, badge, " ",
+    el("small", { class: "muted" }, `gaps ${int(e.gaps)} · resets ${int(e.resets)}`));
 }
 
 function renderReplicas(f) {
   const rows = f.replicas.map((r) =>
     el("tr", { "data-replica": r.id },
-      el("td", { class: "id", title: r.url || r.id }, r.id),
-      el("td", {}, el("span", { class: "badge " + (r.healthy ? "up" : "down") }, r.healthy ? "healthy" : "down")),
-      el("td", { class: "num inflight" }, int(r.in_flight)),
-      el("td", {}, sparkline(r.id, 120, 22)),
+      el("td", { class: "id", title: r.url || r.id },
+        el("span", { class: "badge " + (r.healthy ? "up" : "down") }, r.healthy ? "healthy" : "down"), " ", r.id),
+      el("td", { class: "num" }, el("div", { class: "trend" }, sparkline(r.id, 90, 20), el("span", { class: "inflight" }, int(r.in_flight)))),
       el("td", { class: "num" }, r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—"),
       el("td", { class: "num" }, int(r.prefill_tokens)),
       el("td", {}, kvBar(r)),
-      el("td", { class: "num" }, `${pct(r.hit_rate_predicted)} / ${pct(r.hit_rate_actual)}`),
-      el("td", { class: "num" }, `${int(r.predicted_cached_tokens)} / ${int(r.actual_cached_tokens)}`),
+      el("td", { class: "num", title: `cached prompt tokens: ${int(r.predicted_cached_tokens)} predicted, ` +
+        `${int(r.actual_cached_tokens)} reported, of ${int(r.prompt_tokens)} prompt tokens` },
+        `${pct(r.hit_rate_predicted)} / ${pct(r.hit_rate_actual)}`),
       el("td", { class: "num" }, int(r.sessions)),
       el("td", { class: "num completed" }, `${int(r.completed)} / ${int(r.failed)}`),
       el("td", { class: "num" }, dur(r.load_age_ms)),
       el("td", {}, eventsCell(r.events)),
     ));
-  if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colspan: 13 }, "no replicas")));
+  if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colspan: 10 }, "no replicas")));
   document.querySelector("#replicas tbody").replaceChildren(...rows);
 }
 

@@ -1,0 +1,227 @@
+package dashboard
+
+import (
+	"context"
+	"flag"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/chromedp"
+)
+
+var (
+	screenshot = flag.String("screenshot", "", "TestScreenshot writes a PNG of the page to this path (relative to dashboard/)")
+	dark       = flag.Bool("dark", false, "TestScreenshot emulates prefers-color-scheme: dark")
+)
+
+// chromium is where Debian's chromium package installs the browser.
+const chromium = "/usr/bin/chromium"
+
+// console collects a page's console messages. mu guards msgs.
+type console struct {
+	mu   sync.Mutex
+	msgs []chromedp.ConsoleMessage
+}
+
+// errors returns the errors and uncaught exceptions seen so far.
+func (c *console) errors() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, m := range c.msgs {
+		if m.Type == chromedp.ConsoleError || m.IsException() {
+			out = append(out, m.String()+" at "+m.URL)
+		}
+	}
+	return out
+}
+
+// browser starts a headless Chromium for the test's life and returns its
+// context and the console it writes to. It skips the test when Chromium is
+// not installed, unless $CI is set.
+func browser(t *testing.T) (context.Context, *console) {
+	t.Helper()
+	if _, err := os.Stat(chromium); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set but %s is missing (apt-get install -y chromium chromium-driver): %v", chromium, err)
+		}
+		t.Skipf("%s not installed", chromium)
+	}
+	dir, err := os.MkdirTemp("", "dashboard-chromium")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Chromium's children may still write for a moment after it stops.
+		for range 50 {
+			if os.RemoveAll(dir) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.NoFirstRun,
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(dir),
+		chromedp.WindowSize(1500, 900),
+	)
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); acancel() })
+	con := &console{}
+	msgs := chromedp.Console(ctx) // starts the browser
+	go func() {
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			con.mu.Lock()
+			con.msgs = append(con.msgs, m)
+			con.mu.Unlock()
+		}
+	}()
+	return ctx, con
+}
+
+// within runs a with a timeout derived from the browser's context.
+func within[T any](t *testing.T, ctx context.Context, d time.Duration, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	v, err := chromedp.Run(tctx, a)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// text is the script reading the text of the first element matching sel.
+func text(sel string) string {
+	return `((document.querySelector(` + quote(sel) + `) || {}).textContent || "")`
+}
+
+func quote(s string) string { return "'" + s + "'" }
+
+func TestBrowserShowsAndUpdates(t *testing.T) {
+	src := sample()
+	srv := httptest.NewServer(New(src))
+	defer srv.Close()
+	ctx, con := browser(t)
+
+	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
+	rows := within(t, ctx, 10*time.Second, "replica rows",
+		chromedp.Poll[int](`document.querySelectorAll('#replicas tbody tr[data-replica]').length === 3 && 3`))
+	if rows != 3 {
+		t.Fatalf("got %d replica rows, want 3", rows)
+	}
+	first := `#replicas tbody tr[data-replica="http://10.0.0.1:8000"] .inflight`
+	if got := within(t, ctx, 5*time.Second, "in-flight cell", chromedp.Evaluate[string](text(first))); got != "3" {
+		t.Errorf("in-flight cell %q, want 3", got)
+	}
+
+	// Traffic: more in flight and a new decision.
+	src.update(func(f *Fleet, ds *[]Decision) {
+		f.Replicas[0].InFlight = 17
+		f.Replicas[0].Completed += 5
+		*ds = append([]Decision{{
+			ID: "kvr-1-3", At: t0, Session: "carol", Replica: "http://10.0.0.2:8000", Reason: "least-cost",
+			Candidates: []Candidate{
+				{Replica: "http://10.0.0.1:8000", WaitMS: 50, PrefillMS: 10, TotalMS: 60},
+				{Replica: "http://10.0.0.2:8000", WaitMS: 1, PrefillMS: 10, TotalMS: 11},
+				{Replica: "http://10.0.0.3:8000", WaitMS: 0, PrefillMS: 10, MemoryMS: 100, TotalMS: 110},
+			},
+			PredictedCached: 0, ActualCached: -1, PromptTokens: -1, Outcome: "in-flight",
+		}}, (*ds)...)
+	})
+	within(t, ctx, 5*time.Second, "in-flight update", chromedp.Poll[bool](text(first)+` === "17"`))
+	within(t, ctx, 5*time.Second, "new decision", chromedp.Poll[bool](`!!document.querySelector('#decisions tr[data-id="kvr-1-3"]')`))
+
+	// Expanding a decision shows its candidates, the chosen one marked.
+	within(t, ctx, 5*time.Second, "expand", chromedp.Click(chromedp.CSS(`#decisions tr[data-id="kvr-1-3"]`)))
+	chosen := within(t, ctx, 5*time.Second, "candidates",
+		chromedp.Poll[string](`document.querySelectorAll('tr.costs table.inner tbody tr').length === 3 && `+text(`tr.costs tr.chosen td`)))
+	if chosen != "http://10.0.0.2:8000" {
+		t.Errorf("chosen candidate %q, want http://10.0.0.2:8000", chosen)
+	}
+	// The row stays open across refreshes.
+	time.Sleep(300 * time.Millisecond)
+	if n := within(t, ctx, 5*time.Second, "still open", chromedp.Evaluate[int](`document.querySelectorAll('tr.costs').length`)); n != 1 {
+		t.Errorf("%d expanded rows after refreshes, want 1", n)
+	}
+	if errs := con.errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%v", errs)
+	}
+}
+
+// TestBrowserReportsScriptErrors checks the console check itself: a page
+// whose script throws must show up as an error.
+func TestBrowserReportsScriptErrors(t *testing.T) {
+	srv := httptest.NewServer(New(brokenSource{}))
+	defer srv.Close()
+	ctx, con := browser(t)
+	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
+	within(t, ctx, 5*time.Second, "throw", chromedp.Evaluate[chromedp.Void](`setTimeout(() => { throw new Error("boom") }, 0); undefined`))
+	deadline := time.Now().Add(5 * time.Second)
+	for len(con.errors()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(con.errors()) == 0 {
+		t.Error("an uncaught exception produced no console error")
+	}
+}
+
+// brokenSource is an empty fleet.
+type brokenSource struct{}
+
+func (brokenSource) Fleet(now time.Time) Fleet  { return Fleet{At: now} }
+func (brokenSource) Decisions(n int) []Decision { return nil }
+
+// TestScreenshot writes a PNG of the page over the sample fleet, with one
+// decision expanded, when -screenshot is given:
+//
+//	go test -run TestScreenshot ./dashboard -args -screenshot=$PWD/dashboard.png [-dark]
+func TestScreenshot(t *testing.T) {
+	if *screenshot == "" {
+		t.Skip("no -screenshot path")
+	}
+	src := sample()
+	srv := httptest.NewServer(New(src))
+	defer srv.Close()
+	ctx, _ := browser(t)
+	if *dark {
+		within(t, ctx, 10*time.Second, "dark", chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+				Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}},
+			})
+			return err
+		}))
+	}
+	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
+	within(t, ctx, 10*time.Second, "rows", chromedp.Poll[bool](`document.querySelectorAll('#replicas tbody tr[data-replica]').length > 0`))
+	for i := range 30 { // a few samples for the sparklines
+		src.update(func(f *Fleet, _ *[]Decision) {
+			for j := range f.Replicas[:2] {
+				f.Replicas[j].InFlight = 2 + (i*(j+3)+j*5)%7
+			}
+		})
+		time.Sleep(100 * time.Millisecond)
+	}
+	within(t, ctx, 5*time.Second, "expand", chromedp.Click(chromedp.CSS(`#decisions tr.decision`)))
+	within(t, ctx, 5*time.Second, "expanded", chromedp.Poll[bool](`!!document.querySelector('tr.costs')`))
+	png := within(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))
+	if err := os.WriteFile(*screenshot, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s (%d bytes)", *screenshot, len(png))
+}
