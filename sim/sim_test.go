@@ -116,12 +116,12 @@ func smallWorkloads(t *testing.T) []*trace.Workload {
 		case "mooncake-conversation", "azure-conv", "azure-code":
 			continue // trace files: BenchmarkMooncake and the command cover them
 		}
-		w, err := trace.Generate(name, trace.GenOptions{Seed: 1, Requests: 300, Groups: 8, PerGroup: 8})
+		w, err := trace.Generate(name, trace.GenOptions{Seed: 1, Requests: 150, Groups: 8, PerGroup: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(w.Requests) > 300 {
-			w.Requests = w.Requests[:300]
+		if len(w.Requests) > 150 {
+			w.Requests = w.Requests[:150]
 		}
 		ws = append(ws, w)
 	}
