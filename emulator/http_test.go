@@ -254,15 +254,15 @@ func TestWaitingRequestsShowInMetrics(t *testing.T) {
 		})
 	}
 	var waiting, running float64
-	eventually(t, "num_requests_waiting > 0", func() bool {
+	eventually(t, "num_requests_waiting > 0 with a full batch", func() bool {
 		m := scrape(t, s.URL())
 		waiting = metric(t, m, "vllm:num_requests_waiting")
 		running = metric(t, m, "vllm:num_requests_running")
-		return waiting > 0
+		if running > 2 {
+			t.Fatalf("num_requests_running %g > max_num_seqs 2", running)
+		}
+		return waiting > 0 && running == 2
 	})
-	if running != 2 {
-		t.Errorf("num_requests_running %g, want 2 (max_num_seqs)", running)
-	}
 	wg.Wait()
 	m := scrape(t, s.URL())
 	if got := metric(t, m, "vllm:num_requests_waiting"); got != 0 {
