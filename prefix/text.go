@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"unsafe"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // Text is text mode: it hashes a canonical rendering of the request, cut
@@ -58,11 +56,11 @@ const messageOverhead = 4
 // overestimated), plus 4 per chat message for its template markers; token id
 // prompts count exactly. All prompts of a batch count toward tokens, but only
 // the first is hashed. Hashes allocates only when out lacks capacity (and
-// once for a ChunkChars over 504).
+// once for a ChunkChars over 512).
 func (t Text) Hashes(p *Prompt, out []Hash) (hashes []Hash, tokens int) {
 	c := chunker{size: t.chunkChars(), h: Root(p.Model, ""), out: out}
-	if 8+c.size > len(c.arr) {
-		c.big = make([]byte, 8+c.size)
+	if c.size > len(c.arr) {
+		c.big = make([]byte, c.size)
 	}
 	var est estimate
 	if len(p.Tools) > 0 {
@@ -109,10 +107,12 @@ func (t Text) Hashes(p *Prompt, out []Hash) (hashes []Hash, tokens int) {
 	return c.out, est.tokens()
 }
 
-// chunker streams the rendering through a buffer of one chunk, chaining a
-// hash each time the chunk fills, so the whole rendering is never built.
+// chunker streams the rendering, chaining a hash each time a chunk fills,
+// so the whole rendering is never built: a chunk that lies inside one
+// string is hashed in place, and only chunks straddling fields are copied
+// into a buffer.
 type chunker struct {
-	arr  [512]byte // buf()[:8] receives the parent hash, buf()[8:] the chunk
+	arr  [512]byte // the chunk buffer, buf()
 	big  []byte    // the buffer when a chunk does not fit arr
 	n    int       // bytes of the current chunk filled
 	size int
@@ -120,50 +120,51 @@ type chunker struct {
 	out  []Hash
 }
 
-// buf returns the chunk buffer: 8 bytes for the parent hash, then the chunk.
+// buf returns the chunk buffer.
 func (c *chunker) buf() []byte {
 	if c.big != nil {
 		return c.big
 	}
-	return c.arr[:8+c.size]
+	return c.arr[:c.size]
 }
 
 // writeString appends s to the rendering.
 func (c *chunker) writeString(s string) {
-	for len(s) > 0 {
-		k := copy(c.buf()[8+c.n:], s)
-		c.n += k
-		s = s[k:]
-		if c.n == c.size {
-			c.flush()
-		}
-	}
+	c.write(unsafe.Slice(unsafe.StringData(s), len(s)))
 }
 
 // write appends b to the rendering.
 func (c *chunker) write(b []byte) {
-	for len(b) > 0 {
-		k := copy(c.buf()[8+c.n:], b)
+	if c.n > 0 {
+		k := copy(c.buf()[c.n:], b)
 		c.n += k
 		b = b[k:]
-		if c.n == c.size {
-			c.flush()
+		if c.n < c.size {
+			return
 		}
+		c.flush()
 	}
+	size := c.size
+	h := c.h
+	for len(b) >= size {
+		h = chainBytes(h, b[:size])
+		c.out = append(c.out, h)
+		b = b[size:]
+	}
+	c.h = h
+	c.n = copy(c.buf(), b)
 }
 
-// flush chains the full chunk onto the hash.
+// flush chains the full chunk buffer onto the hash.
 func (c *chunker) flush() {
-	buf := c.buf()
-	binary.LittleEndian.PutUint64(buf, uint64(c.h))
-	c.h = Hash(xxhash.Sum64(buf))
+	c.h = chainBytes(c.h, c.buf())
 	c.out = append(c.out, c.h)
 	c.n = 0
 }
 
 // tag appends one byte.
 func (c *chunker) tag(b byte) {
-	c.buf()[8+c.n] = b
+	c.buf()[c.n] = b
 	c.n++
 	if c.n == c.size {
 		c.flush()
@@ -196,21 +197,23 @@ type estimate struct {
 }
 
 // add counts the bytes of s: ASCII bytes, and the lead bytes of non-ASCII
-// characters. It reads 8 bytes at a time.
+// characters. It reads 32 bytes at a time when they are all ASCII, else 8.
 func (e *estimate) add(s []byte) {
 	i := 0
-	for ; i+8 <= len(s); i += 8 {
-		w := binary.LittleEndian.Uint64(s[i:])
-		hi := w & 0x8080808080808080
-		if hi == 0 {
-			e.ascii += 8
+	for ; i+32 <= len(s); i += 32 {
+		w0, w1 := binary.LittleEndian.Uint64(s[i:]), binary.LittleEndian.Uint64(s[i+8:])
+		w2, w3 := binary.LittleEndian.Uint64(s[i+16:]), binary.LittleEndian.Uint64(s[i+24:])
+		if (w0|w1|w2|w3)&0x8080808080808080 == 0 {
+			e.ascii += 32
 			continue
 		}
-		// Continuation bytes are 10xxxxxx: high bit set, next bit clear.
-		cont := hi &^ (w << 1)
-		nonASCII := bits.OnesCount64(hi)
-		e.ascii += 8 - nonASCII
-		e.other += nonASCII - bits.OnesCount64(cont)
+		e.addWord(w0)
+		e.addWord(w1)
+		e.addWord(w2)
+		e.addWord(w3)
+	}
+	for ; i+8 <= len(s); i += 8 {
+		e.addWord(binary.LittleEndian.Uint64(s[i:]))
 	}
 	for ; i < len(s); i++ {
 		switch b := s[i]; {
@@ -220,6 +223,20 @@ func (e *estimate) add(s []byte) {
 			e.other++
 		}
 	}
+}
+
+// addWord counts the 8 bytes of w.
+func (e *estimate) addWord(w uint64) {
+	hi := w & 0x8080808080808080
+	if hi == 0 {
+		e.ascii += 8
+		return
+	}
+	// Continuation bytes are 10xxxxxx: high bit set, next bit clear.
+	cont := hi &^ (w << 1)
+	nonASCII := bits.OnesCount64(hi)
+	e.ascii += 8 - nonASCII
+	e.other += nonASCII - bits.OnesCount64(cont)
 }
 
 // addString is add for a string; it reads s in place, without copying.

@@ -158,7 +158,8 @@ func TestTextChunkCountAndTokens(t *testing.T) {
 
 func TestEstimateMixedWords(t *testing.T) {
 	// The word-at-a-time path must agree with a byte loop.
-	for _, s := range []string{"héllo wörld, ça va? 日本語のテキスト 🙂🙂 plain ascii tail", strings.Repeat("é", 33), "abcdefgh日本"} {
+	for _, s := range []string{"héllo wörld, ça va? 日本語のテキスト 🙂🙂 plain ascii tail", strings.Repeat("é", 33), "abcdefgh日本",
+		strings.Repeat("a", 40) + "日本" + strings.Repeat("b", 70) + "é" + strings.Repeat("c", 33)} {
 		var e estimate
 		e.addString(s)
 		var ascii, other int
