@@ -31,6 +31,8 @@ func commands() map[string]command {
 			return nil
 		}},
 		"engine": {"run an emulated vLLM-compatible replica", runEngine},
+		"demo":   {"show the policies side by side on an in-process emulated fleet", runDemo},
+		"replay": {"replay a workload against an OpenAI-compatible endpoint and measure it", runReplay},
 	}
 }
 
