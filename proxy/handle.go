@@ -71,6 +71,7 @@ type call struct {
 
 	// Scratch, reused across requests.
 	body   []byte
+	inj    []byte // body with include_usage injected
 	hashes []prefix.Hash
 	match  []int
 	age    []time.Duration
@@ -119,7 +120,7 @@ func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := rt.pool.Get().(*call)
 	*c = call{
 		rt: rt, start: time.Now(), path: r.URL.Path, replica: -1, routed: routed, actual: -1, usage: -1,
-		failed: c.failed[:0], body: c.body[:0], hashes: c.hashes[:0], match: c.match, age: c.age,
+		failed: c.failed[:0], body: c.body[:0], inj: c.inj[:0], hashes: c.hashes[:0], match: c.match, age: c.age,
 		costs: c.costs, snap: c.snap, hdr: c.hdr[:0], tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
 	}
 	return c
@@ -140,8 +141,8 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	c.prompt = p
 	if p.Stream && !p.IncludeUsage && !bytes.Contains(body, []byte(`"stream_options"`)) {
-		body = injectUsage(body)
-		c.strip = true
+		c.inj = appendInjectUsage(c.inj[:0], body)
+		body, c.strip = c.inj, true
 	}
 	c.sessionOf(r, p)
 	if !c.route(w) {
@@ -161,7 +162,8 @@ func (c *call) sessionOf(r *http.Request, p *prefix.Prompt) {
 	case p.User != "":
 		c.session, c.sessionSrc = p.User, SessionUser
 	default:
-		c.session, c.sessionSrc = "conv-"+strconv.FormatUint(p.ConversationKey(), 16), SessionContent
+		var b [24]byte
+		c.session, c.sessionSrc = string(strconv.AppendUint(append(b[:0], "conv-"...), p.ConversationKey(), 16)), SessionContent
 	}
 }
 
@@ -216,10 +218,13 @@ func (c *call) fail(w http.ResponseWriter, status int, typ, code, msg string) {
 
 // injectUsage adds "stream_options":{"include_usage":true} as the body's
 // first member; every other byte is left as it was.
-func injectUsage(body []byte) []byte {
+func injectUsage(body []byte) []byte { return appendInjectUsage(nil, body) }
+
+// appendInjectUsage appends body with include_usage injected to dst.
+func appendInjectUsage(dst, body []byte) []byte {
 	i := bytes.IndexByte(body, '{')
 	if i < 0 {
-		return body
+		return append(dst, body...)
 	}
 	const ins = `"stream_options":{"include_usage":true}`
 	rest := bytes.TrimLeft(body[i+1:], " \t\r\n")
@@ -227,8 +232,7 @@ func injectUsage(body []byte) []byte {
 	if len(rest) > 0 && rest[0] == '}' {
 		sep = ""
 	}
-	out := make([]byte, 0, len(body)+len(ins)+1)
-	out = append(out, body[:i+1]...)
+	out := append(dst, body[:i+1]...)
 	out = append(out, ins...)
 	out = append(out, sep...)
 	return append(out, body[i+1:]...)

@@ -123,6 +123,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		Transport:      retrier{rt},
 		ModifyResponse: rt.modifyResponse,
 		ErrorHandler:   rt.errorHandler,
+		BufferPool:     &bufferPool{},
 		ErrorLog:       slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
 	rt.pool.New = func() any { return new(call) }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"net/http"
+	"sync"
 )
 
 // retrier is the ReverseProxy's transport. It sends the request to the
@@ -82,4 +83,28 @@ func errString(resp *http.Response, err error) string {
 // replayable reports whether req's body can be sent again.
 func replayable(req *http.Request) bool {
 	return req.GetBody != nil || req.Body == nil || req.Body == http.NoBody
+}
+
+// copyBufSize is the size of the buffers ReverseProxy copies response
+// bodies through (its own default).
+const copyBufSize = 32 << 10
+
+// bufferPool is ReverseProxy's BufferPool: without one it allocates a
+// 32 KiB buffer per response. Buffers travel as array pointers so that
+// Get and Put allocate nothing.
+type bufferPool struct{ p sync.Pool }
+
+// Get returns a copyBufSize buffer.
+func (b *bufferPool) Get() []byte {
+	if a, ok := b.p.Get().(*[copyBufSize]byte); ok {
+		return a[:]
+	}
+	return new([copyBufSize]byte)[:]
+}
+
+// Put returns a buffer Get gave out; others are dropped.
+func (b *bufferPool) Put(buf []byte) {
+	if len(buf) == copyBufSize {
+		b.p.Put((*[copyBufSize]byte)(buf))
+	}
 }
