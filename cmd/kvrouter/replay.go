@@ -58,7 +58,7 @@ func runReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg := loadgen.Config{
-		Target: strings.TrimRight(*target, "/"), Model: *model, Requests: reqs, Rate: *rate, Concurrency: *conc,
+		Target: strings.TrimRight(*target, "/"), Model: *model, Requests: reqs, MaxRequests: *requests, Rate: *rate, Concurrency: *conc,
 		Duration: *duration, RequestTimeout: *timeout, TimeScale: *scale, MaxTokens: *maxTokens,
 		IgnoreEOS: *ignoreEOS, SessionHeader: *header, SystemSegments: systemSegments(name),
 	}
