@@ -148,7 +148,7 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	within(t, ctx, 5*time.Second, "new decision", chromedp.Poll[bool](`!!document.querySelector('#decisions tr[data-id="kvr-1-3"]')`))
 
 	// Expanding a decision shows its candidates, the chosen one marked.
-	within(t, ctx, 5*time.Second, "expand", chromedp.Click(chromedp.CSS(`#decisions tr[data-id="kvr-1-3"]`)))
+	within(t, ctx, 5*time.Second, "expand", chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tr[data-id="kvr-1-3"]').click()`))
 	chosen := within(t, ctx, 5*time.Second, "candidates",
 		chromedp.Poll[string](`document.querySelectorAll('tr.costs table.inner tbody tr').length === 3 && `+text(`tr.costs tr.chosen td`)))
 	if chosen != "http://10.0.0.2:8000" {
@@ -217,7 +217,7 @@ func TestScreenshot(t *testing.T) {
 		})
 		time.Sleep(100 * time.Millisecond)
 	}
-	within(t, ctx, 5*time.Second, "expand", chromedp.Click(chromedp.CSS(`#decisions tr.decision`)))
+	within(t, ctx, 5*time.Second, "expand", chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tr.decision').click()`))
 	within(t, ctx, 5*time.Second, "expanded", chromedp.Poll[bool](`!!document.querySelector('tr.costs')`))
 	png := within(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))
 	if err := os.WriteFile(*screenshot, png, 0o644); err != nil {

@@ -33,6 +33,8 @@ type Fleet struct {
 	Index string
 	// Sessions is the number of bound sessions, router-wide.
 	Sessions int
+	// Decisions is the number of routing decisions made since start.
+	Decisions uint64
 	// Replicas is in the router's replica order.
 	Replicas []Replica
 }
@@ -57,6 +59,10 @@ type Replica struct {
 	KVUsage          float64
 	Scraped          bool
 	LoadAge          time.Duration
+	// ScrapeErrors is the number of consecutive failed scrapes and
+	// ScrapeError the last one's message (empty after a success).
+	ScrapeErrors int
+	ScrapeError  string
 	// CacheBlocks is the KV capacity in index blocks (zero: unknown);
 	// IndexBlocks the blocks the residency index believes are resident.
 	CacheBlocks, IndexBlocks int
@@ -127,11 +133,14 @@ type Decision struct {
 	ActualCached    int `json:"actual_cached_tokens"`
 	PromptTokens    int `json:"prompt_tokens"`
 	// PredictedTTFTMS is the chosen candidate's predicted time to first
-	// token (0: not predicted); TTFTMS the observed arrival to first byte;
+	// token (0: not predicted); TTFTMS the observed arrival to first byte
+	// (0: not yet);
 	// E2EMS arrival to the end of the response (0 while in flight).
 	PredictedTTFTMS float64 `json:"predicted_ttft_ms,omitempty"`
-	TTFTMS          float64 `json:"ttft_ms"`
-	E2EMS           float64 `json:"e2e_ms"`
+	// DecideMS is the time the router spent matching and picking.
+	DecideMS float64 `json:"decide_ms"`
+	TTFTMS   float64 `json:"ttft_ms"`
+	E2EMS    float64 `json:"e2e_ms"`
 	// Status is the HTTP status sent to the client (0: not yet).
 	Status int `json:"status"`
 	// Outcome is in-flight, ok, canceled, upstream-error or error.

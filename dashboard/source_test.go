@@ -42,7 +42,7 @@ var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 func sample() *literal {
 	return &literal{
 		fleet: Fleet{
-			At: t0, Policy: "kv-aware", Index: "precise", Sessions: 5,
+			At: t0, Policy: "kv-aware", Index: "precise", Sessions: 5, Decisions: 2,
 			Replicas: []Replica{
 				{
 					ID: "http://10.0.0.1:8000", Healthy: true,
@@ -76,7 +76,7 @@ func sample() *literal {
 					{Replica: "http://10.0.0.1:8000", Matched: 2000, WaitMS: 3.5, PrefillMS: 4.25, DecodeMS: 1, TotalMS: 8.75},
 					{Replica: "http://10.0.0.2:8000", Matched: 0, WaitMS: 0.5, PrefillMS: 80, DecodeMS: 0.5, MemoryMS: 12, TotalMS: 93},
 				},
-				PredictedCached: 2000, ActualCached: -1, PromptTokens: -1, PredictedTTFTMS: 8.75,
+				PredictedCached: 2000, ActualCached: -1, PromptTokens: -1, PredictedTTFTMS: 8.75, DecideMS: 0.05,
 				Outcome: "in-flight",
 			},
 			{

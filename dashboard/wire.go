@@ -6,12 +6,13 @@ import "time"
 // with durations in milliseconds, hit rates divided out and replicas summed
 // into totals, so the page only draws.
 type fleetJSON struct {
-	At       time.Time     `json:"at"`
-	Policy   string        `json:"policy"`
-	Index    string        `json:"index,omitempty"`
-	Sessions int           `json:"sessions"`
-	Totals   totalsJSON    `json:"totals"`
-	Replicas []replicaJSON `json:"replicas"`
+	At        time.Time     `json:"at"`
+	Policy    string        `json:"policy"`
+	Index     string        `json:"index,omitempty"`
+	Sessions  int           `json:"sessions"`
+	Decisions uint64        `json:"decisions"`
+	Totals    totalsJSON    `json:"totals"`
+	Replicas  []replicaJSON `json:"replicas"`
 }
 
 // totalsJSON sums the replicas.
@@ -45,6 +46,8 @@ type replicaJSON struct {
 	Waiting         int         `json:"waiting"`
 	KVUsage         float64     `json:"kv_usage"`
 	LoadAgeMS       *float64    `json:"load_age_ms"`
+	ScrapeErrors    int         `json:"scrape_errors"`
+	ScrapeError     string      `json:"scrape_error,omitempty"`
 	CacheBlocks     int         `json:"cache_blocks"`
 	IndexBlocks     int         `json:"index_blocks"`
 	Sessions        int         `json:"sessions"`
@@ -72,7 +75,7 @@ type eventsJSON struct {
 
 // fleetOf converts f for the API.
 func fleetOf(f Fleet) fleetJSON {
-	out := fleetJSON{At: f.At, Policy: f.Policy, Index: f.Index, Sessions: f.Sessions, Replicas: make([]replicaJSON, len(f.Replicas))}
+	out := fleetJSON{At: f.At, Policy: f.Policy, Index: f.Index, Sessions: f.Sessions, Decisions: f.Decisions, Replicas: make([]replicaJSON, len(f.Replicas))}
 	t := &out.Totals
 	for i, r := range f.Replicas {
 		out.Replicas[i] = replicaOf(r)
@@ -100,7 +103,7 @@ func replicaOf(r Replica) replicaJSON {
 	out := replicaJSON{
 		ID: r.ID, URL: r.URL, Healthy: r.Healthy,
 		InFlight: r.InFlight, PrefillTokens: r.PrefillTokens, Decoding: r.Decoding, DecodeBlocks: r.DecodeBlocks,
-		Scraped: r.Scraped, Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage,
+		Scraped: r.Scraped, ScrapeErrors: r.ScrapeErrors, ScrapeError: r.ScrapeError, Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage,
 		CacheBlocks: r.CacheBlocks, IndexBlocks: r.IndexBlocks, Sessions: r.Sessions,
 		Completed: r.Completed, Failed: r.Failed,
 		PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,

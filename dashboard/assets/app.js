@@ -10,6 +10,7 @@ const HISTORY_MS = 5 * 60 * 1000; // sparkline window
 const history = new Map();        // replica id -> [[time ms, in-flight]]
 const open = new Set();           // expanded decision ids
 let lastDecisions = [];
+let lastDecisionsJSON = "";
 
 // el builds an element; children are nodes or strings (set as text, never HTML).
 function el(tag, attrs, ...children) {
@@ -60,6 +61,7 @@ function renderHeader(f) {
     card("Completed", int(t.completed)),
     card("Failed", int(t.failed)),
     card("Sessions", int(f.sessions)),
+    card("Decisions", int(f.decisions)),
     card("Hit rate", `${pct(t.hit_rate_actual)}`, "actual (engine-reported) cached / prompt tokens"),
     card("Predicted", `${pct(t.hit_rate_predicted)}`, "router-predicted cached / prompt tokens"),
     card("Cached tokens", `${int(t.predicted_cached_tokens)} / ${int(t.actual_cached_tokens)}`, "predicted / actual"),
@@ -139,7 +141,8 @@ function renderReplicas(f) {
         `${pct(r.hit_rate_predicted)} / ${pct(r.hit_rate_actual)}`),
       el("td", { class: "num" }, int(r.sessions)),
       el("td", { class: "num completed" }, `${int(r.completed)} / ${int(r.failed)}`),
-      el("td", { class: "num" }, dur(r.load_age_ms)),
+      el("td", { class: "num" + (r.scrape_errors ? " bad" : ""), title: r.scrape_error ? `${r.scrape_errors} failed scrapes: ${r.scrape_error}` : null },
+        dur(r.load_age_ms) + (r.scrape_errors ? " ⚠" : "")),
       el("td", {}, eventsCell(r.events)),
     ));
   if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colspan: 10 }, "no replicas")));
@@ -204,7 +207,11 @@ async function tick() {
     record(f);
     renderHeader(f);
     renderReplicas(f);
-    renderDecisions(d.decisions);
+    const dj = JSON.stringify(d.decisions);
+    if (dj !== lastDecisionsJSON) { // keep the table (and any selection) when nothing changed
+      lastDecisionsJSON = dj;
+      renderDecisions(d.decisions);
+    }
     status.textContent = "updated " + clock(f.at);
     status.className = "status";
   } catch (e) {
