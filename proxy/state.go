@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -120,10 +121,37 @@ func (st *state) reportFailure(i int) { st.health.ReportFailure(st.rt.names[i]) 
 func (st *state) reportSuccess(i int) { st.health.ReportSuccess(st.rt.names[i]) }
 
 // snapshot fills dst with every replica's state at now, index blocks
-// included.
+// included, and uncalibrated replicas given the fleet's mean scale.
 func (st *state) snapshot(dst *route.Snapshot, now time.Time) {
 	st.fleet.Snapshot(dst, now)
 	st.idx.fillBlocks(dst)
+	priorScale(dst)
+}
+
+// priorScale gives replicas that have no TTFT observation yet (Scale
+// exactly 1 or unset) the geometric mean of the others' learned scales.
+// Without it, once one replica is calibrated (say to 0.3: the engines are
+// faster than the preset) every uncalibrated one looks 3× slower and gets
+// no traffic to calibrate on. fleet does not expose observation counts, so
+// an exact 1 stands for "none" (a learned scale is practically never
+// exactly 1).
+func priorScale(s *route.Snapshot) {
+	sum, n := 0.0, 0
+	for i := range s.Replicas {
+		if sc := s.Replicas[i].Rates.Scale; sc > 0 && sc != 1 {
+			sum += math.Log(sc)
+			n++
+		}
+	}
+	if n == 0 || n == len(s.Replicas) {
+		return
+	}
+	mean := math.Exp(sum / float64(n))
+	for i := range s.Replicas {
+		if sc := s.Replicas[i].Rates.Scale; sc <= 0 || sc == 1 {
+			s.Replicas[i].Rates.Scale = mean
+		}
+	}
 }
 
 // healthy reports whether replica i may get traffic.

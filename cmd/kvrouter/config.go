@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"kvrouter/proxy"
+	"kvrouter/route"
 )
 
 // backendList is the repeatable --backend flag. The first Set after reset
@@ -52,7 +53,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on, host:port")
 	bl := &backendList{list: &cfg.Backends}
 	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558]")
-	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy")
+	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.Names(), ", "))
 	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long an idle session stays bound to its replica")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body accepted, bytes")
