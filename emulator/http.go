@@ -22,10 +22,20 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("GET /v1/models", s.models)
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// health answers 200 with an empty body while the engine loop runs (or
+// has not started yet), 503 once it has stopped.
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-s.stopped:
+		w.WriteHeader(http.StatusServiceUnavailable)
+	default:
+	}
 }
 
 // job is a validated generation request.

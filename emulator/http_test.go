@@ -2,8 +2,10 @@ package emulator
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -460,4 +462,37 @@ func TestCloseFailsInFlight(t *testing.T) {
 	if d := time.Since(t0); d > 3*time.Second {
 		t.Errorf("Close took %v", d)
 	}
+}
+
+func TestHealthAfterStop(t *testing.T) {
+	s, err := New(Config{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	get := func() int {
+		resp, err := http.Get(srv.URL + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get(); got != 200 {
+		t.Errorf("running: health %d, want 200", got)
+	}
+	cancel()
+	<-done
+	if got := get(); got != 503 {
+		t.Errorf("stopped: health %d, want 503", got)
+	}
+	code, b := post(t, srv.URL+"/v1/completions", map[string]any{"prompt": "x", "max_tokens": 1})
+	if code != 503 || !strings.Contains(string(b), "not running") {
+		t.Errorf("stopped: completion %d %s, want 503", code, b)
+	}
+	s.Reset() // returns at once
 }

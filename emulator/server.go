@@ -81,7 +81,9 @@ type Config struct {
 }
 
 // Server is one emulated replica. Its engine runs only while Run runs (or
-// between Start and Close); requests made before get a 503.
+// between Start and Close): requests made before Run wait for it, requests
+// made after it returned get a 503, and /health answers 503 once it has
+// returned.
 type Server struct {
 	cfg   Config
 	ecfg  engine.Config
@@ -298,6 +300,9 @@ func (s *Server) closePublisher() {
 // flight fail, and subscribers get an AllBlocksCleared event. It returns
 // once done, or at once if the engine loop is not running.
 func (s *Server) Reset() {
+	if !s.running.Load() {
+		return
+	}
 	ack := make(chan struct{})
 	select {
 	case s.resets <- ack:
