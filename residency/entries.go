@@ -20,7 +20,7 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 		x.deleteLocked(rep.tail)
 	}
 	e := x.allocLocked()
-	x.entries[e] = entry{touched: now, hash: h, replica: int32(r), prev: -1, next: -1, nextSame: -1}
+	*x.entry(e) = entry{touched: now, hash: h, replica: int32(r), prev: -1, next: -1, nextSame: -1}
 	x.pushFrontLocked(r, e)
 	x.total++
 	nd, ok := x.nodes.get(h)
@@ -30,7 +30,7 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 	case nd.count < 0:
 		x.hotInsertLocked(&x.hots[-nd.count-1], r, e, now)
 	default:
-		x.entries[e].nextSame = nd.head
+		x.entry(e).nextSame = nd.head
 		nd.head = e
 		nd.count++
 		if nd.count >= hotAt {
@@ -42,7 +42,7 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 
 // refreshLocked stamps entry e with now and moves it to its replica's front.
 func (x *Index) refreshLocked(e int32, now time.Duration) {
-	en := &x.entries[e]
+	en := x.entry(e)
 	en.touched = now
 	r := int(en.replica)
 	if nd, _ := x.nodes.get(en.hash); nd.count < 0 {
@@ -71,8 +71,8 @@ func (x *Index) findLocked(r int, h prefix.Hash) int32 {
 		}
 		return hb.entries[hb.rank(r)]
 	}
-	for e := nd.head; e >= 0; e = x.entries[e].nextSame {
-		if int(x.entries[e].replica) == r {
+	for e := nd.head; e >= 0; e = x.entry(e).nextSame {
+		if int(x.entry(e).replica) == r {
 			return e
 		}
 	}
@@ -81,7 +81,7 @@ func (x *Index) findLocked(r int, h prefix.Hash) int32 {
 
 // deleteLocked removes entry e from its replica and its node, and frees it.
 func (x *Index) deleteLocked(e int32) {
-	en := x.entries[e]
+	en := *x.entry(e)
 	r := int(en.replica)
 	x.unlinkLocked(r, e)
 	x.total--
@@ -101,10 +101,10 @@ func (x *Index) deleteLocked(e int32) {
 			nd.head = en.nextSame
 		} else {
 			p := nd.head
-			for x.entries[p].nextSame != e {
-				p = x.entries[p].nextSame
+			for x.entry(p).nextSame != e {
+				p = x.entry(p).nextSame
 			}
-			x.entries[p].nextSame = en.nextSame
+			x.entry(p).nextSame = en.nextSame
 		}
 		nd.count--
 		if nd.count == 0 {
@@ -113,14 +113,17 @@ func (x *Index) deleteLocked(e int32) {
 			x.nodes.put(en.hash, nd)
 		}
 	}
-	x.entries[e] = entry{next: x.freeEnt}
+	*x.entry(e) = entry{next: x.freeEnt}
 	x.freeEnt = e
 }
+
+// entry returns entry e.
+func (x *Index) entry(e int32) *entry { return &x.entries[e] }
 
 // allocLocked returns a free entry index.
 func (x *Index) allocLocked() int32 {
 	if e := x.freeEnt; e >= 0 {
-		x.freeEnt = x.entries[e].next
+		x.freeEnt = x.entry(e).next
 		return e
 	}
 	x.entries = append(x.entries, entry{})
@@ -130,10 +133,10 @@ func (x *Index) allocLocked() int32 {
 // pushFrontLocked links e at the front of r's LRU list.
 func (x *Index) pushFrontLocked(r int, e int32) {
 	rep := &x.replicas[r]
-	en := &x.entries[e]
+	en := x.entry(e)
 	en.prev, en.next = -1, rep.head
 	if rep.head >= 0 {
-		x.entries[rep.head].prev = e
+		x.entry(rep.head).prev = e
 	} else {
 		rep.tail = e
 	}
@@ -144,14 +147,14 @@ func (x *Index) pushFrontLocked(r int, e int32) {
 // unlinkLocked removes e from r's LRU list.
 func (x *Index) unlinkLocked(r int, e int32) {
 	rep := &x.replicas[r]
-	en := &x.entries[e]
+	en := x.entry(e)
 	if en.prev >= 0 {
-		x.entries[en.prev].next = en.next
+		x.entry(en.prev).next = en.next
 	} else {
 		rep.head = en.next
 	}
 	if en.next >= 0 {
-		x.entries[en.next].prev = en.prev
+		x.entry(en.next).prev = en.prev
 	} else {
 		rep.tail = en.prev
 	}
@@ -174,14 +177,14 @@ func (x *Index) promoteLocked(nd node) node {
 		hb.bits = make([]uint64, x.words)
 	}
 	hb.oldest = 1<<63 - 1
-	for e := nd.head; e >= 0; e = x.entries[e].nextSame {
-		r := int(x.entries[e].replica)
+	for e := nd.head; e >= 0; e = x.entry(e).nextSame {
+		r := int(x.entry(e).replica)
 		hb.bits[r>>6] |= 1 << (r & 63)
 	}
 	hb.touched = slices.Grow(hb.touched[:0], int(nd.count))[:nd.count]
 	hb.entries = slices.Grow(hb.entries[:0], int(nd.count))[:nd.count]
 	for e := nd.head; e >= 0; {
-		en := &x.entries[e]
+		en := x.entry(e)
 		k := hb.rank(int(en.replica))
 		hb.touched[k], hb.entries[k] = en.touched, e
 		hb.oldest = min(hb.oldest, en.touched)
@@ -195,7 +198,7 @@ func (x *Index) demoteLocked(hi int32) node {
 	hb := &x.hots[hi]
 	nd := node{head: -1, count: int32(len(hb.entries))}
 	for _, e := range hb.entries {
-		x.entries[e].nextSame = nd.head
+		x.entry(e).nextSame = nd.head
 		nd.head = e
 	}
 	clear(hb.bits)

@@ -253,7 +253,7 @@ func (x *Index) expireLocked(r int, now time.Duration) {
 		return
 	}
 	rep := &x.replicas[r]
-	for rep.tail >= 0 && now-x.entries[rep.tail].touched > x.cfg.TTL {
+	for rep.tail >= 0 && now-x.entry(rep.tail).touched > x.cfg.TTL {
 		x.deleteLocked(rep.tail)
 	}
 }
@@ -294,8 +294,8 @@ func (x *Index) Hashes(r int) []prefix.Hash {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	out := make([]prefix.Hash, 0, x.replicas[r].n)
-	for e := x.replicas[r].head; e >= 0; e = x.entries[e].next {
-		out = append(out, x.entries[e].hash)
+	for e := x.replicas[r].head; e >= 0; e = x.entry(e).next {
+		out = append(out, x.entry(e).hash)
 	}
 	return out
 }
