@@ -80,6 +80,8 @@ type replica struct {
 	inFlight, prefillTokens, decoding, decodeBlocks atomic.Int64
 	// Feedback totals, for the View.
 	predictedCached, actualCached, completed, failed atomic.Int64
+	// promptTokens and usageCached total the requests that reported both.
+	promptTokens, usageCached atomic.Int64
 
 	// mu guards load, scraped, cal, churn, rates and recent.
 	mu      sync.Mutex

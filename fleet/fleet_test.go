@@ -116,6 +116,19 @@ func TestCommitAndPin(t *testing.T) {
 	if rv.PredictedCached != 640 || rv.ActualCached != 600 || rv.Completed != 1 || rv.Sessions != 1 || v.Sessions != 1 {
 		t.Errorf("view %+v (sessions %d), want predicted 640, actual 600, 1 completed, 1 session", rv, v.Sessions)
 	}
+	if rv.PromptTokens != 0 {
+		t.Errorf("prompt tokens %d after Done without usage, want 0", rv.PromptTokens)
+	}
+	tk2, err := f.Commit(&s, req, route.Decision{Replica: 2, Matched: 640}, "conv-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk2.DoneUsage(700, 1000, nil)
+	tk2.DoneUsage(1, 1, nil) // only the first call counts
+	if rv := f.View(time.Now()).Replicas[2]; rv.PromptTokens != 1000 || rv.UsageCached != 700 || rv.ActualCached != 1300 {
+		t.Errorf("after DoneUsage(700, 1000): prompt %d, usage cached %d, actual %d; want 1000, 700, 1300",
+			rv.PromptTokens, rv.UsageCached, rv.ActualCached)
+	}
 	if _, err := f.Commit(&s, req, route.Decision{Replica: -1, Reason: "no-healthy"}, ""); err == nil {
 		t.Error("Commit of a rejection: no error")
 	}

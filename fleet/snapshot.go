@@ -81,6 +81,10 @@ type ReplicaView struct {
 	// a reported usage, the cached prompt tokens the policy predicted and
 	// the engine reported.
 	PredictedCached, ActualCached int64
+	// PromptTokens and UsageCached total the prompt and cached tokens of
+	// the completed requests whose usage reported both; UsageCached /
+	// PromptTokens is the replica's actual prefix hit rate.
+	PromptTokens, UsageCached int64
 	// Scale is the learned TTFT correction (route.Rates.Scale), Horizon the
 	// estimated eviction horizon (zero: unknown).
 	Scale   float64
@@ -109,6 +113,8 @@ func (f *Fleet) View(now time.Time) View {
 			Failed:          r.failed.Load(),
 			PredictedCached: r.predictedCached.Load(),
 			ActualCached:    r.actualCached.Load(),
+			PromptTokens:    r.promptTokens.Load(),
+			UsageCached:     r.usageCached.Load(),
 			Scale:           p.Rates.Scale,
 			Horizon:         p.Rates.Horizon,
 		}

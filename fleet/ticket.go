@@ -116,7 +116,11 @@ func (t *Ticket) FirstToken() {
 // reported usage.prompt_tokens_details.cached_tokens, or negative if
 // unknown; err is nil for a request that completed. Only the first call
 // counts.
-func (t *Ticket) Done(cachedTokens int, err error) {
+func (t *Ticket) Done(cachedTokens int, err error) { t.DoneUsage(cachedTokens, -1, err) }
+
+// DoneUsage is Done with the engine's reported usage.prompt_tokens too
+// (negative if unknown), so the fleet view can show the actual hit rate.
+func (t *Ticket) DoneUsage(cachedTokens, promptTokens int, err error) {
 	if t == nil {
 		return
 	}
@@ -146,5 +150,9 @@ func (t *Ticket) Done(cachedTokens int, err error) {
 	if cachedTokens >= 0 {
 		r.predictedCached.Add(int64(t.claim.PredictedCached))
 		r.actualCached.Add(int64(cachedTokens))
+		if promptTokens > 0 {
+			r.promptTokens.Add(int64(promptTokens))
+			r.usageCached.Add(int64(cachedTokens))
+		}
 	}
 }
