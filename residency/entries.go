@@ -117,8 +117,16 @@ func (x *Index) deleteLocked(e int32) {
 	x.freeEnt = e
 }
 
+// Entries live in fixed-size chunks rather than one growing slice, so the
+// slab holds at most one partly used chunk (512 KiB) instead of up to a
+// quarter of its length in append's spare capacity.
+const (
+	chunkShift = 14
+	chunkLen   = 1 << chunkShift
+)
+
 // entry returns entry e.
-func (x *Index) entry(e int32) *entry { return &x.entries[e] }
+func (x *Index) entry(e int32) *entry { return &x.entries[e>>chunkShift][e&(chunkLen-1)] }
 
 // allocLocked returns a free entry index.
 func (x *Index) allocLocked() int32 {
@@ -126,8 +134,11 @@ func (x *Index) allocLocked() int32 {
 		x.freeEnt = x.entry(e).next
 		return e
 	}
-	x.entries = append(x.entries, entry{})
-	return int32(len(x.entries) - 1)
+	if x.used == len(x.entries)*chunkLen {
+		x.entries = append(x.entries, make([]entry, chunkLen))
+	}
+	x.used++
+	return int32(x.used - 1)
 }
 
 // pushFrontLocked links e at the front of r's LRU list.

@@ -237,7 +237,7 @@ func TestRandomTouchesRespectCapacity(t *testing.T) {
 	x.Match(q, 5000, match, nil)
 	for r := range reps {
 		want := 0
-		for want < len(q) && x.Has(r, q[want]) && 5000-x.entries[x.findLocked(r, q[want])].touched <= 400 {
+		for want < len(q) && x.Has(r, q[want]) && 5000-x.entry(x.findLocked(r, q[want])).touched <= 400 {
 			want++
 		}
 		if match[r] != want {
