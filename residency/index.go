@@ -60,7 +60,7 @@ type Index struct {
 	nodes    table
 	entries  [][]entry // chunks of chunkLen entries; see entry
 	used     int       // entries ever allocated: the free list holds the rest
-	freeEnt  int32 // head of the free entry list, linked by next; -1 if none
+	freeEnt  int32     // head of the free entry list, linked by next; -1 if none
 	hots     []hot
 	freeHot  []int32
 	replicas []replica
