@@ -99,6 +99,10 @@ func (r *runner) request(jb *job) *route.Request {
 		}
 	}
 	req.Match, req.Age = r.idx.lookup(r.idxHash, r.now)
+	if r.kind == route.Precise {
+		// The engines' events say what is resident: no decay by age.
+		req.Age = nil
+	}
 	return req
 }
 
