@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -53,7 +54,41 @@ type Config struct {
 	Retries int `yaml:"retries"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log-level"`
+	// KVEventsBind is the endpoint of one ZMQ SUB socket that engines dial
+	// to publish their KV events (e.g. "tcp://0.0.0.0:5557"); an engine is
+	// matched to the backend whose host:port its topic
+	// "kv@<host>:<port>@<model>" names. Empty means no bind socket. With it,
+	// or with any backend's kv=, the router runs in precise mode.
+	KVEventsBind string `yaml:"kv-events-bind"`
+	// Tokenizer puts the router in token mode for every model: a directory
+	// holding a Hugging Face tokenizer.json (and tokenizer_config.json for
+	// the chat template), or "remote" to ask a healthy replica's POST
+	// /tokenize. Empty means text mode, unless Tokenizers names the model.
+	Tokenizer string `yaml:"tokenizer"`
+	// Tokenizers maps a model name to its tokenizer (a directory or
+	// "remote"), overriding Tokenizer for that model.
+	Tokenizers map[string]string `yaml:"tokenizers"`
 }
+
+// Remote is the Tokenizer value that asks the replicas' /tokenize.
+const Remote = "remote"
+
+// Precise reports whether the configuration asks for KV events: a bind
+// address or a backend with kv=.
+func (c *Config) Precise() bool {
+	if c.KVEventsBind != "" {
+		return true
+	}
+	for _, b := range c.Backends {
+		if b.KV != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// TokenMode reports whether any model is tokenized (locally or remotely).
+func (c *Config) TokenMode() bool { return c.Tokenizer != "" || len(c.Tokenizers) > 0 }
 
 // Backend is one replica: its base URL and optional extra endpoints, written
 // as "http://h:8000,kv=tcp://h:5557,replay=tcp://h:5558".
@@ -240,7 +275,62 @@ func (c *Config) Validate() error {
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateKV()...)
 	return errors.Join(errs...)
+}
+
+// validateKV checks the precise-mode and token-mode settings.
+func (c *Config) validateKV() []error {
+	var errs []error
+	if c.KVEventsBind != "" {
+		if err := checkEndpoint(c.KVEventsBind); err != nil {
+			errs = append(errs, fmt.Errorf("kv-events-bind %q: %w", c.KVEventsBind, err))
+		}
+	}
+	for _, b := range c.Backends {
+		for _, e := range []struct{ opt, v string }{{"kv", b.KV}, {"replay", b.Replay}} {
+			if e.v == "" {
+				continue
+			}
+			if err := checkEndpoint(e.v); err != nil {
+				errs = append(errs, fmt.Errorf("backend %q: %s=%q: %w", b.URL, e.opt, e.v, err))
+			}
+		}
+		if b.Replay != "" && b.KV == "" && c.KVEventsBind == "" {
+			errs = append(errs, fmt.Errorf("backend %q: replay= needs kv= or --kv-events-bind", b.URL))
+		}
+	}
+	if c.Precise() && !c.TokenMode() {
+		errs = append(errs, errors.New("kv events (kv= or kv-events-bind) need token mode, the engines' own tokens: "+
+			"set --tokenizer DIR (the model's tokenizer.json and tokenizer_config.json) or --tokenizer remote (ask the replicas' /tokenize)"))
+	}
+	check := func(name, v string) {
+		if v == "" || v == Remote {
+			return
+		}
+		if _, err := os.Stat(filepath.Join(v, "tokenizer.json")); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want %q or a directory holding tokenizer.json: %w", name, v, Remote, err))
+		}
+	}
+	check("tokenizer", c.Tokenizer)
+	for m, v := range c.Tokenizers {
+		if m == "" || v == "" {
+			errs = append(errs, fmt.Errorf("tokenizers: model %q: name and tokenizer must not be empty", m))
+			continue
+		}
+		check("tokenizers["+m+"]", v)
+	}
+	return errs
+}
+
+// checkEndpoint accepts the ZMQ transports engines publish on.
+func checkEndpoint(s string) error {
+	for _, p := range []string{"tcp://", "ipc://", "inproc://"} {
+		if strings.HasPrefix(s, p) && len(s) > len(p) {
+			return nil
+		}
+	}
+	return errors.New("want a ZMQ endpoint tcp://host:port, ipc://path or inproc://name")
 }
 
 // ParseLogLevel reads debug, info, warn or error.

@@ -23,7 +23,9 @@ type Record struct {
 	Session       string `json:"session,omitempty"`
 	SessionSource string `json:"session_source,omitempty"`
 	Policy        string `json:"policy"`
-	// Index is the residency feed the policy read: approximate or none.
+	// Index is the residency feed the chosen replica was matched against:
+	// precise (its KV events), approximate (the router's own routing; also
+	// a replica whose event stream is down) or none.
 	Index  string `json:"index"`
 	Model  string `json:"model"`
 	Path   string `json:"path"`
@@ -98,7 +100,7 @@ func (c *call) fill(rec *Record) {
 	cands, failed := rec.Candidates[:0], rec.Failed[:0]
 	*rec = Record{
 		ID: c.id, At: c.start, Session: c.session, SessionSource: c.sessionSrc,
-		Policy: rt.policyName, Index: rt.st.idx.mode(), Path: c.path,
+		Policy: rt.policyName, Index: c.index, Path: c.path,
 		Tokens: c.req.Tokens, Blocks: c.req.Blocks,
 		Candidates: appendCandidates(cands, c.dec.Costs, rt.names),
 		Reason:     c.dec.Reason, PredictedCached: c.dec.Matched,
@@ -108,6 +110,9 @@ func (c *call) fill(rec *Record) {
 	}
 	if c.replica >= 0 {
 		rec.Replica = rt.names[c.replica]
+	}
+	if rec.Index == "" {
+		rec.Index = rt.st.idx.mode()
 	}
 	if c.prompt != nil {
 		rec.Model, rec.Stream = c.prompt.Model, c.prompt.Stream

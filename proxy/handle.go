@@ -73,6 +73,8 @@ type call struct {
 	body   []byte
 	inj    []byte // body with include_usage injected
 	hashes []prefix.Hash
+	ms     matchScratch
+	index  string // the chosen replica's index feed
 	match  []int
 	age    []time.Duration
 	costs  []route.Cost
@@ -120,7 +122,7 @@ func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := rt.pool.Get().(*call)
 	*c = call{
 		rt: rt, start: time.Now(), path: r.URL.Path, replica: -1, routed: routed, actual: -1, usage: -1,
-		failed: c.failed[:0], body: c.body[:0], inj: c.inj[:0], hashes: c.hashes[:0], match: c.match, age: c.age,
+		failed: c.failed[:0], body: c.body[:0], inj: c.inj[:0], hashes: c.hashes[:0], ms: c.ms, match: c.match, age: c.age,
 		costs: c.costs, snap: c.snap, hdr: c.hdr[:0], tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
 	}
 	return c
@@ -273,7 +275,7 @@ func (c *call) route(w http.ResponseWriter) bool {
 func (c *call) pick(w http.ResponseWriter) bool {
 	rt := c.rt
 	t0 := time.Now()
-	rt.st.idx.match(c.hashes, t0, c.match, c.age)
+	rt.st.idx.match(c.hashes, t0, &c.ms, c.match, c.age)
 	rt.st.snapshot(&c.snap, t0)
 	for _, f := range c.failed {
 		c.snap.Replicas[f].Healthy = false
@@ -297,7 +299,8 @@ func (c *call) pick(w http.ResponseWriter) bool {
 		return false
 	}
 	c.replica, c.ticket, c.sent = c.dec.Replica, tk, t0
-	rt.st.idx.touch(c.replica, c.hashes, t0)
+	rt.st.idx.touch(c.replica, c.hashes, t0, &c.ms)
+	c.index = rt.st.idx.modeOf(c.replica)
 	c.predicted = c.predictedTTFT()
 	c.decide += time.Since(t0)
 	rt.m.decide.Observe(c.decide.Seconds())

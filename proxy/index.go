@@ -26,14 +26,21 @@ type hasher interface {
 // newTextHasher returns the text-mode hasher with chunkChars-byte blocks.
 func newTextHasher(chunkChars int) hasher { return prefix.Text{ChunkChars: chunkChars} }
 
-// index is the router's residency index and how it is fed. In approximate
-// mode (the only feed today) the router touches the chosen replica's
-// blocks at routing time, and each replica's share is an LRU of its cache
+// index is the router's residency index and how it is fed.
+//
+// Approximate tracking (x): the router touches the chosen replica's blocks
+// at routing time, and each replica's share is an LRU of its cache
 // capacity in hasher blocks: the engine's reported NumBlocks×BlockSize
 // tokens when its metrics say, else the configured fallback; a policy's
 // Needs.IndexBlocks, when set, fixes it instead (the peer's own index
-// size). A precise feed (KV events) writes the same residency.Index with
-// Store/Remove/Clear, and Match is unchanged.
+// size).
+//
+// Precise mode (px, see precise.go) adds the engines' KV events: px is
+// written only by the kvevents Subscriber, and a replica whose event
+// stream is healthy is matched against px merged with the short-lived
+// "just routed" overlay; a replica whose stream is missing or stale falls
+// back to x, which the router keeps touching for every replica so that the
+// fallback starts warm.
 //
 // Index time is the monotonic time since the router started.
 type index struct {
@@ -46,6 +53,14 @@ type index struct {
 	// caps is each replica's current capacity in blocks, to call
 	// SetCapacity only on a change.
 	caps []atomic.Int64
+	// p is the precise side; nil in approximate mode.
+	p *precise
+}
+
+// matchScratch holds a call's per-replica scratch for the precise match.
+type matchScratch struct {
+	pm, om []int
+	pa, oa []time.Duration
 }
 
 // newIndex builds the index for a policy with needs over n replicas, each
@@ -67,12 +82,34 @@ func newIndex(h hasher, needs route.Needs, n, fallback int) *index {
 	return ix
 }
 
-// mode names the index feed for decision records.
+// Index feeds, as decision records and views name them.
+const (
+	IndexNone        = "none"
+	IndexApproximate = "approximate"
+	IndexPrecise     = "precise"
+)
+
+// mode names the index feed: precise when KV events are followed (some
+// replicas may be falling back), else approximate or none.
 func (ix *index) mode() string {
-	if ix.x == nil {
-		return "none"
+	switch {
+	case ix.x == nil:
+		return IndexNone
+	case ix.p != nil:
+		return IndexPrecise
 	}
-	return "approximate"
+	return IndexApproximate
+}
+
+// modeOf names the feed replica i is matched against now.
+func (ix *index) modeOf(i int) string {
+	switch {
+	case ix.x == nil:
+		return IndexNone
+	case ix.p != nil && ix.p.live[i].Load():
+		return IndexPrecise
+	}
+	return IndexApproximate
 }
 
 // now is index time.
@@ -83,28 +120,48 @@ func (ix *index) hash(p *prefix.Prompt, out []prefix.Hash) ([]prefix.Hash, int) 
 	return ix.h.Hashes(p, out)
 }
 
-// match fills match and age per replica for hashes at now. Without an
-// index it leaves them zero.
-func (ix *index) match(hashes []prefix.Hash, now time.Time, match []int, age []time.Duration) {
+// match fills match and age per replica for hashes at now: from the
+// precise index merged with the overlay for replicas whose event stream
+// is healthy, from the approximate index for the others. Without an index
+// it leaves them zero.
+func (ix *index) match(hashes []prefix.Hash, now time.Time, sc *matchScratch, match []int, age []time.Duration) {
 	if ix.x == nil {
 		clear(match)
 		clear(age)
 		return
 	}
-	ix.x.Match(hashes, ix.now(now), match, age)
+	t := ix.now(now)
+	ix.x.Match(hashes, t, match, age)
+	if ix.p != nil {
+		ix.p.match(hashes, t, sc, match, age)
+	}
 }
 
-// touch records, in approximate mode, that replica i was sent hashes.
-func (ix *index) touch(i int, hashes []prefix.Hash, now time.Time) {
-	if ix.x != nil {
-		ix.x.Touch(i, hashes, ix.now(now))
+// touch records that replica i was sent hashes: in the approximate index
+// always, and in precise mode in the overlay, telling the Subscriber to
+// expect events when the precise index lacked a block of them (sc holds
+// this request's precise match).
+func (ix *index) touch(i int, hashes []prefix.Hash, now time.Time, sc *matchScratch) {
+	if ix.x == nil {
+		return
+	}
+	t := ix.now(now)
+	ix.x.Touch(i, hashes, t)
+	if ix.p != nil {
+		ix.p.touch(i, hashes, t, sc)
 	}
 }
 
 // setEngineCapacity sizes replica i's share from its engine's reported
 // KV geometry (numBlocks of blockSize tokens); zeros are ignored.
 func (ix *index) setEngineCapacity(i, numBlocks, blockSize int) {
-	if ix.x == nil || ix.fixed > 0 || numBlocks <= 0 || blockSize <= 0 {
+	if ix.x == nil || numBlocks <= 0 || blockSize <= 0 {
+		return
+	}
+	if ix.p != nil {
+		ix.p.setCapacity(i, numBlocks)
+	}
+	if ix.fixed > 0 {
 		return
 	}
 	blocks := int64(numBlocks * blockSize / ix.h.TokensPerBlock())
@@ -113,21 +170,25 @@ func (ix *index) setEngineCapacity(i, numBlocks, blockSize int) {
 	}
 }
 
-// fillBlocks writes each replica's IndexBlocks into s.
+// fillBlocks writes each replica's IndexBlocks into s: the precise
+// index's count for replicas matched against it.
 func (ix *index) fillBlocks(s *route.Snapshot) {
 	if ix.x == nil {
 		return
 	}
 	for i := range s.Replicas {
-		s.Replicas[i].IndexBlocks = ix.x.Blocks(i)
+		s.Replicas[i].IndexBlocks, _ = ix.blocks(i)
 	}
 }
 
 // blocks returns the blocks the index attributes to replica i, and its
-// capacity there.
+// capacity there, from the feed replica i is matched against.
 func (ix *index) blocks(i int) (held, capacity int) {
 	if ix.x == nil {
 		return 0, 0
+	}
+	if ix.p != nil && ix.p.live[i].Load() {
+		return ix.p.x.Blocks(i), int(ix.p.caps[i].Load())
 	}
 	return ix.x.Blocks(i), int(ix.caps[i].Load())
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"kvrouter/kvevents"
 	"kvrouter/route"
 )
 
@@ -63,7 +64,10 @@ type Router struct {
 	pool       sync.Pool // *call
 }
 
-// New validates cfg and builds a Router. Nothing runs until Run.
+// New validates cfg and builds a Router. Nothing runs until Run, except in
+// precise mode (KV events configured), where New already starts the KV-event
+// Subscriber (binding Config.KVEventsBind, so that a taken address fails
+// here); Run closes it when its context ends, so call Run.
 func New(cfg Config, deps Deps) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("proxy config: %w", err)
@@ -118,6 +122,16 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if err := reg.Register(newFleetCollector(st)); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
+	if p := st.idx.p; p != nil {
+		if _, err := kvevents.NewMetrics(reg, p.sub); err != nil {
+			p.sub.Close()
+			return nil, fmt.Errorf("proxy metrics: %w", err)
+		}
+		if err := reg.Register(newModeCollector(p)); err != nil {
+			p.sub.Close()
+			return nil, fmt.Errorf("proxy metrics: %w", err)
+		}
+	}
 	rt.rp = &httputil.ReverseProxy{
 		Rewrite:        rt.rewrite,
 		Transport:      retrier{rt},
@@ -168,8 +182,9 @@ func (rt *Router) Handler() http.Handler {
 	return mux
 }
 
-// Run runs the background loops (metrics scrapes, health probes) until ctx
-// is done, then waits for them and returns nil.
+// Run runs the background loops (metrics scrapes, health probes, and in
+// precise mode the KV-event health watch) until ctx is done, then waits for
+// them, closes the KV-event Subscriber and returns nil.
 func (rt *Router) Run(ctx context.Context) error {
 	return rt.st.run(ctx)
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"kvrouter/engine"
@@ -32,6 +33,9 @@ type state struct {
 	health  *health.Checker
 	scraper *scrape.Scraper
 	idx     *index
+	tok     *tokenHasher     // nil in text mode
+	remote  *remoteTokenizer // nil unless a model is tokenized remotely
+	pickRR  atomic.Uint64    // round robin of pickHealthy
 	// calibrate is set when the policy's Cost terms are kv-aware durations
 	// that ObserveTTFT may compare with observed TTFTs.
 	calibrate bool
@@ -46,7 +50,10 @@ func newState(rt *Router, needs route.Needs) (*state, error) {
 	rand.Read(b[:])
 	st := &state{rt: rt, epoch: binary.LittleEndian.Uint64(b[:]) >> 16}
 	_, st.calibrate = rt.policy.(route.KVAware)
-	h := newTextHasher(rt.cfg.ChunkChars)
+	h, err := st.newHasher()
+	if err != nil {
+		return nil, err
+	}
 	// Fallback capacity, in the hasher's blocks: the configured engine
 	// blocks of the preset's size, else the preset's own.
 	engineBlocks := ecfg.NumBlocks
@@ -55,6 +62,13 @@ func newState(rt *Router, needs route.Needs) (*state, error) {
 	}
 	fallback := engineBlocks * ecfg.BlockSize / h.TokensPerBlock()
 	st.idx = newIndex(h, needs, len(rt.names), fallback)
+	if rt.cfg.Precise() && usesPrecise(needs) {
+		p, err := startPrecise(&rt.cfg, rt.names, engineBlocks, func() time.Duration { return time.Since(st.idx.start) }, rt.log)
+		if err != nil {
+			return nil, err
+		}
+		st.idx.p = p
+	}
 	st.fleet, err = fleet.New(fleet.Config{
 		Replicas:    rt.names,
 		Rates:       ecfg.Rates(),
@@ -98,6 +112,9 @@ func (st *state) replica(id string) int {
 // onLoad takes one scrape: load, churn and capacity.
 func (st *state) onLoad(id string, l scrape.Load) {
 	st.fleet.SetLoad(id, l)
+	if st.tok != nil {
+		st.tok.setBlockSize(l.BlockSize)
+	}
 	if i := st.replica(id); i >= 0 {
 		st.idx.setEngineCapacity(i, l.NumBlocks, l.BlockSize)
 	}
@@ -163,6 +180,9 @@ func (st *state) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	var herr error
 	wg.Go(func() { herr = st.health.Run(ctx) })
+	if st.idx.p != nil {
+		wg.Go(func() { st.idx.p.watch(ctx) })
+	}
 	serr := st.scraper.Run(ctx)
 	wg.Wait()
 	return quiet(errors.Join(serr, herr))
@@ -183,12 +203,67 @@ func newPolicy(name string) (route.Policy, error) {
 	return route.New(name)
 }
 
-// logIndexMode says at start which residency feed the policy gets.
+// logIndexMode says at start which residency feed and hash mode the
+// policy gets.
 func (st *state) logIndexMode(log *slog.Logger, needs route.Needs) {
-	switch needs.Index {
-	case route.Precise:
-		log.Warn("policy asks for a precise (KV-event) index; using the approximate one until KV-event subscribers exist", "policy", st.rt.policyName)
-	case route.NoIndex:
-		log.Debug("policy reads no residency index", "policy", st.rt.policyName)
+	hash := hashText
+	if st.tok != nil {
+		hash = hashTokens
 	}
+	switch {
+	case needs.Index == route.NoIndex:
+		log.Debug("policy reads no residency index", "policy", st.rt.policyName)
+	case st.idx.p != nil:
+		log.Info("precise mode: following the engines' KV events", "policy", st.rt.policyName, "hash", hash, "bind", st.rt.cfg.KVEventsBind)
+	case st.rt.cfg.Precise():
+		log.Warn("kv events configured, but the policy keeps its own approximate index; not following them", "policy", st.rt.policyName)
+	case needs.Index == route.Precise:
+		log.Warn("policy asks for a precise (KV-event) index; none is configured (backend kv= or --kv-events-bind), using the approximate one", "policy", st.rt.policyName)
+	default:
+		log.Info("approximate mode: tracking residency from routing decisions", "policy", st.rt.policyName, "hash", hash)
+	}
+}
+
+// usesPrecise reports whether a policy with needs reads the precise index
+// when KV events are configured: one that asks for it, or one that reads a
+// generic approximate index. Peer policies that fix their own index shape
+// (IndexBlocks, IndexTTL: they model another router's approximate index)
+// keep it.
+func usesPrecise(needs route.Needs) bool {
+	return needs.Index == route.Precise ||
+		needs.Index == route.Approximate && needs.IndexBlocks == 0 && needs.IndexTTL == 0
+}
+
+// newHasher returns the text-mode hasher, or the token-mode one when the
+// configuration names tokenizers.
+func (st *state) newHasher() (hasher, error) {
+	cfg := &st.rt.cfg
+	if !cfg.TokenMode() {
+		return newTextHasher(cfg.ChunkChars), nil
+	}
+	remote := cfg.Tokenizer == Remote
+	for _, v := range cfg.Tokenizers {
+		remote = remote || v == Remote
+	}
+	if remote {
+		st.remote = newRemoteTokenizer(&http.Client{Transport: st.rt.upstream}, st.pickHealthy)
+	}
+	h, err := newTokenHasher(cfg, st.remote)
+	if err != nil {
+		return nil, err
+	}
+	st.tok = h
+	return h, nil
+}
+
+// pickHealthy returns a healthy replica's base URL, round robin, or "".
+func (st *state) pickHealthy() string {
+	n := len(st.rt.names)
+	start := int(st.pickRR.Add(1) % uint64(n))
+	for k := range n {
+		if i := (start + k) % n; st.healthy(i) {
+			return st.rt.names[i]
+		}
+	}
+	return ""
 }

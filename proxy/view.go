@@ -15,9 +15,11 @@ type View struct {
 	// At is the time the view was taken for.
 	At time.Time
 	// Policy is the routing policy's name; Index the residency feed it
-	// reads (approximate or none).
+	// reads: precise (KV events followed; see each replica's IndexMode),
+	// approximate or none. Hash is the request hashing: text or tokens.
 	Policy string
 	Index  string
+	Hash   string
 	// Sessions is the number of bound sessions.
 	Sessions int
 	// Decisions is the number of routing decisions made since start.
@@ -43,6 +45,12 @@ type ReplicaView struct {
 	// and ScrapeError the last one's message (empty after a success).
 	ScrapeErrors int
 	ScrapeError  string
+	// IndexMode is the feed the replica is matched against now: precise,
+	// approximate (its event stream is missing or stale, or not followed)
+	// or none.
+	IndexMode string
+	// KVEvents is the replica's KV-event stream; nil outside precise mode.
+	KVEvents *KVEventsView
 }
 
 // View returns a copy of the router's state at now.
@@ -56,10 +64,17 @@ func (rt *Router) View(now time.Time) View {
 		Sessions: fv.Sessions, Decisions: n,
 		Replicas: make([]ReplicaView, len(fv.Replicas)),
 	}
+	if rt.st.tok != nil {
+		v.Hash = hashTokens
+	}
 	for i, r := range fv.Replicas {
 		rv := ReplicaView{ReplicaView: r, URL: r.ID}
 		if j := rt.st.replica(r.ID); j >= 0 {
 			rv.IndexBlocks, rv.IndexCapacity = rt.st.idx.blocks(j)
+			rv.IndexMode = rt.st.idx.modeOf(j)
+			if p := rt.st.idx.p; p != nil {
+				rv.KVEvents = p.view(j, now)
+			}
 		}
 		if s, ok := rt.st.scraper.Status(r.ID); ok {
 			rv.ScrapeErrors = s.Errors

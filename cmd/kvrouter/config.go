@@ -65,6 +65,10 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", cfg.CacheBlocks, "replica KV capacity in blocks when its metrics do not say (0: the preset's)")
 	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other replicas tried before the first byte reaches the client")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&cfg.KVEventsBind, "kv-events-bind", cfg.KVEventsBind,
+		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
+	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer,
+		"token mode: a directory with the model's tokenizer.json and tokenizer_config.json, or \"remote\" to ask a healthy replica's /tokenize; empty: text mode (per model: YAML key tokenizers: {model: dir})")
 	return bl
 }
 

@@ -1,0 +1,430 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"kvrouter/emulator"
+	"kvrouter/prefix"
+)
+
+// eventEngine starts one emulated replica of model "m" publishing KV events
+// (map encoding) with replay, on loopback; addr "" means a random port.
+func eventEngine(t *testing.T, kvBlocks int, addr, pub, replay string) *emulator.Server {
+	t.Helper()
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	if pub == "" {
+		pub, replay = "tcp://127.0.0.1:*", "tcp://127.0.0.1:*"
+	}
+	s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.01, KVBlocks: kvBlocks,
+		KVEventsEndpoint: pub, ReplayEndpoint: replay}, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// preciseRouter starts a kv-aware router in token mode (remote: the
+// emulators' /tokenize) following the engines' events.
+func preciseRouter(t *testing.T, backends []Backend) (*Router, string) {
+	t.Helper()
+	rt, url := startRouter(t, "kv-aware", func(c *Config) {
+		c.Backends = backends
+		c.Tokenizer = Remote
+		c.HealthInterval = 20 * time.Millisecond
+		c.ScrapeInterval = 20 * time.Millisecond
+	})
+	runRouter(t, rt)
+	return rt, url
+}
+
+func eventBackend(s *emulator.Server) Backend {
+	return Backend{URL: s.URL(), KV: s.KVEventsEndpoint(), Replay: s.ReplayEndpoint()}
+}
+
+// eventually polls cond every 5 ms for up to 15 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// settled waits until replica i's engine is idle and the router applied
+// every block event it published.
+func settled(t *testing.T, rt *Router, i int, e *emulator.Server) {
+	t.Helper()
+	caught := func() bool {
+		st, ok := rt.st.idx.p.sub.Status(i)
+		es := e.Stats()
+		return ok && es.Running == 0 && es.Waiting == 0 &&
+			int64(st.Stored) == es.StoredBlocks && int64(st.Removed) == es.RemovedBlocks
+	}
+	eventually(t, fmt.Sprintf("replica %d's events to be applied", i), func() bool {
+		if !caught() {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond) // stats are published after the step
+		return caught()
+	})
+}
+
+// chatKeys is what the engine caches for a chat: the router keys of the
+// full blocks of its rendering under the emulator's tokenizer.
+func chatKeys(msgs []chatMsg) []prefix.Hash {
+	ms := make([]emulator.Message, len(msgs))
+	for i, m := range msgs {
+		ms[i] = emulator.Message{Role: m.Role, Content: m.Content}
+	}
+	return prefix.Blocks(prefix.Root("m", ""), emulator.Tokenize(emulator.RenderChat(ms, true)), 16, nil)
+}
+
+func textKeys(text string) []prefix.Hash {
+	return prefix.Blocks(prefix.Root("m", ""), emulator.Tokenize(text), 16, nil)
+}
+
+func sortedSet(hs []prefix.Hash) []prefix.Hash {
+	out := slices.Clone(hs)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// TestPreciseIndexEqualsEngines: conversations through a precise router;
+// after the workload each replica's precise index equals the blocks of the
+// prompts its engine served (its true cache: no evictions), block for
+// block, and the router predicted every turn's cached tokens exactly.
+func TestPreciseIndexEqualsEngines(t *testing.T) {
+	engines := []*emulator.Server{eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")}
+	rt, url := preciseRouter(t, []Backend{eventBackend(engines[0]), eventBackend(engines[1])})
+	for i := range engines {
+		eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(i) == IndexPrecise })
+	}
+	truth := make([][]prefix.Hash, len(engines))
+	byURL := map[string]int{engines[0].URL(): 0, engines[1].URL(): 1}
+	for conv := range 6 {
+		msgs := []chatMsg{{"system", "You are terse. " + words(conv, 30)}}
+		for turn := range 3 {
+			msgs = append(msgs, chatMsg{"user", words(conv*10+turn, 40)})
+			b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 4})
+			resp, body := do(t, "POST", url+"/v1/chat/completions", string(b), "X-Session-ID", fmt.Sprint("s", conv))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			i := byURL[resp.Header.Get(HeaderReplica)]
+			truth[i] = append(truth[i], chatKeys(msgs)...)
+			var r chatResp
+			json.Unmarshal([]byte(body), &r)
+			msgs = append(msgs, r.Choices[0].Message)
+		}
+	}
+	for i, e := range engines {
+		settled(t, rt, i, e)
+		got := sortedSet(rt.st.idx.p.x.Hashes(i))
+		if d := cmp.Diff(sortedSet(truth[i]), got); d != "" {
+			t.Errorf("replica %d: precise index vs the engine's cache (-want +got):\n%s", i, d)
+		}
+		if n := e.Stats().CachedBlocks; len(got) != n {
+			t.Errorf("replica %d: index holds %d blocks, engine %d", i, len(got), n)
+		}
+	}
+	recs := rt.Decisions(100)
+	if len(recs) != 18 {
+		t.Fatalf("%d records, want 18", len(recs))
+	}
+	for _, r := range recs {
+		if r.Index != IndexPrecise || r.ActualCached < 0 {
+			t.Errorf("record %s: index %q actual %d; want precise, reported", r.ID, r.Index, r.ActualCached)
+		}
+		if r.PredictedCached != r.ActualCached {
+			t.Errorf("record %s: predicted %d cached tokens, engine %d", r.ID, r.PredictedCached, r.ActualCached)
+		}
+	}
+	v := rt.View(time.Now())
+	if v.Index != IndexPrecise || v.Hash != hashTokens {
+		t.Errorf("view index %q hash %q, want precise tokens", v.Index, v.Hash)
+	}
+	for i, r := range v.Replicas {
+		k := r.KVEvents
+		if k == nil || !k.Followed || !k.Connected || k.Fallback || k.Events == 0 || k.LastEventAge < 0 || r.IndexMode != IndexPrecise {
+			t.Errorf("replica %d view: mode %q kv events %+v", i, r.IndexMode, k)
+		}
+		if r.IndexBlocks != engines[i].Stats().CachedBlocks {
+			t.Errorf("replica %d view: index blocks %d, engine %d", i, r.IndexBlocks, engines[i].Stats().CachedBlocks)
+		}
+	}
+}
+
+// TestPreciseSeesOtherTraffic: traffic sent straight to the engine,
+// bypassing the router, evicts the blocks the router routed there; the
+// router's index follows: it holds the bypassing prompts' blocks, drops
+// the evicted ones, and predicts no cache for the evicted prompt.
+func TestPreciseSeesOtherTraffic(t *testing.T) {
+	e := eventEngine(t, 40, "", "", "")
+	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
+	eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	routed := words(1, 150)
+	complete := func(base, prompt string) int {
+		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 2})
+		resp, body := do(t, "POST", base+"/v1/completions", string(b))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		var r chatResp
+		json.Unmarshal([]byte(body), &r)
+		return r.Usage.PromptTokensDetails.CachedTokens
+	}
+	complete(url, routed)
+	settled(t, rt, 0, e)
+	if !rt.st.idx.p.x.Has(0, textKeys(routed)[0]) {
+		t.Fatal("routed prompt's first block not in the index")
+	}
+	var direct []string
+	for k := range 5 {
+		direct = append(direct, words(100+k, 150))
+		complete(e.URL(), direct[k])
+	}
+	settled(t, rt, 0, e)
+	x := rt.st.idx.p.x
+	if x.Has(0, textKeys(routed)[0]) {
+		t.Error("the evicted routed prompt is still in the index")
+	}
+	last := textKeys(direct[4])
+	for _, h := range last {
+		if !x.Has(0, h) {
+			t.Errorf("block %x of the last direct prompt missing from the index", h)
+		}
+	}
+	if x.Blocks(0) != e.Stats().CachedBlocks || e.Stats().RemovedBlocks == 0 {
+		t.Errorf("index %d blocks, engine %d cached, %d removed", x.Blocks(0), e.Stats().CachedBlocks, e.Stats().RemovedBlocks)
+	}
+	// The overlay of the routed request has expired by now only if the
+	// test ran long; match from the precise index alone.
+	m := make([]int, 1)
+	x.Match(textKeys(direct[4]), rt.st.idx.now(time.Now()), m, nil)
+	if m[0] != len(last) {
+		t.Errorf("index matches %d blocks of the last direct prompt, want %d", m[0], len(last))
+	}
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestPreciseEngineRestart: an engine that dies falls back to approximate
+// tracking (visible in the view and the metrics); restarted on the same
+// endpoints it is reset in the index, which then holds only the new
+// engine's blocks, and the replica is precise again.
+func TestPreciseEngineRestart(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	pub, rep := freePort(t), freePort(t)
+	bind := func(p int) string { return fmt.Sprintf("tcp://*:%d", p) }
+	dial := func(p int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", p) }
+	e := eventEngine(t, 0, addr, bind(pub), bind(rep))
+	rt, url := startRouter(t, "kv-aware", func(c *Config) {
+		c.Backends = []Backend{{URL: e.URL(), KV: dial(pub), Replay: dial(rep)}}
+		c.Tokenizer = Remote
+		c.HealthInterval = 20 * time.Millisecond
+	})
+	runRouter(t, rt)
+	eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	body := `{"model":"m","max_tokens":2,"prompt":"` + words(7, 100) + `"}`
+	if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	settled(t, rt, 0, e)
+	if rt.st.idx.p.x.Blocks(0) == 0 {
+		t.Fatal("no blocks indexed")
+	}
+	e.Close()
+	eventually(t, "the fallback", func() bool {
+		v := rt.View(time.Now()).Replicas[0]
+		return v.IndexMode == IndexApproximate && v.KVEvents.Fallback && !v.KVEvents.Connected
+	})
+	if got := gauge(t, rt, "kvrouter_index_mode", e.URL(), IndexApproximate); got != 1 {
+		t.Errorf("kvrouter_index_mode approximate = %v, want 1", got)
+	}
+	e2 := eventEngine(t, 0, addr, bind(pub), bind(rep))
+	eventually(t, "precise again", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	direct := words(8, 60)
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": direct, "max_tokens": 2})
+	if resp, out := do(t, "POST", e2.URL()+"/v1/completions", string(b)); resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	eventually(t, "the new engine's blocks only", func() bool {
+		return slices.Equal(sortedSet(rt.st.idx.p.x.Hashes(0)), sortedSet(textKeys(direct)))
+	})
+	v := rt.View(time.Now()).Replicas[0]
+	if v.KVEvents.Resets == 0 {
+		t.Errorf("view: %+v, want a reset", v.KVEvents)
+	}
+	if got := gauge(t, rt, "kvrouter_index_mode", e.URL(), IndexPrecise); got != 1 {
+		t.Errorf("kvrouter_index_mode precise = %v, want 1", got)
+	}
+}
+
+// TestPreciseFallbackDeadEndpoint: a replica whose kv= endpoint answers
+// nothing is tracked approximately, visibly (view, metrics, decision
+// records), while the other replica is precise.
+func TestPreciseFallbackDeadEndpoint(t *testing.T) {
+	good, bad := eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")
+	dead := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	rt, url := preciseRouter(t, []Backend{eventBackend(good), {URL: bad.URL(), KV: dead}})
+	eventually(t, "replica 0 precise", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	v := rt.View(time.Now())
+	if r := v.Replicas[1]; r.IndexMode != IndexApproximate || r.KVEvents == nil || !r.KVEvents.Fallback || r.KVEvents.Connected {
+		t.Errorf("dead-endpoint replica: mode %q kv events %+v", r.IndexMode, r.KVEvents)
+	}
+	checks := []struct {
+		name, replica, mode string
+		want                float64
+	}{
+		{"kvrouter_index_mode", good.URL(), IndexPrecise, 1},
+		{"kvrouter_index_mode", bad.URL(), IndexPrecise, 0},
+		{"kvrouter_index_mode", bad.URL(), IndexApproximate, 1},
+		{"kvrouter_kv_events_connected", "1", "", 0},
+		{"kvrouter_kv_events_stale", "1", "", 1},
+		{"kvrouter_kv_events_connected", "0", "", 1},
+	}
+	for _, c := range checks {
+		if got := gauge(t, rt, c.name, c.replica, c.mode); got != c.want {
+			t.Errorf("%s{replica=%s,mode=%s} = %v, want %v", c.name, c.replica, c.mode, got, c.want)
+		}
+	}
+	seen := map[string]bool{}
+	for k := 0; k < 40 && len(seen) < 2; k++ {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"%s"}]}`, words(k, 40))
+		resp, out := do(t, "POST", url+"/v1/chat/completions", body, "X-Session-ID", fmt.Sprint("s", k))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+		rec := rt.Decisions(1)[0]
+		want := IndexPrecise
+		if rec.Replica == bad.URL() {
+			want = IndexApproximate
+		}
+		if rec.Index != want {
+			t.Errorf("decision on %s: index %q, want %q", rec.Replica, rec.Index, want)
+		}
+		seen[rec.Replica] = true
+	}
+	// The approximate index of the fallback replica is fed by routing.
+	if rt.st.idx.x.Blocks(1) == 0 && seen[bad.URL()] {
+		t.Error("fallback replica's approximate index is empty after routing to it")
+	}
+}
+
+// gauge reads one sample of the router's metrics: name with label
+// replica (and mode, when not empty).
+func gauge(t *testing.T, rt *Router, name, replica, mode string) float64 {
+	t.Helper()
+	mfs, err := rt.gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["replica"] == replica && (mode == "" || labels["mode"] == mode) {
+				if m.Gauge != nil {
+					return m.Gauge.GetValue()
+				}
+				return m.Counter.GetValue()
+			}
+		}
+	}
+	t.Fatalf("no sample %s{replica=%q,mode=%q}", name, replica, mode)
+	return 0
+}
+
+// TestRemoteTokenizeMemo: a repeated request costs no /tokenize round
+// trip; a new turn costs one; the router's hashes are the engine's.
+func TestRemoteTokenizeMemo(t *testing.T) {
+	e := eventEngine(t, 0, "", "", "")
+	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
+	eventually(t, "healthy", func() bool { return rt.st.healthy(0) })
+	msgs := []chatMsg{{"system", words(1, 50)}, {"user", words(2, 50)}}
+	send := func() {
+		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 2})
+		if resp, out := do(t, "POST", url+"/v1/chat/completions", string(b)); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+	}
+	send()
+	send()
+	if n := rt.st.remote.roundTrips(); n != 1 {
+		t.Errorf("%d /tokenize round trips for a repeated request, want 1", n)
+	}
+	msgs = append(msgs, chatMsg{"assistant", "ok"}, chatMsg{"user", words(3, 20)})
+	send()
+	if n := rt.st.remote.roundTrips(); n != 2 {
+		t.Errorf("%d /tokenize round trips after a new turn, want 2", n)
+	}
+	p, err := prefix.Parse(mustJSON(map[string]any{"model": "m", "messages": msgs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, n := rt.st.idx.hash(p, nil)
+	if want := chatKeys(msgs); !slices.Equal(got, want) || n < len(want)*16 {
+		t.Errorf("router hashes %d blocks (%d tokens), engine's %d", len(got), n, len(want))
+	}
+	if rt.st.tok.fails.Load() != 0 {
+		t.Errorf("%d tokenize failures", rt.st.tok.fails.Load())
+	}
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// TestRemoteTokenizeFallback: without a healthy replica to ask, a request
+// is hashed in text mode, counted.
+func TestRemoteTokenizeFallback(t *testing.T) {
+	h, err := newTokenHasher(&Config{Tokenizer: Remote, ChunkChars: 64}, newRemoteTokenizer(nil, func() string { return "" }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := prefix.Parse([]byte(`{"model":"m","prompt":"` + strings.Repeat("abcd ", 40) + `"}`))
+	got, _ := h.Hashes(p, nil)
+	want, _ := prefix.Text{ChunkChars: 64}.Hashes(p, nil)
+	if !slices.Equal(got, want) || h.fails.Load() != 1 || h.texted.Load() != 1 {
+		t.Errorf("fallback hashes %v (want text mode %v), fails %d", got, want, h.fails.Load())
+	}
+	// Token-id prompts need no tokenizer.
+	p, _ = prefix.Parse([]byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`))
+	got, n := h.Hashes(p, nil)
+	ids := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	if want := prefix.Blocks(prefix.Root("m", ""), ids, 16, nil); !slices.Equal(got, want) || n != 17 {
+		t.Errorf("token-id prompt: %v (%d tokens), want %v (17)", got, n, want)
+	}
+}
