@@ -18,6 +18,7 @@ func TestLoadServeConfigPrecedence(t *testing.T) {
 		"KVROUTER_POLICY":          "least-loaded",
 		"KVROUTER_SCRAPE_INTERVAL": "300ms",
 		"KVROUTER_BACKEND":         "http://env:1 http://env:2,kv=tcp://env:5557",
+		"KVROUTER_TOKENIZER":       "remote",
 	}
 	getenv := func(k string) string { return env[k] }
 	cfg, err := loadServeConfig([]string{"--policy", "kv-aware", "--backend", "http://flag:1"}, getenv, io.Discard)
@@ -46,8 +47,28 @@ func TestLoadServeConfigPrecedence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Backends) != 2 || cfg.Backends[1].KV != "tcp://env:5557" {
-		t.Errorf("env backends: got %+v", cfg.Backends)
+	if len(cfg.Backends) != 2 || cfg.Backends[1].KV != "tcp://env:5557" || cfg.Tokenizer != "remote" {
+		t.Errorf("env backends: got %+v, tokenizer %q", cfg.Backends, cfg.Tokenizer)
+	}
+}
+
+// TestLoadServeConfigPrecise: precise-mode and token-mode settings from
+// flags and the file.
+func TestLoadServeConfigPrecise(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "tok")
+	os.Mkdir(tok, 0o755)
+	os.WriteFile(filepath.Join(tok, "tokenizer.json"), []byte("{}"), 0o644)
+	file := filepath.Join(dir, "kvrouter.yaml")
+	os.WriteFile(file, []byte("backend: [\"http://a:1,kv=tcp://a:5557,replay=tcp://a:5558\", \"http://b:1\"]\n"+
+		"kv-events-bind: tcp://0.0.0.0:5557\ntokenizers: {big: "+tok+", small: remote}\n"), 0o644)
+	cfg, err := loadServeConfig([]string{"--config", file, "--tokenizer", tok}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Precise() || !cfg.TokenMode() || cfg.Tokenizer != tok || cfg.Tokenizers["small"] != "remote" ||
+		cfg.KVEventsBind != "tcp://0.0.0.0:5557" || cfg.Backends[0].Replay != "tcp://a:5558" {
+		t.Errorf("config %+v", cfg)
 	}
 }
 
@@ -68,6 +89,12 @@ func TestLoadServeConfigErrors(t *testing.T) {
 		{"negative session ttl", []string{"--backend", "http://a:1", "--session-ttl", "-1s"}, "session-ttl"},
 		{"bad log level", []string{"--backend", "http://a:1", "--log-level", "loud"}, "log-level"},
 		{"unknown yaml key", []string{"--config", bad}, "no-such-key"},
+		{"kv events without tokenizer", []string{"--backend", "http://a:1,kv=tcp://a:5557"}, "need token mode"},
+		{"bind without tokenizer", []string{"--backend", "http://a:1", "--kv-events-bind", "tcp://0.0.0.0:5557"}, "need token mode"},
+		{"bad kv endpoint", []string{"--backend", "http://a:1,kv=a:5557", "--tokenizer", "remote"}, "kv=\"a:5557\""},
+		{"bad bind", []string{"--backend", "http://a:1", "--kv-events-bind", "0.0.0.0:5557", "--tokenizer", "remote"}, "kv-events-bind"},
+		{"replay without kv", []string{"--backend", "http://a:1,replay=tcp://a:5558", "--tokenizer", "remote"}, "replay= needs kv="},
+		{"missing tokenizer dir", []string{"--backend", "http://a:1", "--tokenizer", "/nonexistent"}, "tokenizer.json"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
