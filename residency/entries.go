@@ -117,16 +117,11 @@ func (x *Index) deleteLocked(e int32) {
 	x.freeEnt = e
 }
 
-// Entries live in fixed-size chunks rather than one growing slice, so the
-// slab holds at most one partly used chunk (512 KiB) instead of up to a
-// quarter of its length in append's spare capacity.
-const (
-	chunkShift = 14
-	chunkLen   = 1 << chunkShift
-)
-
 // entry returns entry e.
-func (x *Index) entry(e int32) *entry { return &x.entries[e>>chunkShift][e&(chunkLen-1)] }
+func (x *Index) entry(e int32) *entry { return &x.entries[e] }
+
+// slabStep is the fewest entries the slab grows by.
+const slabStep = 1 << 14
 
 // allocLocked returns a free entry index.
 func (x *Index) allocLocked() int32 {
@@ -134,11 +129,16 @@ func (x *Index) allocLocked() int32 {
 		x.freeEnt = x.entry(e).next
 		return e
 	}
-	if x.used == len(x.entries)*chunkLen {
-		x.entries = append(x.entries, make([]entry, chunkLen))
+	if len(x.entries) == cap(x.entries) {
+		// Grow by an eighth, not append's quarter: at most about 3.5 bytes
+		// per entry of spare capacity, in one flat slab (a chunked one
+		// costs Match an extra dependent load per entry).
+		grown := make([]entry, len(x.entries), cap(x.entries)+max(cap(x.entries)/8, slabStep))
+		copy(grown, x.entries)
+		x.entries = grown
 	}
-	x.used++
-	return int32(x.used - 1)
+	x.entries = append(x.entries, entry{})
+	return int32(len(x.entries) - 1)
 }
 
 // pushFrontLocked links e at the front of r's LRU list.

@@ -8,7 +8,7 @@
 // blocks of a request it holds, in one walk over the request's hashes.
 //
 // Layout, for bounded and compact memory: one entry (32 bytes) per
-// (block, replica) in a slab of fixed-size chunks, linked into its replica's LRU list with int32
+// (block, replica) in a slab, linked into its replica's LRU list with int32
 // links; one map slot per distinct block hash (about 26 bytes amortised).
 // A block held by few replicas chains its entries; a block held by many
 // (hot: 16 or more, such as a shared system prompt) also keeps a bitset of
@@ -58,9 +58,8 @@ type Index struct {
 
 	mu       sync.RWMutex
 	nodes    table
-	entries  [][]entry // chunks of chunkLen entries; see entry
-	used     int       // entries ever allocated: the free list holds the rest
-	freeEnt  int32     // head of the free entry list, linked by next; -1 if none
+	entries  []entry // grown by allocLocked; freed entries go to freeEnt
+	freeEnt  int32   // head of the free entry list, linked by next; -1 if none
 	hots     []hot
 	freeHot  []int32
 	replicas []replica
