@@ -428,3 +428,56 @@ func TestRemoteTokenizeFallback(t *testing.T) {
 		t.Errorf("token-id prompt: %v (%d tokens), want %v (17)", got, n, want)
 	}
 }
+
+// TestPreciseBindMode: the router binds one SUB socket (--kv-events-bind)
+// and an engine dials in, recognised by its topic's host:port (its
+// backend's); it turns precise once its first events arrive, and the
+// index then follows a workload routed through the router exactly.
+func TestPreciseBindMode(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	rep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	rt, url := startRouter(t, "kv-aware", func(c *Config) {
+		c.Backends = []Backend{{URL: "http://" + addr, Replay: rep}}
+		c.KVEventsBind = "tcp://127.0.0.1:0"
+		c.Tokenizer = Remote
+		c.HealthInterval = 20 * time.Millisecond
+	})
+	runRouter(t, rt)
+	if rt.st.idx.modeOf(0) != IndexApproximate {
+		t.Errorf("mode before any event: %q, want approximate", rt.st.idx.modeOf(0))
+	}
+	e := eventEngine(t, 0, addr, rt.st.idx.p.sub.BindAddr(), rep)
+	eventually(t, "healthy", func() bool { return rt.st.healthy(0) })
+	send := func(k int) {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, words(k, 40))
+		if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+	}
+	// Until the engine's connection is up its events are dropped (PUB).
+	for k := 0; rt.st.idx.modeOf(0) != IndexPrecise; k++ {
+		if k == 300 {
+			t.Fatal("no event through a dialing engine")
+		}
+		send(k)
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.Reset()
+	eventually(t, "the clear", func() bool { return rt.st.idx.p.x.Blocks(0) == 0 })
+	var want []prefix.Hash
+	for k := 1000; k < 1004; k++ {
+		send(k)
+		want = append(want, textKeys(words(k, 40))...)
+	}
+	// The subscriber's counters include the events before the reset:
+	// wait for the index itself.
+	eventually(t, "the workload's blocks", func() bool {
+		return slices.Equal(sortedSet(want), sortedSet(rt.st.idx.p.x.Hashes(0)))
+	})
+	if n := e.Stats().CachedBlocks; rt.st.idx.p.x.Blocks(0) != n {
+		t.Errorf("index holds %d blocks, engine %d", rt.st.idx.p.x.Blocks(0), n)
+	}
+	if rec := rt.Decisions(1)[0]; rec.Index != IndexPrecise {
+		t.Errorf("last decision index %q, want precise", rec.Index)
+	}
+}
