@@ -1,14 +1,17 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/google/go-cmp/cmp"
 
 	"kvrouter/emulator"
@@ -479,5 +482,100 @@ func TestPreciseBindMode(t *testing.T) {
 	}
 	if rec := rt.Decisions(1)[0]; rec.Index != IndexPrecise {
 		t.Errorf("last decision index %q, want precise", rec.Index)
+	}
+}
+
+// relay forwards a publisher's messages verbatim to its own PUB socket,
+// dropping those whose number (from 1) drop says, to lose a batch on the
+// way to the router.
+type relay struct {
+	addr    string
+	mu      sync.Mutex
+	n       int
+	dropped int
+	drop    func(n int) bool
+}
+
+func newRelay(t *testing.T, from string) *relay {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sub, pub := zmq4.NewSub(ctx), zmq4.NewPub(ctx)
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Dial(from); err != nil {
+		t.Fatal(err)
+	}
+	sub.SetOption(zmq4.OptionSubscribe, "")
+	r := &relay{addr: "tcp://" + pub.Addr().String(), drop: func(int) bool { return false }}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			r.n++
+			skip := r.drop(r.n)
+			if skip {
+				r.dropped++
+			}
+			r.mu.Unlock()
+			if !skip {
+				pub.Send(m)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		sub.Close()
+		pub.Close()
+		<-done
+	})
+	return r
+}
+
+// TestPreciseDroppedBatchReplayed: a batch lost between engine and router
+// is seen as a gap and replayed from the engine's replay socket; the index
+// ends equal to the engine's cache, with no reset.
+func TestPreciseDroppedBatchReplayed(t *testing.T) {
+	e := eventEngine(t, 0, "", "", "")
+	rl := newRelay(t, e.KVEventsEndpoint())
+	rt, url := preciseRouter(t, []Backend{{URL: e.URL(), KV: rl.addr, Replay: e.ReplayEndpoint()}})
+	var want []prefix.Hash
+	send := func(k int) {
+		text := words(k, 40)
+		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, text)
+		if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+		want = append(want, textKeys(text)...)
+	}
+	batches := func() uint64 { st, _ := rt.st.idx.p.sub.Status(0); return st.Batches }
+	for k := 0; batches() == 0; k++ { // until events flow end to end
+		if k == 300 {
+			t.Fatal("no event through the relay")
+		}
+		send(k)
+		time.Sleep(5 * time.Millisecond)
+	}
+	rl.mu.Lock()
+	next := rl.n + 1
+	rl.drop = func(n int) bool { return n == next }
+	rl.mu.Unlock()
+	send(1000) // its batch is dropped
+	eventually(t, "the drop", func() bool { rl.mu.Lock(); defer rl.mu.Unlock(); return rl.dropped == 1 })
+	send(1001) // its batch reveals the gap
+	eventually(t, "the replayed index", func() bool {
+		return slices.Equal(sortedSet(want), sortedSet(rt.st.idx.p.x.Hashes(0)))
+	})
+	k := rt.View(time.Now()).Replicas[0].KVEvents
+	if k.Gaps != 1 || k.Replays < 1 || k.Resets != 0 {
+		t.Errorf("kv events view %+v, want 1 gap, a replay, no reset", k)
+	}
+	if got := gauge(t, rt, "kvrouter_kv_event_gaps_total", "0", ""); got != 1 {
+		t.Errorf("kvrouter_kv_event_gaps_total = %v, want 1", got)
 	}
 }
