@@ -97,11 +97,7 @@ func (r *remoteTokenizer) hashes(p *prefix.Prompt, root prefix.Hash, bs int, out
 func tokenizeBody(p *prefix.Prompt) ([]byte, error) {
 	req := tokenizeRequest{Model: p.Model}
 	if p.Chat {
-		req.Messages = make([]chatMessage, len(p.Messages))
-		for i, m := range p.Messages {
-			req.Messages[i] = chatMessage{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID, ToolCalls: m.ToolCalls}
-		}
-		req.Tools = p.Tools
+		req.Messages, req.Tools = chatMessages(p.Messages), p.Tools
 	} else {
 		if len(p.Prompts) == 0 {
 			return nil, fmt.Errorf("no text prompt")

@@ -185,10 +185,13 @@ type chatMessage struct {
 // messagesJSON renders parsed messages back to the JSON array the chat
 // template takes. Each message renders to the same bytes every time, so
 // the tokenizer's per-message memo applies across a conversation's turns.
-func messagesJSON(ms []prefix.Message) ([]byte, error) {
+func messagesJSON(ms []prefix.Message) ([]byte, error) { return json.Marshal(chatMessages(ms)) }
+
+// chatMessages converts parsed messages to their JSON form.
+func chatMessages(ms []prefix.Message) []chatMessage {
 	out := make([]chatMessage, len(ms))
 	for i, m := range ms {
 		out[i] = chatMessage{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID, ToolCalls: m.ToolCalls}
 	}
-	return json.Marshal(out)
+	return out
 }

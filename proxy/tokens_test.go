@@ -86,3 +86,35 @@ func TestTokenModeQwen3(t *testing.T) {
 		t.Errorf("other model: %v, want text mode %v", got, want)
 	}
 }
+
+// BenchmarkTokenHashNewTurn: token mode's cost per request (render the
+// chat template, tokenize, hash blocks) for a new turn of an
+// already-seen conversation of about 8,000 Qwen3 tokens: the earlier
+// messages hit the tokenizer's memos.
+//
+//	go test -run='^$' -bench=TokenHash -benchmem ./proxy
+func BenchmarkTokenHashNewTurn(b *testing.B) {
+	dir := os.Getenv("KVROUTER_QWEN3_DIR")
+	if dir == "" {
+		dir = filepath.Join("..", ".cache", "qwen3")
+	}
+	h, err := newTokenHasher(&Config{Tokenizer: dir, ChunkChars: 64}, nil)
+	if err != nil {
+		b.Skip(err)
+	}
+	msgs := []prefix.Message{{Role: "system", Content: "You are a helpful assistant."}}
+	for i := range 8 {
+		msgs = append(msgs, prefix.Message{Role: "user", Content: words(i, 80)}, prefix.Message{Role: "assistant", Content: words(i+1000, 60)})
+	}
+	p := &prefix.Prompt{Model: "m", Chat: true, Messages: msgs}
+	_, n := h.Hashes(p, nil)
+	var out []prefix.Hash
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		p.Messages = append(msgs, prefix.Message{Role: "user", Content: words(5000+i, 30)})
+		out, _ = h.Hashes(p, out[:0])
+	}
+	b.ReportMetric(float64(n), "tokens")
+}
