@@ -100,6 +100,11 @@ type Backend struct {
 	KV string
 	// Replay is the replica's KV-event replay endpoint; empty means none.
 	Replay string
+	// Model is the served model name the replica's KV events are keyed
+	// under (the "model" of the requests routed to it); empty means the
+	// model named by its topic "kv@<host>:<port>@<model>". Set it when the
+	// engine's topic is not of that form.
+	Model string
 }
 
 // Defaults of Config, also shown in flag help.
@@ -137,7 +142,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// ParseBackend parses "URL[,kv=ENDPOINT][,replay=ENDPOINT]".
+// ParseBackend parses "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]".
 func ParseBackend(s string) (Backend, error) {
 	parts := strings.Split(strings.TrimSpace(s), ",")
 	b := Backend{URL: strings.TrimRight(strings.TrimSpace(parts[0]), "/")}
@@ -154,8 +159,10 @@ func ParseBackend(s string) (Backend, error) {
 			b.KV = v
 		case "replay":
 			b.Replay = v
+		case "model":
+			b.Model = v
 		default:
-			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay)", s, k)
+			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model)", s, k)
 		}
 	}
 	return b, nil
@@ -183,6 +190,9 @@ func (b Backend) String() string {
 	}
 	if b.Replay != "" {
 		s += ",replay=" + b.Replay
+	}
+	if b.Model != "" {
+		s += ",model=" + b.Model
 	}
 	return s
 }

@@ -62,7 +62,7 @@ func startPrecise(cfg *Config, names []string, capacity int, now func() time.Dur
 	for i, b := range cfg.Backends {
 		p.x.AddReplica(i, capacity)
 		p.caps[i].Store(int64(capacity))
-		r := kvevents.Replica{ID: i, Endpoint: b.KV, Replay: b.Replay}
+		r := kvevents.Replica{ID: i, Model: b.Model, Endpoint: b.KV, Replay: b.Replay}
 		if u, err := url.Parse(b.URL); err == nil {
 			r.Addr = u.Host
 		}

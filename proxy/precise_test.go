@@ -579,3 +579,28 @@ func TestPreciseDroppedBatchReplayed(t *testing.T) {
 		t.Errorf("kvrouter_kv_event_gaps_total = %v, want 1", got)
 	}
 }
+
+// TestPreciseBackendModel: an engine publishing under a topic that names
+// no model (vLLM's default "", here "kv-events") is keyed under the
+// backend's model= option, so the router's requests match its blocks.
+func TestPreciseBackendModel(t *testing.T) {
+	e, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.01, Topic: "kv-events",
+		KVEventsEndpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	b := eventBackend(e)
+	b.Model = "m"
+	rt, url := preciseRouter(t, []Backend{b})
+	eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	text := words(3, 60)
+	body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, text)
+	if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	settled(t, rt, 0, e)
+	if d := cmp.Diff(sortedSet(textKeys(text)), sortedSet(rt.st.idx.p.x.Hashes(0))); d != "" {
+		t.Errorf("index vs prompt sent (-want +got):\n%s", d)
+	}
+}
