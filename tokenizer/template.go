@@ -183,10 +183,16 @@ func splitArray(data []byte) ([][]byte, error) {
 	for i := 1; i < len(data)-1; i++ {
 		c := data[i]
 		if inStr {
-			switch c {
-			case '\\':
+			// Jump to the next quote or backslash: strings are most of
+			// the bytes of a conversation.
+			j := bytes.IndexAny(data[i:len(data)-1], "\"\\")
+			if j < 0 {
+				return nil, errors.New("unterminated string in JSON array")
+			}
+			i += j
+			if data[i] == '\\' {
 				i++
-			case '"':
+			} else {
 				inStr = false
 			}
 			continue

@@ -24,7 +24,8 @@ import (
 
 // Tokenizer encodes text into token ids. It is safe for concurrent use.
 type Tokenizer struct {
-	vocab  map[string]uint32
+	vocab  map[string]uint32 // only while loading: a big pointer map slows every GC
+	nvocab int
 	merges map[uint64]merge // (left id << 32 | right id) → merge
 	bytes  [256]uint32      // id of each single byte's symbol
 	split  splitter
@@ -33,6 +34,7 @@ type Tokenizer struct {
 	added     []addedToken // longest first
 	addedIDs  map[string]uint32
 	firstByte [256]bool // first bytes of added tokens
+	onlyFirst byte      // the first byte of every added token, if they share one; else 0
 
 	template *chatTemplate // nil when tokenizer_config.json has none
 
@@ -154,6 +156,18 @@ func Parse(data []byte) (*Tokenizer, error) {
 			t.firstByte[a.Content[0]] = true
 		}
 	}
+	for _, a := range t.added {
+		if a.content == "" {
+			continue
+		}
+		if t.onlyFirst == 0 {
+			t.onlyFirst = a.content[0]
+		} else if a.content[0] != t.onlyFirst {
+			t.onlyFirst = 0
+			break
+		}
+	}
+	t.nvocab, t.vocab = len(t.vocab), nil
 	// Longest first, so that a token that prefixes another never wins.
 	for i := 1; i < len(t.added); i++ {
 		for j := i; j > 0 && len(t.added[j].content) > len(t.added[j-1].content); j-- {
@@ -231,7 +245,15 @@ func (t *Tokenizer) Encode(text string, out []uint32) []uint32 {
 // the tokens' first bytes; at each candidate the longest token wins.
 func (t *Tokenizer) nextAdded(s string) (int, addedToken) {
 	for i := 0; i < len(s); i++ {
-		if !t.firstByte[s[i]] {
+		if t.onlyFirst != 0 {
+			// One first byte for all added tokens ('<' in most models):
+			// let IndexByte scan.
+			j := strings.IndexByte(s[i:], t.onlyFirst)
+			if j < 0 {
+				break
+			}
+			i += j
+		} else if !t.firstByte[s[i]] {
 			continue
 		}
 		for _, a := range t.added {
@@ -326,4 +348,4 @@ func (t *Tokenizer) bpe(sym []uint32) []uint32 {
 }
 
 // VocabSize is the number of ids, added tokens included.
-func (t *Tokenizer) VocabSize() int { return len(t.vocab) + len(t.added) }
+func (t *Tokenizer) VocabSize() int { return t.nvocab + len(t.added) }
