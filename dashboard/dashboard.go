@@ -70,11 +70,14 @@ type Replica struct {
 	Sessions int
 	// Completed and Failed count finished requests.
 	Completed, Failed int64
-	// PredictedCached and ActualCached total, over completed requests whose
-	// usage was reported, the cached prompt tokens the policy predicted and
-	// the engine reported. PromptTokens totals the engine's prompt_tokens
-	// over the same requests; zero means unknown, and then the hit rates
-	// are not shown.
+	// PromptTokens and ActualCached total the engine's reported
+	// usage.prompt_tokens and usage.prompt_tokens_details.cached_tokens
+	// over the completed requests whose usage reported both, so that
+	// ActualCached / PromptTokens is the replica's actual hit rate;
+	// PredictedCached totals the cached prompt tokens the policy predicted
+	// for the completed requests that reported cached tokens (the same
+	// requests, for any engine that reports prompt_tokens). PromptTokens
+	// zero means unknown, and then the hit rates are not shown.
 	PredictedCached, ActualCached, PromptTokens int64
 	// Scale is the learned TTFT correction factor (1: the cost model was
 	// right; zero: unknown); Horizon the estimated eviction horizon (zero:

@@ -18,65 +18,25 @@ import (
 	"kvrouter/proxy"
 )
 
-// routerSource adapts a proxy.Router to dashboard.Source. It is the
-// adapter the proxy mounts the dashboard with (see the package report).
-type routerSource struct{ rt *proxy.Router }
-
-func (s routerSource) Fleet(now time.Time) dashboard.Fleet {
-	v := s.rt.View(now)
-	f := dashboard.Fleet{
-		At: v.At, Policy: v.Policy, Index: v.Index, Sessions: v.Sessions, Decisions: v.Decisions,
-		Replicas: make([]dashboard.Replica, len(v.Replicas)),
-	}
-	for i, r := range v.Replicas {
-		f.Replicas[i] = dashboard.Replica{
-			ID: r.ID, Healthy: r.Healthy,
-			InFlight: r.InFlight, PrefillTokens: r.PrefillTokens, Decoding: r.Decoding, DecodeBlocks: r.DecodeBlocks,
-			Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage, Scraped: r.Scraped, LoadAge: r.LoadAge,
-			ScrapeErrors: r.ScrapeErrors, ScrapeError: r.ScrapeError,
-			CacheBlocks: r.CacheBlocks, IndexBlocks: r.IndexBlocks, Sessions: r.Sessions,
-			Completed: r.Completed, Failed: r.Failed,
-			PredictedCached: r.PredictedCached, ActualCached: r.ActualCached,
-			Scale: r.Scale, Horizon: r.Horizon,
-		}
-	}
-	return f
-}
-
-func (s routerSource) Decisions(n int) []dashboard.Decision {
-	recs := s.rt.Decisions(n)
-	out := make([]dashboard.Decision, len(recs))
-	for i, r := range recs {
-		out[i] = dashboard.Decision{
-			ID: r.ID, At: r.At, Session: r.Session, Policy: r.Policy, Model: r.Model,
-			Tokens: r.Tokens, Blocks: r.Blocks, Replica: r.Replica, Reason: r.Reason, Failed: r.Failed,
-			PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,
-			PredictedTTFTMS: r.PredictedTTFTMS, DecideMS: r.DecideMS, TTFTMS: r.TTFTMS, E2EMS: r.E2EMS,
-			Status: r.Status, Outcome: r.Outcome,
-			Candidates: make([]dashboard.Candidate, len(r.Candidates)),
-		}
-		for j, c := range r.Candidates {
-			out[i].Candidates[j] = dashboard.Candidate(c)
-		}
-	}
-	return out
-}
-
-// stack starts n emulated replicas and a kv-aware router in front, with
-// the dashboard mounted as the proxy mounts it, and returns its URL.
+// stack starts n emulated replicas publishing KV events and a kv-aware
+// router in front of them in precise mode (token mode through the
+// replicas' /tokenize), and serves the router's own handler, whose /ui is
+// the dashboard. It returns the router's URL.
 func stack(t *testing.T, n int) string {
 	t.Helper()
 	cfg := proxy.DefaultConfig()
 	cfg.Policy = "kv-aware"
+	cfg.Tokenizer = proxy.Remote
 	cfg.ScrapeInterval = 100 * time.Millisecond
 	cfg.HealthInterval = 100 * time.Millisecond
 	for range n {
-		s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.05}, "127.0.0.1:0")
+		s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.05,
+			KVEventsEndpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"}, "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		cfg.Backends = append(cfg.Backends, proxy.Backend{URL: s.URL()})
+		cfg.Backends = append(cfg.Backends, proxy.Backend{URL: s.URL(), KV: s.KVEventsEndpoint(), Replay: s.ReplayEndpoint()})
 	}
 	rt, err := proxy.New(cfg, proxy.Deps{Registry: prometheus.NewRegistry()})
 	if err != nil {
@@ -91,10 +51,7 @@ func stack(t *testing.T, n int) string {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	mux := http.NewServeMux()
-	mux.Handle("/ui/", dashboard.New(routerSource{rt}))
-	mux.Handle("/", rt.Handler())
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(rt.Handler())
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
@@ -130,7 +87,12 @@ func TestBrowserLiveRouter(t *testing.T) {
 	if rows != n {
 		t.Fatalf("got %d replica rows, want %d", rows, n)
 	}
-	run(t, ctx, 10*time.Second, "healthy", chromedp.Poll[bool](`document.querySelectorAll('#replicas .badge.up').length === 3`))
+	run(t, ctx, 10*time.Second, "healthy", chromedp.Poll[bool](`document.querySelectorAll('#replicas td.id .badge.up').length === 3`))
+	// Every replica's KV-event stream is live: precise mode, no fallback.
+	run(t, ctx, 10*time.Second, "live event streams", chromedp.Poll[bool](`document.querySelectorAll('#replicas td.events .badge.up').length === 3`))
+	if got := run(t, ctx, 5*time.Second, "index tag", chromedp.Evaluate[string](`document.getElementById('index').textContent`)); got != "index: precise" {
+		t.Errorf("index tag %q, want index: precise", got)
+	}
 	if got := run(t, ctx, 5*time.Second, "decisions card", chromedp.Evaluate[string](`document.querySelector('#decisions tbody').textContent`)); got != "no decisions yet" {
 		t.Errorf("decisions before traffic %q, want no decisions yet", got)
 	}
@@ -152,6 +114,16 @@ func TestBrowserLiveRouter(t *testing.T) {
 		chromedp.Poll[int](`document.querySelectorAll('#decisions tr.decision').length === 6 && 6`))
 	if decisions != 6 {
 		t.Errorf("%d decision rows, want 6", decisions)
+	}
+	// The engines reported cached tokens for the sessions' later turns: the
+	// hit-rate card and the serving replicas' actual hit rates show them.
+	hit := run(t, ctx, 10*time.Second, "hit rate",
+		chromedp.Poll[string](`(() => { const v = [...document.querySelectorAll('#totals .card')].find(c => c.textContent.startsWith('Hit rate')).querySelector('.value').textContent; return /^[1-9][0-9.]*%$/.test(v) && v })()`))
+	t.Logf("hit rate card %s", hit)
+	hot := run(t, ctx, 5*time.Second, "replica hit rates",
+		chromedp.Evaluate[int](`[...document.querySelectorAll('#replicas td.hit')].filter(c => /\/ [1-9][0-9.]*%$/.test(c.textContent)).length`))
+	if hot < 1 {
+		t.Errorf("%d replicas show a positive actual hit rate, want at least 1", hot)
 	}
 	run(t, ctx, 5*time.Second, "expand", chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tr.decision').click()`))
 	cands := run(t, ctx, 5*time.Second, "candidates", chromedp.Poll[int](`document.querySelectorAll('tr.costs table.inner tbody tr').length`))

@@ -88,7 +88,7 @@ func (c *call) settle() {
 	rt := c.rt
 	switch c.outcome {
 	case OutcomeOK:
-		c.ticket.Done(c.actual, nil)
+		c.ticket.DoneUsage(c.actual, c.usage, nil)
 		rt.st.reportSuccess(c.replica)
 	case OutcomeCanceled: // not the replica's fault
 		c.ticket.Done(-1, nil)

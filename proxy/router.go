@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"kvrouter/dashboard"
 	"kvrouter/kvevents"
 	"kvrouter/route"
 )
@@ -166,7 +167,8 @@ func (rt *Router) Replicas() []string { return append([]string(nil), rt.names...
 func (rt *Router) Policy() string { return rt.policyName }
 
 // Handler returns the router's HTTP handler: the OpenAI routes, /v1/models,
-// /debug/decisions, /metrics, /health and a pass-through for everything
+// /debug/decisions, /metrics, /health, the dashboard at /ui (package
+// dashboard; /ui redirects to /ui/) and a pass-through for everything
 // else.
 func (rt *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -175,6 +177,7 @@ func (rt *Router) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", rt.serveModels)
 	mux.HandleFunc("GET /debug/decisions", rt.serveDecisions)
 	mux.HandleFunc("GET /health", rt.serveHealth)
+	mux.Handle("/ui/", dashboard.New(dashSource{rt}))
 	if rt.gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(rt.gatherer, promhttp.HandlerOpts{}))
 	}

@@ -136,14 +136,14 @@ function renderReplicas(f) {
       el("td", { class: "num" }, r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—"),
       el("td", { class: "num" }, int(r.prefill_tokens)),
       el("td", {}, kvBar(r)),
-      el("td", { class: "num", title: `cached prompt tokens: ${int(r.predicted_cached_tokens)} predicted, ` +
+      el("td", { class: "num hit", title: `cached prompt tokens: ${int(r.predicted_cached_tokens)} predicted, ` +
         `${int(r.actual_cached_tokens)} reported, of ${int(r.prompt_tokens)} prompt tokens` },
         `${pct(r.hit_rate_predicted)} / ${pct(r.hit_rate_actual)}`),
       el("td", { class: "num" }, int(r.sessions)),
       el("td", { class: "num completed" }, `${int(r.completed)} / ${int(r.failed)}`),
       el("td", { class: "num" + (r.scrape_errors ? " bad" : ""), title: r.scrape_error ? `${r.scrape_errors} failed scrapes: ${r.scrape_error}` : null },
         dur(r.load_age_ms) + (r.scrape_errors ? " ⚠" : "")),
-      el("td", {}, eventsCell(r.events)),
+      el("td", { class: "events" }, eventsCell(r.events)),
     ));
   if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colspan: 10 }, "no replicas")));
   document.querySelector("#replicas tbody").replaceChildren(...rows);
