@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"kvrouter/kvevents"
 	"kvrouter/prefix"
 	"kvrouter/residency"
@@ -212,32 +210,4 @@ func (p *precise) view(i int, now time.Time) *KVEventsView {
 	v.Events, v.Gaps, v.Replays, v.Resets, v.Orphans, v.DecodeErrors = st.Events, st.Gaps, st.Replays, st.Resets, st.Orphans, st.DecodeErrors
 	v.Blocks = st.Blocks
 	return v
-}
-
-// modeCollector exports kvrouter_index_mode{replica,mode}: 1 for the feed
-// each replica is matched against now, 0 for the other.
-type modeCollector struct {
-	p    *precise
-	desc *prometheus.Desc
-}
-
-func newModeCollector(p *precise) *modeCollector {
-	return &modeCollector{p: p, desc: prometheus.NewDesc("kvrouter_index_mode",
-		"1 for the residency feed the replica is matched against (precise: its KV events; approximate: the router's own routing), 0 for the other.",
-		[]string{"replica", "mode"}, nil)}
-}
-
-// Describe implements prometheus.Collector.
-func (mc *modeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- mc.desc }
-
-// Collect implements prometheus.Collector.
-func (mc *modeCollector) Collect(ch chan<- prometheus.Metric) {
-	for i, name := range mc.p.names {
-		live := 0.0
-		if mc.p.live[i].Load() {
-			live = 1
-		}
-		ch <- prometheus.MustNewConstMetric(mc.desc, prometheus.GaugeValue, live, name, IndexPrecise)
-		ch <- prometheus.MustNewConstMetric(mc.desc, prometheus.GaugeValue, 1-live, name, IndexApproximate)
-	}
 }

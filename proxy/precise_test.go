@@ -305,14 +305,38 @@ func TestPreciseFallbackDeadEndpoint(t *testing.T) {
 		{"kvrouter_index_mode", good.URL(), IndexPrecise, 1},
 		{"kvrouter_index_mode", bad.URL(), IndexPrecise, 0},
 		{"kvrouter_index_mode", bad.URL(), IndexApproximate, 1},
-		{"kvrouter_kv_events_connected", "1", "", 0},
-		{"kvrouter_kv_events_stale", "1", "", 1},
-		{"kvrouter_kv_events_connected", "0", "", 1},
+		{"kvrouter_kv_events_connected", bad.URL(), "", 0},
+		{"kvrouter_kv_events_stale", bad.URL(), "", 1},
+		{"kvrouter_kv_events_connected", good.URL(), "", 1},
+		{"kvrouter_kv_events_stale", good.URL(), "", 0},
 	}
 	for _, c := range checks {
 		if got := gauge(t, rt, c.name, c.replica, c.mode); got != c.want {
 			t.Errorf("%s{replica=%s,mode=%s} = %v, want %v", c.name, c.replica, c.mode, got, c.want)
 		}
+	}
+	// Every KV-event series names its replica by URL, as the other router
+	// metrics do.
+	mfs, err := rt.gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := 0
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "kvrouter_kv_event") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "replica" && l.GetValue() != good.URL() && l.GetValue() != bad.URL() {
+					t.Errorf("%s{replica=%q}: want a backend URL", mf.GetName(), l.GetValue())
+				}
+			}
+			series++
+		}
+	}
+	if series != 2*13+1 {
+		t.Errorf("%d kv-event series, want %d (13 per replica, and unmatched)", series, 2*13+1)
 	}
 	seen := map[string]bool{}
 	for k := 0; k < 40 && len(seen) < 2; k++ {
@@ -575,7 +599,7 @@ func TestPreciseDroppedBatchReplayed(t *testing.T) {
 	if k.Gaps != 1 || k.Replays < 1 || k.Resets != 0 {
 		t.Errorf("kv events view %+v, want 1 gap, a replay, no reset", k)
 	}
-	if got := gauge(t, rt, "kvrouter_kv_event_gaps_total", "0", ""); got != 1 {
+	if got := gauge(t, rt, "kvrouter_kv_event_gaps_total", e.URL(), ""); got != 1 {
 		t.Errorf("kvrouter_kv_event_gaps_total = %v, want 1", got)
 	}
 }
