@@ -93,6 +93,12 @@ type PolicyResult struct {
 	Engines loadgen.EngineFigures
 	// Wall is this policy's wall time, fleet start to stop.
 	Wall time.Duration
+	// Scales are the router's learned TTFT corrections per replica at the
+	// end (observed / predicted time to first token; 1: no observation,
+	// or a policy without a cost model). The cost model starts from the
+	// preset's rates at the replicas' time scale, so a scale near 1 says
+	// its predictions held.
+	Scales []float64
 }
 
 func (c Config) withDefaults() Config {
@@ -173,6 +179,9 @@ func runPolicy(ctx context.Context, cfg Config, policy string, reqs []trace.Requ
 	}
 	pr.Report = load.Summarize(policy, pr.Replicas, report.SLO{})
 	fl.decisions(&pr.Report, len(reqs))
+	for _, r := range fl.rt.View(time.Now()).Replicas {
+		pr.Scales = append(pr.Scales, r.Scale)
+	}
 	pr.Wall = time.Since(t0)
 	return pr, nil
 }
@@ -206,11 +215,19 @@ func startFleet(cfg Config, policy string) (*fleet, error) {
 	pc := proxy.DefaultConfig()
 	pc.Policy = policy
 	pc.Preset = cfg.Preset
+	// The replicas run cfg.TimeScale wall seconds per engine second: the
+	// cost model starts from the preset's rates at that scale, so its
+	// predicted TTFTs are the replicas' wall times (calibration, clamped
+	// to 0.25..4, could not reach a scale of 0.1 from real-time rates).
+	pc.TimeScale = cfg.TimeScale
 	pc.Listen = "127.0.0.1:0"
 	pc.Decisions = max(cfg.Requests+64, proxy.DefaultDecisions)
 	// Scrape as often, in model time, as a real router would every 250 ms.
 	pc.ScrapeInterval = max(time.Duration(float64(250*time.Millisecond)*cfg.TimeScale), 10*time.Millisecond)
 	pc.CacheBlocks = cfg.KVBlocks
+	// Precise mode: the router follows the replicas' KV events (ZMQ) and
+	// tokenizes like them, through their /tokenize.
+	pc.Tokenizer = proxy.Remote
 	for _, s := range fl.reps {
 		pc.Backends = append(pc.Backends, proxy.Backend{URL: s.URL(), KV: s.KVEventsEndpoint()})
 	}

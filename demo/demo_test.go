@@ -45,6 +45,16 @@ func TestDemoOrdering(t *testing.T) {
 	if kv.Prefill >= rr.Prefill {
 		t.Errorf("prefill tokens: kv-aware %d, round-robin %d; want kv-aware fewer", kv.Prefill, rr.Prefill)
 	}
+	// The router models the emulated fleet at its time scale: its learned
+	// TTFT corrections stay off the calibration floor (0.25), where
+	// real-time rates against a fleet 10x faster would pin them, and under
+	// 4 (the ceiling) but for -race's HTTP overhead.
+	for i, sc := range res.Policies[1].Scales {
+		if sc <= 0.3 || sc >= 4 && !raceEnabled {
+			t.Errorf("kv-aware: replica %d's learned TTFT scale %.3f, want within (0.3, 4)", i, sc)
+		}
+	}
+	t.Logf("kv-aware learned TTFT scales %.3f", res.Policies[1].Scales)
 	if raceEnabled {
 		kvT, rrT := res.Policies[1].Engines.MeanTTFT(), res.Policies[0].Engines.MeanTTFT()
 		if kvT >= rrT {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -46,6 +47,14 @@ type Config struct {
 	Decisions int `yaml:"decisions"`
 	// Preset names the engine preset the cost model's rates start from.
 	Preset string `yaml:"preset"`
+	// TimeScale is the time scale the backends' engines run at, in wall
+	// seconds per engine second, as emulated fleets do (kvrouter engine
+	// --time-scale, the demo): every duration of the preset's rates is
+	// multiplied by it, so that the cost model's predicted times are wall
+	// times of these engines from the start. 1 for real engines; zero
+	// means 1. TTFT calibration (Rates.Scale, clamped to 0.25..4) then
+	// only corrects what remains.
+	TimeScale float64 `yaml:"time-scale"`
 	// CacheBlocks is each replica's KV capacity in blocks when its metrics do
 	// not report one; zero means the preset's.
 	CacheBlocks int `yaml:"cache-blocks"`
@@ -275,6 +284,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Backends) > residency.MaxReplicasLimit {
 		errs = append(errs, fmt.Errorf("backend: at most %d, got %d", residency.MaxReplicasLimit, len(c.Backends)))
+	}
+	if c.TimeScale < 0 || math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) {
+		errs = append(errs, fmt.Errorf("time-scale: must be a positive number (1 for real engines), got %v", c.TimeScale))
 	}
 	if c.CacheBlocks < 0 {
 		errs = append(errs, fmt.Errorf("cache-blocks: must not be negative, got %d", c.CacheBlocks))

@@ -71,7 +71,7 @@ func newState(rt *Router, needs route.Needs) (*state, error) {
 	}
 	st.fleet, err = fleet.New(fleet.Config{
 		Replicas:    rt.names,
-		Rates:       ecfg.Rates(),
+		Rates:       scaleRates(ecfg.Rates(), rt.cfg.TimeScale),
 		BlockSize:   h.TokensPerBlock(),
 		CacheBlocks: fallback,
 		SessionTTL:  rt.cfg.SessionTTL,
@@ -97,6 +97,27 @@ func newState(rt *Router, needs route.Needs) (*state, error) {
 		st.scraper.Add(name)
 	}
 	return st, nil
+}
+
+// scaleRates returns r with every duration multiplied by timeScale (wall
+// seconds per engine second; zero or 1 leaves r as it is). Horizon and
+// Scale are learned, not the preset's, and stay. A zero duration (route's
+// default) stays zero: engine.Config.Rates fills every field.
+func scaleRates(r route.Rates, timeScale float64) route.Rates {
+	if timeScale <= 0 || timeScale == 1 {
+		return r
+	}
+	scale := func(d time.Duration) time.Duration {
+		if d <= 0 {
+			return d // zero: route's default, which is not scaled
+		}
+		return max(time.Duration(math.Round(float64(d)*timeScale)), 1) // never zero: that would mean the default
+	}
+	r.PrefillPerToken = scale(r.PrefillPerToken)
+	r.AttnPerToken2 = scale(r.AttnPerToken2)
+	r.DecodeStep = scale(r.DecodeStep)
+	r.DecodePerSeq = scale(r.DecodePerSeq)
+	return r
 }
 
 // replica returns the index of the replica named id, or -1.

@@ -1,11 +1,14 @@
 package proxy
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"kvrouter/engine"
 	"kvrouter/route"
 )
 
@@ -34,5 +37,60 @@ func TestPriorScale(t *testing.T) {
 				t.Errorf("scales (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+func TestScaleRates(t *testing.T) {
+	base := route.Rates{PrefillPerToken: 40 * time.Microsecond, AttnPerToken2: 1300 * time.Microsecond,
+		DecodeStep: 15 * time.Millisecond, DecodePerSeq: 100 * time.Microsecond, MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5}
+	tests := []struct {
+		name  string
+		in    route.Rates
+		scale float64
+		want  route.Rates
+	}{
+		{"zero means real time", base, 0, base},
+		{"real time", base, 1, base},
+		{"ten times faster", base, 0.1, route.Rates{PrefillPerToken: 4 * time.Microsecond, AttnPerToken2: 130 * time.Microsecond,
+			DecodeStep: 1500 * time.Microsecond, DecodePerSeq: 10 * time.Microsecond, MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5}},
+		{"slower", base, 2, route.Rates{PrefillPerToken: 80 * time.Microsecond, AttnPerToken2: 2600 * time.Microsecond,
+			DecodeStep: 30 * time.Millisecond, DecodePerSeq: 200 * time.Microsecond, MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5}},
+		{"never rounds to route's default", route.Rates{PrefillPerToken: 3, DecodeStep: 1}, 0.01,
+			route.Rates{PrefillPerToken: 1, DecodeStep: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if d := cmp.Diff(tc.want, scaleRates(tc.in, tc.scale)); d != "" {
+				t.Errorf("rates (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestTimeScaleRates: the fleet's rates, which the cost model prices
+// with, are the preset's times the configured time scale.
+func TestTimeScaleRates(t *testing.T) {
+	up := newFake(t, 0)
+	for _, scale := range []float64{0, 1, 0.1} {
+		rt, _ := startRouter(t, "kv-aware", func(c *Config) { c.TimeScale = scale }, up.URL)
+		var s route.Snapshot
+		rt.st.snapshot(&s, time.Now())
+		ecfg, err := engine.Preset(DefaultPreset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ecfg.Rates().PrefillPerToken
+		if scale > 0 {
+			want = time.Duration(float64(want) * scale)
+		}
+		if got := s.Replicas[0].Rates.PrefillPerToken; got != want {
+			t.Errorf("time scale %v: prefill per token %v, want %v", scale, got, want)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Backends = []Backend{{URL: up.URL}}
+	cfg.TimeScale = -1
+	if _, err := New(cfg, Deps{}); err == nil || !strings.Contains(err.Error(), "time-scale") {
+		t.Errorf("time scale -1: error %v, want one naming time-scale", err)
 	}
 }
