@@ -60,7 +60,6 @@ type index struct {
 // matchScratch holds a call's per-replica scratch for the precise match.
 type matchScratch struct {
 	pm, om []int
-	pa, oa []time.Duration
 }
 
 // newIndex builds the index for a policy with needs over n replicas, each

@@ -87,23 +87,21 @@ func startPrecise(cfg *Config, names []string, capacity int, now func() time.Dur
 
 // match overwrites match and age for live replicas with their precise
 // match merged with the overlay's (the longer run wins: both hold a
-// prefix of the request's chain). sc keeps the precise match for touch.
+// prefix of the request's chain), and age zero: the engine's events say
+// what is resident, so a precise match does not decay with age (as in
+// sim). sc keeps the precise match for touch.
 func (p *precise) match(hashes []prefix.Hash, now time.Duration, sc *matchScratch, match []int, age []time.Duration) {
 	n := len(match)
-	sc.pm, sc.pa, sc.om, sc.oa = grow(sc.pm, n), grow(sc.pa, n), grow(sc.om, n), grow(sc.oa, n)
-	p.x.Match(hashes, now, sc.pm, sc.pa)
-	p.overlay.Match(hashes, now, sc.om, sc.oa)
+	sc.pm, sc.om = grow(sc.pm, n), grow(sc.om, n)
+	p.x.Match(hashes, now, sc.pm, nil)
+	p.overlay.Match(hashes, now, sc.om, nil)
 	for i := range match {
 		if !p.live[i].Load() {
 			continue
 		}
-		m, a := sc.pm[i], sc.pa[i]
-		if sc.om[i] > m {
-			m, a = sc.om[i], sc.oa[i]
-		}
-		match[i] = m
+		match[i] = max(sc.pm[i], sc.om[i])
 		if age != nil {
-			age[i] = a
+			age[i] = 0
 		}
 	}
 }
