@@ -36,7 +36,8 @@ func runServe(ctx context.Context, args []string) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	srv := &http.Server{Handler: rt.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	log.Info("kvrouter serving", "listen", ln.Addr().String(), "policy", rt.Policy(), "backends", rt.Replicas())
+	log.Info("kvrouter serving", "listen", ln.Addr().String(), "policy", rt.Policy(), "backends", rt.Replicas(),
+		"dashboard", "http://"+ln.Addr().String()+"/ui/")
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
