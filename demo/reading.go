@@ -45,6 +45,7 @@ func (r *Result) Reading() string {
 		}
 	}
 	b.WriteString(why(fs))
+	b.WriteString(r.skew())
 	b.WriteString(errorsClause(fs))
 	b.WriteString(crossCheck(fs))
 	return strings.TrimSpace(b.String())
@@ -82,6 +83,41 @@ func why(fs []Figures) string {
 			"conversations, which pinning a session captures; its median TTFT was %s. ", 100*sh.HitRate, ms(sh.TTFTp50))
 	}
 	return b.String()
+}
+
+// skew explains a kv-aware run that piled requests on few replicas, from
+// its requests per replica and its decision reasons.
+func (r *Result) skew() string {
+	for _, p := range r.Policies {
+		if p.Policy != "kv-aware" {
+			continue
+		}
+		total, top, idle := 0, 0, 0
+		for _, n := range p.Report.PerReplica {
+			total += n
+			top = max(top, n)
+			if n == 0 {
+				idle++
+			}
+		}
+		if total == 0 || len(p.Report.PerReplica) < 2 || idle == 0 && 2*top < total {
+			return ""
+		}
+		decided := 0
+		for _, n := range p.Report.Reasons {
+			decided += n
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "kv-aware put %.0f%% of its requests on one replica", 100*float64(top)/float64(total))
+		if idle > 0 {
+			fmt.Fprintf(&b, " and left %d of %d idle", idle, len(p.Report.PerReplica))
+		}
+		fmt.Fprintf(&b, ": it sends a request where its prefix (the shared system prompt, then the conversation's history) "+
+			"is cached unless the queue there is predicted to cost more than prefilling the prompt elsewhere, "+
+			"which it found for %d of %d requests (reason \"spread\"). ", p.Report.Reasons["spread"], decided)
+		return b.String()
+	}
+	return ""
 }
 
 // errorsClause reports failed requests.
