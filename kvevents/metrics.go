@@ -11,7 +11,8 @@ import (
 // collector over Subscriber.Statuses, read at scrape time: the ingest path
 // only updates its atomic counters and knows nothing of Prometheus.
 type Metrics struct {
-	sub *Subscriber
+	sub   *Subscriber
+	label func(replica int) string
 
 	events, stored, removed, batches, gaps, replays, resets, orphans, decodeErrors *prometheus.Desc
 	connected, stale, lastEventAge, blocks, unmatched                              *prometheus.Desc
@@ -27,14 +28,20 @@ type Metrics struct {
 // (-1 before the first event), kvrouter_kv_event_blocks (engine blocks
 // known), all labelled by replica, and
 // kvrouter_kv_event_unmatched_total (bind-mode messages of unknown
-// topics).
-func NewMetrics(reg prometheus.Registerer, sub *Subscriber) (*Metrics, error) {
+// topics). label names a replica in the replica label (the router uses its
+// URL); nil means its ID in decimal. A replica whose label is "" is
+// left out.
+func NewMetrics(reg prometheus.Registerer, sub *Subscriber, label func(replica int) string) (*Metrics, error) {
+	if label == nil {
+		label = strconv.Itoa
+	}
 	l := []string{"replica"}
 	d := func(name, help string, labels []string) *prometheus.Desc {
 		return prometheus.NewDesc("kvrouter_"+name, help, labels, nil)
 	}
 	m := &Metrics{
 		sub:          sub,
+		label:        label,
 		events:       d("kv_events_total", "KV events applied (BlockStored, BlockRemoved, AllBlocksCleared).", l),
 		stored:       d("kv_event_blocks_stored_total", "Blocks reported stored.", l),
 		removed:      d("kv_event_blocks_removed_total", "Blocks reported removed.", l),
@@ -74,7 +81,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, r)
 	}
 	for _, s := range m.sub.Statuses() {
-		r := strconv.Itoa(s.Replica)
+		r := m.label(s.Replica)
+		if r == "" {
+			continue
+		}
 		counter(m.events, s.Events, r)
 		counter(m.stored, s.Stored, r)
 		counter(m.removed, s.Removed, r)

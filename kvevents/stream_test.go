@@ -104,7 +104,7 @@ func TestStaleAndMetrics(t *testing.T) {
 	p := newTestPub(t, "kv@h:1@m", false, false)
 	s, _ := startSub(t, Config{StaleAfter: 50 * time.Millisecond, Replicas: []Replica{{ID: 2, Model: "m", Endpoint: p.pubAddr}}})
 	reg := prometheus.NewRegistry()
-	if _, err := NewMetrics(reg, s); err != nil {
+	if _, err := NewMetrics(reg, s, nil); err != nil {
 		t.Fatal(err)
 	}
 	p.waitSubscribed()

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"kvrouter/dashboard"
+	"kvrouter/kvevents"
 	"kvrouter/route"
 )
 
@@ -123,11 +124,13 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	if p := st.idx.p; p != nil {
-		for _, c := range []prometheus.Collector{newEventsCollector(p), newModeCollector(p)} {
-			if err := reg.Register(c); err != nil {
-				p.sub.Close()
-				return nil, fmt.Errorf("proxy metrics: %w", err)
-			}
+		if _, err := kvevents.NewMetrics(reg, p.sub, p.label); err != nil {
+			p.sub.Close()
+			return nil, fmt.Errorf("proxy metrics: %w", err)
+		}
+		if err := reg.Register(newModeCollector(p)); err != nil {
+			p.sub.Close()
+			return nil, fmt.Errorf("proxy metrics: %w", err)
 		}
 	}
 	rt.rp = &httputil.ReverseProxy{
