@@ -1,0 +1,211 @@
+package route
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"flag"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// updateGolden rewrites testdata/kvaware_digest.txt from the current Pick.
+var updateGolden = flag.Bool("update-kvaware-digest", false, "rewrite testdata/kvaware_digest.txt")
+
+// goldenCases is how many generated decisions the digest covers.
+const goldenCases = 2000
+
+// TestKVAwareGoldenDigest pins the kv-aware cost model bit for bit: it runs
+// Pick over goldenCases seeded snapshots and requests (1..1,000 replicas,
+// varied Match, Age, Rates, health, staleness, Scale, Pinned, PinBonus and
+// policy settings) and compares a SHA-256 of every Decision field and every
+// recorded Cost field with the digest in testdata. Speed changes to Pick
+// must leave it unchanged; regenerate it (-update-kvaware-digest) only for a
+// deliberate change of the model.
+func TestKVAwareGoldenDigest(t *testing.T) {
+	got := kvAwareDigest()
+	path := filepath.Join("testdata", "kvaware_digest.txt")
+	if *updateGolden {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden digest (run with -update-kvaware-digest to create): %v", err)
+	}
+	if got != strings.TrimSpace(string(want)) {
+		t.Errorf("kv-aware digest over %d cases = %s, want %s: decisions or cost terms changed", goldenCases, got, strings.TrimSpace(string(want)))
+	}
+}
+
+// kvAwareDigest hashes the decisions and costs of goldenCases generated picks.
+func kvAwareDigest() string {
+	rng := rand.New(rand.NewPCG(20240611, 3))
+	h := sha256.New()
+	var buf []byte
+	put := func(v int64) { buf = binary.LittleEndian.AppendUint64(buf, uint64(v)) }
+	for c := range goldenCases {
+		p, r, s := goldenCase(rng, c)
+		d := p.Pick(r, s)
+		buf = buf[:0]
+		put(int64(c))
+		put(int64(d.Replica))
+		buf = append(buf, d.Reason...)
+		put(int64(d.Matched))
+		put(int64(len(d.Costs)))
+		if d.Costs == nil {
+			put(-1)
+		}
+		for _, k := range d.Costs {
+			put(int64(k.Replica))
+			put(int64(k.Matched))
+			put(int64(k.Wait))
+			put(int64(k.Prefill))
+			put(int64(k.Decode))
+			put(int64(k.Memory))
+			put(int64(k.Total))
+		}
+		h.Write(buf)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// goldenCase generates case c: a policy, a request and a snapshot.
+func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
+	var n int
+	switch rng.IntN(6) {
+	case 0:
+		n = 1 + rng.IntN(3)
+	case 1, 2:
+		n = 1 + rng.IntN(64)
+	case 3, 4:
+		n = 1 + rng.IntN(1000)
+	default:
+		n = 1000
+	}
+	pick := func(vals ...int) int { return vals[rng.IntN(len(vals))] }
+	dur := func(max time.Duration) time.Duration { return time.Duration(rng.Int64N(int64(max))) }
+
+	p := KVAware{}
+	if rng.IntN(3) == 0 {
+		p.StaleAfter = time.Duration(pick(-1, 0, 100, 500, 2000)) * time.Millisecond
+		p.HighWater = []float64{-0.5, 0, 0.5, 0.8, 0.95, 1, 1.5}[rng.IntN(7)]
+		p.MeanOutput = pick(-3, 0, 1, 64, 1000)
+	}
+	if rng.IntN(3) == 0 {
+		p.PinBonus = time.Duration(pick(-5, 1, 10, 100, 1000)) * time.Millisecond
+	}
+
+	bsz := pick(0, 0, 16, 32, 1)
+	bs := bsz
+	if bs == 0 {
+		bs = DefaultBlockSize
+	}
+	r := &Request{ID: "g", Hash: rng.Uint64(), Tokens: pick(0, 1, 15, 100, 1030, 4096, 32000, rng.IntN(20000)),
+		MaxTokens: pick(0, 0, -1, 1, 128, 2048), Pinned: pick(-1, -1, 0, n-1, rng.IntN(n), n, n+5), Session: rng.Uint64()}
+	r.Blocks = r.Tokens / bs
+	if rng.IntN(10) == 0 {
+		r.Tokens = rng.IntN(500) // blocks inconsistent with tokens
+	}
+	switch rng.IntN(8) {
+	case 0: // nil Costs: none recorded
+	case 1:
+		r.Costs = make([]Cost, 0, max(n-1, 0)) // too small: none recorded
+	default:
+		r.Costs = make([]Cost, min(3, n), n+rng.IntN(3)) // stale contents are overwritten
+	}
+	matchEvery := pick(1, 2, 8, 50, 0)
+	if matchEvery > 0 {
+		mlen := n
+		if rng.IntN(6) == 0 {
+			mlen = rng.IntN(n + 1) // shorter than the fleet
+		}
+		r.Match = make([]int, mlen)
+		for i := range r.Match {
+			if rng.IntN(matchEvery) == 0 {
+				r.Match[i] = pick(-1, 0, 1, 2, r.Blocks/2, r.Blocks, r.Blocks+3, rng.IntN(r.Blocks+2))
+			}
+		}
+		if rng.IntN(3) != 0 {
+			alen := len(r.Match)
+			if rng.IntN(5) == 0 {
+				alen = rng.IntN(n + 1)
+			}
+			r.Age = make([]time.Duration, alen)
+			for i := range r.Age {
+				r.Age[i] = time.Duration(pick(-1, 0, 1, 1000, int(dur(20*time.Minute))))
+			}
+		}
+	}
+
+	base := Rates{}
+	switch rng.IntN(4) {
+	case 1:
+		base = Rates{Horizon: 10 * time.Minute}
+	case 2:
+		base = Rates{PrefillPerToken: 25 * time.Microsecond, AttnPerToken2: 900 * time.Microsecond,
+			DecodeStep: 12 * time.Millisecond, DecodePerSeq: 80 * time.Microsecond, MaxSeqs: 128, Horizon: 5 * time.Minute, Scale: 1.1}
+	case 3:
+		base = Rates{MaxSeqs: DefaultMaxSeqs, Scale: 1, PrefillPerToken: -1, DecodeStep: -2}
+	}
+	rateMode := rng.IntN(5) // 0,1: shared; 2: per-replica calibration; 3: runs; 4: anything
+	s := &Snapshot{BlockSize: bsz, Replicas: make([]Replica, n)}
+	cur := base
+	identical := rng.IntN(8) == 0 // many exact ties
+	for i := range s.Replicas {
+		rp := &s.Replicas[i]
+		if identical {
+			*rp = Replica{Healthy: rng.IntN(10) != 0, Scraped: true, Running: 3, InFlight: 2, PrefillTokens: 100, CacheBlocks: 1000, Rates: base}
+			continue
+		}
+		rp.Healthy = rng.IntN(pick(2, 10, 100, 1000)) != 0
+		rp.Scraped = rng.IntN(5) != 0
+		rp.LoadAge = time.Duration(pick(0, 50, 100, 500, 999, 1000, 1001, 5000)) * time.Millisecond
+		rp.Running = pick(0, 1, 20, 255, 300, rng.IntN(400))
+		rp.Waiting = pick(0, 0, 1, 5, rng.IntN(100))
+		rp.KVUsage = []float64{0, 0.1, 0.5, 0.89, 0.9, 0.95, 0.999, 1, 1.2, rng.Float64()}[rng.IntN(10)]
+		rp.InFlight = pick(0, 1, 3, 40, 256, 300, rng.IntN(400))
+		rp.Decoding = pick(0, 1, rp.InFlight, rp.InFlight+2, rng.IntN(rp.InFlight+1))
+		rp.PrefillTokens = pick(0, 100, 1000, 50000, rng.IntN(100000))
+		rp.CacheBlocks = pick(0, 0, 1000, 28000, 100)
+		rp.DecodeBlocks = pick(0, rp.CacheBlocks/2, rp.CacheBlocks*9/10, rp.CacheBlocks, rp.CacheBlocks+50, rng.IntN(rp.CacheBlocks+1))
+		rp.IndexBlocks = rng.IntN(1000)
+		switch rateMode {
+		case 0, 1:
+			rp.Rates = base
+		case 2:
+			rp.Rates = base
+			rp.Rates.Scale = 0.5 + rng.Float64()
+			rp.Rates.Horizon = dur(30 * time.Minute)
+		case 3:
+			if rng.IntN(20) == 0 {
+				cur = base
+				cur.Scale = []float64{0, 1, 0.9, 1.37, -1}[rng.IntN(5)]
+				cur.PrefillPerToken = time.Duration(pick(0, 30000, 40000, 55000))
+				cur.Horizon = time.Duration(pick(0, 60, 600)) * time.Second
+			}
+			rp.Rates = cur
+		default:
+			rp.Rates = Rates{
+				PrefillPerToken: time.Duration(pick(0, -1, 10000, 40000, 1+rng.IntN(100000))),
+				AttnPerToken2:   time.Duration(pick(0, -1, 1300000, rng.IntN(5000000))),
+				DecodeStep:      time.Duration(pick(0, -1, int(15*time.Millisecond), rng.IntN(int(50*time.Millisecond)))),
+				DecodePerSeq:    time.Duration(pick(0, -1, int(100*time.Microsecond), rng.IntN(int(time.Millisecond)))),
+				MaxSeqs:         pick(0, -1, 1, 64, DefaultMaxSeqs, 512),
+				Horizon:         time.Duration(pick(0, -1, int(time.Minute), rng.IntN(int(time.Hour)))),
+				Scale:           []float64{0, -1, 1, 0.25, 3, rng.Float64() * 2, math.SmallestNonzeroFloat64}[rng.IntN(7)],
+			}
+		}
+	}
+	_ = c
+	return p, r, s
+}
