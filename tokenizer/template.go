@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -30,7 +31,7 @@ func parseChatTemplate(data []byte) (*chatTemplate, error) {
 	if err := json.Unmarshal(raw, &src); err != nil {
 		return nil, fmt.Errorf("chat_template: want a string: %w", err)
 	}
-	tmpl, err := jinja.Compile(src)
+	tmpl, err := jinja.Compile(splitConcats(src))
 	if err != nil {
 		return nil, fmt.Errorf("chat_template: %w", err)
 	}
@@ -83,6 +84,9 @@ func (t *Tokenizer) Chat(messages, tools json.RawMessage, out []uint32) ([]uint3
 	if err != nil {
 		return out, err
 	}
+	// About 3-4 bytes a token for English, code and CJK: one allocation
+	// instead of a dozen growing ones.
+	out = slices.Grow(out, len(text)/3+16)
 	return t.Encode(text, out), nil
 }
 
@@ -183,16 +187,19 @@ func splitArray(data []byte) ([][]byte, error) {
 	for i := 1; i < len(data)-1; i++ {
 		c := data[i]
 		if inStr {
-			// Jump to the next quote or backslash: strings are most of
-			// the bytes of a conversation.
-			j := bytes.IndexAny(data[i:len(data)-1], "\"\\")
+			// Jump to the closing quote, one not escaped by an odd run of
+			// backslashes: strings are most of the bytes of a
+			// conversation, and IndexByte scans them fastest.
+			j := bytes.IndexByte(data[i:len(data)-1], '"')
 			if j < 0 {
 				return nil, errors.New("unterminated string in JSON array")
 			}
 			i += j
-			if data[i] == '\\' {
-				i++
-			} else {
+			k := i
+			for k > 0 && data[k-1] == '\\' {
+				k--
+			}
+			if (i-k)%2 == 0 {
 				inStr = false
 			}
 			continue

@@ -38,11 +38,12 @@ type Tokenizer struct {
 
 	template *chatTemplate // nil when tokenizer_config.json has none
 
-	// mu guards words, segs and msgs, bounded memo tables.
-	mu    sync.Mutex
-	words map[string][]uint32
-	segs  map[string][]uint32
-	msgs  map[string]jinja.Value
+	words *memo // pre-token → ids
+	segs  *memo // text between added tokens → ids
+
+	// mu guards msgs, a bounded memo of decoded chat messages.
+	mu   sync.Mutex
+	msgs map[string]jinja.Value
 }
 
 type merge struct {
@@ -55,8 +56,13 @@ type addedToken struct {
 	id      uint32
 }
 
-// maxMemo bounds each memo table; a full table is dropped and refilled.
+// maxMemo bounds each memo table's entries; a full table is dropped and
+// refilled.
 const maxMemo = 1 << 16
+
+// maxMemoText bounds the bytes of text the segment memo keeps (words are
+// at most 256 bytes each, so maxMemo bounds theirs).
+const maxMemoText = 64 << 20
 
 // Load reads tokenizer.json (and, if present, tokenizer_config.json for the
 // chat template) from dir.
@@ -120,8 +126,8 @@ func Parse(data []byte) (*Tokenizer, error) {
 		vocab:    f.Model.Vocab,
 		merges:   make(map[uint64]merge),
 		addedIDs: make(map[string]uint32),
-		words:    make(map[string][]uint32),
-		segs:     make(map[string][]uint32),
+		words:    newMemo(maxMemo, maxMemo*256),
+		segs:     newMemo(maxMemo, maxMemoText),
 		msgs:     make(map[string]jinja.Value),
 	}
 	if f.Normalizer != nil {
@@ -268,10 +274,7 @@ func (t *Tokenizer) nextAdded(s string) (int, addedToken) {
 // encodeSegment encodes text that holds no added token, memoised per
 // segment: a conversation's next turn re-encodes only its new messages.
 func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
-	t.mu.Lock()
-	ids, ok := t.segs[seg]
-	t.mu.Unlock()
-	if ok {
+	if ids, ok := t.segs.get(seg); ok {
 		return append(out, ids...)
 	}
 	start := len(out)
@@ -281,39 +284,27 @@ func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
 	}
 	t.split(text, func(piece string) { out = t.encodeWord(piece, out) })
 	if len(seg) >= 64 {
-		ids := append([]uint32(nil), out[start:]...)
-		t.mu.Lock()
-		if len(t.segs) >= maxMemo {
-			clear(t.segs)
-		}
-		t.segs[seg] = ids
-		t.mu.Unlock()
+		t.segs.put(seg, out[start:])
 	}
 	return out
 }
 
 // encodeWord runs BPE over one pre-token.
 func (t *Tokenizer) encodeWord(w string, out []uint32) []uint32 {
-	t.mu.Lock()
-	ids, ok := t.words[w]
-	t.mu.Unlock()
-	if ok {
+	if ids, ok := t.words.get(w); ok {
 		return append(out, ids...)
 	}
-	sym := make([]uint32, len(w))
+	// BPE in place at the end of out: merges only shrink the symbols.
+	start := len(out)
 	for i := 0; i < len(w); i++ {
-		sym[i] = t.bytes[w[i]]
+		out = append(out, t.bytes[w[i]])
 	}
-	sym = t.bpe(sym)
+	sym := t.bpe(out[start:])
+	out = out[:start+len(sym)]
 	if len(w) <= 256 {
-		t.mu.Lock()
-		if len(t.words) >= maxMemo {
-			clear(t.words)
-		}
-		t.words[w] = sym
-		t.mu.Unlock()
+		t.words.put(w, sym)
 	}
-	return append(out, sym...)
+	return out
 }
 
 // bpe merges the lowest-ranked adjacent pair, all of its occurrences left to
