@@ -1,0 +1,240 @@
+package route
+
+import (
+	"math"
+	"time"
+)
+
+// Pick chooses the replica with the least expected cost. It allocates
+// nothing: the terms are computed in float64 nanoseconds and converted to
+// Durations only for the recorded costs.
+//
+// The scan is tuned for 1,000 replicas in a few µs: everything that depends
+// only on the request (or on the Rates shared by consecutive replicas) is
+// computed once, a replica without a match (the common case) skips the
+// residency arithmetic, and the rarely taken branches (a match, KV
+// pressure, a change of Rates) call out of the loop. The arithmetic is
+// the same, operation for operation, as the cost model of KVAware's doc;
+// TestKVAwareGoldenDigest pins it bit for bit.
+func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
+	var sc kvScan
+	sc.start(p, r, s)
+	costs := costsFor(r, len(s.Replicas))
+	best, bestCached, maxCached := -1, 0, 0
+	bestTotal := 0.0
+	tm := &sc.tm
+	var resident [kvChunk]int
+	for i := range s.Replicas {
+		if i%kvChunk == 0 {
+			sc.resident(s.Replicas, i, resident[:min(kvChunk, len(s.Replicas)-i)])
+		}
+		rp := &s.Replicas[i]
+		if !rp.Healthy {
+			continue
+		}
+		if !tm.same(&rp.Rates) {
+			sc.setRates(&rp.Rates)
+		}
+		cached, prefill, need := resident[i%kvChunk], sc.prefill0, sc.need0
+		if cached > 0 {
+			uncached := float64(r.Tokens - cached)
+			prefill = tm.prefill(uncached, float64(cached))
+			need = (uncached + sc.outF) * sc.invBS
+		}
+		fresh := rp.Scraped && rp.LoadAge <= sc.staleAfter
+
+		// Wait: queued prefill work (ours, plus others' seen in fresh
+		// metrics) and a full-batch penalty.
+		queued := rp.PrefillTokens
+		own := max(rp.InFlight-rp.Decoding, 0)
+		occupancy := rp.InFlight
+		batch := float64(rp.Decoding)
+		if fresh {
+			if extra := rp.Waiting - own; extra > 0 {
+				per := r.Tokens
+				if own > 0 {
+					per = rp.PrefillTokens / own
+				}
+				queued += extra * per
+			}
+			occupancy = max(occupancy, rp.Running+rp.Waiting)
+			batch = float64(rp.Running)
+		}
+		wait := float64(queued) * tm.perTok
+		if over := float64(occupancy) - tm.maxSeqs + 1; over > 0 {
+			// One slot frees every out × step(MaxSeqs) / MaxSeqs on average.
+			wait += over * sc.outF * tm.slot * tm.invSeqs
+		}
+
+		decode := tm.step + batch*tm.perSeq + prefill*batch*tm.invSeqs
+		memory := 0.0
+		if nearFull(rp, fresh, need, sc.p.HighWater) {
+			memory = sc.p.memory(rp, tm, fresh, need, sc.bs)
+		}
+		if tm.scale != 1 {
+			wait, prefill, decode, memory = wait*tm.scale, prefill*tm.scale, decode*tm.scale, memory*tm.scale
+		}
+		total := wait + prefill + decode + memory
+		if i == r.Pinned && sc.pinBonus > 0 {
+			total = max(total-sc.pinBonus, 0)
+		}
+
+		if costs != nil {
+			costs = costs[:len(costs)+1]
+			fill(&costs[len(costs)-1], i, cached, wait, prefill, decode, memory, total)
+		}
+		maxCached = max(maxCached, cached)
+		if best < 0 || total < bestTotal || total == bestTotal && p.tieBefore(r, i, best) {
+			best, bestTotal, bestCached = i, total, cached
+		}
+	}
+	if best < 0 {
+		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs}
+	}
+	return Decision{Replica: best, Reason: kvReason(r, best, bestCached, maxCached, sc.bs), Matched: bestCached, Costs: costs}
+}
+
+// fill writes one candidate's terms, in ns, into c, field by field
+// (building a Cost and copying it stalls on store forwarding).
+func fill(c *Cost, i, cached int, wait, prefill, decode, memory, total float64) {
+	c.Replica, c.Matched = i, cached
+	c.Wait, c.Prefill, c.Decode = time.Duration(wait), time.Duration(prefill), time.Duration(decode)
+	c.Memory, c.Total = time.Duration(memory), time.Duration(total)
+}
+
+// kvScan is one Pick's per-request invariants, and the timing of the last
+// replica's Rates, reused while consecutive replicas share them (the usual
+// case: one preset).
+type kvScan struct {
+	p          KVAware // with defaults
+	r          *Request
+	bs, out    int
+	outF       float64 // out as float64
+	invBS      float64 // 1 / bs
+	staleAfter time.Duration
+	pinBonus   float64 // p.PinBonus in ns
+	need0      float64 // blocks an unmatched replica allocates: (Tokens + out) / bs
+	tm         timing
+	prefill0   float64 // prefill of the whole prompt with tm, in ns
+}
+
+// start fills sc for request r on snapshot s, with the default Rates.
+func (sc *kvScan) start(p KVAware, r *Request, s *Snapshot) {
+	sc.p, sc.r, sc.bs, sc.out = p.withDefaults(), r, blockSize(s), r.MaxTokens
+	if sc.out <= 0 {
+		sc.out = sc.p.MeanOutput
+	}
+	sc.outF = float64(sc.out)
+	sc.invBS = 1 / float64(sc.bs)
+	sc.staleAfter = sc.p.StaleAfter
+	sc.pinBonus = float64(sc.p.PinBonus)
+	sc.need0 = (float64(r.Tokens) + sc.outF) * sc.invBS
+	sc.tm.set(&Rates{})
+	sc.prefill0 = sc.tm.prefill(float64(r.Tokens), 0)
+}
+
+// setRates switches sc to rt, a replica's Rates other than the last one's.
+// Not inlined: it runs once per Pick in a one-preset fleet.
+//
+//go:noinline
+func (sc *kvScan) setRates(rt *Rates) {
+	if sc.tm.sameButScale(rt) {
+		sc.tm.setScale(rt) // calibration: the prompt's prefill is unchanged
+		return
+	}
+	sc.tm.set(rt)
+	sc.prefill0 = sc.tm.prefill(float64(sc.r.Tokens), 0)
+}
+
+// kvChunk is how many replicas' expected cached tokens resident computes
+// at a time, ahead of pricing them.
+const kvChunk = 128
+
+// resident sets out[j] to the expected cached tokens of the request on
+// replica lo+j: p × min(Match×BlockSize, Tokens), p = exp(−Age/Horizon)
+// the probability the prefix is still resident (0 without a match). A
+// separate loop, so that the exponentials of several replicas overlap.
+func (sc *kvScan) resident(rs []Replica, lo int, out []int) {
+	r := sc.r
+	if lo >= len(r.Match) {
+		clear(out)
+		return
+	}
+	for j := range out {
+		i := lo + j
+		out[j] = 0
+		if i < len(r.Match) && r.Match[i] > 0 {
+			if m := min(r.Match[i]*sc.bs, r.Tokens); m > 0 {
+				out[j] = int(residency(ageOf(r, i), rs[i].Rates.Horizon) * float64(m))
+			}
+		}
+	}
+}
+
+// timing is a replica's Rates as float64 nanoseconds with defaults filled,
+// with the Rates it was built from (all but Horizon, which it ignores).
+type timing struct {
+	perTok, attn, step, perSeq, maxSeqs, invSeqs, scale float64
+	slot                                                float64 // step + maxSeqs×perSeq: step(MaxSeqs)
+
+	// The Rates fields t was built from; scaleBits is Scale's bits.
+	prefillPerToken, attnPerToken2, decodeStep, decodePerSeq time.Duration
+	maxSeqsKey                                               int
+	scaleBits                                                uint64
+}
+
+// same reports whether t was built from Rates equal to rt in every field it
+// reads. Scale is compared by bits: equal bits give the same timing, and
+// unequal bits (−0 and 0, or NaNs) only cost a rebuild.
+func (t *timing) same(rt *Rates) bool {
+	return math.Float64bits(rt.Scale) == t.scaleBits && t.sameButScale(rt)
+}
+
+// sameButScale is same, ignoring Scale.
+func (t *timing) sameButScale(rt *Rates) bool {
+	return rt.PrefillPerToken == t.prefillPerToken && rt.AttnPerToken2 == t.attnPerToken2 &&
+		rt.DecodeStep == t.decodeStep && rt.DecodePerSeq == t.decodePerSeq && rt.MaxSeqs == t.maxSeqsKey
+}
+
+// set fills t from rt with defaults, as Rates.withDefaults does, in
+// float64 (in place: building and copying a struct here costs more than all
+// the arithmetic of a Pick).
+func (t *timing) set(rt *Rates) {
+	t.perTok, t.attn, t.step, t.perSeq, t.maxSeqs, t.invSeqs = float64(DefaultPrefillPerToken),
+		float64(DefaultAttnPerToken2)*1e-6, float64(DefaultDecodeStep), float64(DefaultDecodePerSeq),
+		DefaultMaxSeqs, 1.0/DefaultMaxSeqs
+	if rt.PrefillPerToken > 0 {
+		t.perTok = float64(rt.PrefillPerToken)
+	}
+	if rt.AttnPerToken2 > 0 {
+		t.attn = float64(rt.AttnPerToken2) * 1e-6
+	}
+	if rt.DecodeStep > 0 {
+		t.step = float64(rt.DecodeStep)
+	}
+	if rt.DecodePerSeq > 0 {
+		t.perSeq = float64(rt.DecodePerSeq)
+	}
+	if rt.MaxSeqs > 0 && rt.MaxSeqs != DefaultMaxSeqs {
+		t.maxSeqs = float64(rt.MaxSeqs)
+		t.invSeqs = 1 / t.maxSeqs
+	}
+	t.slot = t.step + t.maxSeqs*t.perSeq
+	t.prefillPerToken, t.attnPerToken2, t.decodeStep, t.decodePerSeq, t.maxSeqsKey =
+		rt.PrefillPerToken, rt.AttnPerToken2, rt.DecodeStep, rt.DecodePerSeq, rt.MaxSeqs
+	t.setScale(rt)
+}
+
+// setScale fills t's scale from rt.Scale (zero or less: 1).
+func (t *timing) setScale(rt *Rates) {
+	t.scale = 1
+	if rt.Scale > 0 {
+		t.scale = rt.Scale
+	}
+	t.scaleBits = math.Float64bits(rt.Scale)
+}
+
+// prefill is the prefill time of n new tokens after c cached, in ns.
+func (t *timing) prefill(n, c float64) float64 {
+	return n*t.perTok + n*(c+n/2)*t.attn
+}
