@@ -20,7 +20,7 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 		x.deleteLocked(rep.tail)
 	}
 	e := x.allocLocked()
-	*x.entry(e) = entry{touched: now, hash: h, replica: int32(r), prev: -1, next: -1, nextSame: -1}
+	*x.entry(e) = entry{touched: now, hash: h, replica: int32(r), prev: -1, next: -1}
 	x.pushFrontLocked(r, e)
 	x.total++
 	nd, ok := x.nodes.get(h)
@@ -29,9 +29,19 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 		x.nodes.put(h, node{head: e, count: 1})
 	case nd.count < 0:
 		x.hotInsertLocked(&x.hots[-nd.count-1], r, e, now)
+	case nd.count == 1:
+		off := x.allocRunLocked(2)
+		x.holders[off] = holder{entry: nd.head, replica: x.entry(nd.head).replica}
+		x.holders[off+1] = holder{entry: e, replica: int32(r)}
+		x.nodes.put(h, node{head: off, count: 2})
 	default:
-		x.entry(e).nextSame = nd.head
-		nd.head = e
+		if c := int(nd.count); c == runCap(c) { // full: move to a run twice as long
+			off := x.allocRunLocked(2 * c)
+			copy(x.holders[off:int(off)+c], x.holders[nd.head:int(nd.head)+c])
+			x.freeRunLocked(nd.head, c)
+			nd.head = off
+		}
+		x.holders[nd.head+nd.count] = holder{entry: e, replica: int32(r)}
 		nd.count++
 		if nd.count >= hotAt {
 			nd = x.promoteLocked(nd)
@@ -71,12 +81,54 @@ func (x *Index) findLocked(r int, h prefix.Hash) int32 {
 		}
 		return hb.entries[hb.rank(r)]
 	}
-	for e := nd.head; e >= 0; e = x.entry(e).nextSame {
-		if int(x.entry(e).replica) == r {
-			return e
+	if nd.count == 1 {
+		if int(x.entry(nd.head).replica) == r {
+			return nd.head
+		}
+		return -1
+	}
+	for _, h := range x.run(nd) {
+		if int(h.replica) == r {
+			return h.entry
 		}
 	}
 	return -1
+}
+
+// run returns the holders of a node with 2 to hotAt-1 holders.
+func (x *Index) run(nd node) []holder {
+	return x.holders[nd.head : nd.head+nd.count]
+}
+
+// holder is one holder of a node with 2 to hotAt-1 holders: its entry, and
+// its replica, so that Match need not load the entry.
+type holder struct {
+	entry, replica int32
+}
+
+// runCap returns the slots of the run of a node with n >= 2 holders: the
+// power of two at least n.
+func runCap(n int) int { return 1 << bits.Len(uint(n-1)) }
+
+// allocRunLocked returns the offset of a free run of c slots (2, 4, 8 or 16).
+func (x *Index) allocRunLocked(c int) int32 {
+	k := bits.TrailingZeros(uint(c)) - 1
+	if off := x.freeRun[k]; off >= 0 {
+		x.freeRun[k] = x.holders[off].entry
+		return off
+	}
+	off := int32(len(x.holders))
+	for range c {
+		x.holders = append(x.holders, holder{entry: -1})
+	}
+	return off
+}
+
+// freeRunLocked frees the run of c slots at off.
+func (x *Index) freeRunLocked(off int32, c int) {
+	k := bits.TrailingZeros(uint(c)) - 1
+	x.holders[off] = holder{entry: x.freeRun[k]}
+	x.freeRun[k] = off
 }
 
 // deleteLocked removes entry e from its replica and its node, and frees it.
@@ -94,27 +146,53 @@ func (x *Index) deleteLocked(e int32) {
 		hb.touched = slices.Delete(hb.touched, k, k+1)
 		hb.entries = slices.Delete(hb.entries, k, k+1)
 		if len(hb.entries) < coldAt {
-			x.nodes.put(en.hash, x.demoteLocked(hi))
+			x.setNodeLocked(en.hash, x.demoteLocked(hi))
 		}
 	} else {
-		if nd.head == e {
-			nd.head = en.nextSame
-		} else {
-			p := nd.head
-			for x.entry(p).nextSame != e {
-				p = x.entry(p).nextSame
-			}
-			x.entry(p).nextSame = en.nextSame
-		}
-		nd.count--
-		if nd.count == 0 {
-			x.nodes.del(en.hash)
-		} else {
-			x.nodes.put(en.hash, nd)
-		}
+		x.setNodeLocked(en.hash, x.coldDeleteLocked(nd, e))
 	}
 	*x.entry(e) = entry{next: x.freeEnt}
 	x.freeEnt = e
+}
+
+// setNodeLocked sets h's node, deleting h when nd has no holder.
+func (x *Index) setNodeLocked(h prefix.Hash, nd node) {
+	if nd.count == 0 {
+		x.nodes.del(h)
+		return
+	}
+	x.nodes.put(h, nd)
+}
+
+// coldDeleteLocked removes holder e from cold node nd and returns the node
+// left (which has count zero when e was its last holder).
+func (x *Index) coldDeleteLocked(nd node, e int32) node {
+	c := int(nd.count)
+	switch c {
+	case 1:
+		return node{}
+	case 2:
+		other := x.holders[nd.head].entry
+		if other == e {
+			other = x.holders[nd.head+1].entry
+		}
+		x.freeRunLocked(nd.head, 2)
+		return node{head: other, count: 1}
+	}
+	hs := x.run(nd)
+	k := 0
+	for hs[k].entry != e {
+		k++
+	}
+	hs[k] = hs[c-1]
+	nd.count--
+	if n := c - 1; runCap(n) < runCap(c) { // shrink to the smaller run
+		off := x.allocRunLocked(runCap(n))
+		copy(x.holders[off:int(off)+n], x.holders[nd.head:int(nd.head)+n])
+		x.freeRunLocked(nd.head, runCap(c))
+		nd.head = off
+	}
+	return nd
 }
 
 // entry returns entry e.
@@ -188,29 +266,36 @@ func (x *Index) promoteLocked(nd node) node {
 		hb.bits = make([]uint64, x.words)
 	}
 	hb.oldest = 1<<63 - 1
-	for e := nd.head; e >= 0; e = x.entry(e).nextSame {
-		r := int(x.entry(e).replica)
-		hb.bits[r>>6] |= 1 << (r & 63)
+	hs := x.run(nd)
+	for _, h := range hs {
+		hb.bits[h.replica>>6] |= 1 << (h.replica & 63)
 	}
-	hb.touched = slices.Grow(hb.touched[:0], int(nd.count))[:nd.count]
-	hb.entries = slices.Grow(hb.entries[:0], int(nd.count))[:nd.count]
-	for e := nd.head; e >= 0; {
+	hb.touched = slices.Grow(hb.touched[:0], len(hs))[:len(hs)]
+	hb.entries = slices.Grow(hb.entries[:0], len(hs))[:len(hs)]
+	for _, h := range hs {
+		e := h.entry
 		en := x.entry(e)
 		k := hb.rank(int(en.replica))
 		hb.touched[k], hb.entries[k] = en.touched, e
 		hb.oldest = min(hb.oldest, en.touched)
-		e, en.nextSame = en.nextSame, -1
 	}
+	x.freeRunLocked(nd.head, runCap(len(hs)))
 	return node{head: -1, count: -hi - 1}
 }
 
-// demoteLocked turns hot holder set hi back into a chain and frees it.
+// demoteLocked turns hot holder set hi back into a cold node and frees it.
 func (x *Index) demoteLocked(hi int32) node {
 	hb := &x.hots[hi]
-	nd := node{head: -1, count: int32(len(hb.entries))}
-	for _, e := range hb.entries {
-		x.entry(e).nextSame = nd.head
-		nd.head = e
+	var nd node
+	switch n := len(hb.entries); n {
+	case 0:
+	case 1:
+		nd = node{head: hb.entries[0], count: 1}
+	default:
+		nd = node{head: x.allocRunLocked(runCap(n)), count: int32(n)}
+		for k, e := range hb.entries {
+			x.holders[int(nd.head)+k] = holder{entry: e, replica: x.entry(e).replica}
+		}
 	}
 	clear(hb.bits)
 	hb.touched, hb.entries = hb.touched[:0], hb.entries[:0]

@@ -10,10 +10,13 @@
 // Layout, for bounded and compact memory: one entry (32 bytes) per
 // (block, replica) in a slab, linked into its replica's LRU list with int32
 // links; one map slot per distinct block hash (about 26 bytes amortised).
-// A block held by few replicas chains its entries; a block held by many
-// (hot: 16 or more, such as a shared system prompt) also keeps a bitset of
-// its holders and their last-touched times by rank, so Match crosses it with
-// a few word operations however many replicas hold it.
+// A block held by one replica points at its entry; by a few (2 to 15), at
+// a run of their entry and replica indices in a shared arena (8 bytes a
+// holder, runs of 2, 4, 8 or 16 slots), so that Match reads them without
+// chasing a chain or loading the entries; by many (hot: 16 or more, such as
+// a shared system prompt) it keeps a bitset of its holders and their
+// last-touched times by rank, so Match crosses it with a few word
+// operations however many replicas hold it.
 package residency
 
 import (
@@ -58,8 +61,10 @@ type Index struct {
 
 	mu       sync.RWMutex
 	nodes    table
-	entries  []entry // grown by allocLocked; freed entries go to freeEnt
-	freeEnt  int32   // head of the free entry list, linked by next; -1 if none
+	entries  []entry  // grown by allocLocked; freed entries go to freeEnt
+	freeEnt  int32    // head of the free entry list, linked by next; -1 if none
+	holders  []holder // runs of the holders of nodes with 2 to hotAt-1 holders
+	freeRun  [4]int32 // heads of the free runs by class (2, 4, 8, 16 slots), linked by their first slot; -1 if none
 	hots     []hot
 	freeHot  []int32
 	replicas []replica
@@ -68,17 +73,18 @@ type Index struct {
 
 // node is one distinct block hash.
 type node struct {
-	head  int32 // first entry of the holder chain (cold nodes), -1 if hot
+	// head is the holder's entry when count is 1, the offset of the
+	// holders' run in Index.holders when count is 2 to hotAt-1, -1 if hot.
+	head  int32
 	count int32 // holders (cold); -(hot index + 1) when hot
 }
 
-// entry is one (block, replica): 32 bytes.
+// entry is one (block, replica): 32 bytes (28 used).
 type entry struct {
 	touched    time.Duration
 	hash       prefix.Hash
 	replica    int32
 	prev, next int32 // replica LRU list, most recent first; -1 ends
-	nextSame   int32 // next holder of the same cold node, -1 ends
 }
 
 // hot is the holder set of a block held by many replicas.
@@ -110,6 +116,7 @@ func New(cfg Config) *Index {
 		words:    (cfg.MaxReplicas + 63) / 64,
 		nodes:    newTable(),
 		freeEnt:  -1,
+		freeRun:  [4]int32{-1, -1, -1, -1},
 		replicas: make([]replica, cfg.MaxReplicas),
 	}
 	for i := range x.replicas {

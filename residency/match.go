@@ -82,8 +82,9 @@ type matcher struct {
 	x       *Index
 	now     time.Duration
 	match   []int
-	age     []time.Duration // holds raw touch times until a replica drops
-	prev    node            // the node of the previous block
+	age     []time.Duration
+	prev    node // the node of the previous block
+	alive   int  // replicas in the alive set
 	longest int
 }
 
@@ -118,7 +119,17 @@ func (m *matcher) crossHot(hb *hot, alive, next []uint64, first bool) bool {
 			}
 		}
 	}
+	m.count(next)
 	return true
+}
+
+// count sets m.alive to the members of next.
+func (m *matcher) count(next []uint64) {
+	n := 0
+	for _, b := range next {
+		n += bits.OnesCount64(b)
+	}
+	m.alive = n
 }
 
 // expired reports whether some holder of hb may have expired.
@@ -127,44 +138,63 @@ func (m *matcher) expired(hb *hot) bool {
 	return ttl > 0 && m.now-hb.oldest > ttl
 }
 
-// crossCold sets next to the holders of a cold node that are alive, and
-// records their touch times in age. It reports whether next differs from
-// alive.
+// crossCold sets next to the holders of a cold node that are alive (all of
+// them on the first block), leaving out expired ones. It reports whether
+// next differs from alive. It reads the node's run of holders and, only
+// with a TTL, their entries.
 func (m *matcher) crossCold(nd node, alive, next []uint64, first bool) bool {
 	clear(next)
 	ttl := m.x.cfg.TTL
-	for e := nd.head; e >= 0; {
-		en := m.x.entry(e)
-		e = en.nextSame
-		r := int(en.replica)
-		if ttl > 0 && m.now-en.touched > ttl {
-			continue
-		}
+	one := [1]holder{{entry: nd.head}}
+	hs := one[:]
+	if nd.count > 1 {
+		hs = m.x.run(nd)
+	} else {
+		one[0].replica = m.x.entry(nd.head).replica
+	}
+	kept := 0
+	for _, h := range hs {
+		r := int(h.replica)
 		if !first && alive[r>>6]&(1<<(r&63)) == 0 {
 			continue
 		}
-		next[r>>6] |= 1 << (r & 63)
-		if m.age != nil && r < len(m.age) {
-			m.age[r] = en.touched
+		if ttl > 0 && m.now-m.x.entry(h.entry).touched > ttl {
+			continue
 		}
+		next[r>>6] |= 1 << (r & 63)
+		kept++
 	}
-	if first {
-		return true
-	}
-	var diff uint64
-	for j, a := range alive {
-		diff |= a ^ next[j]
-	}
-	return diff != 0
+	// next is a subset of alive with kept members (a replica holds a block
+	// once): it differs from alive exactly when it is smaller.
+	changed := first || kept != m.alive
+	m.alive = kept
+	return changed
 }
 
 // drop ends the runs of the replicas alive before block i and not after it:
 // they hold blocks 0..i-1. Their age comes from the previous block.
 func (m *matcher) drop(alive, next []uint64, i int) {
 	m.longest = max(m.longest, i)
-	if m.prev.count < 0 && m.age != nil {
+	if m.prev.count < 0 {
+		if m.age == nil {
+			m.dropAll(alive, next, i)
+			return
+		}
 		m.dropHot(&m.x.hots[-m.prev.count-1], alive, next, i)
 		return
+	}
+	if m.age == nil {
+		m.dropAll(alive, next, i)
+		return
+	}
+	// The previous block is cold: each dropped replica's entry is in its
+	// run (or is its only holder).
+	one := [1]holder{{entry: m.prev.head}}
+	hs := one[:]
+	if m.prev.count > 1 {
+		hs = m.x.run(m.prev)
+	} else if m.prev.count == 1 {
+		one[0].replica = m.x.entry(m.prev.head).replica
 	}
 	for j, a := range alive {
 		d := a &^ next[j]
@@ -175,18 +205,45 @@ func (m *matcher) drop(alive, next []uint64, i int) {
 				break
 			}
 			m.match[r] = i
-			if m.age != nil {
-				m.age[r] = m.now - m.age[r]
+			if m.age == nil {
+				continue
+			}
+			for _, h := range hs {
+				if int(h.replica) == r {
+					m.age[r] = m.now - m.x.entry(h.entry).touched
+					break
+				}
 			}
 		}
 	}
 }
 
+// dropAll is drop without ages.
+func (m *matcher) dropAll(alive, next []uint64, i int) {
+	for j, a := range alive {
+		d := a &^ next[j]
+		for d != 0 {
+			r := j<<6 | bits.TrailingZeros64(d)
+			d &= d - 1
+			if r >= len(m.match) {
+				return
+			}
+			m.match[r] = i
+		}
+	}
+}
+
 // dropHot is drop after a hot block: the ages come from hb, by rank.
+//
+// A word whose holders are all alive is written whole, in rank order,
+// survivors included: a survivor is written again when it drops, and
+// nothing else writes match or age in between. After a shared prefix that
+// is almost every word, and a full one is a plain loop.
 func (m *matcher) dropHot(hb *hot, alive, next []uint64, i int) {
 	match, age, touched := m.match, m.age, hb.touched
 	k := 0 // rank of the first holder in word j
-	for j, a := range alive {
+	for j := 0; j < len(alive); j++ {
+		a := alive[j]
 		held := hb.bits[j]
 		d := a &^ next[j]
 		if d == 0 {
@@ -197,26 +254,54 @@ func (m *matcher) dropHot(hb *hot, alive, next []uint64, i int) {
 		if base >= len(match) {
 			return
 		}
-		if n := len(match) - base; n < 64 {
-			d &= 1<<n - 1
-		}
-		if d == held { // every holder of the word drops: ranks run on
-			for ; d != 0; k++ {
-				r := base | bits.TrailingZeros64(d)
-				d &= d - 1
-				match[r] = i
-				age[r] = m.now - touched[k]
+		n := len(match) - base
+		switch {
+		case a == ^uint64(0) && n >= 64: // alive ⊆ held: 64 holders in a row
+			// and as many more full words as follow.
+			end := j + 1
+			for end < len(alive) && alive[end] == ^uint64(0) && len(match)-end<<6 >= 64 {
+				end++
 			}
+			w := (end - j) << 6
+			fillRun(match[base:base+w], age[base:base+w], touched[k:k+w], i, m.now)
+			k += w
+			j = end - 1
 			continue
-		}
-		for d != 0 {
-			t := bits.TrailingZeros64(d)
-			d &= d - 1
-			r := base | t
-			match[r] = i
-			age[r] = m.now - touched[k+bits.OnesCount64(held&(1<<t-1))]
+		case a == held:
+			if n < 64 {
+				a &= 1<<n - 1
+			}
+			for q := k; a != 0; q++ {
+				r := base | bits.TrailingZeros64(a)
+				a &= a - 1
+				match[r] = i
+				age[r] = m.now - touched[q]
+			}
+		default:
+			if n < 64 {
+				d &= 1<<n - 1
+			}
+			for d != 0 {
+				t := bits.TrailingZeros64(d)
+				d &= d - 1
+				match[base|t] = i
+				age[base|t] = m.now - touched[k+bits.OnesCount64(held&(1<<t-1))]
+			}
 		}
 		k += bits.OnesCount64(held)
+	}
+}
+
+// fillRun sets match to i and age to now minus touched, element by element:
+// the dense case of dropHot, kept out of line so that its loop has the
+// registers to itself.
+//
+//go:noinline
+func fillRun(match []int, age, touched []time.Duration, i int, now time.Duration) {
+	age, touched = age[:len(match)], touched[:len(match)]
+	for t := range match {
+		match[t] = i
+		age[t] = now - touched[t]
 	}
 }
 
