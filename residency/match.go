@@ -95,14 +95,17 @@ func (m *matcher) crossHot(hb *hot, alive, next []uint64, first bool) bool {
 	if first {
 		copy(next, hb.bits)
 	} else {
+		held := hb.bits[:len(alive)]
 		var diff uint64
-		for j, a := range alive {
-			n := a & hb.bits[j]
-			diff |= n ^ a
-			next[j] = n
+		for j, a := range alive { // reading only: most blocks keep everyone
+			diff |= a &^ held[j]
 		}
 		if diff == 0 && !m.expired(hb) {
 			return false
+		}
+		next = next[:len(alive)]
+		for j, a := range alive {
+			next[j] = a & held[j]
 		}
 	}
 	if m.expired(hb) {
@@ -140,10 +143,9 @@ func (m *matcher) expired(hb *hot) bool {
 
 // crossCold sets next to the holders of a cold node that are alive (all of
 // them on the first block), leaving out expired ones. It reports whether
-// next differs from alive. It reads the node's run of holders and, only
+// next differs from alive; when it does not, next is garbage. It reads the node's run of holders and, only
 // with a TTL, their entries.
 func (m *matcher) crossCold(nd node, alive, next []uint64, first bool) bool {
-	clear(next)
 	ttl := m.x.cfg.TTL
 	one := [1]holder{{entry: nd.head}}
 	hs := one[:]
@@ -152,6 +154,21 @@ func (m *matcher) crossCold(nd node, alive, next []uint64, first bool) bool {
 	} else {
 		one[0].replica = m.x.entry(nd.head).replica
 	}
+	if !first {
+		// Count the alive holders first, reading only: a node that keeps
+		// every alive replica (a shared prefix) needs no next.
+		kept := 0
+		for _, h := range hs {
+			r := int(h.replica)
+			if alive[r>>6]&(1<<(r&63)) != 0 && (ttl <= 0 || m.now-m.x.entry(h.entry).touched <= ttl) {
+				kept++
+			}
+		}
+		if kept == m.alive {
+			return false
+		}
+	}
+	clear(next)
 	kept := 0
 	for _, h := range hs {
 		r := int(h.replica)
@@ -164,11 +181,8 @@ func (m *matcher) crossCold(nd node, alive, next []uint64, first bool) bool {
 		next[r>>6] |= 1 << (r & 63)
 		kept++
 	}
-	// next is a subset of alive with kept members (a replica holds a block
-	// once): it differs from alive exactly when it is smaller.
-	changed := first || kept != m.alive
 	m.alive = kept
-	return changed
+	return true
 }
 
 // drop ends the runs of the replicas alive before block i and not after it:
