@@ -231,6 +231,7 @@ func TestRandomTouchesRespectCapacity(t *testing.T) {
 	if sum != x.Len() {
 		t.Errorf("sum of replica blocks %d != Len %d", sum, x.Len())
 	}
+	checkHolders(t, x)
 	// Cross-check Match against Has, block by block.
 	match := make([]int, reps)
 	q := chain(3000, 30)

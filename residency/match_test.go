@@ -1,6 +1,7 @@
 package residency
 
 import (
+	"math/bits"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -58,6 +59,7 @@ func TestMatchRandom(t *testing.T) {
 		if len(x.hots) == 0 {
 			t.Fatal("no hot block: the test does not cover the bitsets")
 		}
+		checkHolders(t, x)
 		for q := range 40 {
 			query := chain(rng.IntN(8)*1000, 1+rng.IntN(80))
 			now := time.Duration(20000 + rng.IntN(2000))
@@ -84,5 +86,113 @@ func TestMatchRandom(t *testing.T) {
 				t.Fatalf("seed %d query %d, no age: match (-want +got):\n%s", seed, q, diff)
 			}
 		}
+	}
+}
+
+// TestMatchShared checks Match against bruteMatch on fleets shaped like
+// production: a system prompt held by every replica (hot, full bitset
+// words), tenant prompts held by groups of replicas, some replicas missing
+// a block of the system prompt, touches at different times, with and without
+// a TTL, and match cut at and between bitset words.
+func TestMatchShared(t *testing.T) {
+	tests := []struct {
+		name string
+		reps int
+		ttl  time.Duration
+		gaps bool // some replicas lose a block of the system prompt
+	}{
+		{name: "200 replicas", reps: 200},
+		{name: "200 replicas, gaps", reps: 200, gaps: true},
+		{name: "200 replicas, ttl", reps: 200, ttl: 250},
+		{name: "256 replicas, gaps, ttl", reps: 256, ttl: 250, gaps: true},
+		{name: "64 replicas", reps: 64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := New(Config{MaxReplicas: tt.reps, TTL: tt.ttl})
+			system := chain(1<<20, 24)
+			for r := range tt.reps {
+				x.AddReplica(r, 500)
+				tenant := chain(1<<21+(r%7)*1000, 24)
+				x.Touch(r, append(append([]prefix.Hash(nil), system...), tenant...), time.Duration(r))
+				if tt.gaps && r%37 == 5 {
+					x.Remove(r, system[10+r%9:11+r%9])
+				}
+			}
+			// Refresh some replicas later, so ages (and expiry) differ.
+			for r := 0; r < tt.reps; r += 3 {
+				x.Touch(r, system[:16], time.Duration(300+r))
+			}
+			checkHolders(t, x)
+			for q, tenant := range []int{0, 3, 6} {
+				query := append(append([]prefix.Hash(nil), system...), chain(1<<21+tenant*1000, 24)...)
+				for _, n := range []int{tt.reps, tt.reps - 1, min(tt.reps, 128), min(tt.reps, 100), 63} {
+					now := time.Duration(400 + q)
+					match := make([]int, n)
+					age := make([]time.Duration, n)
+					x.Match(query, now, match, age)
+					wantMatch, wantAge := bruteMatch(x, query, now, n)
+					if diff := cmp.Diff(wantMatch, match); diff != "" {
+						t.Fatalf("tenant %d, %d replicas: match (-want +got):\n%s", tenant, n, diff)
+					}
+					if diff := cmp.Diff(wantAge, age); diff != "" {
+						t.Fatalf("tenant %d, %d replicas: age (-want +got):\n%s", tenant, n, diff)
+					}
+				}
+			}
+		})
+	}
+}
+
+// checkHolders checks every node's holders against the entries: a single
+// holder's entry, a run's entries and replicas, a hot set's bits and ranks,
+// and that the holders add up to Len.
+func checkHolders(t *testing.T, x *Index) {
+	t.Helper()
+	total := 0
+	for _, s := range x.nodes.slots {
+		nd := s.nd
+		switch {
+		case nd.count == 0:
+			continue
+		case nd.count == 1:
+			if x.entry(nd.head).hash != s.hash {
+				t.Fatalf("node %d: its entry holds %d", s.hash, x.entry(nd.head).hash)
+			}
+			total++
+		case nd.count > 1:
+			if nd.count >= hotAt || int(nd.head)+runCap(int(nd.count)) > len(x.holders) {
+				t.Fatalf("node %d: run at %d of %d holders out of bounds", s.hash, nd.head, nd.count)
+			}
+			seen := map[int32]bool{}
+			for _, h := range x.run(nd) {
+				en := x.entry(h.entry)
+				if en.hash != s.hash || en.replica != h.replica || seen[h.replica] {
+					t.Fatalf("node %d: holder %+v has entry hash %d replica %d (seen %v)", s.hash, h, en.hash, en.replica, seen[h.replica])
+				}
+				seen[h.replica] = true
+			}
+			total += int(nd.count)
+		default:
+			hb := &x.hots[-nd.count-1]
+			k := 0
+			for j, b := range hb.bits {
+				for ; b != 0; b &= b - 1 {
+					r := j<<6 | bits.TrailingZeros64(b)
+					en := x.entry(hb.entries[k])
+					if en.hash != s.hash || int(en.replica) != r || en.touched != hb.touched[k] {
+						t.Fatalf("hot node %d: rank %d replica %d has entry %+v", s.hash, k, r, *en)
+					}
+					k++
+				}
+			}
+			if k != len(hb.entries) || k < coldAt {
+				t.Fatalf("hot node %d: %d bits, %d entries", s.hash, k, len(hb.entries))
+			}
+			total += k
+		}
+	}
+	if total != x.Len() {
+		t.Fatalf("nodes hold %d entries, Len %d", total, x.Len())
 	}
 }
