@@ -127,36 +127,6 @@ func nearFull(rp *Replica, fresh bool, need, highWater float64) bool {
 	return used+need > highWater*c
 }
 
-// memory is the expected cost, in ns, of evictions and preemption when
-// admitting need more blocks pushes rp's KV usage above HighWater.
-func (p *KVAware) memory(rp *Replica, tm *timing, fresh bool, need float64, bs int) float64 {
-	capacity := float64(rp.CacheBlocks)
-	used := float64(rp.DecodeBlocks) // in blocks, or a fraction when capacity is unknown
-	if fresh && rp.KVUsage*capacity > used {
-		used = rp.KVUsage * capacity
-	}
-	after := used + need
-	if capacity <= 0 {
-		if !fresh {
-			return 0
-		}
-		capacity, after = 1, rp.KVUsage // fraction only: this request's share is unknown
-	}
-	if after <= p.HighWater*capacity {
-		return 0
-	}
-	frac := (after/capacity - p.HighWater) / (1 - p.HighWater)
-	m := frac * tm.prefill(need*float64(bs), 0)
-	if after > capacity {
-		ctx := need * float64(bs)
-		if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
-			ctx = float64(rp.DecodeBlocks*bs) / float64(rp.InFlight)
-		}
-		m += tm.prefill(ctx, 0)
-	}
-	return m
-}
-
 var (
 	_ Policy = KVAware{}
 	_ Needer = KVAware{}

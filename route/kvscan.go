@@ -19,29 +19,73 @@ import (
 func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 	var sc kvScan
 	sc.start(p, r, s)
-	costs := costsFor(r, len(s.Replicas))
-	best, bestCached, maxCached := -1, 0, 0
-	bestTotal := 0.0
-	tm := &sc.tm
+	st := kvBest{best: -1, costs: costsFor(r, len(s.Replicas))}
 	var resident [kvChunk]int
-	for i := range s.Replicas {
-		if i%kvChunk == 0 {
-			sc.resident(s.Replicas, i, resident[:min(kvChunk, len(s.Replicas)-i)])
+	rs := s.Replicas
+	for lo := 0; lo < len(rs); lo += kvChunk {
+		chunk := rs[lo:min(lo+kvChunk, len(rs))]
+		cached := resident[:len(chunk)]
+		sc.resident(rs, lo, cached)
+		for j := 0; ; {
+			if j = sc.scan(chunk, lo, j, cached, &st); j == len(chunk) {
+				break
+			}
+			if rt := &chunk[j].Rates; !sc.tm.same(rt) {
+				sc.setRates(rt) // then price replica lo+j with them
+				continue
+			}
+			// Replica lo+j, priced and recorded, ties the best.
+			if p.tieBefore(r, lo+j, st.best) {
+				st.best, st.bestCached = lo+j, cached[j]
+			}
+			j++
 		}
-		rp := &s.Replicas[i]
+	}
+	if st.best < 0 {
+		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: st.costs}
+	}
+	return Decision{Replica: st.best, Reason: kvReason(r, st.best, st.bestCached, st.maxCached, sc.bs), Matched: st.bestCached, Costs: st.costs}
+}
+
+// kvBest is the state of a scan carried from replica to replica: the
+// cheapest so far, the deepest predicted match, and the costs recorded.
+type kvBest struct {
+	best, bestCached, maxCached int
+	bestTotal                   float64
+	costs                       []Cost
+}
+
+// scan prices the replicas of chunk (chunk[0] is replica lo) from j on,
+// cached[j] being chunk[j]'s expected cached tokens, records their costs
+// and keeps the cheapest in st. It stops at the first healthy replica whose
+// Rates differ from those of sc.tm (not priced: the caller switches Rates
+// and calls again) or whose total ties st's best (priced and recorded: the
+// caller breaks the tie), and returns its index, or len(chunk) at the end.
+// It calls nothing, so that the compiler keeps the scan in registers
+// instead of saving them around calls.
+func (sc *kvScan) scan(chunk []Replica, lo, j int, cached []int, st *kvBest) int {
+	tm, r := &sc.tm, sc.r
+	staleAfter, highWater, pinBonus, outF := sc.staleAfter, sc.p.HighWater, sc.pinBonus, sc.outF
+	tokens, pinned, bsF := r.Tokens, r.Pinned, float64(sc.bs)
+	best, bestCached, maxCached, bestTotal, costs := st.best, st.bestCached, st.maxCached, st.bestTotal, st.costs
+	cached = cached[:len(chunk)]
+	for ; j < len(chunk); j++ {
+		rp := &chunk[j]
 		if !rp.Healthy {
 			continue
 		}
 		if !tm.same(&rp.Rates) {
-			sc.setRates(&rp.Rates)
+			break
 		}
-		cached, prefill, need := resident[i%kvChunk], sc.prefill0, sc.need0
+		i := lo + j
+		cached := cached[j]
+		prefill, need := sc.prefill0, sc.need0
 		if cached > 0 {
-			uncached := float64(r.Tokens - cached)
+			uncached := float64(tokens - cached)
 			prefill = tm.prefill(uncached, float64(cached))
-			need = (uncached + sc.outF) * sc.invBS
+			need = (uncached + outF) * sc.invBS
 		}
-		fresh := rp.Scraped && rp.LoadAge <= sc.staleAfter
+		fresh := rp.Scraped && rp.LoadAge <= staleAfter
 
 		// Wait: queued prefill work (ours, plus others' seen in fresh
 		// metrics) and a full-batch penalty.
@@ -51,7 +95,7 @@ func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 		batch := float64(rp.Decoding)
 		if fresh {
 			if extra := rp.Waiting - own; extra > 0 {
-				per := r.Tokens
+				per := tokens
 				if own > 0 {
 					per = rp.PrefillTokens / own
 				}
@@ -63,20 +107,47 @@ func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 		wait := float64(queued) * tm.perTok
 		if over := float64(occupancy) - tm.maxSeqs + 1; over > 0 {
 			// One slot frees every out × step(MaxSeqs) / MaxSeqs on average.
-			wait += over * sc.outF * tm.slot * tm.invSeqs
+			wait += over * outF * tm.slot * tm.invSeqs
 		}
 
 		decode := tm.step + batch*tm.perSeq + prefill*batch*tm.invSeqs
+
+		// Memory: when admitting need more blocks pushes the KV usage above
+		// HighWater, evictions of cached prefixes others would reuse, and
+		// above 1 a preemption and recompute.
 		memory := 0.0
-		if nearFull(rp, fresh, need, sc.p.HighWater) {
-			memory = sc.p.memory(rp, tm, fresh, need, sc.bs)
+		if nearFull(rp, fresh, need, highWater) {
+			capacity := float64(rp.CacheBlocks)
+			used := float64(rp.DecodeBlocks) // in blocks, or a fraction when capacity is unknown
+			if fresh && rp.KVUsage*capacity > used {
+				used = rp.KVUsage * capacity
+			}
+			after := used + need
+			if capacity <= 0 {
+				capacity, after = 1, rp.KVUsage // fraction only: this request's share is unknown
+				if !fresh {
+					after = 0
+				}
+			}
+			if !(after <= highWater*capacity) { // as written, for NaN
+				frac := (after/capacity - highWater) / (1 - highWater)
+				memory = frac * tm.prefill(need*bsF, 0)
+				if after > capacity {
+					ctx := need * bsF
+					if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
+						ctx = float64(rp.DecodeBlocks*sc.bs) / float64(rp.InFlight)
+					}
+					memory += tm.prefill(ctx, 0)
+				}
+			}
 		}
+
 		if tm.scale != 1 {
 			wait, prefill, decode, memory = wait*tm.scale, prefill*tm.scale, decode*tm.scale, memory*tm.scale
 		}
 		total := wait + prefill + decode + memory
-		if i == r.Pinned && sc.pinBonus > 0 {
-			total = max(total-sc.pinBonus, 0)
+		if i == pinned && pinBonus > 0 {
+			total = max(total-pinBonus, 0)
 		}
 
 		if costs != nil {
@@ -84,14 +155,14 @@ func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 			fill(&costs[len(costs)-1], i, cached, wait, prefill, decode, memory, total)
 		}
 		maxCached = max(maxCached, cached)
-		if best < 0 || total < bestTotal || total == bestTotal && p.tieBefore(r, i, best) {
+		if best < 0 || total < bestTotal {
 			best, bestTotal, bestCached = i, total, cached
+		} else if total == bestTotal {
+			break
 		}
 	}
-	if best < 0 {
-		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs}
-	}
-	return Decision{Replica: best, Reason: kvReason(r, best, bestCached, maxCached, sc.bs), Matched: bestCached, Costs: costs}
+	st.best, st.bestCached, st.maxCached, st.bestTotal, st.costs = best, bestCached, maxCached, bestTotal, costs
+	return j
 }
 
 // fill writes one candidate's terms, in ns, into c, field by field
@@ -155,19 +226,24 @@ const kvChunk = 128
 // the probability the prefix is still resident (0 without a match). A
 // separate loop, so that the exponentials of several replicas overlap.
 func (sc *kvScan) resident(rs []Replica, lo int, out []int) {
-	r := sc.r
-	if lo >= len(r.Match) {
+	match, age, bs, tokens := sc.r.Match, sc.r.Age, sc.bs, sc.r.Tokens
+	if lo >= len(match) {
 		clear(out)
 		return
 	}
+	match = match[lo:min(lo+len(out), len(match))]
 	for j := range out {
-		i := lo + j
-		out[j] = 0
-		if i < len(r.Match) && r.Match[i] > 0 {
-			if m := min(r.Match[i]*sc.bs, r.Tokens); m > 0 {
-				out[j] = int(residency(ageOf(r, i), rs[i].Rates.Horizon) * float64(m))
+		c := 0
+		if j < len(match) && match[j] > 0 {
+			if m := min(match[j]*bs, tokens); m > 0 {
+				a := time.Duration(0)
+				if lo+j < len(age) {
+					a = age[lo+j]
+				}
+				c = int(residency(a, rs[lo+j].Rates.Horizon) * float64(m))
 			}
 		}
+		out[j] = c
 	}
 }
 
