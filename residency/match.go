@@ -20,8 +20,11 @@ const lookahead = 32
 //
 // The walk keeps the set of replicas still matching (alive) as a bitset and
 // crosses it with each block's holders; a block whose holders include every
-// alive replica (a shared prefix) costs a few word operations, and only the
-// replicas that drop out are written to match and age.
+// alive replica (a shared prefix) is only read, a few word operations for a
+// hot block and one bit test per holder for a cold one. Match and age are
+// written when replicas drop out, from the previous block's holders: after
+// a hot block whole bitset words at a time (a plain loop over 64 replicas),
+// after a cold one by looking the replica up in the block's short run.
 func (x *Index) Match(hashes []prefix.Hash, now time.Duration, match []int, age []time.Duration) int {
 	clear(match)
 	if age != nil {
@@ -143,8 +146,8 @@ func (m *matcher) expired(hb *hot) bool {
 
 // crossCold sets next to the holders of a cold node that are alive (all of
 // them on the first block), leaving out expired ones. It reports whether
-// next differs from alive; when it does not, next is garbage. It reads the node's run of holders and, only
-// with a TTL, their entries.
+// next differs from alive; when it does not, next is garbage. It reads the
+// node's run of holders and, only with a TTL, their entries.
 func (m *matcher) crossCold(nd node, alive, next []uint64, first bool) bool {
 	ttl := m.x.cfg.TTL
 	one := [1]holder{{entry: nd.head}}
