@@ -113,20 +113,6 @@ func kvReason(r *Request, best, cached, maxCached, bs int) string {
 	return ReasonLeastCost
 }
 
-// nearFull reports whether admitting need more blocks may push rp's KV
-// usage above highWater (a cheap test before memory).
-func nearFull(rp *Replica, fresh bool, need, highWater float64) bool {
-	c := float64(rp.CacheBlocks)
-	if c <= 0 {
-		return fresh && rp.KVUsage > highWater
-	}
-	used := float64(rp.DecodeBlocks)
-	if fresh {
-		used = max(used, rp.KVUsage*c)
-	}
-	return used+need > highWater*c
-}
-
 var (
 	_ Policy = KVAware{}
 	_ Needer = KVAware{}

@@ -69,7 +69,7 @@ func (sc *kvScan) scan(chunk []Replica, lo, j int, cached []int, st *kvBest) int
 	tokens, pinned, bsF := r.Tokens, r.Pinned, float64(sc.bs)
 	best, bestCached, maxCached, bestTotal, costs := st.best, st.bestCached, st.maxCached, st.bestTotal, st.costs
 	cached = cached[:len(chunk)]
-	for ; j < len(chunk); j++ {
+	for j = max(j, 0); j < len(chunk); j++ {
 		rp := &chunk[j]
 		if !rp.Healthy {
 			continue
@@ -105,8 +105,9 @@ func (sc *kvScan) scan(chunk []Replica, lo, j int, cached []int, st *kvBest) int
 			batch = float64(rp.Running)
 		}
 		wait := float64(queued) * tm.perTok
-		if over := float64(occupancy) - tm.maxSeqs + 1; over > 0 {
+		if occupancy >= tm.busyAt { // float64(occupancy) − maxSeqs + 1 > 0
 			// One slot frees every out × step(MaxSeqs) / MaxSeqs on average.
+			over := float64(occupancy) - tm.maxSeqs + 1
 			wait += over * outF * tm.slot * tm.invSeqs
 		}
 
@@ -114,35 +115,36 @@ func (sc *kvScan) scan(chunk []Replica, lo, j int, cached []int, st *kvBest) int
 
 		// Memory: when admitting need more blocks pushes the KV usage above
 		// HighWater, evictions of cached prefixes others would reuse, and
-		// above 1 a preemption and recompute.
+		// above 1 a preemption and recompute. Usage is in blocks, or a
+		// fraction when the capacity is unknown (then this request's share
+		// is unknown too).
 		memory := 0.0
-		if nearFull(rp, fresh, need, highWater) {
-			capacity := float64(rp.CacheBlocks)
-			used := float64(rp.DecodeBlocks) // in blocks, or a fraction when capacity is unknown
-			if fresh && rp.KVUsage*capacity > used {
-				used = rp.KVUsage * capacity
+		capacity, after, full := float64(rp.CacheBlocks), 0.0, false
+		if capacity <= 0 {
+			capacity, after, full = 1, rp.KVUsage, fresh && rp.KVUsage > highWater
+		} else {
+			used := float64(rp.DecodeBlocks)
+			// max(used, KVUsage×capacity) when fresh; as a compare, since
+			// used (a count) is never NaN or −0.
+			if x := rp.KVUsage * capacity; fresh && (x > used || x != x) {
+				used = x
 			}
-			after := used + need
-			if capacity <= 0 {
-				capacity, after = 1, rp.KVUsage // fraction only: this request's share is unknown
-				if !fresh {
-					after = 0
+			after = used + need
+			full = after > highWater*capacity
+		}
+		if full {
+			frac := (after/capacity - highWater) / (1 - highWater)
+			memory = frac * tm.prefill(need*bsF, 0)
+			if after > capacity {
+				ctx := need * bsF
+				if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
+					ctx = float64(rp.DecodeBlocks*sc.bs) / float64(rp.InFlight)
 				}
-			}
-			if !(after <= highWater*capacity) { // as written, for NaN
-				frac := (after/capacity - highWater) / (1 - highWater)
-				memory = frac * tm.prefill(need*bsF, 0)
-				if after > capacity {
-					ctx := need * bsF
-					if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
-						ctx = float64(rp.DecodeBlocks*sc.bs) / float64(rp.InFlight)
-					}
-					memory += tm.prefill(ctx, 0)
-				}
+				memory += tm.prefill(ctx, 0)
 			}
 		}
 
-		if tm.scale != 1 {
+		if tm.scaled {
 			wait, prefill, decode, memory = wait*tm.scale, prefill*tm.scale, decode*tm.scale, memory*tm.scale
 		}
 		total := wait + prefill + decode + memory
@@ -240,7 +242,11 @@ func (sc *kvScan) resident(rs []Replica, lo int, out []int) {
 				if lo+j < len(age) {
 					a = age[lo+j]
 				}
-				c = int(residency(a, rs[lo+j].Rates.Horizon) * float64(m))
+				p := 1.0 // residency(a, h), inlined
+				if h := rs[lo+j].Rates.Horizon; h > 0 && a > 0 {
+					p = expNeg(float64(a) / float64(h))
+				}
+				c = int(p * float64(m))
 			}
 		}
 		out[j] = c
@@ -252,18 +258,22 @@ func (sc *kvScan) resident(rs []Replica, lo int, out []int) {
 type timing struct {
 	perTok, attn, step, perSeq, maxSeqs, invSeqs, scale float64
 	slot                                                float64 // step + maxSeqs×perSeq: step(MaxSeqs)
+	scaled                                              bool    // scale != 1
+	// busyAt is the least occupancy with float64(occupancy) − maxSeqs + 1
+	// > 0 (the batch is full), so that the scan compares integers.
+	busyAt int
 
-	// The Rates fields t was built from; scaleBits is Scale's bits.
+	// The Rates fields t was built from.
 	prefillPerToken, attnPerToken2, decodeStep, decodePerSeq time.Duration
 	maxSeqsKey                                               int
-	scaleBits                                                uint64
+	scaleKey                                                 float64
 }
 
 // same reports whether t was built from Rates equal to rt in every field it
-// reads. Scale is compared by bits: equal bits give the same timing, and
-// unequal bits (−0 and 0, or NaNs) only cost a rebuild.
+// reads. Scale is compared as a float: −0 and 0 give the same timing, and
+// a NaN, never equal, only costs a rebuild.
 func (t *timing) same(rt *Rates) bool {
-	return math.Float64bits(rt.Scale) == t.scaleBits && t.sameButScale(rt)
+	return rt.Scale == t.scaleKey && t.sameButScale(rt)
 }
 
 // sameButScale is same, ignoring Scale.
@@ -296,6 +306,7 @@ func (t *timing) set(rt *Rates) {
 		t.invSeqs = 1 / t.maxSeqs
 	}
 	t.slot = t.step + t.maxSeqs*t.perSeq
+	t.busyAt = busyAt(t.maxSeqs)
 	t.prefillPerToken, t.attnPerToken2, t.decodeStep, t.decodePerSeq, t.maxSeqsKey =
 		rt.PrefillPerToken, rt.AttnPerToken2, rt.DecodeStep, rt.DecodePerSeq, rt.MaxSeqs
 	t.setScale(rt)
@@ -307,7 +318,27 @@ func (t *timing) setScale(rt *Rates) {
 	if rt.Scale > 0 {
 		t.scale = rt.Scale
 	}
-	t.scaleBits = math.Float64bits(rt.Scale)
+	t.scaleKey, t.scaled = rt.Scale, t.scale != 1
+}
+
+// busyAt is the least int n with float64(n) − maxSeqs + 1 > 0 (a monotone
+// test in n), for maxSeqs an int ≥ 1 as a float64. Up to 2^52 it is
+// maxSeqs itself: float64(n) − maxSeqs and + 1 are exact near 0, and far
+// from 0 rounding keeps the sign. Beyond, a binary search.
+func busyAt(maxSeqs float64) int {
+	if maxSeqs >= 1 && maxSeqs <= 1<<52 {
+		return int(maxSeqs)
+	}
+	lo, hi := math.MinInt, math.MaxInt // the test fails at lo and holds at hi
+	for lo < hi-1 {
+		mid := lo + int(uint64(hi-lo)/2) // hi−lo wraps, as uint64 it is exact
+		if float64(mid)-maxSeqs+1 > 0 {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
 }
 
 // prefill is the prefill time of n new tokens after c cached, in ns.
