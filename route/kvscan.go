@@ -221,7 +221,7 @@ func (sc *kvScan) setRates(rt *Rates) {
 
 // kvChunk is how many replicas' expected cached tokens resident computes
 // at a time, ahead of pricing them.
-const kvChunk = 128
+const kvChunk = 64
 
 // resident sets out[j] to the expected cached tokens of the request on
 // replica lo+j: p × min(Match×BlockSize, Tokens), p = exp(−Age/Horizon)
