@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +27,17 @@ const goldenCases = 2000
 // policy settings) and compares a SHA-256 of every Decision field and every
 // recorded Cost field with the digest in testdata. Speed changes to Pick
 // must leave it unchanged; regenerate it (-update-kvaware-digest) only for a
-// deliberate change of the model.
+// deliberate change of the model. Some Rates have a Scale near 1e9, so that
+// terms exceed 2^53 ns and the recorded Durations show every last-bit
+// difference of the float arithmetic (a reordered sum, say).
+//
+// The digest is amd64's: other architectures may fuse x*y+z into one
+// rounding, and out-of-range float-to-int conversions are
+// implementation-defined.
 func TestKVAwareGoldenDigest(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skipf("digest recorded on amd64; GOARCH=%s rounds differently", runtime.GOARCH)
+	}
 	got := kvAwareDigest()
 	path := filepath.Join("testdata", "kvaware_digest.txt")
 	if *updateGolden {
@@ -189,7 +199,7 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 		case 3:
 			if rng.IntN(20) == 0 {
 				cur = base
-				cur.Scale = []float64{0, 1, 0.9, 1.37, -1}[rng.IntN(5)]
+				cur.Scale = []float64{0, 1, 0.9, 1.37, -1, 3.7e8}[rng.IntN(6)]
 				cur.PrefillPerToken = time.Duration(pick(0, 30000, 40000, 55000))
 				cur.Horizon = time.Duration(pick(0, 60, 600)) * time.Second
 			}
@@ -202,21 +212,10 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 				DecodePerSeq:    time.Duration(pick(0, -1, int(100*time.Microsecond), rng.IntN(int(time.Millisecond)))),
 				MaxSeqs:         pick(0, -1, 1, 64, DefaultMaxSeqs, 512),
 				Horizon:         time.Duration(pick(0, -1, int(time.Minute), rng.IntN(int(time.Hour)))),
-				Scale:           []float64{0, -1, 1, 0.25, 3, rng.Float64() * 2, math.SmallestNonzeroFloat64}[rng.IntN(7)],
+				Scale:           []float64{0, -1, 1, 0.25, 3, rng.Float64() * 2, math.SmallestNonzeroFloat64, 1e9 + rng.Float64()}[rng.IntN(8)],
 			}
 		}
 	}
 	_ = c
 	return p, r, s
-}
-
-func TestBusyAt(t *testing.T) {
-	for _, maxSeqs := range []float64{1, 2, 255, 256, 257, 1 << 20, 1 << 52, 1<<52 + 2, 1 << 53, 1<<53 + 2, 1 << 60, 1 << 62, float64(math.MaxInt)} {
-		n := busyAt(maxSeqs)
-		full := func(n int) bool { return float64(n)-maxSeqs+1 > 0 }
-		if !full(n) || n > math.MinInt && full(n-1) {
-			t.Errorf("busyAt(%g) = %d: full(%d) = %v, full(%d) = %v; want the least n with a full batch",
-				maxSeqs, n, n, full(n), n-1, full(n-1))
-		}
-	}
 }
