@@ -52,3 +52,22 @@ func BenchmarkPick(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPickNoCosts is BenchmarkPick for kv-aware without recording each
+// candidate's cost terms (Request.Costs nil), the decision alone:
+//
+//	go test -run='^$' -bench=PickNoCosts -benchmem -count=5 ./route
+func BenchmarkPickNoCosts(b *testing.B) {
+	for _, n := range []int{8, 64, 512, 1000} {
+		b.Run(fmt.Sprintf("policy=kv-aware/replicas=%d", n), func(b *testing.B) {
+			r, s := benchFleet(n)
+			r.Costs = nil
+			p := KVAware{}
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Seq++
+				p.Pick(r, s)
+			}
+		})
+	}
+}
