@@ -19,7 +19,7 @@ func benchFleet(n int) (*Request, *Snapshot) {
 			Running: int(h % 40), Waiting: int(h>>8) % 6, KVUsage: float64(h>>16%100) / 100, Scraped: true,
 			LoadAge: 50 * time.Millisecond, InFlight: int(h>>24) % 40, PrefillTokens: int(h>>32) % 8000,
 			Decoding: int(h>>40) % 20, DecodeBlocks: int(h>>44) % 20000, RecentPrefill: int(h>>48) % 50000,
-			CacheBlocks: 28000, IndexBlocks: int(h>>20) % 28000, Rates: Rates{Horizon: 10 * time.Minute},
+			CacheBlocks: 28000, IndexBlocks: int(h>>20) % 28000, Rates: Rates{Horizon: 10 * time.Minute, Scale: 0.8 + float64(h>>52%400)/1000},
 		}
 		if i%8 == 0 {
 			r.Match[i] = int(h>>4) % 65
