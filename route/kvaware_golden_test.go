@@ -65,7 +65,7 @@ func kvAwareDigest() string {
 	put := func(v int64) { buf = binary.LittleEndian.AppendUint64(buf, uint64(v)) }
 	for c := range goldenCases {
 		p, r, s := goldenCase(rng, c)
-		d := p.Pick(r, s)
+		d := kvAwareRef(p, r, s)
 		buf = buf[:0]
 		put(int64(c))
 		put(int64(d.Replica))
@@ -218,4 +218,97 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 	}
 	_ = c
 	return p, r, s
+}
+
+// TestKVAwareMatchesReference checks the fast Pick against kvAwareRef on
+// the digest's cases and as many more: the same decision and reason, the
+// same terms for every candidate priced in full, and for a pruned one a
+// Total between the winner's (it could not win) and its full pricing's, a
+// Matched no smaller than the expected cached tokens, and no other terms.
+func TestKVAwareMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(20240611, 3))
+	pruned := 0
+	for c := range 2 * goldenCases {
+		if c == goldenCases {
+			rng = rand.New(rand.NewPCG(7, uint64(c)))
+		}
+		p, r, s := goldenCase(rng, c)
+		rr := *r
+		if r.Costs != nil {
+			rr.Costs = make([]Cost, 0, cap(r.Costs))
+		}
+		want := kvAwareRef(p, &rr, s)
+		got := p.Pick(r, s)
+		if got.Replica != want.Replica || got.Reason != want.Reason || got.Matched != want.Matched ||
+			len(got.Costs) != len(want.Costs) || (got.Costs == nil) != (want.Costs == nil) {
+			t.Fatalf("case %d: got %d %s matched %d with %d costs, want %d %s matched %d with %d costs",
+				c, got.Replica, got.Reason, got.Matched, len(got.Costs), want.Replica, want.Reason, want.Matched, len(want.Costs))
+		}
+		var chosen time.Duration
+		for _, k := range want.Costs {
+			if k.Replica == want.Replica {
+				chosen = k.Total
+			}
+		}
+		for i, k := range got.Costs {
+			w := want.Costs[i]
+			if !k.Pruned {
+				if k != w {
+					t.Fatalf("case %d: candidate %d priced %+v, want %+v", c, i, k, w)
+				}
+				continue
+			}
+			pruned++
+			// A term beyond MaxInt64 ns converts to MinInt64 on amd64:
+			// no order to check.
+			le := func(a, b time.Duration) bool { return a <= b || a == math.MinInt64 || b == math.MinInt64 }
+			if k.Replica != w.Replica || k.Matched < w.Matched || k.Wait != 0 || k.Prefill != 0 || k.Decode != 0 ||
+				k.Memory != 0 || !le(k.Total, w.Total) || !le(chosen, k.Total) || k.Replica == got.Replica {
+				t.Fatalf("case %d: candidate %d pruned %+v, full pricing %+v, winner's total %v", c, i, k, w, chosen)
+			}
+		}
+	}
+	if pruned == 0 {
+		t.Error("no candidate pruned: the cases do not exercise the bound")
+	}
+	t.Logf("%d candidates pruned", pruned)
+}
+
+// TestKVAwarePrunesLargeFleets shows what pruning does on the benchmark's
+// fleets: at 1,000 replicas nearly every candidate is recorded as pruned,
+// none of the winner's terms are, and the decision is the reference's; up
+// to kvPruneAbove replicas every candidate is priced in full.
+func TestKVAwarePrunesLargeFleets(t *testing.T) {
+	for _, n := range []int{kvPruneAbove, 1000} {
+		r, s := benchFleet(n)
+		healthy := 0
+		for _, rp := range s.Replicas {
+			if rp.Healthy {
+				healthy++
+			}
+		}
+		want := kvAwareRef(KVAware{}, &Request{ID: r.ID, Hash: r.Hash, Tokens: r.Tokens, Blocks: r.Blocks, Pinned: r.Pinned,
+			Match: r.Match, Age: r.Age}, s)
+		d := KVAware{}.Pick(r, s)
+		pruned := 0
+		for _, k := range d.Costs {
+			if k.Pruned {
+				pruned++
+				if k.Replica == d.Replica {
+					t.Errorf("%d replicas: the winner %d is pruned", n, d.Replica)
+				}
+			}
+		}
+		if d.Replica != want.Replica || d.Reason != want.Reason || d.Matched != want.Matched || len(d.Costs) != healthy {
+			t.Errorf("%d replicas: got %d %s %d with %d costs, want %d %s %d with %d", n, d.Replica, d.Reason, d.Matched,
+				len(d.Costs), want.Replica, want.Reason, want.Matched, healthy)
+		}
+		switch {
+		case n <= kvPruneAbove && pruned != 0:
+			t.Errorf("%d replicas: %d pruned, want every candidate priced in full", n, pruned)
+		case n > kvPruneAbove && pruned < healthy*9/10:
+			t.Errorf("%d replicas: %d of %d pruned, want at least 90%%", n, pruned, healthy)
+		}
+		t.Logf("%d replicas: %d of %d candidates pruned", n, pruned, healthy)
+	}
 }

@@ -9,176 +9,234 @@ import (
 // nothing: the terms are computed in float64 nanoseconds and converted to
 // Durations only for the recorded costs.
 //
-// The scan is tuned for about 10 ns per replica (BenchmarkPick): what
-// depends only on the request, or on the Rates shared by consecutive
-// replicas, is computed once; the expected cached tokens of a chunk of
-// replicas are computed ahead (resident), so that their exponentials
-// overlap; and the pricing loop (scan) calls nothing, leaving only a change
-// of Rates and an exact tie to the caller. The arithmetic is the cost model
-// of KVAware's doc, operation for operation; TestKVAwareGoldenDigest pins
-// every decision and recorded cost bit for bit.
+// Most replicas of a large fleet (over kvPruneAbove) cannot win, and the
+// scan proves it cheaply. A lower bound of a replica's Total is the Wait of the router's
+// own queue, plus Prefill and Decode as if every token the index matched
+// were still cached and with the lesser of the two batch sizes Decode may
+// use; the other clients' queue, the full-batch penalty and Memory only add
+// to it. Once that bound exceeds the cheapest Total found so far, the
+// replica is recorded as Pruned and nothing else of it is computed, not
+// even the exponential of its residency. The decision, reason included, is
+// the one full pricing of every replica gives (TestKVAwareMatchesReference
+// checks it against kvAwareRef, a plain rendering of the model): a pruned
+// replica costs more than one already seen, so it can neither win nor
+// tie. The pinned replica, whose PinBonus may lower its Total, is always
+// priced in full.
+//
+// What depends only on the request, or on the Rates shared by consecutive
+// replicas (all but Scale and Horizon, which are per replica), is computed
+// once; full pricing (price) and a change of Rates are calls, out of the
+// loop that tests the bound (scan).
 func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 	var sc kvScan
 	sc.start(p, r, s)
-	st := kvBest{best: -1, costs: costsFor(r, len(s.Replicas))}
-	var resident [kvChunk]int
+	st := kvBest{best: -1, bestTotal: math.Inf(1), costs: costsFor(r, len(s.Replicas))}
 	rs := s.Replicas
-	for lo := 0; lo < len(rs); lo += kvChunk {
-		chunk := rs[lo:min(lo+kvChunk, len(rs))]
-		cached := resident[:len(chunk)]
-		sc.resident(rs, lo, cached)
-		for j := 0; ; {
-			if j = sc.scan(chunk, lo, j, cached, &st); j == len(chunk) {
-				break
-			}
-			if rt := &chunk[j].Rates; !sc.tm.same(rt) {
-				sc.setRates(rt) // then price replica lo+j with them
-				continue
-			}
-			// Replica lo+j, priced and recorded, ties the best.
-			if p.tieBefore(r, lo+j, st.best) {
-				st.best, st.bestCached = lo+j, cached[j]
-			}
-			j++
+	for i := 0; i < len(rs); i++ {
+		i = sc.scan(rs, i, &st)
+		if i < len(rs) {
+			sc.setRates(&rs[i].Rates)
+			i-- // price replica i with them
 		}
 	}
 	if st.best < 0 {
 		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: st.costs}
 	}
-	return Decision{Replica: st.best, Reason: kvReason(r, st.best, st.bestCached, st.maxCached, sc.bs), Matched: st.bestCached, Costs: st.costs}
+	return Decision{Replica: st.best, Reason: sc.reason(rs, &st), Matched: st.bestCached, Costs: st.costs}
 }
 
 // kvBest is the state of a scan carried from replica to replica: the
-// cheapest so far, the deepest predicted match, and the costs recorded.
+// cheapest so far (bestTotal +Inf before the first), the deepest expected
+// cached tokens among the replicas priced in full, the deepest match of a
+// pruned one, and the costs recorded.
 type kvBest struct {
-	best, bestCached, maxCached int
-	bestTotal                   float64
-	costs                       []Cost
+	best, bestCached, maxCached, maxPruned int
+	bestTotal                              float64
+	costs                                  []Cost
 }
 
-// scan prices the replicas of chunk (chunk[0] is replica lo) from j on,
-// cached[j] being chunk[j]'s expected cached tokens, records their costs
-// and keeps the cheapest in st. It stops at the first healthy replica whose
-// Rates differ from those of sc.tm (not priced: the caller switches Rates
-// and calls again) or whose total ties st's best (priced and recorded: the
-// caller breaks the tie), and returns its index, or len(chunk) at the end.
-// It calls nothing, so that the compiler keeps the scan in registers
-// instead of saving them around calls.
-func (sc *kvScan) scan(chunk []Replica, lo, j int, cached []int, st *kvBest) int {
-	tm, r := &sc.tm, sc.r
-	staleAfter, highWater, pinBonus, outF := sc.staleAfter, sc.p.HighWater, sc.pinBonus, sc.outF
-	tokens, pinned, bsF := r.Tokens, r.Pinned, float64(sc.bs)
-	best, bestCached, maxCached, bestTotal, costs := st.best, st.bestCached, st.maxCached, st.bestTotal, st.costs
-	cached = cached[:len(chunk)]
-	for j = max(j, 0); j < len(chunk); j++ {
-		rp := &chunk[j]
+// scan goes through the replicas rs from j on: it prunes those whose lower
+// bound exceeds st's best Total and prices the others (price). It stops at
+// the first healthy replica whose Rates differ from those of sc.tm, and
+// returns its index (not priced: the caller switches Rates and calls
+// again), or len(rs) at the end.
+func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
+	tm := &sc.tm
+	pinned, prune, tokens, bs, prefill0 := sc.r.Pinned, sc.prune, sc.r.Tokens, sc.bs, sc.prefill0
+	perTok, step, perSeq, invSeqs := tm.perTok, tm.step, tm.perSeq, tm.invSeqs
+	match := sc.r.Match
+	// st's fields live in locals here (in registers, not carried from one
+	// replica to the next through memory), and go back to st around price.
+	maxPruned, bestTotal, costs := st.maxPruned, st.bestTotal, st.costs
+	for ; j < len(rs); j++ {
+		rp := &rs[j]
 		if !rp.Healthy {
 			continue
 		}
 		if !tm.same(&rp.Rates) {
 			break
 		}
-		i := lo + j
-		cached := cached[j]
-		prefill, need := sc.prefill0, sc.need0
-		if cached > 0 {
-			uncached := float64(tokens - cached)
-			prefill = tm.prefill(uncached, float64(cached))
-			need = (uncached + outF) * sc.invBS
+		m := 0 // tokens matched in the index: at least the expected cached
+		if j < len(match) && match[j] > 0 {
+			m = max(min(match[j]*bs, tokens), 0)
 		}
-		fresh := rp.Scraped && rp.LoadAge <= staleAfter
-
-		// Wait: queued prefill work (ours, plus others' seen in fresh
-		// metrics) and a full-batch penalty.
-		queued := rp.PrefillTokens
-		own := max(rp.InFlight-rp.Decoding, 0)
-		occupancy := rp.InFlight
-		batch := float64(rp.Decoding)
-		if fresh {
-			if extra := rp.Waiting - own; extra > 0 {
-				per := tokens
-				if own > 0 {
-					per = rp.PrefillTokens / own
-				}
-				queued += extra * per
+		prefill := prefill0
+		if m > 0 {
+			prefill = tm.prefill(float64(tokens-m), float64(m))
+		}
+		// The bound, summed as price sums Total. Prefill decreases as the
+		// cached tokens grow, Decode grows with the batch and the prefill
+		// (counts ≥ 0), and each float operation is monotone, so it rounds
+		// to at most Total.
+		batch := float64(min(rp.Running, rp.Decoding))
+		scale := 1.0
+		if rp.Rates.Scale > 0 {
+			scale = rp.Rates.Scale
+		}
+		bound := float64(rp.PrefillTokens)*perTok*scale + prefill*scale + (step+batch*perSeq+prefill*batch*invSeqs)*scale
+		if bound > bestTotal && prune && j != pinned && rp.PrefillTokens|rp.Running|rp.Decoding >= 0 {
+			maxPruned = max(maxPruned, m)
+			if costs != nil {
+				costs = costs[:len(costs)+1]
+				costs[len(costs)-1] = Cost{Replica: j, Matched: m, Total: time.Duration(bound), Pruned: true}
 			}
-			occupancy = max(occupancy, rp.Running+rp.Waiting)
-			batch = float64(rp.Running)
+			continue
 		}
-		wait := float64(queued) * tm.perTok
-		if occupancy >= tm.busyAt { // float64(occupancy) − maxSeqs + 1 > 0
-			// One slot frees every out × step(MaxSeqs) / MaxSeqs on average.
-			over := float64(occupancy) - tm.maxSeqs + 1
-			wait += over * outF * tm.slot * tm.invSeqs
+		c := 0
+		if m > 0 {
+			c = sc.cached(j, m, rp)
 		}
-
-		decode := tm.step + batch*tm.perSeq + prefill*batch*tm.invSeqs
-
-		// Memory: when admitting need more blocks pushes the KV usage above
-		// HighWater, evictions of cached prefixes others would reuse, and
-		// above 1 a preemption and recompute. Usage is in blocks, or a
-		// fraction when the capacity is unknown (then this request's share
-		// is unknown too).
-		memory := 0.0
-		capacity, after, full := float64(rp.CacheBlocks), 0.0, false
-		if capacity <= 0 {
-			capacity, after, full = 1, rp.KVUsage, fresh && rp.KVUsage > highWater
-		} else {
-			used := float64(rp.DecodeBlocks)
-			// max(used, KVUsage×capacity) when fresh; as a compare, since
-			// used (a count) is never NaN or −0.
-			if x := rp.KVUsage * capacity; fresh && (x > used || x != x) {
-				used = x
-			}
-			after = used + need
-			full = after > highWater*capacity
-		}
-		if full {
-			frac := (after/capacity - highWater) / (1 - highWater)
-			memory = frac * tm.prefill(need*bsF, 0)
-			if after > capacity {
-				ctx := need * bsF
-				if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
-					ctx = float64(rp.DecodeBlocks*sc.bs) / float64(rp.InFlight)
-				}
-				memory += tm.prefill(ctx, 0)
-			}
-		}
-
-		if tm.scaled {
-			wait, prefill, decode, memory = wait*tm.scale, prefill*tm.scale, decode*tm.scale, memory*tm.scale
-		}
-		total := wait + prefill + decode + memory
-		if i == pinned && pinBonus > 0 {
-			total = max(total-pinBonus, 0)
-		}
-
-		if costs != nil {
-			costs = costs[:len(costs)+1]
-			fill(&costs[len(costs)-1], i, cached, wait, prefill, decode, memory, total)
-		}
-		maxCached = max(maxCached, cached)
-		if best < 0 || total < bestTotal {
-			best, bestTotal, bestCached = i, total, cached
-		} else if total == bestTotal {
-			break
-		}
+		st.costs = costs
+		sc.price(rp, j, c, scale, st)
+		bestTotal, costs = st.bestTotal, st.costs
 	}
-	st.best, st.bestCached, st.maxCached, st.bestTotal, st.costs = best, bestCached, maxCached, bestTotal, costs
+	st.maxPruned, st.costs = maxPruned, costs
 	return j
 }
 
+// reason is kvReason for st's best, with the deepest expected cached
+// tokens over every candidate: those of the pruned ones are computed only
+// if their match could exceed the best's.
+func (sc *kvScan) reason(rs []Replica, st *kvBest) string {
+	r, maxCached := sc.r, st.maxCached
+	if st.maxPruned > st.bestCached && !(st.best == r.Pinned && matchOf(r, st.best) > 0) {
+		// Only whether some candidate caches more than the best matters,
+		// and whether one caching more holds a whole block.
+		for j, k := range r.Match[:min(len(r.Match), len(rs))] {
+			if m := min(k*sc.bs, r.Tokens); k > 0 && m > st.bestCached && rs[j].Healthy {
+				maxCached = max(maxCached, sc.cached(j, m, &rs[j]))
+				if maxCached > st.bestCached && maxCached >= sc.bs {
+					break
+				}
+			}
+		}
+	}
+	return kvReason(r, st.best, st.bestCached, maxCached, sc.bs)
+}
+
+// price prices replica rp (index i) in full, records its costs and keeps it
+// in st if it is the cheapest so far. cached is its expected cached
+// tokens, scale its Rates.Scale with the default filled.
+//
+//go:noinline
+func (sc *kvScan) price(rp *Replica, i, cached int, scale float64, st *kvBest) {
+	tm := &sc.tm
+	prefill := sc.prefill0
+	if cached > 0 {
+		prefill = tm.prefill(float64(sc.r.Tokens-cached), float64(cached))
+	}
+	fresh := rp.Scraped && rp.LoadAge <= sc.staleAfter
+	batch := float64(rp.Decoding)
+	if fresh {
+		batch = float64(rp.Running)
+	}
+	ps, ds := prefill*scale, (tm.step+batch*tm.perSeq+prefill*batch*tm.invSeqs)*scale
+	need := sc.need0
+	if cached > 0 {
+		need = (float64(sc.r.Tokens-cached) + sc.outF) * sc.invBS
+	}
+
+	// Wait: queued prefill work (ours, plus others' seen in fresh
+	// metrics) and a full-batch penalty.
+	queued := rp.PrefillTokens
+	own := max(rp.InFlight-rp.Decoding, 0)
+	occupancy := rp.InFlight
+	if fresh {
+		if extra := rp.Waiting - own; extra > 0 {
+			per := sc.r.Tokens
+			if own > 0 {
+				per = rp.PrefillTokens / own
+			}
+			queued += extra * per
+		}
+		occupancy = max(occupancy, rp.Running+rp.Waiting)
+	}
+	wait := float64(queued) * tm.perTok
+	if occupancy >= tm.busyAt { // float64(occupancy) − maxSeqs + 1 > 0
+		// One slot frees every out × step(MaxSeqs) / MaxSeqs on average.
+		over := float64(occupancy) - tm.maxSeqs + 1
+		wait += over * sc.outF * tm.slot * tm.invSeqs
+	}
+
+	// Memory: when admitting need more blocks pushes the KV usage above
+	// HighWater, evictions of cached prefixes others would reuse, and above
+	// 1 a preemption and recompute. Usage is in blocks, or a fraction when
+	// the capacity is unknown (then this request's share is unknown too).
+	highWater, bsF := sc.p.HighWater, float64(sc.bs)
+	memory := 0.0
+	capacity, after, full := float64(rp.CacheBlocks), 0.0, false
+	if capacity <= 0 {
+		capacity, after, full = 1, rp.KVUsage, fresh && rp.KVUsage > highWater
+	} else {
+		used := float64(rp.DecodeBlocks)
+		// max(used, KVUsage×capacity) when fresh; as a compare, since used
+		// (a count) is never NaN or −0.
+		if x := rp.KVUsage * capacity; fresh && (x > used || x != x) {
+			used = x
+		}
+		after = used + need
+		full = after > highWater*capacity
+	}
+	if full {
+		// Never below 0, when after/capacity rounds under HighWater.
+		frac := max((after/capacity-highWater)/(1-highWater), 0)
+		memory = frac * tm.prefill(need*bsF, 0)
+		if after > capacity {
+			ctx := need * bsF
+			if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
+				ctx = float64(rp.DecodeBlocks*sc.bs) / float64(rp.InFlight)
+			}
+			memory += tm.prefill(ctx, 0)
+		}
+	}
+
+	wait, memory = wait*scale, memory*scale
+	total := wait + ps + ds + memory
+	if i == sc.r.Pinned && sc.pinBonus > 0 {
+		total = max(total-sc.pinBonus, 0)
+	}
+	if st.costs != nil {
+		st.costs = st.costs[:len(st.costs)+1]
+		fill(&st.costs[len(st.costs)-1], i, cached, wait, ps, ds, memory, total)
+	}
+	st.maxCached = max(st.maxCached, cached)
+	if st.best < 0 || total < st.bestTotal || total == st.bestTotal && sc.p.tieBefore(sc.r, i, st.best) {
+		st.best, st.bestTotal, st.bestCached = i, total, cached
+	}
+}
+
 // fill writes one candidate's terms, in ns, into c, field by field
-// (building a Cost and copying it stalls on store forwarding).
+// (building a Cost and copying it stalls on store forwarding), as priced
+// in full (Pruned false).
 func fill(c *Cost, i, cached int, wait, prefill, decode, memory, total float64) {
 	c.Replica, c.Matched = i, cached
 	c.Wait, c.Prefill, c.Decode = time.Duration(wait), time.Duration(prefill), time.Duration(decode)
-	c.Memory, c.Total = time.Duration(memory), time.Duration(total)
+	c.Memory, c.Total, c.Pruned = time.Duration(memory), time.Duration(total), false
 }
 
 // kvScan is one Pick's per-request invariants, and the timing of the last
 // replica's Rates, reused while consecutive replicas share them (the usual
-// case: one preset).
+// case: one preset, with a Scale per replica).
 type kvScan struct {
 	p          KVAware // with defaults
 	r          *Request
@@ -188,8 +246,9 @@ type kvScan struct {
 	staleAfter time.Duration
 	pinBonus   float64 // p.PinBonus in ns
 	need0      float64 // blocks an unmatched replica allocates: (Tokens + out) / bs
+	prune      bool    // prune with the lower bound: it holds, and the fleet is large
 	tm         timing
-	prefill0   float64 // prefill of the whole prompt with tm, in ns
+	prefill0   float64 // prefill of the whole prompt with tm, in ns, unscaled
 }
 
 // start fills sc for request r on snapshot s, with the default Rates.
@@ -203,6 +262,8 @@ func (sc *kvScan) start(p KVAware, r *Request, s *Snapshot) {
 	sc.staleAfter = sc.p.StaleAfter
 	sc.pinBonus = float64(sc.p.PinBonus)
 	sc.need0 = (float64(r.Tokens) + sc.outF) * sc.invBS
+	// With Tokens < 0 others' queue (extra × Tokens) could lower Wait.
+	sc.prune = r.Tokens >= 0 && len(s.Replicas) > kvPruneAbove
 	sc.tm.set(&Rates{})
 	sc.prefill0 = sc.tm.prefill(float64(r.Tokens), 0)
 }
@@ -212,54 +273,36 @@ func (sc *kvScan) start(p KVAware, r *Request, s *Snapshot) {
 //
 //go:noinline
 func (sc *kvScan) setRates(rt *Rates) {
-	if sc.tm.sameButScale(rt) {
-		sc.tm.setScale(rt) // calibration: the prompt's prefill is unchanged
-		return
-	}
 	sc.tm.set(rt)
 	sc.prefill0 = sc.tm.prefill(float64(sc.r.Tokens), 0)
 }
 
-// kvChunk is how many replicas' expected cached tokens resident computes
-// at a time, ahead of pricing them.
-const kvChunk = 64
+// kvPruneAbove is the fleet size up to which every candidate is priced in
+// full: pruning saves little there (about 1 µs at 64 replicas), and the
+// full terms of every candidate explain a decision best.
+const kvPruneAbove = 64
 
-// resident sets out[j] to the expected cached tokens of the request on
-// replica lo+j: p × min(Match×BlockSize, Tokens), p = exp(−Age/Horizon)
-// the probability the prefix is still resident (0 without a match). A
-// separate loop, so that the exponentials of several replicas overlap.
-func (sc *kvScan) resident(rs []Replica, lo int, out []int) {
-	match, age, bs, tokens := sc.r.Match, sc.r.Age, sc.bs, sc.r.Tokens
-	if lo >= len(match) {
-		clear(out)
-		return
+// cached is the expected cached tokens of the request on replica j (rp),
+// which matched m > 0 tokens in the index: p × m, p = exp(−Age/Horizon) the
+// probability the prefix is still resident.
+func (sc *kvScan) cached(j, m int, rp *Replica) int {
+	a := time.Duration(0)
+	if j < len(sc.r.Age) {
+		a = sc.r.Age[j]
 	}
-	match = match[lo:min(lo+len(out), len(match))]
-	for j := range out {
-		c := 0
-		if j < len(match) && match[j] > 0 {
-			if m := min(match[j]*bs, tokens); m > 0 {
-				a := time.Duration(0)
-				if lo+j < len(age) {
-					a = age[lo+j]
-				}
-				p := 1.0 // residency(a, h), inlined
-				if h := rs[lo+j].Rates.Horizon; h > 0 && a > 0 {
-					p = expNeg(float64(a) / float64(h))
-				}
-				c = int(p * float64(m))
-			}
-		}
-		out[j] = c
+	p := 1.0 // residency(a, h), inlined
+	if h := rp.Rates.Horizon; h > 0 && a > 0 {
+		p = expNeg(float64(a) / float64(h))
 	}
+	return int(p * float64(m))
 }
 
 // timing is a replica's Rates as float64 nanoseconds with defaults filled,
-// with the Rates it was built from (all but Horizon, which it ignores).
+// with the Rates it was built from (all but Horizon and Scale, which it
+// ignores; the scan applies each replica's Scale).
 type timing struct {
-	perTok, attn, step, perSeq, maxSeqs, invSeqs, scale float64
-	slot                                                float64 // step + maxSeqs×perSeq: step(MaxSeqs)
-	scaled                                              bool    // scale != 1
+	perTok, attn, step, perSeq, maxSeqs, invSeqs float64
+	slot                                         float64 // step + maxSeqs×perSeq: step(MaxSeqs)
 	// busyAt is the least occupancy with float64(occupancy) − maxSeqs + 1
 	// > 0 (the batch is full), so that the scan compares integers.
 	busyAt int
@@ -267,20 +310,13 @@ type timing struct {
 	// The Rates fields t was built from.
 	prefillPerToken, attnPerToken2, decodeStep, decodePerSeq time.Duration
 	maxSeqsKey                                               int
-	scaleKey                                                 float64
 }
 
 // same reports whether t was built from Rates equal to rt in every field it
-// reads. Scale is compared as a float: −0 and 0 give the same timing, and
-// a NaN, never equal, only costs a rebuild.
+// reads: one branch, for a compare per replica.
 func (t *timing) same(rt *Rates) bool {
-	return rt.Scale == t.scaleKey && t.sameButScale(rt)
-}
-
-// sameButScale is same, ignoring Scale.
-func (t *timing) sameButScale(rt *Rates) bool {
-	return rt.PrefillPerToken == t.prefillPerToken && rt.AttnPerToken2 == t.attnPerToken2 &&
-		rt.DecodeStep == t.decodeStep && rt.DecodePerSeq == t.decodePerSeq && rt.MaxSeqs == t.maxSeqsKey
+	return (rt.PrefillPerToken^t.prefillPerToken)|(rt.AttnPerToken2^t.attnPerToken2)|
+		(rt.DecodeStep^t.decodeStep)|(rt.DecodePerSeq^t.decodePerSeq)|time.Duration(rt.MaxSeqs^t.maxSeqsKey) == 0
 }
 
 // set fills t from rt with defaults, as Rates.withDefaults does, in
@@ -310,16 +346,6 @@ func (t *timing) set(rt *Rates) {
 	t.busyAt = busyAt(t.maxSeqs)
 	t.prefillPerToken, t.attnPerToken2, t.decodeStep, t.decodePerSeq, t.maxSeqsKey =
 		rt.PrefillPerToken, rt.AttnPerToken2, rt.DecodeStep, rt.DecodePerSeq, rt.MaxSeqs
-	t.setScale(rt)
-}
-
-// setScale fills t's scale from rt.Scale (zero or less: 1).
-func (t *timing) setScale(rt *Rates) {
-	t.scale = 1
-	if rt.Scale > 0 {
-		t.scale = rt.Scale
-	}
-	t.scaleKey, t.scaled = rt.Scale, t.scale != 1
 }
 
 // busyAt is the least int n with float64(n) − maxSeqs + 1 > 0 (a monotone

@@ -113,8 +113,10 @@ type Request struct {
 	// message (or prompt) and the LoRA name, for consistent-hashing policies.
 	PrefixKey uint64
 	// Costs, when its capacity is at least len(Snapshot.Replicas), receives
-	// each candidate's cost terms, and Decision.Costs aliases it. Nil means
-	// the policy records none. Callers reuse it to keep Pick allocation-free.
+	// each candidate's cost terms (kv-aware marks Pruned the candidates it
+	// proved could not win without pricing them in full), and
+	// Decision.Costs aliases it. Nil means the policy records none. Callers
+	// reuse it to keep Pick allocation-free.
 	Costs []Cost
 }
 
@@ -135,6 +137,12 @@ type Cost struct {
 	// Total is what the policy minimised (or, for score-based peers, the
 	// negated score expressed as-is).
 	Total time.Duration
+	// Pruned says the candidate was not priced in full: a lower bound of
+	// its Total, kept in Total, already exceeded a cheaper candidate's, so
+	// it could not win. Matched is then the tokens its index entry matched
+	// (an upper bound: the residency discount is not computed), and Wait,
+	// Prefill, Decode and Memory are zero.
+	Pruned bool
 }
 
 // Decision is a policy's choice.
