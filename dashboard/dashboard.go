@@ -165,4 +165,8 @@ type Candidate struct {
 	DecodeMS  float64 `json:"decode_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
 	TotalMS   float64 `json:"total_ms"`
+	// Pruned marks a candidate kv-aware did not price in full: TotalMS is
+	// then a lower bound that already exceeded the chosen one's, Matched
+	// the tokens its index entry matched, and the other terms are zero.
+	Pruned bool `json:"pruned,omitempty"`
 }

@@ -73,6 +73,7 @@ type Candidate struct {
 	DecodeMS  float64 `json:"decode_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
 	TotalMS   float64 `json:"total_ms"`
+	Pruned    bool    `json:"pruned,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -87,7 +88,7 @@ func appendCandidates(out []Candidate, costs []route.Cost, names []string) []Can
 		out = append(out, Candidate{
 			Replica: name, Matched: c.Matched,
 			WaitMS: ms(c.Wait), PrefillMS: ms(c.Prefill), DecodeMS: ms(c.Decode),
-			MemoryMS: ms(c.Memory), TotalMS: ms(c.Total),
+			MemoryMS: ms(c.Memory), TotalMS: ms(c.Total), Pruned: c.Pruned,
 		})
 	}
 	return out

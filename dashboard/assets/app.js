@@ -157,8 +157,13 @@ function costs(d) {
       el("th", { class: "num" }, "Wait ms"), el("th", { class: "num" }, "Prefill ms"),
       el("th", { class: "num" }, "Decode ms"), el("th", { class: "num" }, "Memory ms"),
       el("th", { class: "num" }, "Total ms"))),
-    el("tbody", {}, d.candidates.map((c) =>
-      el("tr", { class: c.replica === d.replica ? "chosen" : null },
+    el("tbody", {}, d.candidates.map((c) => c.pruned
+      // Not priced in full: only a lower bound of its total, above the winner's.
+      ? el("tr", { class: "pruned" },
+        el("td", { class: "id" }, c.replica), el("td", { class: "num" }, "≤ " + int(c.matched_tokens)),
+        el("td", { class: "muted", colspan: "4" }, "pruned: could not win"),
+        el("td", { class: "num" }, "≥ " + costMS(c.total_ms)))
+      : el("tr", { class: c.replica === d.replica ? "chosen" : null },
         el("td", { class: "id" }, c.replica), el("td", { class: "num" }, int(c.matched_tokens)),
         el("td", { class: "num" }, costMS(c.wait_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
         el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.memory_ms)),
