@@ -15,21 +15,24 @@ import (
 	"time"
 )
 
-// updateGolden rewrites testdata/kvaware_digest.txt from the current Pick.
+// updateGolden rewrites testdata/kvaware_digest.txt from kvAwareRef.
 var updateGolden = flag.Bool("update-kvaware-digest", false, "rewrite testdata/kvaware_digest.txt")
 
 // goldenCases is how many generated decisions the digest covers.
 const goldenCases = 2000
 
 // TestKVAwareGoldenDigest pins the kv-aware cost model bit for bit: it runs
-// Pick over goldenCases seeded snapshots and requests (1..1,000 replicas,
-// varied Match, Age, Rates, health, staleness, Scale, Pinned, PinBonus and
-// policy settings) and compares a SHA-256 of every Decision field and every
-// recorded Cost field with the digest in testdata. Speed changes to Pick
-// must leave it unchanged; regenerate it (-update-kvaware-digest) only for a
-// deliberate change of the model. Some Rates have a Scale near 1e9, so that
-// terms exceed 2^53 ns and the recorded Durations show every last-bit
-// difference of the float arithmetic (a reordered sum, say).
+// kvAwareRef, the model written plainly, over goldenCases seeded snapshots
+// and requests (1..1,000 replicas, varied Match, Age, Rates, health,
+// staleness, Scale, Pinned, PinBonus and policy settings) and compares a
+// SHA-256 of every Decision field and every Cost field with the digest in
+// testdata, recorded from the first implementation of the model.
+// TestKVAwareMatchesReference holds the fast Pick to kvAwareRef, so speed
+// changes to Pick never touch the digest; regenerate it
+// (-update-kvaware-digest) only for a deliberate change of the model. Some
+// Rates have a Scale near 1e9, so that terms exceed 2^53 ns and the
+// recorded Durations show every last-bit difference of the float
+// arithmetic (a reordered sum, say).
 //
 // The digest is amd64's: other architectures may fuse x*y+z into one
 // rounding, and out-of-range float-to-int conversions are
@@ -57,7 +60,8 @@ func TestKVAwareGoldenDigest(t *testing.T) {
 	}
 }
 
-// kvAwareDigest hashes the decisions and costs of goldenCases generated picks.
+// kvAwareDigest hashes the decisions and costs of kvAwareRef on goldenCases
+// generated cases.
 func kvAwareDigest() string {
 	rng := rand.New(rand.NewPCG(20240611, 3))
 	h := sha256.New()
