@@ -134,7 +134,7 @@ func TestStreamStripsInjectedUsage(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
-	if body != chunk1+chunk2+done {
+	if body != bare1+bare2+done {
 		t.Errorf("client got %q, want the chunks without usage", body)
 	}
 	if got := resp.Header.Get(HeaderReplica); got != up.URL {

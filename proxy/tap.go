@@ -37,9 +37,10 @@ type usageBody struct {
 const maxJSONCopy = 1 << 20
 
 // tap wraps an upstream response body. It hands the client the same bytes
-// the upstream sent, with one exception: when strip is set, an SSE event that
-// carries only usage (no choices) is dropped, because the router asked for
-// it and the client did not. It records when the first byte arrived, the
+// the upstream sent, with one exception: when strip is set, because the
+// router asked for usage and the client did not, an SSE event that carries
+// only usage (no choices) is dropped, and the "usage": null member that
+// engines then add to every other chunk is cut from it. It records when the first byte arrived, the
 // usage, and any upstream read error. SSE is handed out one whole event at a
 // time, so ReverseProxy's per-write flush is a per-event flush.
 type tap struct {
@@ -128,6 +129,12 @@ func (t *tap) frame(from int) {
 			scan = t.ready
 			continue
 		}
+		if t.strip {
+			if a, b := nullUsage(ev); a < b {
+				t.buf = append(t.buf[:t.ready+a], t.buf[t.ready+b:]...)
+				end -= b - a
+			}
+		}
 		t.ready = end
 		scan = end
 	}
@@ -150,20 +157,58 @@ func (t *tap) observe(ev []byte) bool {
 	return len(b.Choices) == 0
 }
 
+// nullUsage finds, in an event whose first data line is a JSON object
+// ending in a "usage": null member (where OpenAI and vLLM put it), the bytes
+// to cut to remove that member with its comma: ev[a:b], or a == b when there
+// is none. Only the object's last member is matched: quotes right before
+// the final brace cannot be inside a string.
+func nullUsage(ev []byte) (a, b int) {
+	_, end := dataSpan(ev)
+	if end == 0 || ev[end-1] != '}' {
+		return 0, 0
+	}
+	b = skipSpaceBack(ev, end-1) // after the member's value
+	i := b
+	for _, tok := range [...]string{"null", ":", `"usage"`, ","} {
+		i = skipSpaceBack(ev, i)
+		if !bytes.HasSuffix(ev[:i], []byte(tok)) {
+			return 0, 0
+		}
+		i -= len(tok)
+	}
+	return i, b
+}
+
+// skipSpaceBack returns i moved back over the JSON whitespace before it.
+func skipSpaceBack(b []byte, i int) int {
+	for i > 0 && (b[i-1] == ' ' || b[i-1] == '\t' || b[i-1] == '\n' || b[i-1] == '\r') {
+		i--
+	}
+	return i
+}
+
 // sseData returns the payload of an event's first data line.
 func sseData(ev []byte) []byte {
-	for len(ev) > 0 {
-		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i], ev[i+1:]
-		} else {
-			ev = nil
+	start, end := dataSpan(ev)
+	return ev[start:end]
+}
+
+// dataSpan returns where the payload of an event's first data line starts
+// and ends in ev, spaces trimmed (0, 0 without one).
+func dataSpan(ev []byte) (start, end int) {
+	for off := 0; off < len(ev); {
+		line, next := ev[off:], len(ev)
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			line, next = line[:i], off+i+1
 		}
 		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			return bytes.TrimSpace(d)
+			t := bytes.TrimLeft(d, " \t\r")
+			start = off + len(line) - len(t)
+			return start, start + len(bytes.TrimRight(t, " \t\r"))
 		}
+		off = next
 	}
-	return nil
+	return 0, 0
 }
 
 func (t *tap) readJSON(p []byte) (int, error) {

@@ -13,6 +13,9 @@ const (
 	chunk2    = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\" there\"}}],\"usage\":null}\n\n"
 	usageOnly = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\n"
 	done      = "data: [DONE]\n\n"
+	// chunk1 and chunk2 as the engine sends them without include_usage.
+	bare1 = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"
+	bare2 = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\" there\"}}]}\n\n"
 )
 
 func TestTap(t *testing.T) {
@@ -25,9 +28,12 @@ func TestTap(t *testing.T) {
 		prompt     int
 	}{
 		{"sse keeps usage when not stripping", chunk1 + chunk2 + usageOnly + done, true, false, chunk1 + chunk2 + usageOnly + done, 64, 100},
-		{"sse strips usage-only chunk", chunk1 + chunk2 + usageOnly + done, true, true, chunk1 + chunk2 + done, 64, 100},
-		{"sse without usage", chunk1 + done, true, true, chunk1 + done, -1, -1},
-		{"partial trailing event passes", chunk1 + "data: {\"x\"", true, true, chunk1 + "data: {\"x\"", -1, -1},
+		{"sse strips usage-only chunk and null usage", chunk1 + chunk2 + usageOnly + done, true, true, bare1 + bare2 + done, 64, 100},
+		{"sse without usage", chunk1 + done, true, true, bare1 + done, -1, -1},
+		{"null usage with spaces", "data: {\"a\": 1, \"usage\" : null }\r\n\r\n" + done, true, true, "data: {\"a\": 1 }\r\n\r\n" + done, -1, -1},
+		{"null usage only as the last member", "data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n", true, true,
+			"data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n", -1, -1},
+		{"partial trailing event passes", chunk1 + "data: {\"x\"", true, true, bare1 + "data: {\"x\"", -1, -1},
 		{"json body", `{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, false, false,
 			`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, 3, 7},
 		{"json without details", `{"usage":{"prompt_tokens":7}}`, false, false, `{"usage":{"prompt_tokens":7}}`, -1, 7},
