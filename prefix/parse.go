@@ -33,6 +33,11 @@ type Prompt struct {
 	Stream bool
 	// IncludeUsage is "stream_options.include_usage".
 	IncludeUsage bool
+	// StreamOptionsAt and IncludeUsageAt are the byte ranges [start, end)
+	// in the body of the "stream_options" value and of its include_usage
+	// value (zero when absent), so that a router can set include_usage
+	// without encoding the body again.
+	StreamOptionsAt, IncludeUsageAt [2]int
 	// MaxTokens is "max_completion_tokens", else "max_tokens"; zero when
 	// neither is set.
 	MaxTokens int
@@ -183,7 +188,10 @@ func (s *scanner) maxTokens(field string) (int, bool, error) {
 
 // streamOptions reads "stream_options": an object or null.
 func (s *scanner) streamOptions(p *Prompt) error {
-	p.IncludeUsage = false
+	p.IncludeUsage, p.IncludeUsageAt = false, [2]int{}
+	s.ws()
+	p.StreamOptionsAt[0] = s.i
+	defer func() { p.StreamOptionsAt[1] = s.i }()
 	if null, err := s.null(); null || err != nil {
 		return err
 	}
@@ -201,7 +209,10 @@ func (s *scanner) streamOptions(p *Prompt) error {
 			return err
 		}
 		if string(k) == "include_usage" {
+			s.ws()
+			at := s.i
 			p.IncludeUsage, err = s.boolean("include_usage")
+			p.IncludeUsageAt = [2]int{at, s.i}
 		} else {
 			err = s.skip()
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -205,6 +206,14 @@ func checkSame(t *testing.T, body []byte) {
 		return
 	}
 	normalize(want)
+	// The byte ranges are checked against the body, then left out.
+	so, iu := got.StreamOptionsAt, got.IncludeUsageAt
+	if so != [2]int{} && !json.Valid(body[so[0]:so[1]]) ||
+		iu != [2]int{} && (iu[0] < so[0] || iu[1] > so[1] || !slices.Contains([]string{"true", "false", "null"}, string(body[iu[0]:iu[1]]))) ||
+		got.IncludeUsage != (iu != [2]int{} && string(body[iu[0]:iu[1]]) == "true") {
+		t.Fatalf("%q: stream_options at %v, include_usage at %v", body, so, iu)
+	}
+	got.StreamOptionsAt, got.IncludeUsageAt = [2]int{}, [2]int{}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("%q: (-encoding/json +Parse):\n%s", body, diff)
 	}

@@ -15,7 +15,9 @@ func TestParse(t *testing.T) {
 		want Prompt
 	}{
 		{"chat", `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":7,"user":"u1"}`,
-			Prompt{Model: "m", Chat: true, Messages: []Message{{Role: "system", Content: "s"}, {Role: "user", Content: "hi"}}, Stream: true, IncludeUsage: true, MaxTokens: 7, User: "u1"}},
+			Prompt{Model: "m", Chat: true, Messages: []Message{{Role: "system", Content: "s"}, {Role: "user", Content: "hi"}}, Stream: true, IncludeUsage: true,
+				StreamOptionsAt: [2]int{120, 142}, IncludeUsageAt: [2]int{137, 141}, MaxTokens: 7, User: "u1"}},
+		{"stream_options null", `{"model":"m","prompt":"p","stream_options": null }`, Prompt{Model: "m", Prompts: []string{"p"}, StreamOptionsAt: [2]int{44, 48}}},
 		{"content parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`,
 			Prompt{Model: "m", Chat: true, Messages: []Message{{Role: "user", Content: "a\nb"}}}},
 		{"image part kept raw", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`,

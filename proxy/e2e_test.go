@@ -139,14 +139,15 @@ func TestConversationStaysUnderKVAware(t *testing.T) {
 
 // TestStreamUsageOnEmulator: a streaming client that did not ask for usage
 // sees no usage at all (no usage chunk, no "usage": null on the others),
-// and the router still records cached tokens.
+// whether it left stream_options out or set include_usage false, and the
+// router still records cached tokens.
 func TestStreamUsageOnEmulator(t *testing.T) {
 	reps := replicas(t, 2, 0.01)
 	rt, url := startRouter(t, "kv-aware", nil, urls(reps)...)
 	runRouter(t, rt)
 	req := `{"model":"m","stream":true,"max_tokens":5,"messages":[{"role":"system","content":"` + words(3, 200) + `"},{"role":"user","content":"hi"}]}`
-	for i := range 2 {
-		resp, body := do(t, "POST", url+"/v1/chat/completions", req)
+	for i, opts := range []string{"", `"stream_options":{"include_usage":false},`} {
+		resp, body := do(t, "POST", url+"/v1/chat/completions", "{"+opts+req[1:])
 		if resp.StatusCode != 200 || resp.Header.Get(HeaderReplica) == "" {
 			t.Fatalf("status %d replica %q: %s", resp.StatusCode, resp.Header.Get(HeaderReplica), body)
 		}

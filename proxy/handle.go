@@ -142,8 +142,8 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.prompt = p
-	if p.Stream && !p.IncludeUsage && !bytes.Contains(body, []byte(`"stream_options"`)) {
-		c.inj = appendInjectUsage(c.inj[:0], body)
+	if p.Stream && !p.IncludeUsage {
+		c.inj = appendInjectUsage(c.inj[:0], body, p)
 		body, c.strip = c.inj, true
 	}
 	c.sessionOf(r, p)
@@ -218,26 +218,35 @@ func (c *call) fail(w http.ResponseWriter, status int, typ, code, msg string) {
 	writeError(w, status, typ, code, msg)
 }
 
-// injectUsage adds "stream_options":{"include_usage":true} as the body's
-// first member; every other byte is left as it was.
-func injectUsage(body []byte) []byte { return appendInjectUsage(nil, body) }
-
-// appendInjectUsage appends body with include_usage injected to dst.
-func appendInjectUsage(dst, body []byte) []byte {
-	i := bytes.IndexByte(body, '{')
-	if i < 0 {
-		return append(dst, body...)
+// appendInjectUsage appends to dst the body of p with
+// stream_options.include_usage set to true, every other byte as it was:
+// stream_options is added as the body's first member when absent, an
+// object without include_usage gets it as its first member, and a null
+// stream_options or a false or null include_usage is replaced.
+func appendInjectUsage(dst, body []byte, p *prefix.Prompt) []byte {
+	const usage = `"include_usage":true`
+	at, with := p.StreamOptionsAt, "{"+usage+"}"
+	switch {
+	case p.IncludeUsageAt != [2]int{}:
+		at, with = p.IncludeUsageAt, "true"
+	case at == [2]int{}: // absent: a new first member
+		i := bytes.IndexByte(body, '{')
+		if i < 0 {
+			return append(dst, body...)
+		}
+		at, with = [2]int{i + 1, i + 1}, `"stream_options":{`+usage+`}`
+		if rest := bytes.TrimLeft(body[i+1:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
+			with += ","
+		}
+	case body[at[0]] == '{': // an object without include_usage
+		at, with = [2]int{at[0] + 1, at[0] + 1}, usage
+		if rest := bytes.TrimLeft(body[at[0]:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
+			with += ","
+		}
 	}
-	const ins = `"stream_options":{"include_usage":true}`
-	rest := bytes.TrimLeft(body[i+1:], " \t\r\n")
-	sep := ","
-	if len(rest) > 0 && rest[0] == '}' {
-		sep = ""
-	}
-	out := append(dst, body[:i+1]...)
-	out = append(out, ins...)
-	out = append(out, sep...)
-	return append(out, body[i+1:]...)
+	dst = append(dst, body[:at[0]]...)
+	dst = append(dst, with...)
+	return append(dst, body[at[1]:]...)
 }
 
 // setBody makes r carry body (from the call's reusable reader),
