@@ -71,3 +71,23 @@ func BenchmarkPickNoCosts(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickIdleFleet is kv-aware on 1,000 idle replicas that differ in
+// nothing: no queue, no batch, no match, Scale 1 (a fleet at start, before
+// any calibration). Every candidate costs the same, so only the tie-break
+// tells them apart:
+//
+//	go test -run='^$' -bench=PickIdleFleet -benchmem -count=5 ./route
+func BenchmarkPickIdleFleet(b *testing.B) {
+	s := &Snapshot{BlockSize: 16, Replicas: make([]Replica, 1000)}
+	for i := range s.Replicas {
+		s.Replicas[i] = Replica{ID: fmt.Sprintf("r%d", i), Healthy: true, Scraped: true, LoadAge: 50 * time.Millisecond, CacheBlocks: 28000}
+	}
+	r := &Request{ID: "bench", Hash: 0x1234567, Tokens: 1030, Blocks: 64, Pinned: -1, Costs: make([]Cost, 0, 1000)}
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Seq++
+		r.Hash++
+		KVAware{}.Pick(r, s)
+	}
+}

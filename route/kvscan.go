@@ -16,7 +16,8 @@ import (
 // use; the other clients' queue, the full-batch penalty and Memory only add
 // to it. Once that bound exceeds the cheapest Total found so far, the
 // replica is recorded as Pruned and nothing else of it is computed, not
-// even the exponential of its residency. The decision, reason included, is
+// even the exponential of its residency; so is it when the bound equals
+// that Total and the replica would lose the tie. The decision, reason included, is
 // the one full pricing of every replica gives (TestKVAwareMatchesReference
 // checks it against kvAwareRef, a plain rendering of the model): a pruned
 // replica costs more than one already seen, so it can neither win nor
@@ -55,6 +56,16 @@ type kvBest struct {
 	costs                                  []Cost
 }
 
+// tieKey is what a replica must stay below to win a tie against st's
+// best (KVAware.tieBefore): none wins one against the pinned replica. Only
+// meaningful once st has a best.
+func (st *kvBest) tieKey(r *Request) uint64 {
+	if st.best == r.Pinned {
+		return 0
+	}
+	return tieKey(r.Hash, st.best)
+}
+
 // scan goes through the replicas rs from j on: it prunes those whose lower
 // bound exceeds st's best Total and prices the others (price). It stops at
 // the first healthy replica whose Rates differ from those of sc.tm, and
@@ -67,7 +78,8 @@ func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
 	match := sc.r.Match
 	// st's fields live in locals here (in registers, not carried from one
 	// replica to the next through memory), and go back to st around price.
-	maxPruned, bestTotal, costs := st.maxPruned, st.bestTotal, st.costs
+	maxPruned, best, bestTotal, costs := st.maxPruned, st.best, st.bestTotal, st.costs
+	hash, bestKey := sc.r.Hash, st.tieKey(sc.r)
 	for ; j < len(rs); j++ {
 		rp := &rs[j]
 		if !rp.Healthy {
@@ -94,7 +106,9 @@ func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
 			scale = rp.Rates.Scale
 		}
 		bound := float64(rp.PrefillTokens)*perTok*scale + prefill*scale + (step+batch*perSeq+prefill*batch*invSeqs)*scale
-		if bound > bestTotal && prune && j != pinned && rp.PrefillTokens|rp.Running|rp.Decoding >= 0 {
+		// At equal cost the bound prunes too if the replica loses the tie.
+		if (bound > bestTotal || bound == bestTotal && best >= 0 && tieKey(hash, j) >= bestKey) &&
+			prune && j != pinned && rp.PrefillTokens|rp.Running|rp.Decoding >= 0 {
 			maxPruned = max(maxPruned, m)
 			if costs != nil {
 				costs = costs[:len(costs)+1]
@@ -108,7 +122,7 @@ func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
 		}
 		st.costs = costs
 		sc.price(rp, j, c, scale, st)
-		bestTotal, costs = st.bestTotal, st.costs
+		best, bestTotal, bestKey, costs = st.best, st.bestTotal, st.tieKey(sc.r), st.costs
 	}
 	st.maxPruned, st.costs = maxPruned, costs
 	return j
