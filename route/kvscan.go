@@ -80,6 +80,11 @@ func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
 	// replica to the next through memory), and go back to st around price.
 	maxPruned, best, bestTotal, costs := st.maxPruned, st.best, st.bestTotal, st.costs
 	hash, bestKey := sc.r.Hash, st.tieKey(sc.r)
+	// limit is the Total a bound must exceed to prune: +Inf when it may not.
+	limit := math.Inf(1)
+	if prune {
+		limit = bestTotal
+	}
 	for ; j < len(rs); j++ {
 		rp := &rs[j]
 		if !rp.Healthy {
@@ -107,8 +112,8 @@ func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
 		}
 		bound := float64(rp.PrefillTokens)*perTok*scale + prefill*scale + (step+batch*perSeq+prefill*batch*invSeqs)*scale
 		// At equal cost the bound prunes too if the replica loses the tie.
-		if (bound > bestTotal || bound == bestTotal && best >= 0 && tieKey(hash, j) >= bestKey) &&
-			prune && j != pinned && rp.PrefillTokens|rp.Running|rp.Decoding >= 0 {
+		if (bound > limit || bound == limit && best >= 0 && tieKey(hash, j) >= bestKey) &&
+			j != pinned && rp.PrefillTokens|rp.Running|rp.Decoding >= 0 {
 			maxPruned = max(maxPruned, m)
 			if costs != nil {
 				costs = costs[:len(costs)+1]
@@ -122,7 +127,10 @@ func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
 		}
 		st.costs = costs
 		sc.price(rp, j, c, scale, st)
-		best, bestTotal, bestKey, costs = st.best, st.bestTotal, st.tieKey(sc.r), st.costs
+		best, bestKey, costs = st.best, st.tieKey(sc.r), st.costs
+		if prune {
+			limit = st.bestTotal
+		}
 	}
 	st.maxPruned, st.costs = maxPruned, costs
 	return j
