@@ -8,28 +8,30 @@ import (
 	"kvrouter/route"
 )
 
-// BenchmarkSnapshot measures filling a reused snapshot and one commit and
-// release, per fleet size.
+// BenchmarkSnapshot measures filling a reused snapshot, per fleet size,
+// without and with the recent-prefill window some peer policies ask for:
 //
-//	go test -run='^$' -bench=. -benchmem ./fleet
+//	go test -run='^$' -bench=Snapshot -benchmem ./fleet
 func BenchmarkSnapshot(b *testing.B) {
-	for _, n := range []int{8, 64, 512, 1000} {
-		b.Run(fmt.Sprint("replicas=", n), func(b *testing.B) {
-			ids := make([]string, n)
-			for i := range ids {
-				ids[i] = fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256)
-			}
-			f, err := New(Config{Replicas: ids, Window: 10 * time.Second})
-			if err != nil {
-				b.Fatal(err)
-			}
-			var s route.Snapshot
-			now := time.Now()
-			b.ReportAllocs()
-			for b.Loop() {
-				f.Snapshot(&s, now)
-			}
-		})
+	for _, window := range []time.Duration{0, 10 * time.Second} {
+		for _, n := range []int{8, 64, 512, 1000} {
+			b.Run(fmt.Sprintf("window=%v/replicas=%d", window, n), func(b *testing.B) {
+				ids := make([]string, n)
+				for i := range ids {
+					ids[i] = fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256)
+				}
+				f, err := New(Config{Replicas: ids, Window: window})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var s route.Snapshot
+				now := time.Now()
+				b.ReportAllocs()
+				for b.Loop() {
+					f.Snapshot(&s, now)
+				}
+			})
+		}
 	}
 }
 

@@ -91,16 +91,36 @@ type replica struct {
 	churn   Churn
 	recent  recent
 	// rates is the preset corrected by cal and churn, recomputed when they
-	// change so that snapshots only copy it.
+	// change.
 	rates route.Rates
+
+	// pub is what snapshots read of the state above, published anew on
+	// every change so that a snapshot takes no lock (except for recent).
+	pub atomic.Pointer[published]
 }
 
-// updateRatesLocked recomputes r.rates from the preset; r.mu is held.
-func (r *replica) updateRatesLocked(preset route.Rates) {
-	r.rates = r.cal.Apply(preset)
+// published is a replica's scrape and rates as snapshots copy them:
+// immutable once stored in replica.pub.
+type published struct {
+	scraped          bool
+	running, waiting int
+	kvUsage          float64
+	loadAt           time.Time
+	cacheBlocks      int
+	rates            route.Rates
+}
+
+// updateLocked recomputes r.rates from f's preset and publishes r's state;
+// r.mu is held.
+func (f *Fleet) updateLocked(r *replica) {
+	r.rates = r.cal.Apply(f.cfg.Rates)
 	if h := r.churn.Horizon(); h > 0 {
 		r.rates.Horizon = h
 	}
+	r.pub.Store(&published{
+		scraped: r.scraped, running: r.load.Running, waiting: r.load.Waiting, kvUsage: r.load.KVUsage,
+		loadAt: r.load.At, cacheBlocks: f.cacheBlocksLocked(r), rates: r.rates,
+	})
 }
 
 // New returns a fleet of cfg.Replicas, all healthy and unscraped. Duplicate
@@ -131,7 +151,7 @@ func (f *Fleet) AddReplica(id string) error {
 	}
 	r := &replica{id: id, index: len(f.reps), cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.n = 0, 0
-	r.updateRatesLocked(f.cfg.Rates) // r is not shared yet
+	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
 	f.reps = append(f.reps, r)
 	f.byID[id] = r
@@ -202,7 +222,7 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 	defer r.mu.Unlock()
 	r.load, r.scraped = l, true
 	r.churn.Observe(l)
-	r.updateRatesLocked(f.cfg.Rates)
+	f.updateLocked(r)
 }
 
 // ObserveTTFT corrects a replica's rates from one request: predicted is
@@ -217,7 +237,7 @@ func (f *Fleet) ObserveTTFT(id string, predicted, observed time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cal.Observe(predicted, observed)
-	r.updateRatesLocked(f.cfg.Rates)
+	f.updateLocked(r)
 }
 
 // blockSize is the snapshot block size.

@@ -34,18 +34,18 @@ func (f *Fleet) fill(out *route.Replica, r *replica, now time.Time) {
 		Decoding:      int(r.decoding.Load()),
 		DecodeBlocks:  int(r.decodeBlocks.Load()),
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.scraped {
+	p := r.pub.Load()
+	if p.scraped {
 		out.Scraped = true
-		out.Running, out.Waiting, out.KVUsage = r.load.Running, r.load.Waiting, r.load.KVUsage
-		out.LoadAge = max(now.Sub(r.load.At), 0)
+		out.Running, out.Waiting, out.KVUsage = p.running, p.waiting, p.kvUsage
+		out.LoadAge = max(now.Sub(p.loadAt), 0)
 	}
+	out.CacheBlocks, out.Rates = p.cacheBlocks, p.rates
 	if f.cfg.Window > 0 {
+		r.mu.Lock()
 		out.RecentPrefill = int(r.recent.total(now, f.cfg.Window))
+		r.mu.Unlock()
 	}
-	out.CacheBlocks = f.cacheBlocksLocked(r)
-	out.Rates = r.rates
 }
 
 // View is a read-only copy of the fleet for dashboards and debugging.
