@@ -10,19 +10,18 @@ import (
 // Durations only for the recorded costs.
 //
 // Most replicas of a large fleet (over kvPruneAbove) cannot win, and the
-// scan proves it cheaply. A lower bound of a replica's Total is the Wait of the router's
-// own queue, plus Prefill and Decode as if every token the index matched
-// were still cached and with the lesser of the two batch sizes Decode may
-// use; the other clients' queue, the full-batch penalty and Memory only add
-// to it. Once that bound exceeds the cheapest Total found so far, the
+// scan proves it cheaply. A lower bound of a replica's Total is the Wait of
+// the router's own queue, plus Prefill and Decode as if every token the
+// index matched were still cached and with the lesser of the two batch
+// sizes Decode may use; the other clients' queue, the full-batch penalty
+// and Memory only add to it. Once that bound exceeds the cheapest Total
+// found so far, or equals it and the replica would lose the tie, the
 // replica is recorded as Pruned and nothing else of it is computed, not
-// even the exponential of its residency; so is it when the bound equals
-// that Total and the replica would lose the tie. The decision, reason included, is
+// even the exponential of its residency. The decision, reason included, is
 // the one full pricing of every replica gives (TestKVAwareMatchesReference
 // checks it against kvAwareRef, a plain rendering of the model): a pruned
-// replica costs more than one already seen, so it can neither win nor
-// tie. The pinned replica, whose PinBonus may lower its Total, is always
-// priced in full.
+// replica can neither win nor tie. The pinned replica, whose PinBonus may
+// lower its Total, is always priced in full.
 //
 // What depends only on the request, or on the Rates shared by consecutive
 // replicas (all but Scale and Horizon, which are per replica), is computed
@@ -78,12 +77,13 @@ func (sc *kvScan) scan(rs []Replica, j int, st *kvBest) int {
 	match := sc.r.Match
 	// st's fields live in locals here (in registers, not carried from one
 	// replica to the next through memory), and go back to st around price.
-	maxPruned, best, bestTotal, costs := st.maxPruned, st.best, st.bestTotal, st.costs
+	maxPruned, best, costs := st.maxPruned, st.best, st.costs
 	hash, bestKey := sc.r.Hash, st.tieKey(sc.r)
-	// limit is the Total a bound must exceed to prune: +Inf when it may not.
-	limit := math.Inf(1)
+	// limit is the Total a bound must exceed (or equal, losing the tie) to
+	// prune: NaN, which no bound exceeds or equals, when it may not.
+	limit := math.NaN()
 	if prune {
-		limit = bestTotal
+		limit = st.bestTotal
 	}
 	for ; j < len(rs); j++ {
 		rp := &rs[j]
