@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -10,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kvrouter/prefix"
 )
 
 // streamUpstream answers every request with a short SSE stream (8 chunks and
@@ -85,4 +89,61 @@ func BenchmarkProxy(b *testing.B) {
 	b.ReportMetric(q(direct, 0.99), "direct-p99-µs")
 	b.ReportMetric(q(routed, 0.99), "routed-p99-µs")
 	b.ReportMetric(q(routed, 0.99)-q(direct, 0.99), "added-p99-µs")
+}
+
+// BenchmarkDecide measures the router's whole decision for one chat
+// request, with no network: hashing the parsed prompt, matching its blocks
+// in the residency index, the fleet snapshot, kv-aware's Pick, the commit,
+// the index update and the decision record. The fleet is warm: 256
+// conversations sharing a system prompt have each been routed once, and
+// each op routes the next turn of one of them. decide-µs is what
+// kvrouter_decision_seconds observes (from the index match on):
+//
+//	go test -run='^$' -bench=Decide -benchmem ./proxy
+func BenchmarkDecide(b *testing.B) {
+	system := strings.Repeat("You are a careful assistant. Answer briefly and cite sources. ", 40)
+	for _, n := range []int{8, 64, 1000} {
+		b.Run(fmt.Sprintf("replicas=%d", n), func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.Policy = "kv-aware"
+			for i := range n {
+				cfg.Backends = append(cfg.Backends, Backend{URL: fmt.Sprintf("http://10.%d.%d.1:8000", i/256, i%256)})
+			}
+			rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+			prompts := make([]*prefix.Prompt, 256)
+			for k := range prompts {
+				body := fmt.Sprintf(`{"model":"m","max_tokens":64,"messages":[{"role":"system","content":%q},`+
+					`{"role":"user","content":"conversation %d: tell me about item %d"}]}`, system, k, k*7)
+				if prompts[k], err = prefix.Parse([]byte(body)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			decide := func(k int) time.Duration {
+				c := rt.newCall(req, true)
+				c.prompt, c.session = prompts[k%len(prompts)], fmt.Sprint("s", k%len(prompts))
+				if !c.route(nil) {
+					b.Fatal("no replica chosen")
+				}
+				c.ticket.Done(0, nil)
+				d := c.decide
+				rt.pool.Put(c)
+				return d
+			}
+			for k := range prompts {
+				decide(k)
+			}
+			var total time.Duration
+			k := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				total += decide(k)
+				k++
+			}
+			b.ReportMetric(float64(total.Microseconds())/float64(max(k, 1)), "decide-µs")
+		})
+	}
 }

@@ -95,16 +95,16 @@ func appendCandidates(out []Candidate, costs []route.Cost, names []string) []Can
 }
 
 // fill writes the call's decision and, once finished, its outcome into
-// rec, reusing rec's slices.
+// rec, reusing rec's slices. The candidates are left out: the ring keeps
+// their cost terms and converts them when read.
 func (c *call) fill(rec *Record) {
 	rt := c.rt
-	cands, failed := rec.Candidates[:0], rec.Failed[:0]
+	failed := rec.Failed[:0]
 	*rec = Record{
 		ID: c.id, At: c.start, Session: c.session, SessionSource: c.sessionSrc,
 		Policy: rt.policyName, Index: c.index, Path: c.path,
 		Tokens: c.req.Tokens, Blocks: c.req.Blocks,
-		Candidates: appendCandidates(cands, c.dec.Costs, rt.names),
-		Reason:     c.dec.Reason, PredictedCached: c.dec.Matched,
+		Reason: c.dec.Reason, PredictedCached: c.dec.Matched,
 		ActualCached: c.actual, PromptTokens: c.usage,
 		PredictedTTFTMS: ms(c.predicted), DecideMS: ms(c.decide), TTFTMS: ms(c.ttft),
 		Status: c.status, Outcome: c.outcome,
@@ -140,15 +140,22 @@ func (c *call) record() {
 }
 
 // ring keeps the last len(recs) records in place, reusing each slot's
-// slices. mu guards recs, seqs and n.
+// slices. A slot keeps its decision's cost terms as the policy wrote them
+// (a copy, as cheap as copying memory), and they become Candidates, named
+// by names, only when read: a 1,000-replica decision has 1,000 of them.
+// mu guards recs, costs, seqs and n.
 type ring struct {
-	mu   sync.Mutex
-	recs []Record
-	seqs []uint64 // the sequence number of the record in each slot
-	n    uint64   // records ever begun
+	mu    sync.Mutex
+	recs  []Record
+	costs [][]route.Cost // each slot's candidates
+	seqs  []uint64       // the sequence number of the record in each slot
+	n     uint64         // records ever begun
+	names []string       // replica URLs by index
 }
 
-func newRing(size int) *ring { return &ring{recs: make([]Record, size), seqs: make([]uint64, size)} }
+func newRing(size int, names []string) *ring {
+	return &ring{recs: make([]Record, size), costs: make([][]route.Cost, size), seqs: make([]uint64, size), names: names}
+}
 
 // begin writes c's record into the next slot and returns its sequence
 // number (from 1).
@@ -159,6 +166,7 @@ func (r *ring) begin(c *call) uint64 {
 	i := (r.n - 1) % uint64(len(r.recs))
 	r.seqs[i] = r.n
 	c.fill(&r.recs[i])
+	r.costs[i] = append(r.costs[i][:0], c.dec.Costs...)
 	return r.n
 }
 
@@ -169,6 +177,7 @@ func (r *ring) update(seq uint64, c *call) {
 	i := (seq - 1) % uint64(len(r.recs))
 	if r.seqs[i] == seq {
 		c.fill(&r.recs[i])
+		r.costs[i] = append(r.costs[i][:0], c.dec.Costs...)
 	}
 }
 
@@ -181,7 +190,7 @@ func (r *ring) last(n int) []Record {
 	for k := range n {
 		i := (r.n - 1 - uint64(k)) % uint64(len(r.recs))
 		out[k] = r.recs[i]
-		out[k].Candidates = slices.Clone(out[k].Candidates)
+		out[k].Candidates = appendCandidates(make([]Candidate, 0, len(r.costs[i])), r.costs[i], r.names)
 		if len(out[k].Failed) > 0 {
 			out[k].Failed = slices.Clone(out[k].Failed)
 		} else {

@@ -175,8 +175,14 @@ func (ix *index) fillBlocks(s *route.Snapshot) {
 	if ix.x == nil {
 		return
 	}
-	for i := range s.Replicas {
-		s.Replicas[i].IndexBlocks, _ = ix.blocks(i)
+	rs := s.Replicas
+	ix.x.EachBlocks(len(rs), func(r, n int) { rs[r].IndexBlocks = n })
+	if ix.p != nil {
+		ix.p.x.EachBlocks(len(rs), func(r, n int) {
+			if ix.p.live[r].Load() {
+				rs[r].IndexBlocks = n
+			}
+		})
 	}
 }
 

@@ -111,7 +111,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	rt.m = m
-	rt.decisions = newRing(cfg.Decisions)
+	rt.decisions = newRing(cfg.Decisions, rt.names)
 	needs := route.NeedsOf(rt.policy)
 	st, err := newState(rt, needs)
 	if err != nil {
