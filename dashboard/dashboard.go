@@ -123,6 +123,9 @@ type Decision struct {
 	// Candidates are the replicas the policy costed (empty for policies
 	// without cost terms).
 	Candidates []Candidate `json:"candidates"`
+	// PrunedCandidates counts the candidates kv-aware proved could not win
+	// without pricing them in full, left out of Candidates.
+	PrunedCandidates int `json:"pruned_candidates,omitempty"`
 	// Replica is the chosen replica (empty: rejected); Reason the policy's
 	// explanation; Failed the replicas tried first that failed before the
 	// first byte.
@@ -165,8 +168,4 @@ type Candidate struct {
 	DecodeMS  float64 `json:"decode_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
 	TotalMS   float64 `json:"total_ms"`
-	// Pruned marks a candidate kv-aware did not price in full: TotalMS is
-	// then a lower bound that already exceeded the chosen one's, Matched
-	// the tokens its index entry matched, and the other terms are zero.
-	Pruned bool `json:"pruned,omitempty"`
 }

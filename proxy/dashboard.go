@@ -64,7 +64,7 @@ func (s dashSource) Decisions(n int) []dashboard.Decision {
 			Tokens: r.Tokens, Blocks: r.Blocks, Replica: r.Replica, Reason: r.Reason, Failed: r.Failed,
 			PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,
 			PredictedTTFTMS: r.PredictedTTFTMS, DecideMS: r.DecideMS, TTFTMS: r.TTFTMS, E2EMS: r.E2EMS,
-			Status: r.Status, Outcome: r.Outcome,
+			Status: r.Status, Outcome: r.Outcome, PrunedCandidates: r.PrunedCandidates,
 			Candidates: make([]dashboard.Candidate, len(r.Candidates)),
 		}
 		for j, c := range r.Candidates {

@@ -35,6 +35,10 @@ type Record struct {
 	Tokens     int         `json:"tokens"`
 	Blocks     int         `json:"blocks"`
 	Candidates []Candidate `json:"candidates"`
+	// PrunedCandidates counts the candidates kv-aware proved could not win
+	// without pricing them in full (route.Cost.Pruned), left out of
+	// Candidates.
+	PrunedCandidates int `json:"pruned_candidates,omitempty"`
 	// Replica is the chosen replica's URL (empty when none could take the
 	// request); Failed lists replicas tried first that failed before the
 	// first byte.
@@ -73,7 +77,6 @@ type Candidate struct {
 	DecodeMS  float64 `json:"decode_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
 	TotalMS   float64 `json:"total_ms"`
-	Pruned    bool    `json:"pruned,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -88,7 +91,7 @@ func appendCandidates(out []Candidate, costs []route.Cost, names []string) []Can
 		out = append(out, Candidate{
 			Replica: name, Matched: c.Matched,
 			WaitMS: ms(c.Wait), PrefillMS: ms(c.Prefill), DecodeMS: ms(c.Decode),
-			MemoryMS: ms(c.Memory), TotalMS: ms(c.Total), Pruned: c.Pruned,
+			MemoryMS: ms(c.Memory), TotalMS: ms(c.Total),
 		})
 	}
 	return out
@@ -140,10 +143,9 @@ func (c *call) record() {
 }
 
 // ring keeps the last len(recs) records in place, reusing each slot's
-// slices. A slot keeps its decision's cost terms as the policy wrote them
-// (a copy, as cheap as copying memory), and they become Candidates, named
-// by names, only when read: a 1,000-replica decision has 1,000 of them.
-// mu guards recs, costs, seqs and n.
+// slices. A slot keeps the cost terms of its decision's candidates priced
+// in full, as the policy wrote them, and they become Candidates, named by
+// names, only when read. mu guards recs, costs, seqs and n.
 type ring struct {
 	mu    sync.Mutex
 	recs  []Record
@@ -166,7 +168,7 @@ func (r *ring) begin(c *call) uint64 {
 	i := (r.n - 1) % uint64(len(r.recs))
 	r.seqs[i] = r.n
 	c.fill(&r.recs[i])
-	r.costs[i] = append(r.costs[i][:0], c.dec.Costs...)
+	r.costs[i], r.recs[i].PrunedCandidates = priced(r.costs[i][:0], c.dec.Costs)
 	return r.n
 }
 
@@ -177,8 +179,22 @@ func (r *ring) update(seq uint64, c *call) {
 	i := (seq - 1) % uint64(len(r.recs))
 	if r.seqs[i] == seq {
 		c.fill(&r.recs[i])
-		r.costs[i] = append(r.costs[i][:0], c.dec.Costs...)
+		r.costs[i], r.recs[i].PrunedCandidates = priced(r.costs[i][:0], c.dec.Costs)
 	}
+}
+
+// priced appends to dst the candidates of costs priced in full, and
+// returns it with the number of pruned ones.
+func priced(dst, costs []route.Cost) ([]route.Cost, int) {
+	pruned := 0
+	for _, k := range costs {
+		if k.Pruned {
+			pruned++
+			continue
+		}
+		dst = append(dst, k)
+	}
+	return dst, pruned
 }
 
 // last returns copies of up to n records, newest first.

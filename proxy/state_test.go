@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"fmt"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -8,7 +10,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"kvrouter/engine"
+	"kvrouter/prefix"
 	"kvrouter/route"
 )
 
@@ -92,5 +97,45 @@ func TestTimeScaleRates(t *testing.T) {
 	cfg.TimeScale = -1
 	if _, err := New(cfg, Deps{}); err == nil || !strings.Contains(err.Error(), "time-scale") {
 		t.Errorf("time scale -1: error %v, want one naming time-scale", err)
+	}
+}
+
+// TestRecordLeavesOutPruned: on a fleet above 64 replicas the decision
+// record lists the candidates kv-aware priced in full, the chosen one
+// among them, and counts the pruned rest.
+func TestRecordLeavesOutPruned(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Policy = "kv-aware"
+	const n = 200
+	for i := range n {
+		cfg.Backends = append(cfg.Backends, Backend{URL: fmt.Sprintf("http://10.0.%d.1:8000", i)})
+	}
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	for k := range 3 * n { // load every replica differently
+		p, err := prefix.Parse(fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := rt.newCall(req, true)
+		c.prompt = p
+		if !c.route(nil) {
+			t.Fatal("no replica chosen")
+		}
+		if k%3 == 0 {
+			c.ticket.Done(0, nil)
+		}
+	}
+	rec := rt.Decisions(1)[0]
+	chosen := false
+	for _, c := range rec.Candidates {
+		chosen = chosen || c.Replica == rec.Replica
+	}
+	if !chosen || rec.PrunedCandidates == 0 || len(rec.Candidates)+rec.PrunedCandidates != n {
+		t.Errorf("record with %d candidates (chosen listed: %v) and %d pruned, want the chosen listed, some pruned, %d in all",
+			len(rec.Candidates), chosen, rec.PrunedCandidates, n)
 	}
 }

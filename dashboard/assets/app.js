@@ -151,23 +151,21 @@ function renderReplicas(f) {
 
 function costs(d) {
   if (!d.candidates.length) return el("span", { class: "muted" }, `no cost terms (policy ${d.policy || "?"}, reason ${d.reason})`);
-  return el("table", { class: "inner" },
+  const table = el("table", { class: "inner" },
     el("thead", {}, el("tr", {},
       el("th", {}, "Candidate"), el("th", { class: "num" }, "Matched tok"),
       el("th", { class: "num" }, "Wait ms"), el("th", { class: "num" }, "Prefill ms"),
       el("th", { class: "num" }, "Decode ms"), el("th", { class: "num" }, "Memory ms"),
       el("th", { class: "num" }, "Total ms"))),
-    el("tbody", {}, d.candidates.map((c) => c.pruned
-      // Not priced in full: only a lower bound of its total, above the winner's.
-      ? el("tr", { class: "pruned" },
-        el("td", { class: "id" }, c.replica), el("td", { class: "num" }, "≤ " + int(c.matched_tokens)),
-        el("td", { class: "muted", colspan: "4" }, "pruned: could not win"),
-        el("td", { class: "num" }, "≥ " + costMS(c.total_ms)))
-      : el("tr", { class: c.replica === d.replica ? "chosen" : null },
+    el("tbody", {}, d.candidates.map((c) =>
+      el("tr", { class: c.replica === d.replica ? "chosen" : null },
         el("td", { class: "id" }, c.replica), el("td", { class: "num" }, int(c.matched_tokens)),
         el("td", { class: "num" }, costMS(c.wait_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
         el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.memory_ms)),
         el("td", { class: "num" }, costMS(c.total_ms))))));
+  if (!d.pruned_candidates) return table;
+  return el("div", {}, table, el("div", { class: "muted pruned" },
+    `+ ${int(d.pruned_candidates)} more candidates pruned: a lower bound of their cost already exceeded the chosen one's`));
 }
 
 function toggle(id) {
