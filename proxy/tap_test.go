@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
 	"strings"
 	"testing"
@@ -124,4 +125,35 @@ func TestInjectUsage(t *testing.T) {
 			t.Errorf("appendInjectUsage(%s) = %s: include_usage not set (%v)", tc.in, got, err)
 		}
 	}
+}
+
+// FuzzTap: whatever the upstream sends, the tap never panics, hands out
+// every byte unchanged when not stripping, and when stripping only removes
+// bytes (a usage-only event, a trailing "usage": null member).
+func FuzzTap(f *testing.F) {
+	for _, s := range []string{chunk1 + chunk2 + usageOnly + done, "data: {\"a\": 1, \"usage\" : null }\r\n\r\n", "data:\n\n", ",\"usage\":null}\n\n", "data: }\n\n"} {
+		f.Add([]byte(s), true)
+		f.Add([]byte(s), false)
+	}
+	f.Fuzz(func(t *testing.T, in []byte, strip bool) {
+		tp := &tap{body: io.NopCloser(iotest.HalfReader(bytes.NewReader(in))), sse: true, strip: strip}
+		out, err := io.ReadAll(tp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strip && !bytes.Equal(out, in) {
+			t.Fatalf("not stripping: got %q, want the input %q", out, in)
+		}
+		// out is in with some bytes removed: a subsequence.
+		i := 0
+		for _, b := range out {
+			for i < len(in) && in[i] != b {
+				i++
+			}
+			if i == len(in) {
+				t.Fatalf("got %q, not a subsequence of %q", out, in)
+			}
+			i++
+		}
+	})
 }
