@@ -43,11 +43,7 @@ func refTerms(p KVAware, r *Request, rp *Replica, i, bs, out int) (Cost, float64
 	tm.set(&rp.Rates)
 	cached := 0
 	if m := min(matchOf(r, i)*bs, r.Tokens); matchOf(r, i) > 0 && m > 0 {
-		prob := 1.0
-		if h, a := rp.Rates.Horizon, ageOf(r, i); h > 0 && a > 0 {
-			prob = expNeg(float64(a) / float64(h))
-		}
-		cached = int(prob * float64(m))
+		cached = int(residency(ageOf(r, i), rp.Rates.Horizon) * float64(m))
 	}
 	uncached := float64(r.Tokens - cached)
 	prefill := tm.prefill(uncached, float64(cached))

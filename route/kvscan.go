@@ -312,9 +312,5 @@ func (sc *kvScan) cached(j, m int, rp *Replica) int {
 	if j < len(sc.r.Age) {
 		a = sc.r.Age[j]
 	}
-	p := 1.0 // residency(a, h), inlined
-	if h := rp.Rates.Horizon; h > 0 && a > 0 {
-		p = expNeg(float64(a) / float64(h))
-	}
-	return int(p * float64(m))
+	return int(residency(a, rp.Rates.Horizon) * float64(m))
 }
