@@ -139,3 +139,42 @@ func TestRecordLeavesOutPruned(t *testing.T) {
 			len(rec.Candidates), chosen, rec.PrunedCandidates, n)
 	}
 }
+
+// TestSnapshotIndexBlocks: the snapshot's IndexBlocks are the residency
+// index's counts, replica by replica.
+func TestSnapshotIndexBlocks(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Policy = "sglang-cache-aware"
+	for i := range 5 {
+		cfg.Backends = append(cfg.Backends, Backend{URL: fmt.Sprintf("http://10.0.%d.1:8000", i)})
+	}
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	for k := range 20 {
+		p, err := prefix.Parse(fmt.Appendf(nil, `{"model":"m","prompt":"%s %d"}`, strings.Repeat("long shared words ", 40*(k%4+1)), k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := rt.newCall(req, true)
+		c.prompt = p
+		if !c.route(nil) {
+			t.Fatal("no replica chosen")
+		}
+	}
+	var s route.Snapshot
+	rt.st.snapshot(&s, time.Now())
+	some := false
+	for i, r := range s.Replicas {
+		want, _ := rt.st.idx.blocks(i)
+		some = some || want > 0
+		if r.IndexBlocks != want {
+			t.Errorf("replica %d: snapshot IndexBlocks %d, index %d", i, r.IndexBlocks, want)
+		}
+	}
+	if !some {
+		t.Error("no replica holds any block: the test routed nothing into the index")
+	}
+}
