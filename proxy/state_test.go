@@ -100,13 +100,12 @@ func TestTimeScaleRates(t *testing.T) {
 	}
 }
 
-// TestRecordLeavesOutPruned: on a fleet above 64 replicas the decision
-// record lists the candidates kv-aware priced in full, the chosen one
-// among them, and counts the pruned rest.
-func TestRecordLeavesOutPruned(t *testing.T) {
+// unservedRouter is a Router for policy in front of n backends that are
+// never contacted: tests drive its decisions with decide.
+func unservedRouter(t *testing.T, policy string, n int) *Router {
+	t.Helper()
 	cfg := DefaultConfig()
-	cfg.Policy = "kv-aware"
-	const n = 200
+	cfg.Policy = policy
 	for i := range n {
 		cfg.Backends = append(cfg.Backends, Backend{URL: fmt.Sprintf("http://10.0.%d.1:8000", i)})
 	}
@@ -114,17 +113,32 @@ func TestRecordLeavesOutPruned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	return rt
+}
+
+// decide routes body on rt, without sending it, and returns the call.
+func decide(t *testing.T, rt *Router, body string) *call {
+	t.Helper()
+	p, err := prefix.Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rt.newCall(httptest.NewRequest("POST", "/v1/chat/completions", nil), true)
+	c.prompt = p
+	if !c.route(nil) {
+		t.Fatal("no replica chosen")
+	}
+	return c
+}
+
+// TestRecordLeavesOutPruned: on a fleet above 64 replicas the decision
+// record lists the candidates kv-aware priced in full, the chosen one
+// among them, and counts the pruned rest.
+func TestRecordLeavesOutPruned(t *testing.T) {
+	const n = 200
+	rt := unservedRouter(t, "kv-aware", n)
 	for k := range 3 * n { // load every replica differently
-		p, err := prefix.Parse(fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := rt.newCall(req, true)
-		c.prompt = p
-		if !c.route(nil) {
-			t.Fatal("no replica chosen")
-		}
+		c := decide(t, rt, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, k))
 		if k%3 == 0 {
 			c.ticket.Done(0, nil)
 		}
@@ -143,26 +157,9 @@ func TestRecordLeavesOutPruned(t *testing.T) {
 // TestSnapshotIndexBlocks: the snapshot's IndexBlocks are the residency
 // index's counts, replica by replica.
 func TestSnapshotIndexBlocks(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Policy = "sglang-cache-aware"
-	for i := range 5 {
-		cfg.Backends = append(cfg.Backends, Backend{URL: fmt.Sprintf("http://10.0.%d.1:8000", i)})
-	}
-	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	rt := unservedRouter(t, "sglang-cache-aware", 5)
 	for k := range 20 {
-		p, err := prefix.Parse(fmt.Appendf(nil, `{"model":"m","prompt":"%s %d"}`, strings.Repeat("long shared words ", 40*(k%4+1)), k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := rt.newCall(req, true)
-		c.prompt = p
-		if !c.route(nil) {
-			t.Fatal("no replica chosen")
-		}
+		decide(t, rt, fmt.Sprintf(`{"model":"m","prompt":"%s %d"}`, strings.Repeat("long shared words ", 40*(k%4+1)), k))
 	}
 	var s route.Snapshot
 	rt.st.snapshot(&s, time.Now())
