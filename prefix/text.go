@@ -3,6 +3,7 @@ package prefix
 import (
 	"encoding/binary"
 	"math/bits"
+	"strings"
 	"unsafe"
 )
 
@@ -10,15 +11,31 @@ import (
 // into chunks of ChunkChars bytes, with no tokenizer. Equal hashes mean equal
 // prefixes of the rendering; the zero value is ready to use.
 //
-// The rendering is, in order: the tools (if any), then for chat each
-// message as a tagged record whose fields (role, content, name, tool call
-// id, tool calls) are length-prefixed, or for completions the raw text of
-// the first prompt (or its token ids, 4 bytes each) with no length prefix,
-// so that a prompt that grows keeps sharing its earlier chunks. Length
-// prefixes make the rendering unambiguous: no content, whatever bytes it
-// holds, can imitate a message boundary. The chain starts at Root(model, ""),
-// so different models (and vLLM LoRA adapters, named in "model") never share
-// a hash.
+// The rendering, byte by byte, is
+//
+//	rendering = ['T' tools 0xFF] (message... | 'P' prompt | 'I' ids)
+//	message   = 'M' 'r' role 0xFF 'c' content 0xFF
+//	            ['n' name 0xFF] ['i' tool_call_id 0xFF] ['t' tool_calls 0xFF]
+//
+// where tools and tool_calls are raw JSON, a bracketed field is there only
+// when it is not empty, and role, content, name, tool_call_id, tool_calls
+// and tools are escaped: each 0xFF byte in them is written 0xFF 0x00, so a
+// lone 0xFF ends a field. For completions, prompt is the first prompt's
+// bytes and ids its token ids, 4 bytes little endian each; nothing follows
+// them, so they are neither escaped nor terminated.
+//
+// The length of a field is never written, so equal leading bytes of the
+// request give equal leading chunks whatever follows: two messages that
+// share a long context and differ at their end share every chunk before the
+// difference, a conversation's next turn shares every chunk of the previous
+// turn's rendering, and a completions prompt that grows keeps sharing its
+// earlier chunks. The rendering is still unambiguous: inside a field a 0xFF
+// is always followed by 0x00, a terminator by a tag (never 0x00) or by the
+// end, so the rendering reads back into exactly one request and no content,
+// whatever bytes it holds, can imitate a field or message boundary. Valid
+// UTF-8 never holds 0xFF, so escaping costs one scan and no bytes in
+// practice. The chain starts at Root(model, ""), so different models (and
+// vLLM LoRA adapters, named in "model") never share a hash.
 //
 // Block i's hash is Chain(hash i-1, chunk i), the same function token mode
 // uses. Only full chunks are hashed; the trailing partial chunk is not.
@@ -171,24 +188,33 @@ func (c *chunker) tag(b byte) {
 	}
 }
 
-// field appends a tag, the length of s as a uvarint, and s.
+// terminator ends each field of the rendering; escape follows a 0xFF that
+// belongs to the field. Tags are ASCII letters, never escape.
+const (
+	terminator = 0xFF
+	escape     = 0x00
+)
+
+// field appends a tag, s with each 0xFF followed by 0x00, and the
+// terminator.
 func (c *chunker) field(tag byte, s string) {
-	c.header(tag, len(s))
+	c.tag(tag)
+	for {
+		i := strings.IndexByte(s, terminator)
+		if i < 0 {
+			break
+		}
+		c.writeString(s[:i+1])
+		c.tag(escape)
+		s = s[i+1:]
+	}
 	c.writeString(s)
+	c.tag(terminator)
 }
 
-// fieldBytes is field for a byte slice.
+// fieldBytes is field for a byte slice; it reads b in place.
 func (c *chunker) fieldBytes(tag byte, b []byte) {
-	c.header(tag, len(b))
-	c.write(b)
-}
-
-// header appends a tag and a length as a uvarint.
-func (c *chunker) header(tag byte, n int) {
-	var b [1 + binary.MaxVarintLen64]byte
-	b[0] = tag
-	k := binary.PutUvarint(b[1:], uint64(n))
-	c.write(b[:1+k])
+	c.field(tag, unsafe.String(unsafe.SliceData(b), len(b)))
 }
 
 // estimate accumulates the token estimate of Hashes.

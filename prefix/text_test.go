@@ -40,10 +40,11 @@ func TestTextHashesMatchChain(t *testing.T) {
 	// rendering, cut into ChunkChars pieces.
 	p := mustParse(t, `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`)
 	var r []byte
-	r = append(r, 'M', 'r', 4)
+	r = append(r, 'M', 'r')
 	r = append(r, "user"...)
-	r = append(r, 'c', 11)
+	r = append(r, 0xFF, 'c')
 	r = append(r, "hello there"...)
+	r = append(r, 0xFF)
 	tx := Text{ChunkChars: 8}
 	got, _ := tx.Hashes(p, nil)
 	var want []Hash
