@@ -10,15 +10,15 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"kvrouter/poll"
 )
 
 // Defaults for the zero values of Checker's fields.
@@ -62,18 +62,13 @@ type Checker struct {
 	// back into the Checker for the same replica.
 	OnChange func(id string, healthy bool)
 
-	// mu guards targets and ctx.
-	mu      sync.Mutex
-	targets map[string]*target
-	ctx     context.Context // set while Run runs
-	wg      sync.WaitGroup  // joins probe loops
+	targets poll.Group[*target]
 }
 
 // target is one replica's health state.
 type target struct {
 	id      string
 	healthy atomic.Bool
-	cancel  context.CancelFunc // nil until its loop starts; guarded by Checker.mu
 
 	// mu guards probeFails, window and transitions of healthy.
 	mu         sync.Mutex
@@ -84,35 +79,13 @@ type target struct {
 // Add starts tracking id, initially healthy; adding a present id does
 // nothing.
 func (c *Checker) Add(id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.targets == nil {
-		c.targets = make(map[string]*target)
-	}
-	if _, ok := c.targets[id]; ok {
-		return
-	}
 	t := &target{id: id}
 	t.healthy.Store(true)
-	c.targets[id] = t
-	if c.ctx != nil {
-		c.startLocked(t)
-	}
+	c.targets.Add(id, t)
 }
 
 // Remove stops tracking id; Healthy reports false for it afterwards.
-func (c *Checker) Remove(id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t, ok := c.targets[id]
-	if !ok {
-		return
-	}
-	delete(c.targets, id)
-	if t.cancel != nil {
-		t.cancel()
-	}
-}
+func (c *Checker) Remove(id string) { c.targets.Remove(id) }
 
 // Healthy reports whether id may get traffic; false for an unknown id.
 func (c *Checker) Healthy(id string) bool {
@@ -150,63 +123,25 @@ func (c *Checker) report(id string, failed bool) {
 // Run probes every replica until ctx is done, then waits for the loops to
 // stop and returns ctx's error. Run must not be called twice at once.
 func (c *Checker) Run(ctx context.Context) error {
-	c.mu.Lock()
-	if c.ctx != nil {
-		c.mu.Unlock()
-		return errors.New("health: already running")
+	err := c.targets.Run(ctx, poll.Loop[*target]{Period: c.interval(), Do: c.tick})
+	if err != nil && err != ctx.Err() {
+		return fmt.Errorf("health: %w", err)
 	}
-	c.ctx = ctx
-	for _, t := range c.targets {
-		c.startLocked(t)
-	}
-	c.mu.Unlock()
-
-	<-ctx.Done()
-	c.mu.Lock()
-	c.ctx = nil
-	for _, t := range c.targets {
-		t.cancel = nil
-	}
-	c.mu.Unlock()
-	c.wg.Wait()
-	return ctx.Err()
+	return err
 }
 
 func (c *Checker) target(id string) *target {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.targets[id]
+	t, _ := c.targets.Get(id)
+	return t
 }
 
-// startLocked starts t's probe loop under Run's context.
-func (c *Checker) startLocked(t *target) {
-	ctx, cancel := context.WithCancel(c.ctx)
-	t.cancel = cancel
-	c.wg.Go(func() {
-		defer cancel()
-		c.loop(ctx, t)
-	})
-}
-
-// loop probes t every Interval, starting at an offset hashed from its id.
-func (c *Checker) loop(ctx context.Context, t *target) {
-	every := c.interval()
-	timer := time.NewTimer(offset(t.id, every))
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-		start := time.Now()
-		err := c.probe(ctx, t.id)
-		if ctx.Err() != nil {
-			return
-		}
-		c.record(t, err)
-		timer.Reset(max(every-time.Since(start), 0))
+// tick probes t once and records the result.
+func (c *Checker) tick(ctx context.Context, id string, t *target) {
+	err := c.probe(ctx, id)
+	if ctx.Err() != nil {
+		return
 	}
+	c.record(t, err)
 }
 
 // record applies one probe result.
@@ -277,12 +212,4 @@ func or[T int | float64 | time.Duration](v, def T) T {
 		return v
 	}
 	return def
-}
-
-// offset is the delay before a replica's first probe: FNV-1a of its id
-// modulo the interval, so that probes of different replicas do not align.
-func offset(id string, interval time.Duration) time.Duration {
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	return time.Duration(h.Sum64() % uint64(interval))
 }

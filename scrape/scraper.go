@@ -2,14 +2,14 @@ package scrape
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
+
+	"kvrouter/poll"
 )
 
 // DefaultInterval is the polling period when Scraper.Interval is zero.
@@ -41,11 +41,7 @@ type Scraper struct {
 	// OnError, if set, receives every failed scrape.
 	OnError func(id string, err error)
 
-	// mu guards targets and ctx.
-	mu      sync.Mutex
-	targets map[string]*target
-	ctx     context.Context // set while Run runs
-	wg      sync.WaitGroup  // joins target loops
+	targets poll.Group[*target]
 }
 
 // Status is a target's scrape health.
@@ -71,8 +67,7 @@ func (s Status) Age(now time.Time) time.Duration {
 
 // target is one replica's loop state.
 type target struct {
-	id     string
-	cancel context.CancelFunc // nil until its loop starts
+	id string
 
 	// mu guards status.
 	mu     sync.Mutex
@@ -80,42 +75,15 @@ type target struct {
 }
 
 // Add starts scraping id (a base URL); adding a present id does nothing.
-func (s *Scraper) Add(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.targets == nil {
-		s.targets = make(map[string]*target)
-	}
-	if _, ok := s.targets[id]; ok {
-		return
-	}
-	t := &target{id: id}
-	s.targets[id] = t
-	if s.ctx != nil {
-		s.startLocked(t)
-	}
-}
+func (s *Scraper) Add(id string) { s.targets.Add(id, &target{id: id}) }
 
 // Remove stops scraping id; no hook is called for it once Remove returns,
 // except for a scrape already delivering.
-func (s *Scraper) Remove(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, ok := s.targets[id]
-	if !ok {
-		return
-	}
-	delete(s.targets, id)
-	if t.cancel != nil {
-		t.cancel()
-	}
-}
+func (s *Scraper) Remove(id string) { s.targets.Remove(id) }
 
 // Status returns id's scrape status; ok is false for an unknown id.
 func (s *Scraper) Status(id string) (st Status, ok bool) {
-	s.mu.Lock()
-	t, ok := s.targets[id]
-	s.mu.Unlock()
+	t, ok := s.targets.Get(id)
 	if !ok {
 		return Status{}, false
 	}
@@ -127,60 +95,15 @@ func (s *Scraper) Status(id string) (st Status, ok bool) {
 // Run scrapes every target until ctx is done, then waits for the loops to
 // stop and returns ctx's error. Run must not be called twice at once.
 func (s *Scraper) Run(ctx context.Context) error {
-	s.mu.Lock()
-	if s.ctx != nil {
-		s.mu.Unlock()
-		return errors.New("scrape: already running")
+	err := s.targets.Run(ctx, poll.Loop[*target]{Period: s.interval(), Do: s.scrapeOnce})
+	if err != nil && err != ctx.Err() {
+		return fmt.Errorf("scrape: %w", err)
 	}
-	s.ctx = ctx
-	for _, t := range s.targets {
-		s.startLocked(t)
-	}
-	s.mu.Unlock()
-
-	<-ctx.Done()
-	s.mu.Lock()
-	s.ctx = nil
-	for _, t := range s.targets {
-		t.cancel = nil
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-	return ctx.Err()
-}
-
-// startLocked starts t's loop under Run's context.
-func (s *Scraper) startLocked(t *target) {
-	ctx, cancel := context.WithCancel(s.ctx)
-	t.cancel = cancel
-	s.wg.Go(func() {
-		defer cancel()
-		s.loop(ctx, t)
-	})
-}
-
-// loop scrapes t every interval, starting at an offset hashed from its id so
-// that loops for different replicas spread over the period.
-func (s *Scraper) loop(ctx context.Context, t *target) {
-	every := s.interval()
-	timer := time.NewTimer(Offset(t.id, every))
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-		start := time.Now()
-		s.scrapeOnce(ctx, t)
-		// Keep the period fixed: a slow scrape delays the next one only by
-		// what it overran.
-		timer.Reset(max(every-time.Since(start), 0))
-	}
+	return err
 }
 
 // scrapeOnce does one scrape of t and reports it.
-func (s *Scraper) scrapeOnce(ctx context.Context, t *target) {
+func (s *Scraper) scrapeOnce(ctx context.Context, _ string, t *target) {
 	l, err := s.fetch(ctx, t.id)
 	if ctx.Err() != nil {
 		return // removed or stopping: a canceled scrape is not a failure
@@ -254,12 +177,6 @@ func (s *Scraper) path() string {
 }
 
 // Offset is the delay before a replica's first scrape: a hash of its id
-// (FNV-1a) reduced modulo the interval, so that loops do not align.
-func Offset(id string, interval time.Duration) time.Duration {
-	if interval <= 0 {
-		return 0
-	}
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	return time.Duration(h.Sum64() % uint64(interval))
-}
+// (FNV-1a) reduced modulo the interval, so that loops do not align; zero if
+// the interval is not positive. It is poll.Offset.
+func Offset(id string, interval time.Duration) time.Duration { return poll.Offset(id, interval) }
