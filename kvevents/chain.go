@@ -7,44 +7,30 @@ import (
 	"kvrouter/residency"
 )
 
-// Tiers of the index. GPU blocks go to the main index; blocks on any other
-// medium (CPU, disk, ...) to the offload index if there is one, and are only
-// counted otherwise. residency has no per-entry weight, so a router that
-// wants to price offloaded blocks matches a request against both indexes
-// and weighs the offload matches lower.
-const (
-	tierMain = iota
-	tierOffload
-	numTiers
-)
-
-func tierOf(m Medium) int {
-	if m == GPU {
-		return tierMain
-	}
-	return tierOffload
-}
-
-// tierMask holds the medium bits of each tier.
-var tierMask = [numTiers]uint8{tierMain: 1 << GPU, tierOffload: 1<<CPU | 1<<Disk | 1<<OtherMedium}
+// gpuBit is the media bit of GPU, the only medium whose blocks go to the
+// index. Blocks on other media (CPU, disk, ...) are known to the chain, so
+// that blocks chained onto them and their removals are understood, and
+// counted (chain.offloaded), but not indexed: a router that prices them
+// lower needs a per-entry weight residency does not have yet.
+const gpuBit = uint8(1) << GPU
 
 // chain is one replica's view of its engine's cache: engine block hash →
-// router key and the media holding it, plus per-tier reference counts of
-// router keys (two engine blocks can share a key: blocks that differ only
-// in extra keys such as multimodal hashes, which the router cannot see).
-// It is owned by the replica's goroutine; its memory is bounded by the
-// engine's cached blocks, entries leaving on BlockRemoved and resets.
+// router key and the media holding it, plus reference counts of the router
+// keys held on GPU (two engine blocks can share a key: blocks that differ
+// only in extra keys such as multimodal hashes, which the router cannot
+// see). It is owned by the replica's goroutine; its memory is bounded by
+// the engine's cached blocks, entries leaving on BlockRemoved and resets.
 type chain struct {
 	replica int
 	model   string
-	idx     [numTiers]*residency.Index // idx[tierOffload] may be nil
+	idx     *residency.Index
 	now     func() time.Duration
 
-	roots  map[string]prefix.Hash // LoRA name → chain root
-	blocks map[uint64]block       // engine key (ekey) → block
-	refs   [numTiers]map[prefix.Hash]int32
-	add    [numTiers][]prefix.Hash // scratch: keys to store
-	del    [numTiers][]prefix.Hash // scratch: keys to remove
+	roots     map[string]prefix.Hash // LoRA name → chain root
+	blocks    map[uint64]block       // engine key (ekey) → block
+	refs      map[prefix.Hash]int32  // router key → engine blocks holding it on GPU
+	offloaded int                    // engine blocks held on non-GPU media only
+	add, del  []prefix.Hash          // scratch: keys to store, to remove
 }
 
 // block is one engine block the router can key.
@@ -53,13 +39,19 @@ type block struct {
 	media uint8 // bit 1<<Medium per medium holding it
 }
 
+// onGPU reports whether the block is in GPU memory, and so in the index.
+func (b block) onGPU() bool { return b.media&gpuBit != 0 }
+
+// offGPU reports whether the block is held only on non-GPU media.
+func (b block) offGPU() bool { return b.media != 0 && b.media&gpuBit == 0 }
+
 // applied counts what applying a batch did.
 type applied struct {
 	events, stored, removed, orphans, resets int
 }
 
-func newChain(replica int, model string, main, offload *residency.Index, now func() time.Duration) *chain {
-	c := &chain{replica: replica, model: model, idx: [numTiers]*residency.Index{main, offload}, now: now}
+func newChain(replica int, model string, idx *residency.Index, now func() time.Duration) *chain {
+	c := &chain{replica: replica, model: model, idx: idx, now: now}
 	c.reset()
 	return c
 }
@@ -68,19 +60,14 @@ func newChain(replica int, model string, main, offload *residency.Index, now fun
 func (c *chain) reset() {
 	c.roots = map[string]prefix.Hash{}
 	c.blocks = map[uint64]block{}
-	for t := range c.refs {
-		c.refs[t] = map[prefix.Hash]int32{}
-	}
+	c.refs = map[prefix.Hash]int32{}
+	c.offloaded = 0
 }
 
 // clear drops the replica's entries from the index and forgets its blocks
 // (AllBlocksCleared, an engine restart, a gap replay cannot fill).
 func (c *chain) clear() {
-	for _, x := range c.idx {
-		if x != nil {
-			x.Clear(c.replica)
-		}
-	}
+	c.idx.Clear(c.replica)
 	c.reset()
 }
 
@@ -94,12 +81,8 @@ func (c *chain) setModel(m string) {
 	}
 }
 
-// Len is the number of engine blocks the chain knows.
+// Len is the number of engine blocks the chain knows, on any medium.
 func (c *chain) Len() int { return len(c.blocks) }
-
-// offloaded is the number of distinct keys held on non-GPU media only or
-// too.
-func (c *chain) offloaded() int { return len(c.refs[tierOffload]) }
 
 // apply applies a decoded batch to the index, event by event.
 func (c *chain) apply(b *Batch) applied {
@@ -156,25 +139,17 @@ func (c *chain) stored(e *Event, n *applied) {
 		}
 		parent = p.key
 	}
-	t, bit := tierOf(e.Medium), uint8(1)<<e.Medium
-	bs := e.BlockSize
+	bit, bs := uint8(1)<<e.Medium, e.BlockSize
 	for i, h := range e.Hashes {
 		key := prefix.ChainTokens(parent, e.Tokens[i*bs:(i+1)*bs])
 		parent = key
 		k := ekey(h, e.Group)
-		b, ok := c.blocks[k]
-		if ok && b.key != key { // the engine reused a hash for new content
-			c.drop(b, b.media)
-			b = block{}
+		old, ok := c.blocks[k]
+		b := block{key: key, media: bit}
+		if ok && old.key == key { // else the engine reused a hash for new content
+			b.media |= old.media
 		}
-		b.key = key
-		if b.media&bit == 0 {
-			if b.media&tierMask[t] == 0 {
-				c.ref(t, key)
-			}
-			b.media |= bit
-		}
-		c.blocks[k] = b
+		c.set(k, old, b)
 		n.stored++
 	}
 }
@@ -183,59 +158,62 @@ func (c *chain) removed(e *Event, n *applied) {
 	bit := uint8(1) << e.Medium
 	for _, h := range e.Hashes {
 		k := ekey(h, e.Group)
-		b, ok := c.blocks[k]
-		if !ok || b.media&bit == 0 {
+		old, ok := c.blocks[k]
+		if !ok || old.media&bit == 0 {
 			continue
 		}
-		c.drop(b, bit)
+		b := old
 		b.media &^= bit
-		if b.media == 0 {
-			delete(c.blocks, k)
-		} else {
-			c.blocks[k] = b
-		}
+		c.set(k, old, b)
 		n.removed++
 	}
 }
 
-// drop releases the tiers b loses when the media bits leave it.
-func (c *chain) drop(b block, bits uint8) {
-	left := b.media &^ bits
-	for t := range numTiers {
-		if b.media&tierMask[t] != 0 && left&tierMask[t] == 0 {
-			c.unref(t, b.key)
-		}
+// set replaces engine block k, old (zero if new), with b (forgotten if it
+// is on no medium), keeping the GPU key references and the off-GPU count
+// in step.
+func (c *chain) set(k uint64, old, b block) {
+	moved := old.key != b.key
+	if old.onGPU() && (moved || !b.onGPU()) {
+		c.unref(old.key)
+	}
+	if b.onGPU() && (moved || !old.onGPU()) {
+		c.ref(b.key)
+	}
+	c.offloaded += b2i(b.offGPU()) - b2i(old.offGPU())
+	if b.media == 0 {
+		delete(c.blocks, k)
+	} else {
+		c.blocks[k] = b
 	}
 }
 
-func (c *chain) ref(t int, key prefix.Hash) {
-	n := c.refs[t][key] + 1
-	c.refs[t][key] = n
+func (c *chain) ref(key prefix.Hash) {
+	n := c.refs[key] + 1
+	c.refs[key] = n
 	if n == 1 {
-		c.add[t] = append(c.add[t], key)
+		c.add = append(c.add, key)
 	}
 }
 
-func (c *chain) unref(t int, key prefix.Hash) {
-	n := c.refs[t][key] - 1
+func (c *chain) unref(key prefix.Hash) {
+	n := c.refs[key] - 1
 	if n > 0 {
-		c.refs[t][key] = n
+		c.refs[key] = n
 		return
 	}
-	delete(c.refs[t], key)
-	c.del[t] = append(c.del[t], key)
+	delete(c.refs, key)
+	c.del = append(c.del, key)
 }
 
-// flush writes the pending stores and removals to the indexes, removals
+// flush writes the pending stores and removals to the index, removals
 // first (an event never both stores and removes the same key).
 func (c *chain) flush() {
-	for t, x := range c.idx {
-		if x != nil && len(c.del[t]) > 0 {
-			x.Remove(c.replica, c.del[t])
-		}
-		if x != nil && len(c.add[t]) > 0 {
-			x.Store(c.replica, c.add[t], c.now())
-		}
-		c.add[t], c.del[t] = c.add[t][:0], c.del[t][:0]
+	if len(c.del) > 0 {
+		c.idx.Remove(c.replica, c.del)
 	}
+	if len(c.add) > 0 {
+		c.idx.Store(c.replica, c.add, c.now())
+	}
+	c.add, c.del = c.add[:0], c.del[:0]
 }

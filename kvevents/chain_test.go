@@ -12,13 +12,9 @@ import (
 	"kvrouter/residency"
 )
 
-func newTestChain(model string, offload bool) (*chain, *residency.Index, *residency.Index) {
-	main := residency.New(residency.Config{MaxReplicas: 4})
-	var off *residency.Index
-	if offload {
-		off = residency.New(residency.Config{MaxReplicas: 4})
-	}
-	return newChain(1, model, main, off, func() time.Duration { return 0 }), main, off
+func newTestChain(model string) (*chain, *residency.Index) {
+	idx := residency.New(residency.Config{MaxReplicas: 4})
+	return newChain(1, model, idx, func() time.Duration { return 0 }), idx
 }
 
 // keys returns the router keys of tokens cut in blocks of bs under model
@@ -55,13 +51,13 @@ func TestChain(t *testing.T) {
 	tok := utoks(1000, 16)
 	all := keys("m", "", tok, 4)
 	tests := []struct {
-		name     string
-		batches  []any
-		want     []prefix.Hash // main index, any order
-		wantOff  []prefix.Hash // offload index
-		orphans  int
-		resets   int
-		blocksIn int // engine blocks known
+		name      string
+		batches   []any
+		want      []prefix.Hash // index, any order
+		orphans   int
+		resets    int
+		blocksIn  int // engine blocks known
+		offloaded int // of which held off GPU only
 	}{
 		{
 			name:     "chained across events",
@@ -95,15 +91,47 @@ func TestChain(t *testing.T) {
 			blocksIn: 1,
 		},
 		{
-			name: "CPU tier goes to the offload index and back",
+			name: "offloaded to CPU: out of the index, counted",
 			batches: []any{
 				[]any{0.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(1000, 8), 4, nil, "GPU"}}},
 				[]any{0.0, []any{[]any{"BlockStored", []any{2}, 1, toks(1004, 4), 4, nil, "CPU"}}},
 				[]any{0.0, []any{[]any{"BlockRemoved", []any{2}, "GPU"}}},
 			},
-			want:     all[:1],
-			wantOff:  all[1:2],
-			blocksIn: 2,
+			want:      all[:1],
+			blocksIn:  2,
+			offloaded: 1,
+		},
+		{
+			name: "stored on CPU, chained onto, loaded back to GPU",
+			batches: []any{
+				[]any{0.0, []any{[]any{"BlockStored", []any{1}, nil, toks(1000, 4), 4, nil, "CPU"}}},
+				[]any{0.0, []any{[]any{"BlockStored", []any{2}, 1, toks(1004, 4), 4, nil, "DISK"}}},
+				[]any{0.0, []any{[]any{"BlockStored", []any{2}, 1, toks(1004, 4), 4, nil, "GPU"}}},
+			},
+			want:      all[1:2],
+			blocksIn:  2,
+			offloaded: 1,
+		},
+		{
+			name: "off-GPU removals, then a clear",
+			batches: []any{
+				[]any{0.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(1000, 8), 4, nil, "CPU"}}},
+				[]any{0.0, []any{[]any{"BlockRemoved", []any{1}, "CPU"}, []any{"BlockRemoved", []any{2}, "GPU"}}},
+				[]any{0.0, []any{[]any{"BlockStored", []any{3}, nil, toks(2000, 4), 4, nil, "DISK"}}},
+				[]any{0.0, []any{[]any{"AllBlocksCleared"}, []any{"BlockStored", []any{4}, nil, toks(3000, 4), 4, nil, "CPU"}}},
+			},
+			resets:    1,
+			blocksIn:  1,
+			offloaded: 1,
+		},
+		{
+			name: "a reused hash moves off GPU with its new content",
+			batches: []any{
+				[]any{0.0, []any{[]any{"BlockStored", []any{1}, nil, toks(1000, 4), 4, nil, "GPU"}}},
+				[]any{0.0, []any{[]any{"BlockStored", []any{1}, nil, toks(1004, 4), 4, nil, "CPU"}}},
+			},
+			blocksIn:  1,
+			offloaded: 1,
 		},
 		{
 			name: "two engine hashes, one key: removed when both are",
@@ -125,16 +153,14 @@ func TestChain(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, main, off := newTestChain("m", true)
+			c, idx := newTestChain("m")
 			n := applyAll(t, c, tt.batches...)
-			if d := cmp.Diff(sorted(tt.want), sorted(main.Hashes(1)), cmpopts.EquateEmpty()); d != "" {
-				t.Errorf("main index (-want +got):\n%s", d)
+			if d := cmp.Diff(sorted(tt.want), sorted(idx.Hashes(1)), cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("index (-want +got):\n%s", d)
 			}
-			if d := cmp.Diff(sorted(tt.wantOff), sorted(off.Hashes(1)), cmpopts.EquateEmpty()); d != "" {
-				t.Errorf("offload index (-want +got):\n%s", d)
-			}
-			if n.orphans != tt.orphans || n.resets != tt.resets || c.Len() != tt.blocksIn {
-				t.Errorf("orphans %d, resets %d, blocks %d; want %d, %d, %d", n.orphans, n.resets, c.Len(), tt.orphans, tt.resets, tt.blocksIn)
+			if n.orphans != tt.orphans || n.resets != tt.resets || c.Len() != tt.blocksIn || c.offloaded != tt.offloaded {
+				t.Errorf("orphans %d, resets %d, blocks %d, offloaded %d; want %d, %d, %d, %d",
+					n.orphans, n.resets, c.Len(), c.offloaded, tt.orphans, tt.resets, tt.blocksIn, tt.offloaded)
 			}
 		})
 	}
@@ -143,7 +169,7 @@ func TestChain(t *testing.T) {
 // TestChainMemoryBounded stores and removes many blocks: the engine-hash
 // map shrinks back with the engine's cache.
 func TestChainMemoryBounded(t *testing.T) {
-	c, main, _ := newTestChain("m", false)
+	c, idx := newTestChain("m")
 	for i := range 1000 {
 		h := uint64(i + 1)
 		applyAll(t, c, []any{0.0, []any{[]any{"BlockStored", []any{h}, nil, toks(i*4, 4), 4}}})
@@ -151,8 +177,8 @@ func TestChainMemoryBounded(t *testing.T) {
 			applyAll(t, c, []any{0.0, []any{[]any{"BlockRemoved", []any{h - 10}}}})
 		}
 	}
-	if c.Len() != 10 || main.Blocks(1) != 10 || len(c.refs[tierMain]) != 10 {
-		t.Errorf("blocks %d, index %d, refs %d; want 10 each", c.Len(), main.Blocks(1), len(c.refs[tierMain]))
+	if c.Len() != 10 || idx.Blocks(1) != 10 || len(c.refs) != 10 {
+		t.Errorf("blocks %d, index %d, refs %d; want 10 each", c.Len(), idx.Blocks(1), len(c.refs))
 	}
 }
 
@@ -168,12 +194,12 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add([]byte{0x93, 0xcb})
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		c, main, off := newTestChain("m", true)
+		c, idx := newTestChain("m")
 		applyAll(t, c, []any{0.0, []any{[]any{"BlockStored", []any{1, 2}, nil, toks(0, 8), 4}, []any{"BlockStored", []any{3}, nil, toks(50, 4), 4, nil, "CPU"}}})
-		before, beforeOff := main.Hashes(1), off.Hashes(1)
+		before, offBefore := idx.Hashes(1), c.offloaded
 		var b Batch
 		if err := NewDecoder().Decode(payload, &b); err != nil {
-			if !slices.Equal(before, main.Hashes(1)) || !slices.Equal(beforeOff, off.Hashes(1)) {
+			if !slices.Equal(before, idx.Hashes(1)) || c.offloaded != offBefore {
 				t.Fatal("a failed decode changed the index")
 			}
 			return

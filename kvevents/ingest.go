@@ -55,7 +55,7 @@ func newIngester(rep Replica, cfg *Config) *ingester {
 		cfg: cfg,
 		log: cfg.Logger.With("replica", rep.ID),
 		in:  make(chan message, cfg.QueueLen),
-		ch:  newChain(rep.ID, rep.Model, cfg.Index, cfg.Offload, cfg.Now),
+		ch:  newChain(rep.ID, rep.Model, cfg.Index, cfg.Now),
 		dec: NewDecoder(),
 	}
 }
@@ -180,7 +180,7 @@ func (g *ingester) apply(seq uint64, payload []byte, at time.Time) {
 	}
 	g.c.count(g.ch.apply(&g.batch))
 	g.c.blocks.Store(int64(g.ch.Len()))
-	g.c.offloaded.Store(int64(g.ch.offloaded()))
+	g.c.offloaded.Store(int64(g.ch.offloaded))
 	g.c.arrived(at)
 }
 

@@ -38,9 +38,13 @@ type Status struct {
 	// DecodeErrors counts messages that did not decode; they change
 	// nothing in the index.
 	DecodeErrors uint64
-	// Blocks is the engine blocks the replica's chain knows; Offloaded the
-	// distinct blocks held on a non-GPU tier.
-	Blocks, Offloaded int
+	// Blocks is the engine blocks the replica's chain knows, on any
+	// medium.
+	Blocks int
+	// Offloaded is the engine blocks, of Blocks, held only on non-GPU
+	// media (CPU, disk, ...): known, so that blocks chained onto them are
+	// keyed, but not in the index.
+	Offloaded int
 	// Stale is true when the router expected events from the replica
 	// (Subscriber.Expect) longer than Config.StaleAfter ago and none came
 	// since, or when it is not connected.

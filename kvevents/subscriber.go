@@ -40,14 +40,11 @@ type Replica struct {
 
 // Config configures a Subscriber.
 type Config struct {
-	// Index receives GPU-tier blocks. Required. Its per-replica capacity
-	// must be at least the engine's number of blocks, or the index evicts
-	// blocks the engine still holds.
+	// Index receives the blocks in GPU memory. Required. Its per-replica
+	// capacity must be at least the engine's number of GPU blocks, or the
+	// index evicts blocks the engine still holds. Blocks held only on other
+	// media (CPU, disk) are not indexed, only counted (Status.Offloaded).
 	Index *residency.Index
-	// Offload, if not nil, receives blocks on other tiers (CPU, disk), so
-	// that the router can match them and weigh them lower; nil means they
-	// are only counted (Status.Offloaded).
-	Offload *residency.Index
 	// Replicas are the engines to follow; IDs must be distinct.
 	Replicas []Replica
 	// Bind, if not empty, is the endpoint of one SUB socket that engines
