@@ -30,6 +30,7 @@ type chain struct {
 	blocks    map[uint64]block       // engine key (ekey) → block
 	refs      map[prefix.Hash]int32  // router key → engine blocks holding it on GPU
 	offloaded int                    // engine blocks held on non-GPU media only
+	blockSize int                    // tokens per block of the BlockStored events, 0 before one
 	add, del  []prefix.Hash          // scratch: keys to store, to remove
 }
 
@@ -130,6 +131,7 @@ func (c *chain) stored(e *Event, n *applied) {
 	if len(e.Hashes) == 0 {
 		return
 	}
+	c.noteBlockSize(e)
 	parent := c.root(e.LoRA)
 	if e.HasParent {
 		p, ok := c.blocks[ekey(e.Parent, e.Group)]
@@ -151,6 +153,17 @@ func (c *chain) stored(e *Event, n *applied) {
 		}
 		c.set(k, old, b)
 		n.stored++
+	}
+}
+
+// noteBlockSize keeps the engine's tokens per block from a BlockStored:
+// KV-cache group 0's (the only group of most models; a hybrid model's
+// groups may differ), another group's until group 0 stored a block. It
+// survives resets: a clear does not change the engine's block size, and a
+// restarted engine's next BlockStored updates it.
+func (c *chain) noteBlockSize(e *Event) {
+	if e.BlockSize > 0 && (e.Group == 0 || c.blockSize == 0) {
+		c.blockSize = e.BlockSize
 	}
 }
 

@@ -166,6 +166,38 @@ func TestChain(t *testing.T) {
 	}
 }
 
+// TestChainBlockSize: the chain keeps the engine's tokens per block from
+// its BlockStored events, group 0's for a hybrid model.
+func TestChainBlockSize(t *testing.T) {
+	st := func(group, bs int, hash uint64) omap {
+		return omap{{"type", "BlockStored"}, {"block_hashes", []any{hash}}, {"token_ids", toks(0, bs)}, {"block_size", bs}, {"group_idx", group}}
+	}
+	tests := []struct {
+		name    string
+		batches []any
+		want    int
+	}{
+		{"none yet", nil, 0},
+		{"removals only", []any{[]any{0.0, []any{[]any{"BlockRemoved", []any{1}}, []any{"AllBlocksCleared"}}}}, 0},
+		{"legacy array", []any{[]any{0.0, []any{[]any{"BlockStored", []any{1}, nil, toks(0, 16), 16}}}}, 16},
+		{"from the tokens when the wire omits it", []any{[]any{0.0, []any{omap{{"type", "BlockStored"}, {"block_hashes", []any{1, 2}}, {"token_ids", toks(0, 64)}}}}}, 32},
+		{"an orphan still tells it", []any{[]any{0.0, []any{[]any{"BlockStored", []any{2}, 99, toks(0, 8), 8}}}}, 8},
+		{"kept across a clear", []any{[]any{0.0, []any{st(0, 4, 1), omap{{"type", "AllBlocksCleared"}}}}}, 4},
+		{"the engine's latest", []any{[]any{0.0, []any{st(0, 4, 1)}}, []any{0.0, []any{st(0, 8, 2)}}}, 8},
+		{"group 0 wins", []any{[]any{0.0, []any{st(1, 64, 1), st(0, 16, 2), st(1, 64, 3)}}}, 16},
+		{"another group until group 0 stores", []any{[]any{0.0, []any{st(1, 64, 1)}}}, 64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _ := newTestChain("m")
+			applyAll(t, c, tt.batches...)
+			if c.blockSize != tt.want {
+				t.Errorf("got %d, want %d", c.blockSize, tt.want)
+			}
+		})
+	}
+}
+
 // TestChainMemoryBounded stores and removes many blocks: the engine-hash
 // map shrinks back with the engine's cache.
 func TestChainMemoryBounded(t *testing.T) {

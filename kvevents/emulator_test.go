@@ -101,6 +101,9 @@ func TestEngineTruth(t *testing.T) {
 			e := startEngine(t, zmqEngine(format))
 			sub, idx := startSub(t, Config{Replicas: []Replica{{ID: 1, Model: "m", Endpoint: e.KVEventsEndpoint(), Replay: e.ReplayEndpoint()}}})
 			eventually(t, "connected", func() bool { return sub.Healthy(1) })
+			if bs := status(t, sub, 1).BlockSize; bs != 0 {
+				t.Errorf("block size before any BlockStored: got %d, want 0", bs)
+			}
 			var ps [][]uint32
 			for i := range 6 {
 				p := append(prompt(0, 64), prompt(i+1, 16*i+5)...) // shared 4-block prefix
@@ -115,8 +118,12 @@ func TestEngineTruth(t *testing.T) {
 			if n := e.Stats().CachedBlocks; idx.Blocks(1) != n {
 				t.Errorf("index holds %d blocks, engine %d", idx.Blocks(1), n)
 			}
-			if st := status(t, sub, 1); st.Orphans != 0 || st.DecodeErrors != 0 || st.Resets != 0 {
+			st := status(t, sub, 1)
+			if st.Orphans != 0 || st.DecodeErrors != 0 || st.Resets != 0 || st.Offloaded != 0 {
 				t.Errorf("status %+v", st)
+			}
+			if st.BlockSize != 16 {
+				t.Errorf("block size: got %d, want 16", st.BlockSize)
 			}
 			got = append(got, sorted(idx.Hashes(1)))
 		})

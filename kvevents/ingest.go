@@ -181,6 +181,7 @@ func (g *ingester) apply(seq uint64, payload []byte, at time.Time) {
 	g.c.count(g.ch.apply(&g.batch))
 	g.c.blocks.Store(int64(g.ch.Len()))
 	g.c.offloaded.Store(int64(g.ch.offloaded))
+	g.c.blockSize.Store(int64(g.ch.blockSize))
 	g.c.arrived(at)
 }
 

@@ -45,6 +45,11 @@ type Status struct {
 	// media (CPU, disk, ...): known, so that blocks chained onto them are
 	// keyed, but not in the index.
 	Offloaded int
+	// BlockSize is the engine's tokens per block as its BlockStored events
+	// report it (block_size; of KV-cache group 0 when a hybrid model's
+	// groups differ); zero until a BlockStored arrived. It is one source of
+	// the replica's block size, the other its cache_config_info metric.
+	BlockSize int
 	// Stale is true when the router expected events from the replica
 	// (Subscriber.Expect) longer than Config.StaleAfter ago and none came
 	// since, or when it is not connected.
@@ -64,7 +69,7 @@ type counters struct {
 	expected  atomic.Int64 // unix nanoseconds of the oldest unanswered Expect, 0 if none
 
 	events, stored, removed, batches, gaps, replays, resets, orphans, decodeErrors atomic.Uint64
-	blocks, offloaded                                                              atomic.Int64
+	blocks, offloaded, blockSize                                                   atomic.Int64
 }
 
 // expect notes that events are expected from now on (keeps the oldest).
@@ -106,6 +111,7 @@ func (c *counters) snapshot(replica int, now time.Time, staleAfter time.Duration
 		DecodeErrors: c.decodeErrors.Load(),
 		Blocks:       int(c.blocks.Load()),
 		Offloaded:    int(c.offloaded.Load()),
+		BlockSize:    int(c.blockSize.Load()),
 	}
 	if t := c.lastEvent.Load(); t != 0 {
 		s.LastEvent = time.Unix(0, t)
