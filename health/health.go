@@ -1,19 +1,24 @@
 // Package health decides which replicas may get traffic, from active
-// /health probes and from failures the proxy reports (passive checks).
+// probes and from failures the proxy reports (passive checks).
 //
 // A replica turns unhealthy after Failures consecutive failed probes, or
 // when the proxy reports at least PassiveFailures failures within Window
 // that make up at least FailureRatio of the outcomes reported there. It
 // turns healthy again on the next successful probe. Passive outcomes are
 // counted in a ring of time buckets: no goroutine or timer per failure.
+//
+// Probes GET Path (default /health). Many OpenAI-compatible servers have no
+// such route: when it answers 404 or 405 the replica is probed at
+// /v1/models instead, and when that answers 404 or 405 too it is not
+// probed at all. Such a replica is judged by passive checks alone; once
+// they eject it, it comes back after Window (as Envoy's outlier detection
+// returns a host after its ejection time), since no probe can.
 package health
 
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +48,8 @@ type Checker struct {
 	// Timeout bounds one probe; zero means 500 ms.
 	Timeout time.Duration
 	// Path is the probe path; empty means "/health". Any 2xx is healthy.
+	// A replica whose Path answers 404 or 405 is probed at "/v1/models"
+	// instead (see the package comment).
 	Path string
 	// Failures is the number of consecutive failed probes that make a
 	// replica unhealthy; zero means 2.
@@ -52,6 +59,7 @@ type Checker struct {
 	PassiveFailures int
 	// Window is the span over which reported outcomes count; zero means 10 s.
 	// It is kept in 10 buckets, so outcomes expire in steps of Window/10.
+	// It is also how long a replica without a probe route stays ejected.
 	Window time.Duration
 	// FailureRatio is the least fraction of reported outcomes in Window that
 	// must be failures, 0..1; zero means 0.5. It keeps a busy replica with a
@@ -59,10 +67,34 @@ type Checker struct {
 	FailureRatio float64
 	// OnChange, if set, is called on every transition, with the replica's
 	// lock held (so calls for one replica are ordered): it must not call
-	// back into the Checker for the same replica.
+	// back into the Checker for the same replica. It is OnTransition
+	// without the reason.
 	OnChange func(id string, healthy bool)
+	// OnTransition, if set, is called on every transition like OnChange
+	// (after it, under the same lock), with the reason for it, such as
+	// "probe http://h/health: status 503 Service Unavailable (2 consecutive
+	// failures)" or "passive: 5 of 6 requests failed in 10s".
+	OnTransition func(id string, healthy bool, reason string)
+	// OnFallback, if set, is called from the replica's probe loop when its
+	// probe route does not exist and the Checker falls back, with a note
+	// such as "probe http://h/health: status 404 Not Found; probing
+	// http://h/v1/models instead". It is worth a log line.
+	OnFallback func(id, note string)
 
 	targets poll.Group[*target]
+}
+
+// Status is one replica's health as the Checker sees it.
+type Status struct {
+	// Healthy reports whether the replica may get traffic.
+	Healthy bool
+	// Reason says why Healthy last changed; empty if it never has.
+	Reason string
+	// Since is when Healthy last changed; zero if it never has.
+	Since time.Time
+	// Probe is the URL the replica is probed at; empty when it has no probe
+	// route and is judged by passive checks alone.
+	Probe string
 }
 
 // target is one replica's health state.
@@ -70,10 +102,14 @@ type target struct {
 	id      string
 	healthy atomic.Bool
 
-	// mu guards probeFails, window and transitions of healthy.
+	// mu guards the fields below and transitions of healthy.
 	mu         sync.Mutex
 	probeFails int
 	window     window
+	path       string // probe path in use; "" before the first probe
+	passive    bool   // no probe route: passive checks only
+	reason     string // why healthy last changed
+	since      time.Time
 }
 
 // Add starts tracking id, initially healthy; adding a present id does
@@ -91,6 +127,21 @@ func (c *Checker) Remove(id string) { c.targets.Remove(id) }
 func (c *Checker) Healthy(id string) bool {
 	t := c.target(id)
 	return t != nil && t.healthy.Load()
+}
+
+// Status returns id's health; ok is false for an unknown id.
+func (c *Checker) Status(id string) (st Status, ok bool) {
+	t := c.target(id)
+	if t == nil {
+		return Status{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st = Status{Healthy: t.healthy.Load(), Reason: t.reason, Since: t.since}
+	if !t.passive {
+		st.Probe = joinURL(id, c.pathLocked(t))
+	}
+	return st, true
 }
 
 // ReportFailure records a failed request to id (connect error, 5xx, broken
@@ -116,7 +167,7 @@ func (c *Checker) report(id string, failed bool) {
 	}
 	fails, total := t.window.sum(now, c.window())
 	if fails >= c.passiveFailures() && float64(fails) >= c.failureRatio()*float64(total) {
-		c.setLocked(t, false)
+		c.setLocked(t, false, fmt.Sprintf("passive: %d of %d requests failed in %v", fails, total, c.window()))
 	}
 }
 
@@ -135,68 +186,16 @@ func (c *Checker) target(id string) *target {
 	return t
 }
 
-// tick probes t once and records the result.
-func (c *Checker) tick(ctx context.Context, id string, t *target) {
-	err := c.probe(ctx, id)
-	if ctx.Err() != nil {
-		return
-	}
-	c.record(t, err)
-}
-
-// record applies one probe result.
-func (c *Checker) record(t *target, err error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if err == nil {
-		t.probeFails = 0
-		if !t.healthy.Load() {
-			t.window = window{} // a fresh start: old failures are forgiven
-			c.setLocked(t, true)
-		}
-		return
-	}
-	t.probeFails++
-	if t.probeFails >= c.failures() && t.healthy.Load() {
-		c.setLocked(t, false)
-	}
-}
-
-// setLocked changes t's state and calls OnChange; t.mu is held.
-func (c *Checker) setLocked(t *target, healthy bool) {
+// setLocked changes t's state and calls the hooks; t.mu is held.
+func (c *Checker) setLocked(t *target, healthy bool, reason string) {
 	t.healthy.Store(healthy)
+	t.reason, t.since = reason, time.Now()
 	if c.OnChange != nil {
 		c.OnChange(t.id, healthy)
 	}
-}
-
-// probe GETs the health path once.
-func (c *Checker) probe(ctx context.Context, id string) error {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout())
-	defer cancel()
-	path := c.Path
-	if path == "" {
-		path = "/health"
+	if c.OnTransition != nil {
+		c.OnTransition(t.id, healthy, reason)
 	}
-	url := strings.TrimSuffix(id, "/") + path
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return fmt.Errorf("probe %s: %w", url, err)
-	}
-	client := c.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return fmt.Errorf("probe %s: %w", url, err)
-	}
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("probe %s: status %s", url, resp.Status)
-	}
-	return nil
 }
 
 func (c *Checker) interval() time.Duration { return or(c.Interval, DefaultInterval) }
