@@ -53,7 +53,7 @@ func BenchmarkEncodeBatch(b *testing.B) {
 	for _, format := range []string{FormatMap, FormatArray} {
 		b.Run("format="+format, func(b *testing.B) {
 			ev := storedEvent(64)
-			enc := newBatchEncoder(format)
+			enc := newBatchEncoder(format, nil)
 			b.ReportAllocs()
 			for b.Loop() {
 				enc.encode(1.5, ev)

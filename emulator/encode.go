@@ -27,13 +27,19 @@ const medium = "GPU"
 // [ts, [event, ...], data_parallel_rank]. It is used by the engine goroutine
 // only.
 type batchEncoder struct {
-	array bool
-	buf   bytes.Buffer
-	enc   *msgpack.Encoder
+	array   bool
+	loraIDs map[string]int64 // adapter name → lora_id
+	buf     bytes.Buffer
+	enc     *msgpack.Encoder
 }
 
-func newBatchEncoder(format string) *batchEncoder {
-	b := &batchEncoder{array: format == FormatArray}
+// newBatchEncoder returns an encoder for format. Adapter loras[i] gets
+// lora_id i+1, as vLLM numbers the adapters it loads at start-up.
+func newBatchEncoder(format string, loras []string) *batchEncoder {
+	b := &batchEncoder{array: format == FormatArray, loraIDs: map[string]int64{}}
+	for i, name := range loras {
+		b.loraIDs[name] = int64(i + 1)
+	}
 	b.enc = msgpack.NewEncoder(&b.buf)
 	b.enc.UseCompactInts(true)
 	return b
@@ -110,7 +116,7 @@ func (b *batchEncoder) stored(ev *engine.Event) {
 	if ev.LoRA == "" {
 		e.EncodeNil()
 	} else {
-		e.EncodeInt(loraID(ev.LoRA))
+		e.EncodeInt(b.loraID(ev.LoRA))
 	}
 	b.key("medium")
 	e.EncodeString(medium)
@@ -165,8 +171,12 @@ func (b *batchEncoder) hashes(ev *engine.Event) {
 	}
 }
 
-// loraID is the integer id vLLM would give an adapter: here a stable hash
-// of its name, 1..2^31-1.
-func loraID(name string) int64 {
-	return int64(xxhash.Sum64String(name)%(1<<31-1)) + 1
+// loraID is the integer id of adapter name: its number among the loaded
+// adapters, or for a name the encoder was not given a stable hash of it,
+// 2^31..2^32-1, clear of those numbers.
+func (b *batchEncoder) loraID(name string) int64 {
+	if id, ok := b.loraIDs[name]; ok {
+		return id
+	}
+	return 1<<31 + int64(xxhash.Sum64String(name)%(1<<31))
 }

@@ -30,7 +30,7 @@ func TestEncodeBatchLiteral(t *testing.T) {
 		{Kind: engine.BlockRemoved, Hashes: []prefix.Hash{1}},
 		{Kind: engine.AllCleared},
 	}
-	lora := loraID("sql")
+	lora := int64(2) // the second adapter given to the encoder
 	tests := []struct {
 		format string
 		want   any
@@ -51,7 +51,7 @@ func TestEncodeBatchLiteral(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.format, func(t *testing.T) {
-			payload := newBatchEncoder(tt.format).encode(2.5, events)
+			payload := newBatchEncoder(tt.format, []string{"chat", "sql"}).encode(2.5, events)
 			var got any
 			dec := msgpack.NewDecoder(bytes.NewReader(payload))
 			dec.UseLooseInterfaceDecoding(true)
@@ -65,7 +65,7 @@ func TestEncodeBatchLiteral(t *testing.T) {
 			}
 		})
 	}
-	if got := newBatchEncoder(FormatMap).encode(1, events[:1]); got != nil {
+	if got := newBatchEncoder(FormatMap, nil).encode(1, events[:1]); got != nil {
 		t.Errorf("a batch without block events encodes to %d bytes, want nil", len(got))
 	}
 }

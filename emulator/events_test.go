@@ -77,6 +77,8 @@ type kvEvent struct {
 	Tokens    []uint64
 	BlockSize int
 	Medium    string
+	LoRAID    *uint64  // BlockStored's lora_id, nil for the base model
+	LoRAName  *string  // BlockStored's lora_name, nil for the base model
 	Keys      []string // map keys (map encoding), or nil
 }
 
@@ -119,6 +121,7 @@ func fromArray(t *testing.T, a []any) kvEvent {
 		}
 		ev.Hashes, ev.Parent, ev.Tokens = uints(t, a[1]), optUint(t, a[2]), uints(t, a[3])
 		ev.BlockSize, ev.Medium = int(toUint(t, a[4])), a[6].(string)
+		ev.LoRAID, ev.LoRAName = optUint(t, a[5]), optString(a[7])
 	case "BlockRemoved":
 		ev.Hashes, ev.Medium = uints(t, a[1]), a[2].(string)
 	}
@@ -135,6 +138,7 @@ func fromMap(t *testing.T, m map[string]any) kvEvent {
 	case "BlockStored":
 		ev.Hashes, ev.Parent, ev.Tokens = uints(t, m["block_hashes"]), optUint(t, m["parent_block_hash"]), uints(t, m["token_ids"])
 		ev.BlockSize, ev.Medium = int(toUint(t, m["block_size"])), m["medium"].(string)
+		ev.LoRAID, ev.LoRAName = optUint(t, m["lora_id"]), optString(m["lora_name"])
 	case "BlockRemoved":
 		ev.Hashes, ev.Medium = uints(t, m["block_hashes"]), m["medium"].(string)
 	}
@@ -172,6 +176,14 @@ func optUint(t *testing.T, v any) *uint64 {
 	}
 	u := toUint(t, v)
 	return &u
+}
+
+func optString(v any) *string {
+	if v == nil {
+		return nil
+	}
+	s := v.(string)
+	return &s
 }
 
 func uints(t *testing.T, v any) []uint64 {

@@ -99,6 +99,26 @@ func decodeResponse(t *testing.T, b []byte) testResponse {
 	return r
 }
 
+// testError is the OpenAI error body, decoded independently of apiError.
+type testError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+// decodeError decodes {"error": {...}}, failing the test if b is not JSON.
+func decodeError(t *testing.T, b []byte) testError {
+	t.Helper()
+	var e struct {
+		Error testError `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatalf("error body is not JSON: %s", b)
+	}
+	return e.Error
+}
+
 // streamed is one SSE response: its raw data lines and when the first
 // arrived.
 type streamed struct {

@@ -41,6 +41,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 // job is a validated generation request.
 type job struct {
 	id       string
+	model    string // the model name responses carry
+	lora     string // the adapter, "" for the base model
 	tokens   []uint32
 	max      int  // output tokens to generate
 	explicit bool // max came from the request: finish_reason "length"
@@ -49,23 +51,25 @@ type job struct {
 	chat     bool
 }
 
-// httpError is an error with its HTTP status.
+// httpError is an error with its HTTP status and, if not empty, the
+// request parameter at fault.
 type httpError struct {
 	status int
 	msg    string
+	param  string
 }
 
 func (e *httpError) Error() string { return e.msg }
 
 func badRequest(format string, args ...any) error {
-	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+	return &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
 }
 
 // fail answers err as an OpenAI error.
 func fail(w http.ResponseWriter, err error) {
 	var he *httpError
 	if errors.As(err, &he) {
-		writeError(w, he.status, he.msg)
+		writeParamError(w, he.status, he.msg, he.param)
 		return
 	}
 	writeError(w, http.StatusBadRequest, err.Error())
@@ -77,22 +81,13 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			return &httpError{http.StatusRequestEntityTooLarge,
-				fmt.Sprintf("request body exceeds %d bytes", s.cfg.MaxBodyBytes)}
+			return &httpError{status: http.StatusRequestEntityTooLarge,
+				msg: fmt.Sprintf("request body exceeds %d bytes", s.cfg.MaxBodyBytes)}
 		}
 		return badRequest("read body: %v", err)
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		return badRequest("invalid JSON body: %v", err)
-	}
-	return nil
-}
-
-// checkModel rejects a model other than the served one (empty means the
-// served one, as in vLLM).
-func (s *Server) checkModel(model string) error {
-	if model != "" && model != s.cfg.Model {
-		return &httpError{http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)}
 	}
 	return nil
 }
@@ -132,7 +127,8 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model); err != nil {
+	sm, err := s.resolve(req.Model)
+	if err != nil {
 		fail(w, err)
 		return
 	}
@@ -141,7 +137,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		fail(w, badRequest("%v", err))
 		return
 	}
-	j := &job{id: s.newID("chatcmpl-"), tokens: Tokenize(text), stream: req.Stream, chat: true}
+	j := &job{id: s.newID("chatcmpl-"), model: sm.name, lora: sm.lora, tokens: Tokenize(text), stream: req.Stream, chat: true}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	maxTokens := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -160,7 +156,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model); err != nil {
+	sm, err := s.resolve(req.Model)
+	if err != nil {
 		fail(w, err)
 		return
 	}
@@ -169,7 +166,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		fail(w, badRequest("%v", err))
 		return
 	}
-	j := &job{id: s.newID("cmpl-"), tokens: tokens, stream: req.Stream}
+	j := &job{id: s.newID("cmpl-"), model: sm.name, lora: sm.lora, tokens: tokens, stream: req.Stream}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if err := s.limits(j, req.MaxTokens, req.N); err != nil {
 		fail(w, err)
@@ -180,7 +177,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 
 // serve submits the job to the engine and answers, streaming or not.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
-	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max})
+	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
 	select {
 	case s.submit <- f:
 	case <-s.stopped:
@@ -272,13 +269,13 @@ func (s *Server) response(j *job, final engine.Event) any {
 	created := time.Now().Unix()
 	if j.chat {
 		return chatResponse{
-			ID: j.id, Object: "chat.completion", Created: created, Model: s.cfg.Model,
+			ID: j.id, Object: "chat.completion", Created: created, Model: j.model,
 			Choices: []chatChoice{{Message: &chatOut{Role: "assistant", Content: &text}, FinishReason: &reason}},
 			Usage:   usageOf(final),
 		}
 	}
 	return completionResponse{
-		ID: j.id, Object: "text_completion", Created: created, Model: s.cfg.Model,
+		ID: j.id, Object: "text_completion", Created: created, Model: j.model,
 		Choices: []completionChoice{{Text: text, FinishReason: &reason}},
 		Usage:   usageOf(final),
 	}

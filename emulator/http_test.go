@@ -216,18 +216,9 @@ func TestBadInput(t *testing.T) {
 			if code != tt.status {
 				t.Errorf("status %d, want %d: %s", code, tt.status, b)
 			}
-			var e struct {
-				Error struct {
-					Message string `json:"message"`
-					Type    string `json:"type"`
-					Code    int    `json:"code"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(b, &e); err != nil {
-				t.Fatalf("error body is not JSON: %s", b)
-			}
-			if e.Error.Code != tt.status || e.Error.Type == "" || !strings.Contains(e.Error.Message, tt.msg) {
-				t.Errorf("error %+v, want code %d and a message containing %q", e.Error, tt.status, tt.msg)
+			e := decodeError(t, b)
+			if e.Code != tt.status || e.Type == "" || !strings.Contains(e.Message, tt.msg) {
+				t.Errorf("error %+v, want code %d and a message containing %q", e, tt.status, tt.msg)
 			}
 		})
 	}

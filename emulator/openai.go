@@ -210,9 +210,19 @@ func errorType(status int) string {
 
 // writeError answers with an OpenAI-shaped JSON error.
 func writeError(w http.ResponseWriter, status int, msg string) {
+	writeParamError(w, status, msg, "")
+}
+
+// writeParamError answers with an OpenAI-shaped JSON error naming the
+// request parameter at fault; "" gives "param": null.
+func writeParamError(w http.ResponseWriter, status int, msg, param string) {
+	info := errorInfo{Message: msg, Type: errorType(status), Code: status}
+	if param != "" {
+		info.Param = &param
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(apiError{Error: errorInfo{Message: msg, Type: errorType(status), Code: status}})
+	json.NewEncoder(w).Encode(apiError{Error: info})
 }
 
 // writeJSON answers 200 with v as JSON.

@@ -2,7 +2,9 @@
 // protocols: the OpenAI-compatible HTTP API (chat and text completions,
 // streaming or not, /v1/models, /health, /tokenize), Prometheus /metrics
 // with vLLM's or SGLang's names, and KV-cache events over ZMQ in vLLM's
-// format. It stands in for a GPU replica in tests, benchmarks and the demo.
+// format. Like vLLM it can serve one model under several names and LoRA
+// adapters on top of it, all on one KV cache. It stands in for a GPU
+// replica in tests, benchmarks and the demo.
 //
 // One goroutine owns the engine (style.md §4): HTTP handlers submit requests
 // and cancellations over channels and follow their requests through
@@ -17,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,9 +46,24 @@ const DefaultMaxTokens = 64
 
 // Config configures one emulated replica.
 type Config struct {
-	// Model is the served model name; requests naming another model get a
-	// 404. Empty means "emulated".
+	// Model is the served model name, the first of vLLM's
+	// --served-model-name list: the name responses carry, the metrics'
+	// model_name label, the model in the KV-event topic and the parent of
+	// the LoRA adapters. Requests naming a model that is neither Model, an
+	// alias nor an adapter get a 404. Empty means "emulated".
 	Model string
+	// Aliases are further names of the same model on the same engine
+	// (vLLM's further --served-model-name values). A request may name any
+	// of them; they share one KV cache with Model, since block hashes do
+	// not depend on the served name.
+	Aliases []string
+	// LoRAs are the LoRA adapters loaded on the engine (vLLM's
+	// --lora-modules), by name. A request naming one is served with that
+	// adapter, whose name is an extra key of every block hash: its blocks
+	// never match the base model's, and its KV events carry its name and
+	// id (1, 2, ... in this order, as vLLM numbers statically loaded
+	// adapters).
+	LoRAs []string
 	// Preset names an engine preset (engine.Presets()); empty means Engine
 	// is used as given.
 	Preset string
@@ -104,6 +122,9 @@ type Server struct {
 	ids     atomic.Uint64
 	created int64 // unix seconds, for /v1/models
 
+	served map[string]servedModel // request model name → how to serve it
+	cards  []modelCard            // the /v1/models list, immutable
+
 	closeOnce sync.Once
 	http      *http.Server // Start only
 	stop      context.CancelFunc
@@ -128,6 +149,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	served, err := servedModels(cfg)
+	if err != nil {
+		return nil, err
 	}
 	switch cfg.KVEventsFormat {
 	case "":
@@ -157,14 +182,16 @@ func New(cfg Config) (*Server, error) {
 		scale:   cfg.TimeScale,
 		log:     cfg.Logger,
 		eng:     eng,
-		enc:     newBatchEncoder(cfg.KVEventsFormat),
+		enc:     newBatchEncoder(cfg.KVEventsFormat, cfg.LoRAs),
 		reg:     prometheus.NewRegistry(),
 		submit:  make(chan *flight),
 		cancels: make(chan string, 64),
 		resets:  make(chan chan struct{}),
 		stopped: make(chan struct{}),
 		created: time.Now().Unix(),
+		served:  served,
 	}
+	s.cards = s.modelCards()
 	st := eng.Stats()
 	s.stats.Store(&st)
 	s.m = newMetrics(s.reg, cfg.MetricsFlavor, cfg.Model, s.ecfg, s.stats.Load)
@@ -207,8 +234,14 @@ func engineConfig(cfg Config) (engine.Config, error) {
 // overrides.
 func (s *Server) EngineConfig() engine.Config { return s.ecfg }
 
-// Model is the served model name.
+// Model is the served model name (the first one, see Config.Model).
 func (s *Server) Model() string { return s.cfg.Model }
+
+// Models are the served model names: Model, then the aliases.
+func (s *Server) Models() []string { return append([]string{s.cfg.Model}, s.cfg.Aliases...) }
+
+// LoRAs are the names of the loaded LoRA adapters.
+func (s *Server) LoRAs() []string { return slices.Clone(s.cfg.LoRAs) }
 
 // KVEventsEndpoint is an endpoint a local SUB socket can dial for the
 // KV events ("tcp://127.0.0.1:PORT" for a bound tcp endpoint), or "" when

@@ -89,7 +89,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, f *fligh
 	w.WriteHeader(http.StatusOK)
 	out := &sse{w: w, rc: http.NewResponseController(w)}
 	out.rc.Flush()
-	c := chunkFactory{j: j, model: s.cfg.Model, created: time.Now().Unix()}
+	c := chunkFactory{j: j, model: j.model, created: time.Now().Unix()}
 	send := out.data
 	final, err := s.wait(r.Context(), f, func(from, to int, done bool, final engine.Event) error {
 		if from == 0 && to > 0 && j.chat {
@@ -120,23 +120,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, f *fligh
 	out.raw([]byte("[DONE]"))
 }
 
-// models answers GET /v1/models.
-func (s *Server) models(w http.ResponseWriter, r *http.Request) {
-	type model struct {
-		ID          string `json:"id"`
-		Object      string `json:"object"`
-		Created     int64  `json:"created"`
-		OwnedBy     string `json:"owned_by"`
-		Root        string `json:"root"`
-		Parent      any    `json:"parent"`
-		MaxModelLen int    `json:"max_model_len"`
-	}
-	writeJSON(w, map[string]any{"object": "list", "data": []model{{
-		ID: s.cfg.Model, Object: "model", Created: s.created, OwnedBy: "vllm",
-		Root: s.cfg.Model, MaxModelLen: s.ecfg.MaxModelLen,
-	}}})
-}
-
 // tokenize answers POST /tokenize as vLLM does: {count, max_model_len,
 // tokens, token_strs}; token_strs is null unless return_token_strs.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
@@ -145,7 +128,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model); err != nil {
+	if _, err := s.resolve(req.Model); err != nil {
 		fail(w, err)
 		return
 	}
