@@ -60,6 +60,22 @@ func post(t *testing.T, url string, body any) (int, []byte) {
 	return resp.StatusCode, out
 }
 
+// postAsync sends body as JSON in the background; the channel receives
+// the status, or -1 if the request failed.
+func postAsync(url, body string) <-chan int {
+	done := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			done <- -1
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	return done
+}
+
 // testResponse decodes the parts of a completion or chunk the tests check.
 type testResponse struct {
 	ID      string `json:"id"`

@@ -178,6 +178,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 // serve submits the job to the engine and answers, streaming or not.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
+	if s.cfg.KVFullStatus != 0 {
+		// Hashed here, off the engine goroutine, for its admission check.
+		f.req.Hashes = s.blockHashes(j.tokens, j.lora)
+	}
 	select {
 	case s.submit <- f:
 	case <-s.stopped:
@@ -187,6 +191,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		return
 	}
 	if err := <-f.added; err != nil {
+		var full *kvFullError
+		if errors.As(err, &full) {
+			s.rejected.Add(1)
+			writeError(w, s.cfg.KVFullStatus, err.Error())
+			return
+		}
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}

@@ -433,17 +433,7 @@ func TestCloseFailsInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan int)
-	go func() {
-		resp, err := http.Post(s.URL()+"/v1/completions", "application/json",
-			strings.NewReader(`{"prompt":"x","max_tokens":100000}`))
-		if err != nil {
-			done <- -1
-			return
-		}
-		resp.Body.Close()
-		done <- resp.StatusCode
-	}()
+	done := postAsync(s.URL()+"/v1/completions", `{"prompt":"x","max_tokens":100000}`)
 	eventually(t, "the request to run", func() bool { return s.Stats().Running == 1 })
 	t0 := time.Now()
 	s.Close()

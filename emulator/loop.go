@@ -69,6 +69,9 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.closePublisher()
 	defer close(s.stopped)
 	l := loop{s: s, start: time.Now(), flights: map[string]*flight{}, next: engine.Idle}
+	if s.cfg.KVFullStatus != 0 {
+		l.cached = map[prefix.Hash]struct{}{}
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -95,6 +98,9 @@ type loop struct {
 	start   time.Time
 	flights map[string]*flight
 	keep    []engine.Event // block events of one wake-up
+	// cached is the engine's cached blocks as its events report them,
+	// for admissible; nil unless Config.KVFullStatus is set.
+	cached map[prefix.Hash]struct{}
 	// t is the engine time of the last call into the engine, next the
 	// wake-up the last Step asked for.
 	t, next time.Duration
@@ -107,6 +113,10 @@ func (l *loop) now() time.Duration {
 
 func (l *loop) add(f *flight) {
 	l.t = max(l.t, l.now())
+	if err := l.admissible(&f.req); err != nil {
+		f.added <- err
+		return
+	}
 	if err := l.s.eng.Add(l.t, &f.req); err != nil {
 		f.added <- err
 		return
@@ -133,6 +143,7 @@ func (l *loop) reset() {
 	}
 	l.failAll(errReset)
 	l.s.eng = eng
+	clear(l.cached)
 	l.next = engine.Idle
 	l.publish([]engine.Event{{Kind: engine.AllCleared, At: l.now()}})
 	st := eng.Stats()
@@ -187,6 +198,7 @@ func (l *loop) deliver(events []engine.Event) {
 		case engine.Done:
 			l.done(ev)
 		case engine.BlockStored, engine.BlockRemoved, engine.AllCleared:
+			l.track(ev)
 			if l.s.pub != nil {
 				k := *ev
 				k.Hashes = append([]prefix.Hash(nil), ev.Hashes...)

@@ -67,9 +67,11 @@ func TestLoRAHasItsOwnCache(t *testing.T) {
 	wantModels := []string{"m", "sql", "sql", "sql", "m", "m"}
 	tests := []struct {
 		name, format string
+		kvFullStatus int // hashes computed by the emulator instead of the engine
 	}{
-		{"map", FormatMap},
-		{"array", FormatArray},
+		{"map", FormatMap, 0},
+		{"array", FormatArray, 0},
+		{"map with kv full status", FormatMap, 500},
 	}
 	// chains are each run's stored block hashes by adapter and prompt.
 	type key struct {
@@ -80,7 +82,7 @@ func TestLoRAHasItsOwnCache(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := zmqConfig(tt.format)
-			cfg.LoRAs = []string{"chat", "sql"}
+			cfg.LoRAs, cfg.KVFullStatus = []string{"chat", "sql"}, tt.kvFullStatus
 			s := start(t, cfg)
 			c := subscribe(t, s)
 			cached, models := loraWorkload(t, s, steps)
@@ -224,6 +226,7 @@ func TestServedNamesValidated(t *testing.T) {
 		{"adapter repeats an alias", Config{Model: "a", Aliases: []string{"b"}, LoRAs: []string{"b"}}},
 		{"empty alias", Config{Model: "a", Aliases: []string{""}}},
 		{"empty adapter", Config{LoRAs: []string{""}}},
+		{"kv full status 200", Config{KVFullStatus: 200}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -64,6 +64,14 @@ type Config struct {
 	// id (1, 2, ... in this order, as vLLM numbers statically loaded
 	// adapters).
 	LoRAs []string
+	// KVFullStatus, if not zero, is the HTTP status (400..599) answered
+	// with an OpenAI error, before anything is streamed, to a request the
+	// KV cache has no room for on arrival, as llm-d-inference-sim answers
+	// 500: one whose prompt blocks not in the prefix cache outnumber the
+	// blocks no running request holds (free or evictable). Zero means
+	// vLLM's behaviour: the request waits in the queue until blocks free
+	// up.
+	KVFullStatus int
 	// Preset names an engine preset (engine.Presets()); empty means Engine
 	// is used as given.
 	Preset string
@@ -122,8 +130,9 @@ type Server struct {
 	ids     atomic.Uint64
 	created int64 // unix seconds, for /v1/models
 
-	served map[string]servedModel // request model name → how to serve it
-	cards  []modelCard            // the /v1/models list, immutable
+	served   map[string]servedModel // request model name → how to serve it
+	cards    []modelCard            // the /v1/models list, immutable
+	rejected atomic.Int64           // requests answered KVFullStatus
 
 	closeOnce sync.Once
 	http      *http.Server // Start only
@@ -149,6 +158,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.KVFullStatus != 0 && (cfg.KVFullStatus < 400 || cfg.KVFullStatus > 599) {
+		return nil, fmt.Errorf("emulator: kv full status %d: want 400..599, or 0 to queue", cfg.KVFullStatus)
 	}
 	served, err := servedModels(cfg)
 	if err != nil {
@@ -242,6 +254,10 @@ func (s *Server) Models() []string { return append([]string{s.cfg.Model}, s.cfg.
 
 // LoRAs are the names of the loaded LoRA adapters.
 func (s *Server) LoRAs() []string { return slices.Clone(s.cfg.LoRAs) }
+
+// Rejected counts the requests answered Config.KVFullStatus because the
+// KV cache had no room for them.
+func (s *Server) Rejected() int64 { return s.rejected.Load() }
 
 // KVEventsEndpoint is an endpoint a local SUB socket can dial for the
 // KV events ("tcp://127.0.0.1:PORT" for a bound tcp endpoint), or "" when
