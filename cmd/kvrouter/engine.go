@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,30 @@ import (
 
 // runEngine runs one emulated vLLM-compatible replica until ctx is done.
 func runEngine(ctx context.Context, args []string) error {
+	cfg, listen, err := engineFlags(args)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.Logger = log
+	s, err := emulator.Start(cfg, listen)
+	if err != nil {
+		return err
+	}
+	ec := s.EngineConfig()
+	log.Info("kvrouter engine serving", "url", s.URL(), "models", strings.Join(s.Models(), ","),
+		"loras", strings.Join(s.LoRAs(), ","), "preset", cfg.Preset,
+		"time_scale", cfg.TimeScale, "kv_blocks", ec.NumBlocks, "block_size", ec.BlockSize,
+		"max_num_seqs", ec.MaxNumSeqs, "max_model_len", ec.MaxModelLen, "kv_full_status", cfg.KVFullStatus,
+		"kv_events", s.KVEventsEndpoint(), "replay", s.ReplayEndpoint(), "topic", s.Topic())
+	<-ctx.Done()
+	log.Info("kvrouter engine stopping")
+	return s.Close()
+}
+
+// engineFlags parses the engine subcommand's flags into a config and the
+// listen address.
+func engineFlags(args []string) (emulator.Config, string, error) {
 	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: kvrouter engine [flags]\n\n"+
@@ -22,35 +47,56 @@ func runEngine(ctx context.Context, args []string) error {
 		fs.PrintDefaults()
 	}
 	var cfg emulator.Config
+	models := &nameList{list: []string{"emulated"}}
+	loras := &nameList{}
 	listen := fs.String("listen", "127.0.0.1:8001", "HTTP listen address")
-	fs.StringVar(&cfg.Model, "model", "emulated", "served model name")
+	fs.Var(models, "model", "served model names, comma-separated or repeated (vLLM --served-model-name): one model, one KV cache; the first is the name in responses, metrics and the KV-event topic")
+	fs.Var(loras, "lora", "LoRA adapter names loaded on the engine, comma-separated or repeated; each is a model of its own whose blocks never match the base model's")
 	fs.StringVar(&cfg.Preset, "preset", "llama3-8b-h100", "engine preset: "+strings.Join(engine.Presets(), ", "))
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "wall seconds per engine second (0.05 runs 20x faster than real time)")
 	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB endpoint for KV events, e.g. tcp://*:5557 (binds with * or ::, connects otherwise); empty: no events")
 	fs.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER endpoint for event replay, e.g. tcp://*:5558")
 	fs.StringVar(&cfg.KVEventsFormat, "kv-events-format", emulator.FormatMap, "KV event encoding: map (vLLM >= 0.26) or array (legacy)")
-	fs.StringVar(&cfg.Topic, "kv-events-topic", "", "KV event topic; empty: kv@<listen>@<model>")
+	fs.StringVar(&cfg.Topic, "kv-events-topic", "", "KV event topic; empty: kv@<listen>@<first model>")
 	fs.StringVar(&cfg.MetricsFlavor, "metrics-flavor", emulator.FlavorVLLM, "metric names: vllm or sglang")
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "max running requests; 0: the preset's")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV cache capacity in blocks of 16 tokens; 0: the preset's")
+	fs.IntVar(&cfg.KVFullStatus, "kv-full-status", 0, "HTTP status (e.g. 500, as llm-d-inference-sim) answered to a request whose uncached prompt blocks exceed the free ones on arrival; 0: queue it, as vLLM does")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return cfg, "", err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return cfg, "", fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cfg.Logger = log
-	s, err := emulator.Start(cfg, *listen)
-	if err != nil {
-		return err
+	cfg.Model, cfg.Aliases = models.list[0], models.list[1:]
+	cfg.LoRAs = loras.list
+	return cfg, *listen, nil
+}
+
+// nameList is a repeatable flag of comma-separated names. The first Set
+// replaces the default; later ones append.
+type nameList struct {
+	list    []string
+	touched bool
+}
+
+func (n *nameList) String() string {
+	if n == nil {
+		return ""
 	}
-	ec := s.EngineConfig()
-	log.Info("kvrouter engine serving", "url", s.URL(), "model", s.Model(), "preset", cfg.Preset,
-		"time_scale", cfg.TimeScale, "kv_blocks", ec.NumBlocks, "block_size", ec.BlockSize,
-		"max_num_seqs", ec.MaxNumSeqs, "max_model_len", ec.MaxModelLen,
-		"kv_events", s.KVEventsEndpoint(), "replay", s.ReplayEndpoint(), "topic", s.Topic())
-	<-ctx.Done()
-	log.Info("kvrouter engine stopping")
-	return s.Close()
+	return strings.Join(n.list, ",")
+}
+
+func (n *nameList) Set(s string) error {
+	if !n.touched {
+		n.list, n.touched = nil, true
+	}
+	for name := range strings.SplitSeq(s, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			return errors.New("empty name")
+		}
+		n.list = append(n.list, name)
+	}
+	return nil
 }
