@@ -44,6 +44,22 @@ func startSub(t *testing.T, cfg Config) (*Subscriber, *residency.Index) {
 	return s, cfg.Index
 }
 
+// count is one counter of a Status and the value a test wants.
+type count struct {
+	what      string
+	got, want uint64
+}
+
+// checkCounts reports each count that is not what the test wants.
+func checkCounts(t *testing.T, cs []count) {
+	t.Helper()
+	for _, c := range cs {
+		if c.got != c.want {
+			t.Errorf("%s: got %d, want %d", c.what, c.got, c.want)
+		}
+	}
+}
+
 func status(t *testing.T, s *Subscriber, r int) Status {
 	t.Helper()
 	st, ok := s.Status(r)

@@ -19,19 +19,26 @@ type message struct {
 // ingester is one replica's goroutine: it receives the replica's messages
 // in order on in and alone owns the sequence state and the chain.
 //
-// Sequence rules (per publisher; vLLM numbers batches from 0):
+// Sequence rules (per publisher). A publisher's baseline is the first
+// sequence number it is seen with, whatever it is (vLLM numbers batches
+// from 0, llm-d-inference-sim from 1): seq 0, else the first batch of the
+// first replay (a late join: the oldest batch still buffered), else the
+// first live batch.
 //   - seq == next: apply.
 //   - seq > next: a gap; replay from next on the ROUTER socket, apply the
 //     replayed batches in order, skip the live ones already applied. If
 //     replay cannot fill it (no endpoint, an error, or its first batch is
 //     past next), reset the replica and go on from the live batch.
-//   - seq <= the last live seq: the publisher restarted; reset.
+//   - seq <= the last live seq: the publisher restarted; reset, and learn
+//     its baseline again.
 //   - continuity unknown (first message, after a reconnect, after a
-//     restart): replay from 0; if the engine still buffers its whole
-//     history (first replayed seq 0), rebuild from it; after a reconnect to
-//     the same engine, continue from next if the replay covers it;
-//     otherwise reset and go on from the live batch (later blocks whose
-//     parents are unknown count as orphans).
+//     restart): seq 0 or the baseline is a fresh publisher: reset and
+//     apply. Otherwise replay from 0: on first contact, or if the engine
+//     still buffers its history from the baseline (a restarted engine
+//     does), rebuild from the replay; after a reconnect to the same engine,
+//     continue from next if the replay covers it; otherwise reset and go on
+//     from the live batch (later blocks whose parents are unknown count as
+//     orphans).
 type ingester struct {
 	rep   Replica
 	cfg   *Config
@@ -47,6 +54,8 @@ type ingester struct {
 	started bool   // something was applied since the last reset
 	last    uint64 // last live seq
 	hasLast bool
+	base    uint64 // the publisher's baseline: the first seq seen from it
+	hasBase bool
 }
 
 func newIngester(rep Replica, cfg *Config) *ingester {
@@ -85,6 +94,7 @@ func (g *ingester) handle(ctx context.Context, m message) {
 	if g.hasLast && m.seq <= g.last {
 		g.log.Info("kv events: publisher restarted", "seq", m.seq, "last", g.last)
 		g.reset()
+		g.hasBase = false
 	}
 	g.last, g.hasLast = m.seq, true
 	switch {
@@ -118,14 +128,17 @@ func (g *ingester) fill(ctx context.Context, m message) {
 // resync handles a message whose continuity with what was applied is
 // unknown.
 func (g *ingester) resync(ctx context.Context, m message) {
-	if m.seq == 0 { // a fresh publisher
+	if m.seq == 0 || g.hasBase && m.seq == g.base { // a fresh publisher
+		g.base, g.hasBase = m.seq, true
 		g.reset()
 		g.apply(m.seq, m.payload, m.at)
 		return
 	}
 	msgs, err := replay(ctx, g.rep.Replay, 0, g.cfg.ReplayTimeout)
+	ok := err == nil && len(msgs) > 0 && msgs[0].seq <= m.seq
 	switch {
-	case err == nil && len(msgs) > 0 && msgs[0].seq == 0: // whole history: rebuild
+	case ok && (!g.hasBase || msgs[0].seq <= g.base): // history from the baseline: rebuild
+		g.base, g.hasBase = msgs[0].seq, true
 		g.reset()
 		g.c.replays.Add(1)
 		g.applyRun(msgs)
@@ -133,7 +146,7 @@ func (g *ingester) resync(ctx context.Context, m message) {
 		if g.next > m.seq {
 			return
 		}
-	case err == nil && len(msgs) > 0 && g.started && msgs[0].seq <= g.next && g.next <= m.seq:
+	case ok && g.started && msgs[0].seq <= g.next && g.next <= m.seq:
 		g.c.replays.Add(1) // the same engine after a reconnect
 		g.known = true
 		g.applyRun(msgs)
@@ -141,6 +154,9 @@ func (g *ingester) resync(ctx context.Context, m message) {
 		if g.next > m.seq {
 			return
 		}
+	}
+	if !g.hasBase {
+		g.base, g.hasBase = m.seq, true
 	}
 	g.reset()
 	g.apply(m.seq, m.payload, m.at)

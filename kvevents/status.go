@@ -29,8 +29,8 @@ type Status struct {
 	Replays uint64
 	// Resets counts times the replica's entries were dropped: an
 	// AllBlocksCleared, an engine restart (sequence back to a lower
-	// number, or a reconnect whose replay starts again at 0), or a gap
-	// replay could not fill.
+	// number, or a reconnect whose replay starts again at the publisher's
+	// first batch), or a gap replay could not fill.
 	Resets uint64
 	// Orphans counts stored blocks skipped because their parent block was
 	// unknown (the subscriber joined mid-stream or lost events).

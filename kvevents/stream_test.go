@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -57,6 +58,70 @@ func TestGaps(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLateJoin: a subscriber that joins after the publisher's first
+// batches rebuilds the index from the replay, whatever number the
+// publisher's first batch has (vLLM counts from 0, llm-d-inference-sim
+// from 1), with no orphans; a restart at that number is then seen as one.
+func TestLateJoin(t *testing.T) {
+	tests := []struct {
+		first   uint64 // the publisher's first seq
+		early   int    // batches published before the subscriber joins
+		replays uint64
+	}{
+		{first: 0, early: 5, replays: 1},
+		{first: 1, early: 5, replays: 1},
+		{first: 1000, early: 5, replays: 1},
+		{first: 0, early: 0, replays: 0}, // seq 0 is a fresh publisher: nothing to replay
+		{first: 1, early: 0, replays: 1},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("first=%d,early=%d", tt.first, tt.early), func(t *testing.T) {
+			p := newTestPub(t, "kv@h:1@m", true, false)
+			for i := range tt.early {
+				p.send(tt.first+uint64(i), chainedBatch(t, i), true) // before the join: buffered, not received
+			}
+			s, idx := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: "m", Endpoint: p.pubAddr, Replay: p.repAddr}}})
+			p.waitSubscribed()
+			if got := status(t, s, 0).BlockSize; got != 0 {
+				t.Errorf("block size before any batch: got %d, want 0", got)
+			}
+			p.send(tt.first+uint64(tt.early), chainedBatch(t, tt.early), false)
+			eventually(t, "the join", func() bool { // Blocks is counted last
+				st := status(t, s, 0)
+				return st.Orphans > 0 || st.Blocks == tt.early+1
+			})
+			if d := cmp.Diff(sorted(blocks4(tt.early+1)), sorted(idx.Hashes(0))); d != "" {
+				t.Errorf("index after the join (-want +got):\n%s", d)
+			}
+			st := status(t, s, 0)
+			checkCounts(t, []count{
+				{"orphans", st.Orphans, 0}, {"resets", st.Resets, 0}, {"gaps", st.Gaps, 0},
+				{"batches", st.Batches, uint64(tt.early + 1)}, {"replays", st.Replays, tt.replays},
+				{"block size", uint64(st.BlockSize), 4},
+			})
+
+			p.forget(EndSeq) // the publisher restarts with an empty buffer
+			p.send(tt.first, storedBatch(t, []any{7}, nil, 500), false)
+			eventually(t, "the restart", func() bool { return status(t, s, 0).Resets == 1 })
+			want := keys("m", "", utoks(500, 4), 4)
+			eventually(t, "the restarted publisher's block", func() bool { return slices.Equal(idx.Hashes(0), want) })
+			if got := status(t, s, 0).Orphans; got != 0 {
+				t.Errorf("orphans after the restart: got %d, want 0", got)
+			}
+		})
+	}
+}
+
+// chainedBatch is the i-th of a chain of single-block batches: engine hash
+// i+1 after i, the tokens of blocks4's block i.
+func chainedBatch(t *testing.T, i int) []byte {
+	var parent any
+	if i > 0 {
+		parent = i
+	}
+	return storedBatch(t, []any{i + 1}, parent, 4*i)
 }
 
 // TestGarbage: undecodable payloads and malformed messages are counted and
