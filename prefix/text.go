@@ -196,7 +196,8 @@ const (
 )
 
 // field appends a tag, s with each 0xFF followed by 0x00, and the
-// terminator.
+// terminator. Valid UTF-8 holds no 0xFF, so s is usually written whole after
+// one scan.
 func (c *chunker) field(tag byte, s string) {
 	c.tag(tag)
 	for {
@@ -204,12 +205,35 @@ func (c *chunker) field(tag byte, s string) {
 		if i < 0 {
 			break
 		}
-		c.writeString(s[:i+1])
-		c.tag(escape)
-		s = s[i+1:]
+		c.writeString(s[:i])
+		s = c.escapeRun(s[i:])
 	}
 	c.writeString(s)
 	c.tag(terminator)
+}
+
+// escapeSpan is the most bytes escapeRun escapes at once, so that content
+// dense with 0xFF (invalid UTF-8, which Parse keeps) costs a byte loop and a
+// write per 64 bytes rather than a write per 0xFF.
+const escapeSpan = 64
+
+// escapeRun appends the leading bytes of s, which starts with a 0xFF, with
+// each 0xFF followed by 0x00, and returns the rest of s: the first
+// escapeSpan bytes if another 0xFF is among them, else the 0xFF alone.
+func (c *chunker) escapeRun(s string) string {
+	k := min(len(s), escapeSpan)
+	if strings.IndexByte(s[1:k], terminator) < 0 {
+		k = 1
+	}
+	var b [2 * escapeSpan]byte
+	n := 0
+	for _, x := range []byte(s[:k]) {
+		b[n] = x
+		b[n+1] = escape
+		n += 1 + int((uint(x)+1)>>8) // 2 if x is 0xFF, without a branch
+	}
+	c.write(b[:n])
+	return s[k:]
 }
 
 // fieldBytes is field for a byte slice; it reads b in place.

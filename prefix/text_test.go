@@ -223,3 +223,22 @@ func BenchmarkTextHash(b *testing.B) {
 }
 
 var _ = binary.LittleEndian
+
+// BenchmarkTextHashEscapes measures text-mode hashing of 32,000 bytes of
+// content dense with 0xFF (invalid UTF-8, which Parse keeps): every byte, or
+// every other byte, is escaped.
+//
+//	go test -run='^$' -bench=BenchmarkTextHashEscapes -benchmem ./prefix
+func BenchmarkTextHashEscapes(b *testing.B) {
+	for _, tc := range []struct{ name, unit string }{{"all", "\xff"}, {"alternate", "\xffa"}, {"sparse", "\xff" + longText(0, 99)}} {
+		b.Run("0xff="+tc.name, func(b *testing.B) {
+			p := &Prompt{Model: "m", Chat: true, Messages: []Message{{Role: "user", Content: strings.Repeat(tc.unit, 32000/len(tc.unit))}}}
+			out := make([]Hash, 0, 2048)
+			b.ReportAllocs()
+			b.SetBytes(32000)
+			for b.Loop() {
+				out, _ = Text{}.Hashes(p, out[:0])
+			}
+		})
+	}
+}

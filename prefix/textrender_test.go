@@ -247,6 +247,49 @@ func FuzzTextRendering(f *testing.F) {
 	})
 }
 
+func TestTextEscapesMatchRendering(t *testing.T) {
+	// Content dense with 0xFF is escaped a window at a time; the chunks
+	// must still be the rendering's, around every window boundary.
+	text := longText(5, 300)
+	every := func(k int) string {
+		b := []byte(text)
+		for i := 0; i < len(b); i += k {
+			b[i] = 0xFF
+		}
+		return string(b)
+	}
+	at := func(i ...int) string {
+		b := []byte(text)
+		for _, i := range i {
+			b[i] = 0xFF
+		}
+		return string(b)
+	}
+	tests := []struct{ name, content string }{
+		{"all 0xFF", strings.Repeat("\xff", 300)},
+		{"alternate", strings.Repeat("\xffa", 150)},
+		{"0xFF 0x00 pairs", strings.Repeat("\xff\x00", 150)},
+		{"every 63", every(63)}, {"every 64", every(64)}, {"every 65", every(65)}, {"every 2", every(2)},
+		{"lone at 0", at(0)}, {"lone at the end", at(299)},
+		{"pair 63 apart", at(10, 73)}, {"pair 64 apart", at(10, 74)}, {"pair 65 apart", at(10, 75)},
+		{"run of 64", strings.Repeat("\xff", 64) + text},
+		{"run of 65", strings.Repeat("\xff", 65) + text},
+		{"run of 129 at the end", text + strings.Repeat("\xff", 129)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := chatOf("[\xff]", Message{Role: "user", Content: tc.content, Name: tc.content[:70]}, Message{Role: "u\xff", Content: "x"})
+			r := renderRef(p)
+			for _, size := range []int{1, 7, 64, 100} {
+				got, _ := Text{ChunkChars: size}.Hashes(p, nil)
+				if d := cmp.Diff(chainRef(p.Model, r, size), got, cmpopts.EquateEmpty()); d != "" {
+					t.Errorf("ChunkChars %d: hashes differ from Chain over the rendering (-want +got):\n%s", size, d)
+				}
+			}
+		})
+	}
+}
+
 // sharedBlocks counts the leading hashes a and b have in common.
 func sharedBlocks(a, b []Hash) int {
 	n := 0
