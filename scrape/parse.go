@@ -5,7 +5,9 @@
 // Parse is a pure function over the Prometheus text format (parsed with
 // github.com/prometheus/common/expfmt, not string matching). Scraper runs
 // one polling loop per replica, with a per-replica offset so loops do not
-// align, and tracks staleness.
+// align, and tracks staleness. ListModels reads a replica's model list
+// (GET /v1/models: base models and LoRA adapters), which the Scraper polls
+// in a second loop per replica.
 //
 // Metric names follow vLLM v1 (vllm/v1/metrics/loggers.py) and SGLang
 // (python/sglang/srt/metrics/collector.py).

@@ -15,13 +15,19 @@ import (
 // DefaultInterval is the polling period when Scraper.Interval is zero.
 const DefaultInterval = 100 * time.Millisecond
 
+// DefaultModelsInterval is the model-list polling period when
+// Scraper.ModelsInterval is zero.
+const DefaultModelsInterval = 10 * time.Second
+
 // maxBody caps how much of a /metrics response is read (a vLLM endpoint
 // serves a few hundred kilobytes at most).
 const maxBody = 16 << 20
 
 // Scraper polls the /metrics endpoint of each of its targets, one loop per
 // target, and reports every result through its hooks. Targets are replica
-// base URLs ("http://10.0.0.1:8000"); the metrics path is appended.
+// base URLs ("http://10.0.0.1:8000"); the metrics path is appended. A
+// second loop per target polls its model list (GET /v1/models, see
+// ListModels), at its own period.
 //
 // Set the exported fields before Run; Add and Remove may be called at any
 // time, before or during Run.
@@ -36,10 +42,20 @@ type Scraper struct {
 	// Path is the metrics path; empty means "/metrics".
 	Path string
 	// OnLoad, if set, receives every successful scrape, from the target's
-	// own goroutine (so calls for one target are ordered).
+	// metrics loop (so calls for one target are ordered).
 	OnLoad func(id string, l Load)
-	// OnError, if set, receives every failed scrape.
+	// OnError, if set, receives every failed scrape (of /metrics; model
+	// listing errors go to Status only).
 	OnError func(id string, err error)
+	// ModelsInterval is the model-list polling period per target; zero
+	// means DefaultModelsInterval (10 s), negative turns the polling off.
+	// One listing is bounded by ModelsTimeout or ModelsInterval, whichever
+	// is shorter.
+	ModelsInterval time.Duration
+	// OnModels, if set, receives every successful model listing, from the
+	// target's model loop (so calls for one target are ordered among
+	// themselves, not with OnLoad). It must not modify the slice.
+	OnModels func(id string, models []Model)
 
 	targets poll.Group[*target]
 }
@@ -54,6 +70,14 @@ type Status struct {
 	Errors int
 	// Err is the most recent error, nil after a success.
 	Err error
+	// Models is the most recent successful model list, nil before the
+	// first; it must not be modified.
+	Models []Model
+	// ModelsAt is when Models was listed; zero before the first listing.
+	ModelsAt time.Time
+	// ModelsErr is the most recent model-listing error, nil after a
+	// success.
+	ModelsErr error
 }
 
 // Age returns how old the last successful scrape is at now; it is a very
@@ -95,7 +119,11 @@ func (s *Scraper) Status(id string) (st Status, ok bool) {
 // Run scrapes every target until ctx is done, then waits for the loops to
 // stop and returns ctx's error. Run must not be called twice at once.
 func (s *Scraper) Run(ctx context.Context) error {
-	err := s.targets.Run(ctx, poll.Loop[*target]{Period: s.interval(), Do: s.scrapeOnce})
+	loops := []poll.Loop[*target]{{Period: s.interval(), Do: s.scrapeOnce}}
+	if every := s.modelsInterval(); every > 0 {
+		loops = append(loops, poll.Loop[*target]{Period: every, Do: s.listOnce})
+	}
+	err := s.targets.Run(ctx, loops...)
 	if err != nil && err != ctx.Err() {
 		return fmt.Errorf("scrape: %w", err)
 	}
@@ -113,7 +141,7 @@ func (s *Scraper) scrapeOnce(ctx context.Context, _ string, t *target) {
 		t.status.Errors++
 		t.status.Err = err
 	} else {
-		t.status = Status{Last: l}
+		t.status.Last, t.status.Errors, t.status.Err = l, 0, nil
 	}
 	t.mu.Unlock()
 	switch {
@@ -124,35 +152,66 @@ func (s *Scraper) scrapeOnce(ctx context.Context, _ string, t *target) {
 	}
 }
 
+// listOnce lists t's models once and reports them.
+func (s *Scraper) listOnce(ctx context.Context, _ string, t *target) {
+	lctx, cancel := context.WithTimeout(ctx, s.modelsInterval())
+	models, err := ListModels(lctx, s.Client, t.id)
+	cancel()
+	if ctx.Err() != nil {
+		return // removed or stopping
+	}
+	t.mu.Lock()
+	if err != nil {
+		t.status.ModelsErr = err
+	} else {
+		t.status.Models, t.status.ModelsAt, t.status.ModelsErr = models, time.Now(), nil
+	}
+	t.mu.Unlock()
+	if err == nil && s.OnModels != nil {
+		s.OnModels(t.id, models)
+	}
+}
+
 // fetch GETs and parses one /metrics response.
 func (s *Scraper) fetch(ctx context.Context, id string) (Load, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout())
 	defer cancel()
 	url := strings.TrimSuffix(id, "/") + s.path()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := get(ctx, s.Client, url, "text/plain;version=0.0.4")
 	if err != nil {
-		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
-	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	client := s.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
+		return Load{}, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return Load{}, fmt.Errorf("scrape %s: status %s", url, resp.Status)
-	}
 	l, err := Parse(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
 		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
 	}
 	l.At = time.Now()
 	return l, nil
+}
+
+// get GETs url with client (nil means http.DefaultClient) and returns the
+// response if its status is 200; the caller closes its body. Any other
+// status is an error.
+func get(ctx context.Context, client *http.Client, url, accept string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	req.Header.Set("Accept", accept)
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		return nil, fmt.Errorf("scrape %s: status %s", url, resp.Status)
+	}
+	return resp, nil
 }
 
 func (s *Scraper) interval() time.Duration {
@@ -167,6 +226,14 @@ func (s *Scraper) timeout() time.Duration {
 		return s.Timeout
 	}
 	return s.interval()
+}
+
+// modelsInterval is the model-list period; not positive means off.
+func (s *Scraper) modelsInterval() time.Duration {
+	if s.ModelsInterval == 0 {
+		return DefaultModelsInterval
+	}
+	return s.ModelsInterval
 }
 
 func (s *Scraper) path() string {
