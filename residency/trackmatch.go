@@ -1,0 +1,186 @@
+package residency
+
+import (
+	"time"
+
+	"kvrouter/prefix"
+)
+
+// MatchScratch holds one decision's per-replica buffers between Match and
+// Touch. Keep one per goroutine and reuse it: Match then allocates nothing.
+type MatchScratch struct {
+	am, pm, om []int
+	aa         []time.Duration
+	coarse     []prefix.Hash
+	// prec is, per replica, the blocks of its chain the precise index held
+	// (Touch expects events for the rest).
+	prec []int
+}
+
+func (sc *MatchScratch) grow(n int) {
+	sc.am, sc.pm, sc.om, sc.prec = fit(sc.am, n), fit(sc.pm, n), fit(sc.om, n), fit(sc.prec, n)
+	sc.aa = fit(sc.aa, n)
+}
+
+// fit returns s with length n, reusing its array when it is large enough.
+func fit[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// Unit is the block size, in tokens, Match expresses its counts in for a
+// request with chains: the coarse index block when one is configured, else
+// the smallest chain's block; zero without chains.
+func (t *Tracker) Unit(chains []Chain) int {
+	if t.cfg.CoarseTokens > 0 {
+		return t.cfg.CoarseTokens
+	}
+	u := 0
+	for _, c := range chains {
+		if c.Tokens > 0 && (u == 0 || c.Tokens < u) {
+			u = c.Tokens
+		}
+	}
+	return u
+}
+
+// chainOf returns the index in chains of the chain replica r is matched
+// with, or -1: the first in text mode, the one of r's engine block size in
+// token mode.
+func (t *Tracker) chainOf(chains []Chain, r int) int {
+	if len(chains) == 0 {
+		return -1
+	}
+	if !t.cfg.Engine {
+		return 0
+	}
+	bs := t.BlockSize(r)
+	for i := range chains {
+		if chains[i].Tokens == bs {
+			return i
+		}
+	}
+	return -1
+}
+
+// coarsen returns the approximate index's hashes of c (every k-th block
+// when CoarseTokens merges k blocks) and the tokens one of them stands
+// for.
+func (t *Tracker) coarsen(c *Chain, sc *MatchScratch) ([]prefix.Hash, int) {
+	k := 1
+	if t.cfg.CoarseTokens > c.Tokens {
+		k = t.cfg.CoarseTokens / c.Tokens
+	}
+	if k == 1 {
+		return c.Hashes, c.Tokens
+	}
+	sc.coarse = sc.coarse[:0]
+	for b := k - 1; b < len(c.Hashes); b += k {
+		sc.coarse = append(sc.coarse, c.Hashes[b])
+	}
+	return sc.coarse, k * c.Tokens
+}
+
+// Match fills, for every replica r < len(match), match[r] with the leading
+// blocks of unit tokens (see Unit) of the request whose chains are given
+// that r is believed to hold, and age[r] (age may be nil) with how long
+// ago r's deepest matched block was touched. A replica whose precise
+// stream is trusted is matched against the precise index merged with the
+// overlay (the longer run wins: both hold a prefix of the chain), at age
+// zero: the engine's events say what is resident, so the match does not
+// decay. Any other replica is matched against the approximate index.
+func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int, age []time.Duration, sc *MatchScratch) {
+	clear(match)
+	if age != nil {
+		clear(age)
+	}
+	n := len(match)
+	sc.grow(n)
+	clear(sc.prec)
+	if t.approx == nil || unit <= 0 {
+		return
+	}
+	for ci := range chains {
+		c := &chains[ci]
+		if c.Tokens <= 0 || len(c.Hashes) == 0 {
+			continue
+		}
+		hashes, it := t.coarsen(c, sc)
+		t.approx.Match(hashes, now, sc.am, sc.aa)
+		if t.precise != nil {
+			t.precise.Match(c.Hashes, now, sc.pm, nil)
+			t.overlay.Match(c.Hashes, now, sc.om, nil)
+		}
+		for r := range n {
+			if t.chainOf(chains, r) != ci {
+				continue
+			}
+			if t.Live(r) {
+				sc.prec[r] = sc.pm[r]
+				match[r] = max(sc.pm[r], sc.om[r]) * c.Tokens / unit
+				continue
+			}
+			match[r] = sc.am[r] * it / unit
+			if age != nil {
+				age[r] = sc.aa[r]
+			}
+		}
+	}
+}
+
+// Touch records that the request whose chains were just matched (with sc)
+// was sent to replica r at now: its blocks enter r's approximate share,
+// and in precise mode the overlay; when r's precise index lacked some of
+// them, the feed is told to expect events for r.
+func (t *Tracker) Touch(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
+	ci := t.chainOf(chains, r)
+	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {
+		return
+	}
+	c := &chains[ci]
+	hashes, _ := t.coarsen(c, sc)
+	t.approx.Touch(r, hashes, now)
+	if t.precise == nil || !t.Live(r) {
+		return
+	}
+	t.overlay.Touch(r, c.Hashes, now)
+	if t.feed != nil && r < len(sc.prec) && sc.prec[r] < len(c.Hashes) {
+		t.feed.Expect(r)
+	}
+}
+
+// EachBlocks calls f with the blocks the tracker attributes to every
+// replica r < n: its precise count when its stream is trusted, else its
+// approximate one.
+func (t *Tracker) EachBlocks(n int, f func(r, blocks int)) {
+	if t.approx == nil {
+		return
+	}
+	t.approx.EachBlocks(n, func(r, b int) {
+		if !t.Live(r) {
+			f(r, b)
+		}
+	})
+	if t.precise != nil {
+		t.precise.EachBlocks(n, func(r, b int) {
+			if t.Live(r) {
+				f(r, b)
+			}
+		})
+	}
+}
+
+// Blocks returns the blocks the tracker attributes to replica r and the
+// capacity of the share they count against (index blocks approximate,
+// engine blocks precise).
+func (t *Tracker) Blocks(r int) (held, capacity int) {
+	if t.approx == nil || r < 0 || r >= len(t.caps) {
+		return 0, 0
+	}
+	if t.Live(r) {
+		return t.precise.Blocks(r), int(t.pcaps[r].Load())
+	}
+	return t.approx.Blocks(r), int(t.caps[r].Load())
+}
