@@ -72,9 +72,9 @@ type KVAware struct {
 // Needs asks for a residency index, approximate unless Precise.
 func (p KVAware) Needs() Needs {
 	if p.Precise {
-		return Needs{Index: Precise}
+		return Needs{Index: Precise, Calibrate: true}
 	}
-	return Needs{Index: Approximate}
+	return Needs{Index: Approximate, Calibrate: true}
 }
 
 // withDefaults fills p's zero fields.

@@ -21,8 +21,9 @@ import "time"
 // lowest tieKey of Request.Hash.
 type Mooncake struct{}
 
-// Needs asks for a precise index.
-func (Mooncake) Needs() Needs { return Needs{Index: Precise} }
+// Needs asks for a precise index, and for its TTFT estimate to be
+// calibrated against observed TTFTs (Rates.Scale), as kv-aware's is.
+func (Mooncake) Needs() Needs { return Needs{Index: Precise, Calibrate: true} }
 
 // Pick chooses the least estimated TTFT.
 func (Mooncake) Pick(r *Request, s *Snapshot) Decision {

@@ -200,6 +200,11 @@ type Needs struct {
 	ScrapeInterval time.Duration
 	// Window is the span of Replica.RecentPrefill; zero means not needed.
 	Window time.Duration
+	// Calibrate says the policy's Cost terms Wait + Prefill + Decode of
+	// the chosen replica, divided by its Rates.Scale, predict its time to
+	// first token: the caller may then learn Rates.Scale from the observed
+	// TTFTs.
+	Calibrate bool
 }
 
 // Needer is implemented by policies that need more than the defaults.
