@@ -1,0 +1,100 @@
+package view
+
+import "time"
+
+// Outcomes of a request, as Decision.Outcome names them.
+const (
+	// OutcomeInFlight: the response has not ended yet.
+	OutcomeInFlight = "in-flight"
+	// OutcomeOK: the response ended normally: a complete answer, or a
+	// stream that delivered its end ([DONE] or a finish_reason), whatever
+	// the client did next; also an engine's own 4xx answer.
+	OutcomeOK = "ok"
+	// OutcomeCanceled: the client went away before the response ended.
+	OutcomeCanceled = "canceled"
+	// OutcomeUpstreamError: the replica answered 5xx, could not be
+	// reached, or cut the stream before its end.
+	OutcomeUpstreamError = "upstream_error"
+	// OutcomeError: the router answered with an error of its own.
+	OutcomeError = "error"
+)
+
+// Decision is one routing decision and what came of it, as
+// /debug/decisions and the dashboard show it. It is written when the
+// request is routed (Outcome in-flight) and completed when its response
+// ends. Durations are in milliseconds.
+type Decision struct {
+	// ID is the request id the router assigned; At its arrival time.
+	ID string    `json:"id"`
+	At time.Time `json:"at"`
+	// Session is the session id the request was bound by, and
+	// SessionSource where it came from: header, user or content.
+	Session       string `json:"session,omitempty"`
+	SessionSource string `json:"session_source,omitempty"`
+	Policy        string `json:"policy"`
+	// Index is the residency feed the chosen replica was matched against:
+	// precise, approximate or none.
+	Index  string `json:"index"`
+	Model  string `json:"model"`
+	Path   string `json:"path"`
+	Stream bool   `json:"stream"`
+	// Tokens is the router's estimate of the prompt length; Blocks its
+	// full prefix blocks.
+	Tokens     int         `json:"tokens"`
+	Blocks     int         `json:"blocks"`
+	Candidates []Candidate `json:"candidates"`
+	// PrunedCandidates counts the candidates kv-aware proved could not
+	// win without pricing them in full (route.Cost.Pruned), left out of
+	// Candidates.
+	PrunedCandidates int `json:"pruned_candidates,omitempty"`
+	// Replica is the chosen replica (empty when none could take the
+	// request); Reason the policy's explanation; Failed the replicas
+	// tried first that failed before the first byte.
+	Replica string   `json:"replica"`
+	Reason  string   `json:"reason"`
+	Failed  []string `json:"failed,omitempty"`
+	// PredictedCached is the policy's predicted cached prompt tokens (in
+	// the router's tokens: an estimate in text mode); ActualCached the
+	// engine's usage.prompt_tokens_details.cached_tokens and PromptTokens
+	// its usage.prompt_tokens (-1: not reported, or not yet).
+	PredictedCached int `json:"predicted_cached_tokens"`
+	ActualCached    int `json:"actual_cached_tokens"`
+	PromptTokens    int `json:"prompt_tokens"`
+	// PredictedTTFTMS is the chosen candidate's predicted time to first
+	// token at calibration scale 1 (0: not predicted), the figure the
+	// observed TTFT of a streamed response calibrates against.
+	PredictedTTFTMS float64 `json:"predicted_ttft_ms,omitempty"`
+	// DecideMS is the time spent matching and picking (all attempts).
+	DecideMS float64 `json:"decide_ms"`
+	// TTFTMS is arrival to the first response byte (0: not yet); E2EMS
+	// arrival to the end of the response (0 while in flight).
+	TTFTMS float64 `json:"ttft_ms"`
+	E2EMS  float64 `json:"e2e_ms"`
+	// Status is the HTTP status sent to the client (0: not yet).
+	Status int `json:"status"`
+	// Outcome is one of the Outcome constants.
+	Outcome string `json:"outcome"`
+	// Error is what went wrong for an upstream_error or error outcome.
+	Error string `json:"error,omitempty"`
+}
+
+// Candidate is one replica's cost terms in a decision, in milliseconds of
+// predicted time.
+type Candidate struct {
+	// Replica names the replica; Matched is the prompt tokens the index
+	// predicted cached there.
+	Replica string `json:"replica"`
+	Matched int    `json:"matched_tokens"`
+	// WaitMS is the queueing delay, PrefillMS the prefill of the uncached
+	// tokens, DecodeMS the slowdown from co-running decodes, MemoryMS the
+	// penalty for KV-cache pressure, TotalMS the cost the policy
+	// minimised.
+	WaitMS    float64 `json:"wait_ms"`
+	PrefillMS float64 `json:"prefill_ms"`
+	DecodeMS  float64 `json:"decode_ms"`
+	MemoryMS  float64 `json:"memory_ms"`
+	TotalMS   float64 `json:"total_ms"`
+}
+
+// MS converts d to milliseconds.
+func MS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
