@@ -1,6 +1,8 @@
 package dashboard
 
 import (
+	"kvrouter/view"
+
 	"context"
 	"flag"
 	"net/http/httptest"
@@ -132,12 +134,12 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	}
 
 	// Traffic: more in flight and a new decision.
-	src.update(func(f *Fleet, ds *[]Decision) {
+	src.update(func(f *view.Fleet, ds *[]view.Decision) {
 		f.Replicas[0].InFlight = 17
 		f.Replicas[0].Completed += 5
-		*ds = append([]Decision{{
+		*ds = append([]view.Decision{{
 			ID: "kvr-1-3", At: t0, Session: "carol", Replica: "http://10.0.0.2:8000", Reason: "least-cost",
-			Candidates: []Candidate{
+			Candidates: []view.Candidate{
 				{Replica: "http://10.0.0.1:8000", WaitMS: 50, PrefillMS: 10, TotalMS: 60},
 				{Replica: "http://10.0.0.2:8000", WaitMS: 1, PrefillMS: 10, TotalMS: 11},
 				{Replica: "http://10.0.0.3:8000", WaitMS: 0, PrefillMS: 10, MemoryMS: 100, TotalMS: 110},
@@ -189,8 +191,8 @@ func TestBrowserReportsScriptErrors(t *testing.T) {
 // brokenSource is an empty fleet.
 type brokenSource struct{}
 
-func (brokenSource) Fleet(now time.Time) Fleet  { return Fleet{At: now} }
-func (brokenSource) Decisions(n int) []Decision { return nil }
+func (brokenSource) Fleet(now time.Time) view.Fleet  { return view.Fleet{At: now} }
+func (brokenSource) Decisions(n int) []view.Decision { return nil }
 
 // TestScreenshot writes a PNG of the page over the sample fleet, with one
 // decision expanded, when -screenshot is given:
@@ -215,7 +217,7 @@ func TestScreenshot(t *testing.T) {
 	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
 	within(t, ctx, 10*time.Second, "rows", chromedp.Poll[bool](`document.querySelectorAll('#replicas tbody tr[data-replica]').length > 0`))
 	for i := range 30 { // a few samples for the sparklines
-		src.update(func(f *Fleet, _ *[]Decision) {
+		src.update(func(f *view.Fleet, _ *[]view.Decision) {
 			for j := range f.Replicas[:2] {
 				f.Replicas[j].InFlight = 2 + (i*(j+3)+j*5)%7
 			}

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"kvrouter/view"
 )
 
 // assets holds the page: HTML, CSS and script, written for this package
@@ -84,11 +86,11 @@ func (h *handler) serveDecisions(w http.ResponseWriter, r *http.Request) {
 		ds = ds[:n]
 	}
 	if ds == nil {
-		ds = []Decision{}
+		ds = []view.Decision{}
 	}
 	for i := range ds {
 		if ds[i].Candidates == nil {
-			ds[i].Candidates = []Candidate{}
+			ds[i].Candidates = []view.Candidate{}
 		}
 	}
 	writeJSON(w, http.StatusOK, decisionsJSON{ds})
@@ -101,7 +103,7 @@ type apiError struct {
 
 // decisionsJSON is the body of /ui/api/decisions.
 type decisionsJSON struct {
-	Decisions []Decision `json:"decisions"`
+	Decisions []view.Decision `json:"decisions"`
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

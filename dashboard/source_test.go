@@ -1,6 +1,8 @@
 package dashboard
 
 import (
+	"kvrouter/view"
+
 	"sync"
 	"time"
 )
@@ -9,26 +11,26 @@ import (
 // server reads it. mu guards fleet and decisions.
 type literal struct {
 	mu        sync.Mutex
-	fleet     Fleet
-	decisions []Decision
+	fleet     view.Fleet
+	decisions []view.Decision
 }
 
-func (s *literal) Fleet(now time.Time) Fleet {
+func (s *literal) Fleet(now time.Time) view.Fleet {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f := s.fleet
-	f.Replicas = append([]Replica(nil), f.Replicas...)
+	f.Replicas = append([]view.Replica(nil), f.Replicas...)
 	return f
 }
 
-func (s *literal) Decisions(n int) []Decision {
+func (s *literal) Decisions(n int) []view.Decision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]Decision(nil), s.decisions[:min(n, len(s.decisions))]...)
+	return append([]view.Decision(nil), s.decisions[:min(n, len(s.decisions))]...)
 }
 
 // update changes the data under the lock.
-func (s *literal) update(fn func(f *Fleet, ds *[]Decision)) {
+func (s *literal) update(fn func(f *view.Fleet, ds *[]view.Decision)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fn(&s.fleet, &s.decisions)
@@ -41,9 +43,9 @@ var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 // scraped; and two decisions, one finished and one in flight.
 func sample() *literal {
 	return &literal{
-		fleet: Fleet{
+		fleet: view.Fleet{
 			At: t0, Policy: "kv-aware", Index: "precise", Sessions: 5, Decisions: 2,
-			Replicas: []Replica{
+			Replicas: []view.Replica{
 				{
 					ID: "http://10.0.0.1:8000", Healthy: true,
 					InFlight: 3, PrefillTokens: 1200, Decoding: 2, DecodeBlocks: 90,
@@ -51,7 +53,7 @@ func sample() *literal {
 					CacheBlocks: 4096, IndexBlocks: 1700, Sessions: 3,
 					Completed: 40, Failed: 1, PredictedCached: 30000, ActualCached: 28000, PromptTokens: 40000,
 					Scale: 1.1, Horizon: 90 * time.Second,
-					Events: &Events{Connected: true, LastEvent: 20 * time.Millisecond, Gaps: 1, Replays: 1},
+					Events: &view.Events{Connected: true, LastEvent: 20 * time.Millisecond, Gaps: 1, Replays: 1},
 				},
 				{
 					ID: "http://10.0.0.2:8000", Healthy: true,
@@ -60,19 +62,19 @@ func sample() *literal {
 					CacheBlocks: 4096, IndexBlocks: 3900, Sessions: 2,
 					Completed: 12, PredictedCached: 2000, ActualCached: 2500, PromptTokens: 10000,
 					Scale:  0.9,
-					Events: &Events{Connected: true, LastEvent: 8 * time.Second, Gaps: 4, Replays: 2, Resets: 1, Fallback: true},
+					Events: &view.Events{Connected: true, LastEvent: 8 * time.Second, Gaps: 4, Replays: 2, Resets: 1, Fallback: true},
 				},
 				{
 					ID:     "http://10.0.0.3:8000",
-					Events: &Events{LastEvent: -1},
+					Events: &view.Events{LastEvent: -1},
 				},
 			},
 		},
-		decisions: []Decision{
+		decisions: []view.Decision{
 			{
 				ID: "kvr-1-2", At: t0.Add(-time.Second), Session: "alice", Policy: "kv-aware", Model: "m",
 				Tokens: 2100, Blocks: 131, Replica: "http://10.0.0.1:8000", Reason: "prefix",
-				Candidates: []Candidate{
+				Candidates: []view.Candidate{
 					{Replica: "http://10.0.0.1:8000", Matched: 2000, WaitMS: 3.5, PrefillMS: 4.25, DecodeMS: 1, TotalMS: 8.75},
 					{Replica: "http://10.0.0.2:8000", Matched: 0, WaitMS: 0.5, PrefillMS: 80, DecodeMS: 0.5, MemoryMS: 12, TotalMS: 93},
 				},

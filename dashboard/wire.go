@@ -1,6 +1,10 @@
 package dashboard
 
-import "time"
+import (
+	"time"
+
+	"kvrouter/view"
+)
 
 // fleetJSON is the body of /ui/api/fleet (see API.md): the Source's Fleet
 // with durations in milliseconds, hit rates divided out and replicas summed
@@ -9,6 +13,7 @@ type fleetJSON struct {
 	At        time.Time     `json:"at"`
 	Policy    string        `json:"policy"`
 	Index     string        `json:"index,omitempty"`
+	Hash      string        `json:"hash,omitempty"`
 	Sessions  int           `json:"sessions"`
 	Decisions uint64        `json:"decisions"`
 	Totals    totalsJSON    `json:"totals"`
@@ -35,8 +40,9 @@ type totalsJSON struct {
 // replicaJSON is one replica.
 type replicaJSON struct {
 	ID              string      `json:"id"`
-	URL             string      `json:"url,omitempty"`
 	Healthy         bool        `json:"healthy"`
+	Models          []modelJSON `json:"models"`
+	ModelsKnown     bool        `json:"models_known"`
 	InFlight        int         `json:"in_flight"`
 	PrefillTokens   int         `json:"prefill_tokens"`
 	Decoding        int         `json:"decoding"`
@@ -48,8 +54,11 @@ type replicaJSON struct {
 	LoadAgeMS       *float64    `json:"load_age_ms"`
 	ScrapeErrors    int         `json:"scrape_errors"`
 	ScrapeError     string      `json:"scrape_error,omitempty"`
+	BlockSize       int         `json:"block_size"`
 	CacheBlocks     int         `json:"cache_blocks"`
 	IndexBlocks     int         `json:"index_blocks"`
+	IndexCapacity   int         `json:"index_capacity"`
+	IndexMode       string      `json:"index_mode"`
 	Sessions        int         `json:"sessions"`
 	Completed       int64       `json:"completed"`
 	Failed          int64       `json:"failed"`
@@ -63,19 +72,29 @@ type replicaJSON struct {
 	Events          *eventsJSON `json:"events,omitempty"`
 }
 
+// modelJSON is one model a replica serves.
+type modelJSON struct {
+	ID     string `json:"id"`
+	Parent string `json:"parent,omitempty"`
+}
+
 // eventsJSON is one replica's KV-event stream health.
 type eventsJSON struct {
 	Connected      bool     `json:"connected"`
+	Stale          bool     `json:"stale"`
 	LastEventAgeMS *float64 `json:"last_event_age_ms"`
-	Gaps           int64    `json:"gaps"`
-	Replays        int64    `json:"replays"`
-	Resets         int64    `json:"resets"`
+	Events         uint64   `json:"events"`
+	Gaps           uint64   `json:"gaps"`
+	Replays        uint64   `json:"replays"`
+	Resets         uint64   `json:"resets"`
+	Orphans        uint64   `json:"orphans"`
+	Blocks         int      `json:"blocks"`
 	Fallback       bool     `json:"fallback"`
 }
 
 // fleetOf converts f for the API.
-func fleetOf(f Fleet) fleetJSON {
-	out := fleetJSON{At: f.At, Policy: f.Policy, Index: f.Index, Sessions: f.Sessions, Decisions: f.Decisions, Replicas: make([]replicaJSON, len(f.Replicas))}
+func fleetOf(f view.Fleet) fleetJSON {
+	out := fleetJSON{At: f.At, Policy: f.Policy, Index: f.Index, Hash: f.Hash, Sessions: f.Sessions, Decisions: f.Decisions, Replicas: make([]replicaJSON, len(f.Replicas))}
 	t := &out.Totals
 	for i, r := range f.Replicas {
 		out.Replicas[i] = replicaOf(r)
@@ -99,24 +118,29 @@ func fleetOf(f Fleet) fleetJSON {
 }
 
 // replicaOf converts r for the API.
-func replicaOf(r Replica) replicaJSON {
+func replicaOf(r view.Replica) replicaJSON {
 	out := replicaJSON{
-		ID: r.ID, URL: r.URL, Healthy: r.Healthy,
+		ID: r.ID, Healthy: r.Healthy, Models: []modelJSON{}, ModelsKnown: r.ModelsKnown,
 		InFlight: r.InFlight, PrefillTokens: r.PrefillTokens, Decoding: r.Decoding, DecodeBlocks: r.DecodeBlocks,
 		Scraped: r.Scraped, ScrapeErrors: r.ScrapeErrors, ScrapeError: r.ScrapeError, Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage,
-		CacheBlocks: r.CacheBlocks, IndexBlocks: r.IndexBlocks, Sessions: r.Sessions,
+		BlockSize: r.BlockSize, CacheBlocks: r.CacheBlocks, IndexBlocks: r.IndexBlocks,
+		IndexCapacity: r.IndexCapacity, IndexMode: r.IndexMode, Sessions: r.Sessions,
 		Completed: r.Completed, Failed: r.Failed,
 		PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,
 		HitPredicted: ratio(r.PredictedCached, r.PromptTokens),
 		HitActual:    ratio(r.ActualCached, r.PromptTokens),
 		Scale:        r.Scale, HorizonMS: ms(r.Horizon),
 	}
+	for _, m := range r.Models {
+		out.Models = append(out.Models, modelJSON{ID: m.ID, Parent: m.Parent})
+	}
 	if r.Scraped {
 		age := ms(r.LoadAge)
 		out.LoadAgeMS = &age
 	}
 	if e := r.Events; e != nil {
-		out.Events = &eventsJSON{Connected: e.Connected, Gaps: e.Gaps, Replays: e.Replays, Resets: e.Resets, Fallback: e.Fallback}
+		out.Events = &eventsJSON{Connected: e.Connected, Stale: e.Stale, Events: e.Events, Gaps: e.Gaps, Replays: e.Replays,
+			Resets: e.Resets, Orphans: e.Orphans, Blocks: e.Blocks, Fallback: e.Fallback}
 		if e.LastEvent >= 0 {
 			age := ms(e.LastEvent)
 			out.Events.LastEventAgeMS = &age

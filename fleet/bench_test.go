@@ -13,50 +13,43 @@ import (
 //
 //	go test -run='^$' -bench=Snapshot -benchmem ./fleet
 func BenchmarkSnapshot(b *testing.B) {
-	for _, window := range []time.Duration{0, 10 * time.Second} {
+	for _, w := range []bool{false, true} {
 		for _, n := range []int{8, 64, 512, 1000} {
-			b.Run(fmt.Sprintf("window=%v/replicas=%d", window, n), func(b *testing.B) {
+			b.Run(fmt.Sprintf("window=%v/replicas=%d", w, n), func(b *testing.B) {
 				ids := make([]string, n)
 				for i := range ids {
 					ids[i] = fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256)
 				}
-				f, err := New(Config{Replicas: ids, Window: window})
-				if err != nil {
-					b.Fatal(err)
+				var p route.Policy = route.KVAware{}
+				if w {
+					p = window{pick(0, 0).(route.Func)}
 				}
+				f := newFleet(b, Config{Replicas: reps(ids...), Policy: p})
 				var s route.Snapshot
-				now := time.Now()
 				b.ReportAllocs()
 				for b.Loop() {
-					f.Snapshot(&s, now)
+					f.Snapshot(&s, t0, 16)
 				}
 			})
 		}
 	}
 }
 
-// BenchmarkCommit measures the bookkeeping of one routed request: Commit
-// with a session, FirstToken and Done.
+// BenchmarkCommit measures the bookkeeping of one routed request around
+// the policy: Decide (snapshot, pin, match, a policy that costs nothing,
+// commit with a session), FirstToken and Done, on 3 replicas.
 //
 //	go test -run='^$' -bench=Commit -benchmem ./fleet
 func BenchmarkCommit(b *testing.B) {
-	f, err := New(Config{Replicas: []string{a, b2, c}, Window: 10 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	var s route.Snapshot
-	f.Snapshot(&s, time.Now())
-	req := &route.Request{Tokens: 1000, MaxTokens: 100}
-	d := route.Decision{Replica: 1, Matched: 512}
+	f := newFleet(b, Config{Policy: pick(1, 512)})
+	var sc Scratch
+	req := &Request{ID: "r", Tokens: 1000, MaxTokens: 100, Session: "session-1"}
+	now := t0
 	b.ReportAllocs()
 	for b.Loop() {
-		tk, err := f.Commit(&s, req, d, "session-1")
-		if err != nil {
-			b.Fatal(err)
-		}
-		tk.FirstToken()
-		tk.Done(512, nil)
+		now = now.Add(time.Millisecond)
+		_, tk := f.Decide(req, nil, now, &sc)
+		tk.FirstToken(now)
+		tk.Done(Usage{PromptTokens: 1000, CachedTokens: 512}, nil)
 	}
 }
-
-const b2 = "http://127.0.0.1:8002"

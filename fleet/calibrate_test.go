@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -61,18 +62,39 @@ func TestCalibratorTracksChange(t *testing.T) {
 	}
 }
 
-func TestFleetObserveTTFT(t *testing.T) {
-	f := newFleet(t, Config{})
-	for range 30 {
-		f.ObserveTTFT(a, 50*time.Millisecond, 75*time.Millisecond)
+// TestTicketCalibrates: a streamed request of a policy whose costs predict
+// TTFT calibrates its replica's scale from the time between the decision
+// and the first token; a request whose TTFT is not observed does not, and
+// the uncalibrated replicas take the calibrated ones' mean (priorScale).
+func TestTicketCalibrates(t *testing.T) {
+	f := newFleet(t, Config{Policy: route.KVAware{}})
+	var sc Scratch
+	var want float64
+	for i := range 30 {
+		now := t0.Add(time.Duration(i) * time.Second)
+		req := &Request{ID: fmt.Sprint(i), Tokens: 2000, MaxTokens: 10, TTFT: true}
+		d, tk := f.Decide(req, []int{1, 2}, now, &sc)
+		if d.Replica != 0 {
+			t.Fatalf("decision %d: replica %d, want 0", i, d.Replica)
+		}
+		pred := tk.Claim().PredictedTTFT
+		if pred <= 0 {
+			t.Fatalf("no predicted TTFT in the claim")
+		}
+		tk.FirstToken(now.Add(pred * 3 / 2))
+		tk.Done(NoUsage, nil)
+		want = 1.5
 	}
 	var s route.Snapshot
-	f.Snapshot(&s, time.Now())
-	if got := s.Replicas[0].Rates.Scale; math.Abs(got-1.5) > 1e-9 {
-		t.Errorf("replica a Scale %v, want 1.5", got)
+	f.Snapshot(&s, t0, 0)
+	for i, r := range s.Replicas {
+		if math.Abs(r.Rates.Scale-want) > 1e-3 {
+			t.Errorf("replica %d: Scale %v, want %v (calibrated, or the calibrated mean)", i, r.Rates.Scale, want)
+		}
 	}
-	if got := s.Replicas[1].Rates.Scale; got != 1 {
-		t.Errorf("replica b Scale %v, want 1 (no observations)", got)
+	_, tk := f.Decide(&Request{ID: "x", Tokens: 2000}, nil, t0, &sc)
+	if got := tk.Claim().PredictedTTFT; got != 0 {
+		t.Errorf("a request whose TTFT is not observed predicted %v, want 0", got)
 	}
 }
 

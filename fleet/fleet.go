@@ -1,12 +1,19 @@
-// Package fleet owns the live router's view of its replicas: health, the
-// latest scraped engine load, the router's own in-flight accounting,
-// session bindings, recent prefill and learned timing rates. It produces
-// the immutable route.Snapshot the policy reads, and a View for dashboards.
+// Package fleet owns the router's view of its replicas: health, the models
+// each serves, the latest scraped engine load, the router's own in-flight
+// accounting, session bindings, recent prefill, learned timing and what
+// each replica is believed to cache (a residency.Tracker). It turns a
+// request into a decision (Decide: snapshot, match, pin, the policy's
+// Pick, commit) and takes the feedback that follows (Ticket, SetLoad,
+// SetHealthy, KV events through Tracker().Precise()).
+//
+// The live router (package proxy) and the simulator (package sim) drive
+// the same Fleet: time is always an argument, never read here, so the one
+// passes the wall clock and the other its virtual clock, and what the
+// simulator shows is what the router does.
 //
 // Hot per-replica counters are atomics; everything else is guarded by the
-// mutexes documented on each struct. No lock is held across I/O: fleet does
-// no I/O at all. Feed it from package scrape (SetLoad), package health
-// (SetHealthy) and the proxy (Commit/Acquire, Ticket, ObserveTTFT).
+// mutexes documented on each struct. No lock is held across I/O: fleet
+// does no I/O at all.
 package fleet
 
 import (
@@ -16,52 +23,112 @@ import (
 	"sync/atomic"
 	"time"
 
+	"kvrouter/residency"
 	"kvrouter/route"
 	"kvrouter/scrape"
 )
 
-// DefaultSessionTTL is how long an idle session stays bound when
-// Config.SessionTTL is zero.
-const DefaultSessionTTL = 10 * time.Minute
+// Defaults of Config's zero fields.
+const (
+	// DefaultSessionTTL is how long an idle session stays bound.
+	DefaultSessionTTL = 10 * time.Minute
+	// DefaultBlockSize is the engine tokens per block assumed for a replica
+	// whose metrics and events do not say (vLLM's default).
+	DefaultBlockSize = 16
+)
 
-// ErrUnknownReplica is returned for an id that is not (or no longer) in the
-// fleet.
+// ErrUnknownReplica is returned for an id that is not in the fleet.
 var ErrUnknownReplica = errors.New("fleet: unknown replica")
 
 // Config describes a fleet.
 type Config struct {
-	// Replicas are the replicas' ids (base URLs), in snapshot order.
-	Replicas []string
+	// Replicas are the replicas at the start, in snapshot order.
+	Replicas []Replica
+	// MaxReplicas bounds the fleet's size (AddReplica); zero means
+	// len(Replicas).
+	MaxReplicas int
+	// Policy routes the requests (Decide). Its Needs shape the fleet: the
+	// index it reads and at what granularity, the recent-prefill window,
+	// whether its predictions calibrate the rates. Nil means kv-aware.
+	Policy route.Policy
+	// Events says the engines' KV events are followed: a policy that asks
+	// for a precise index, or reads a generic one, then reads the precise
+	// index (see IndexKind).
+	Events bool
+	// Engine says request chains are engine-aligned (token mode): each
+	// replica is matched at its own engine block size, and not before that
+	// is known. False is text mode.
+	Engine bool
+	// TextTokens is the tokens one text-mode block stands for; zero means
+	// 16.
+	TextTokens int
 	// Rates is the timing preset every replica starts from (e.g.
 	// engine.Config.Rates()); zero fields mean route's defaults.
 	Rates route.Rates
-	// BlockSize is the snapshot's tokens per block (route.Snapshot.BlockSize);
-	// zero means 16.
+	// BlockSize is the engine tokens per block of a replica whose metrics
+	// and events do not say (see SetBlockSize); zero means 16.
 	BlockSize int
-	// CacheBlocks is a replica's KV capacity in BlockSize blocks when its
-	// metrics do not report one; zero means unknown.
+	// CacheBlocks is a replica's KV capacity in engine blocks until its
+	// metrics report one; zero means unknown.
 	CacheBlocks int
 	// SessionTTL is how long an idle session stays bound; zero means 10 min.
 	SessionTTL time.Duration
-	// Window is the span of route.Replica.RecentPrefill (route.Needs.Window);
-	// zero means RecentPrefill is not tracked (always zero).
-	Window time.Duration
 	// Calibration is the template of each replica's Calibrator (its tuning
 	// fields); the zero value uses the Calibrator defaults.
 	Calibration Calibrator
+	// OverlayTTL is the life of the precise mode's just-routed overlay;
+	// zero means residency.DefaultOverlayTTL.
+	OverlayTTL time.Duration
+	// Start is time zero of the residency index's clock (index time is
+	// now − Start).
+	Start time.Time
 }
 
-// Fleet is the live state of a set of replicas. Its methods are safe for
+// Replica is one replica of Config.
+type Replica struct {
+	// ID names the replica (its base URL in the live router).
+	ID string
+	// Models are the model names the replica serves, declared by the
+	// operator. Empty means learned from the replica (SetModels), and any
+	// model until then.
+	Models []string
+}
+
+// IndexKind returns the residency index a policy with needs reads: a
+// policy that asks for the precise index gets it when KV events are
+// followed; so does one that reads a generic approximate index (kv-aware,
+// Preble's); a peer that fixes its own index's size or expiry models
+// another router's approximate index and keeps it. Without events a
+// precise policy falls back to the approximate index.
+func IndexKind(needs route.Needs, events bool) route.IndexKind {
+	switch {
+	case needs.Index == route.NoIndex:
+		return route.NoIndex
+	case !events:
+		return route.Approximate
+	case needs.Index == route.Precise,
+		needs.IndexBlocks == 0 && needs.IndexTTL == 0:
+		return route.Precise
+	}
+	return route.Approximate
+}
+
+// Fleet is the state of a set of replicas. Its methods are safe for
 // concurrent use.
 type Fleet struct {
-	cfg Config
+	cfg    Config
+	policy route.Policy
+	needs  route.Needs
+	kind   route.IndexKind
+	tr     *residency.Tracker
+	seq    atomic.Uint64 // decisions made
 
-	// mu guards reps and byID. Replica structs themselves are never
-	// reallocated: a removed replica's outstanding tickets release into it
-	// harmlessly.
+	// mu guards reps and byID; replica structs are never reallocated.
 	mu   sync.RWMutex
 	reps []*replica
 	byID map[string]*replica
+
+	models modelTable
 
 	// smu guards sessions and lastSweep.
 	smu       sync.Mutex
@@ -71,17 +138,15 @@ type Fleet struct {
 
 // replica is one backend's state.
 type replica struct {
-	id string
-	// index is the replica's position in Fleet.reps; guarded by Fleet.mu.
-	index int
+	id    string
+	index int // position in Fleet.reps
 
 	healthy atomic.Bool
 	// The router's own accounting, released by Ticket.Done.
-	inFlight, prefillTokens, decoding, decodeBlocks atomic.Int64
-	// Feedback totals, for the View.
-	predictedCached, actualCached, completed, failed atomic.Int64
-	// promptTokens and usageCached total the requests that reported both.
-	promptTokens, usageCached atomic.Int64
+	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
+	// Feedback totals, for the View (see view.Replica).
+	completed, failed                           atomic.Int64
+	promptTokens, actualCached, predictedCached atomic.Int64
 
 	// mu guards load, scraped, cal, churn, rates and recent.
 	mu      sync.Mutex
@@ -90,9 +155,7 @@ type replica struct {
 	cal     Calibrator
 	churn   Churn
 	recent  recent
-	// rates is the preset corrected by cal and churn, recomputed when they
-	// change.
-	rates route.Rates
+	rates   route.Rates // the preset corrected by cal and churn
 
 	// pub is what snapshots read of the state above, published anew on
 	// every change so that a snapshot takes no lock (except for recent).
@@ -106,76 +169,109 @@ type published struct {
 	running, waiting int
 	kvUsage          float64
 	loadAt           time.Time
-	cacheBlocks      int
-	rates            route.Rates
+	// capTokens is the KV capacity in tokens (zero: unknown).
+	capTokens  int
+	rates      route.Rates
+	calibrated bool // the Calibrator has observations
 }
 
-// updateLocked recomputes r.rates from f's preset and publishes r's state;
-// r.mu is held.
-func (f *Fleet) updateLocked(r *replica) {
-	r.rates = r.cal.Apply(f.cfg.Rates)
-	if h := r.churn.Horizon(); h > 0 {
-		r.rates.Horizon = h
-	}
-	r.pub.Store(&published{
-		scraped: r.scraped, running: r.load.Running, waiting: r.load.Waiting, kvUsage: r.load.KVUsage,
-		loadAt: r.load.At, cacheBlocks: f.cacheBlocksLocked(r), rates: r.rates,
-	})
-}
-
-// New returns a fleet of cfg.Replicas, all healthy and unscraped. Duplicate
-// or empty ids are an error.
+// New returns a fleet of cfg.Replicas, all healthy and unscraped.
+// Duplicate or empty ids are an error.
 func New(cfg Config) (*Fleet, error) {
-	if cfg.BlockSize < 0 || cfg.CacheBlocks < 0 || cfg.SessionTTL < 0 || cfg.Window < 0 {
-		return nil, errors.New("fleet: negative BlockSize, CacheBlocks, SessionTTL or Window")
+	if cfg.BlockSize < 0 || cfg.CacheBlocks < 0 || cfg.SessionTTL < 0 || cfg.MaxReplicas < 0 {
+		return nil, errors.New("fleet: negative BlockSize, CacheBlocks, SessionTTL or MaxReplicas")
 	}
-	f := &Fleet{cfg: cfg, byID: make(map[string]*replica), sessions: make(map[string]*session)}
-	for _, id := range cfg.Replicas {
-		if err := f.AddReplica(id); err != nil {
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultBlockSize
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
+	if cfg.MaxReplicas == 0 {
+		cfg.MaxReplicas = max(len(cfg.Replicas), 1)
+	}
+	if cfg.MaxReplicas > residency.MaxReplicasLimit {
+		return nil, fmt.Errorf("fleet: %d replicas > %d", cfg.MaxReplicas, residency.MaxReplicasLimit)
+	}
+	f := &Fleet{cfg: cfg, policy: cfg.Policy, byID: make(map[string]*replica), sessions: make(map[string]*session)}
+	if f.policy == nil {
+		f.policy = route.KVAware{}
+	}
+	f.needs = route.NeedsOf(f.policy)
+	f.kind = IndexKind(f.needs, cfg.Events)
+	f.tr = f.newTracker()
+	for _, r := range cfg.Replicas {
+		if err := f.AddReplica(r); err != nil {
 			return nil, err
 		}
 	}
 	return f, nil
 }
 
+// newTracker builds the residency tracker the policy's Needs ask for.
+func (f *Fleet) newTracker() *residency.Tracker {
+	tc := residency.TrackerConfig{
+		MaxReplicas:     f.cfg.MaxReplicas,
+		Approximate:     f.kind != route.NoIndex,
+		Precise:         f.kind == route.Precise,
+		Engine:          f.cfg.Engine,
+		TextTokens:      f.cfg.TextTokens,
+		OverlayTTL:      f.cfg.OverlayTTL,
+		DefaultCapacity: f.cfg.CacheBlocks,
+	}
+	if f.kind == route.Approximate {
+		tc.Blocks, tc.TTL, tc.CoarseTokens = f.needs.IndexBlocks, f.needs.IndexTTL, f.needs.BlockTokens
+	}
+	return residency.NewTracker(tc)
+}
+
+// Policy returns the fleet's policy.
+func (f *Fleet) Policy() route.Policy { return f.policy }
+
+// Needs returns the policy's needs.
+func (f *Fleet) Needs() route.Needs { return f.needs }
+
+// Index returns the kind of residency index the policy reads.
+func (f *Fleet) Index() route.IndexKind { return f.kind }
+
+// Tracker returns the fleet's residency tracker: engine events write its
+// Precise index, and its feed (SetFeed) tells which streams to trust.
+func (f *Fleet) Tracker() *residency.Tracker { return f.tr }
+
+// ScrapeInterval is how often engine metrics should reach the fleet: the
+// policy's own source's interval when it has one, else def.
+func (f *Fleet) ScrapeInterval(def time.Duration) time.Duration {
+	if f.needs.ScrapeInterval > 0 {
+		return f.needs.ScrapeInterval
+	}
+	return def
+}
+
+// indexTime is now on the index clock.
+func (f *Fleet) indexTime(now time.Time) time.Duration { return now.Sub(f.cfg.Start) }
+
 // AddReplica appends a replica, healthy and unscraped, at the end of the
 // snapshot order.
-func (f *Fleet) AddReplica(id string) error {
-	if id == "" {
+func (f *Fleet) AddReplica(rc Replica) error {
+	if rc.ID == "" {
 		return errors.New("fleet: empty replica id")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.byID[id]; ok {
-		return fmt.Errorf("fleet: duplicate replica %q", id)
+	if _, ok := f.byID[rc.ID]; ok {
+		return fmt.Errorf("fleet: duplicate replica %q", rc.ID)
 	}
-	r := &replica{id: id, index: len(f.reps), cal: f.cfg.Calibration}
+	if len(f.reps) >= f.cfg.MaxReplicas {
+		return fmt.Errorf("fleet: replica %q beyond MaxReplicas %d", rc.ID, f.cfg.MaxReplicas)
+	}
+	r := &replica{id: rc.ID, index: len(f.reps), cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.n = 0, 0
+	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
 	f.reps = append(f.reps, r)
-	f.byID[id] = r
-	return nil
-}
-
-// RemoveReplica drops a replica and unbinds its sessions. Later replicas
-// move up one place in the snapshot order. Tickets still open on it stay
-// valid and release harmlessly.
-func (f *Fleet) RemoveReplica(id string) error {
-	f.mu.Lock()
-	r, ok := f.byID[id]
-	if !ok {
-		f.mu.Unlock()
-		return fmt.Errorf("remove %q: %w", id, ErrUnknownReplica)
-	}
-	delete(f.byID, id)
-	f.reps = append(f.reps[:r.index], f.reps[r.index+1:]...)
-	for i, q := range f.reps {
-		q.index = i
-	}
-	f.mu.Unlock()
-	r.healthy.Store(false)
-	f.unbindReplica(r)
+	f.byID[rc.ID] = r
+	f.models.set(r.index, rc.Models, len(rc.Models) > 0, true)
 	return nil
 }
 
@@ -190,6 +286,13 @@ func (f *Fleet) Replicas() []string {
 	return ids
 }
 
+// Len returns the number of replicas.
+func (f *Fleet) Len() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return len(f.reps)
+}
+
 // lookup returns the replica with id, or nil.
 func (f *Fleet) lookup(id string) *replica {
 	f.mu.RLock()
@@ -197,8 +300,15 @@ func (f *Fleet) lookup(id string) *replica {
 	return f.byID[id]
 }
 
-// SetHealthy sets a replica's health flag; unknown ids are ignored. Its
-// signature fits health.Checker.OnChange.
+// At returns the index of replica id in the snapshot order, or -1.
+func (f *Fleet) At(id string) int {
+	if r := f.lookup(id); r != nil {
+		return r.index
+	}
+	return -1
+}
+
+// SetHealthy sets a replica's health flag; unknown ids are ignored.
 func (f *Fleet) SetHealthy(id string, healthy bool) {
 	if r := f.lookup(id); r != nil {
 		r.healthy.Store(healthy)
@@ -211,48 +321,90 @@ func (f *Fleet) Healthy(id string) bool {
 	return r != nil && r.healthy.Load()
 }
 
-// SetLoad records a replica's latest scrape (and feeds its churn estimate);
-// unknown ids are ignored. Its signature fits scrape.Scraper.OnLoad.
+// SetLoad records a replica's latest scrape: its load, its churn (the
+// eviction horizon), its KV capacity and block size for the tracker.
+// Unknown ids are ignored.
 func (f *Fleet) SetLoad(id string, l scrape.Load) {
 	r := f.lookup(id)
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.load, r.scraped = l, true
 	r.churn.Observe(l)
 	f.updateLocked(r)
+	r.mu.Unlock()
+	f.SetBlockSize(id, l.BlockSize)
+	if l.NumBlocks > 0 {
+		f.tr.SetCapacity(r.index, l.NumBlocks, f.tr.BlockSize(r.index))
+	}
 }
 
-// ObserveTTFT corrects a replica's rates from one request: predicted is
-// the policy's time to first token computed with Scale 1 (Cost.Wait +
-// Cost.Prefill + Cost.Decode, unscaled), observed the measured one. See
-// Calibrator. Unknown ids are ignored.
-func (f *Fleet) ObserveTTFT(id string, predicted, observed time.Duration) {
+// SetBlockSize records a replica's engine tokens per block, from its
+// metrics or its KV events; zero (the replica does not say) means
+// Config.BlockSize, unless a size is known already. In token mode nothing
+// is matched on a replica before its block size is known.
+func (f *Fleet) SetBlockSize(id string, tokens int) {
 	r := f.lookup(id)
 	if r == nil {
 		return
 	}
+	if tokens <= 0 {
+		if f.tr.BlockSize(r.index) > 0 {
+			return
+		}
+		tokens = f.cfg.BlockSize
+	}
+	f.tr.SetBlockSize(r.index, tokens)
+}
+
+// BlockSizes returns the distinct engine block sizes known in the fleet,
+// smallest first: the chains a token-mode request is hashed at.
+func (f *Fleet) BlockSizes(dst []int) []int {
+	dst = dst[:0]
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, r := range f.reps {
+		bs := f.tr.BlockSize(r.index)
+		if bs <= 0 {
+			continue
+		}
+		i := 0
+		for i < len(dst) && dst[i] < bs {
+			i++
+		}
+		if i < len(dst) && dst[i] == bs {
+			continue
+		}
+		dst = append(dst, 0)
+		copy(dst[i+1:], dst[i:])
+		dst[i] = bs
+	}
+	return dst
+}
+
+// updateLocked recomputes r.rates from the preset and publishes r's
+// state; r.mu is held.
+func (f *Fleet) updateLocked(r *replica) {
+	r.rates = r.cal.Apply(f.cfg.Rates)
+	if h := r.churn.Horizon(); h > 0 {
+		r.rates.Horizon = h
+	}
+	p := &published{
+		scraped: r.scraped, running: r.load.Running, waiting: r.load.Waiting, kvUsage: r.load.KVUsage,
+		loadAt: r.load.At, rates: r.rates, calibrated: r.cal.Observations() > 0,
+		capTokens: f.cfg.CacheBlocks * f.cfg.BlockSize,
+	}
+	if r.scraped && r.load.NumBlocks > 0 && r.load.BlockSize > 0 {
+		p.capTokens = r.load.NumBlocks * r.load.BlockSize
+	}
+	r.pub.Store(p)
+}
+
+// observeTTFT corrects r's rates from one request (see Calibrator).
+func (f *Fleet) observeTTFT(r *replica, predicted, observed time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cal.Observe(predicted, observed)
 	f.updateLocked(r)
-}
-
-// blockSize is the snapshot block size.
-func (f *Fleet) blockSize() int {
-	if f.cfg.BlockSize > 0 {
-		return f.cfg.BlockSize
-	}
-	return route.DefaultBlockSize
-}
-
-// cacheBlocksLocked converts the replica's scraped capacity into snapshot
-// blocks, or returns the configured default; r.mu is held.
-func (f *Fleet) cacheBlocksLocked(r *replica) int {
-	if r.scraped && r.load.NumBlocks > 0 && r.load.BlockSize > 0 {
-		return r.load.NumBlocks * r.load.BlockSize / f.blockSize()
-	}
-	return f.cfg.CacheBlocks
 }

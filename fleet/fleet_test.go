@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"kvrouter/prefix"
+	"kvrouter/residency"
 	"kvrouter/route"
 	"kvrouter/scrape"
 )
@@ -20,11 +21,23 @@ const (
 	c = "http://127.0.0.1:8003"
 )
 
-func newFleet(t *testing.T, cfg Config) *Fleet {
+// t0 is the tests' clock origin (and every fleet's Start).
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func reps(ids ...string) []Replica {
+	out := make([]Replica, len(ids))
+	for i, id := range ids {
+		out[i] = Replica{ID: id}
+	}
+	return out
+}
+
+func newFleet(t testing.TB, cfg Config) *Fleet {
 	t.Helper()
 	if cfg.Replicas == nil {
-		cfg.Replicas = []string{a, b, c}
+		cfg.Replicas = reps(a, b, c)
 	}
+	cfg.Start = t0
 	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -32,33 +45,41 @@ func newFleet(t *testing.T, cfg Config) *Fleet {
 	return f
 }
 
+// pick is a policy that always chooses replica i with matched tokens.
+func pick(i, matched int) route.Policy {
+	return route.Func(func(r *route.Request, s *route.Snapshot) route.Decision {
+		return route.Decision{Replica: i, Matched: matched, Reason: "test"}
+	})
+}
+
 // counts is the router-owned accounting of one replica.
 type counts struct{ InFlight, PrefillTokens, Decoding, DecodeBlocks int }
 
 func countsOf(f *Fleet, i int) counts {
 	var s route.Snapshot
-	f.Snapshot(&s, time.Now())
+	f.Snapshot(&s, t0, 16)
 	r := s.Replicas[i]
 	return counts{r.InFlight, r.PrefillTokens, r.Decoding, r.DecodeBlocks}
 }
 
 func TestTicketPaths(t *testing.T) {
-	claim := Claim{PrefillTokens: 300, Blocks: 25, PredictedCached: 100}
+	claim := Claim{PrefillTokens: 300, Tokens: 400, PredictedCached: 100}
+	ok := Usage{PromptTokens: 400, CachedTokens: 100}
 	tests := []struct {
 		name string
 		run  func(tk *Ticket)
 	}{
-		{"success", func(tk *Ticket) { tk.FirstToken(); tk.Done(100, nil) }},
-		{"error before first token", func(tk *Ticket) { tk.Done(-1, errors.New("502")) }},
-		{"cancel while decoding", func(tk *Ticket) { tk.FirstToken(); tk.Done(-1, errors.New("canceled")) }},
-		{"done twice", func(tk *Ticket) { tk.FirstToken(); tk.Done(0, nil); tk.Done(0, nil) }},
-		{"first token twice then done", func(tk *Ticket) { tk.FirstToken(); tk.FirstToken(); tk.Done(0, nil) }},
-		{"first token after done", func(tk *Ticket) { tk.Done(0, nil); tk.FirstToken(); tk.Done(0, nil) }},
+		{"success", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(ok, nil) }},
+		{"error before first token", func(tk *Ticket) { tk.Done(NoUsage, errors.New("502")) }},
+		{"cancel while decoding", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(NoUsage, errors.New("canceled")) }},
+		{"done twice", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(ok, nil); tk.Done(ok, nil) }},
+		{"first token twice then done", func(tk *Ticket) { tk.FirstToken(t0); tk.FirstToken(t0); tk.Done(ok, nil) }},
+		{"first token after done", func(tk *Ticket) { tk.Done(ok, nil); tk.FirstToken(t0); tk.Done(ok, nil) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFleet(t, Config{})
-			tk, err := f.Acquire(b, claim)
+			tk, err := f.Acquire(b, claim, t0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,247 +96,248 @@ func TestTicketPaths(t *testing.T) {
 
 func TestFirstTokenMovesPrefillToDecoding(t *testing.T) {
 	f := newFleet(t, Config{})
-	t1, _ := f.Acquire(a, Claim{PrefillTokens: 100, Blocks: 10})
-	t2, _ := f.Acquire(a, Claim{PrefillTokens: 50, Blocks: 5})
-	t1.FirstToken()
+	t1, _ := f.Acquire(a, Claim{PrefillTokens: 100, Tokens: 160}, t0)
+	t2, _ := f.Acquire(a, Claim{PrefillTokens: 50, Tokens: 80}, t0)
+	t1.FirstToken(t0)
 	if got, want := countsOf(f, 0), (counts{2, 50, 1, 15}); got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
-	t1.Done(0, nil)
-	t2.Done(0, nil)
+	t1.Done(NoUsage, nil)
+	t2.Done(NoUsage, nil)
 	var nilTicket *Ticket
-	nilTicket.FirstToken() // must not panic
-	nilTicket.Done(0, nil)
-	if _, err := f.Acquire("http://nowhere", Claim{}); !errors.Is(err, ErrUnknownReplica) {
+	nilTicket.FirstToken(t0) // must not panic
+	nilTicket.Done(NoUsage, nil)
+	if _, err := f.Acquire("http://nowhere", Claim{}, t0); !errors.Is(err, ErrUnknownReplica) {
 		t.Errorf("Acquire unknown: err %v, want ErrUnknownReplica", err)
 	}
 }
 
-func TestCommitAndPin(t *testing.T) {
-	f := newFleet(t, Config{BlockSize: 16})
-	var s route.Snapshot
-	f.Snapshot(&s, time.Now())
-	req := &route.Request{ID: "r1", Tokens: 1000, MaxTokens: 100}
-	tk, err := f.Commit(&s, req, route.Decision{Replica: 2, Matched: 640}, "conv-1")
-	if err != nil {
-		t.Fatal(err)
+func TestDecideCommitsAndPins(t *testing.T) {
+	f := newFleet(t, Config{Policy: pick(2, 640)})
+	var sc Scratch
+	req := &Request{ID: "r1", Tokens: 1000, MaxTokens: 100, Session: "conv-1"}
+	d, tk := f.Decide(req, nil, t0, &sc)
+	if d.Replica != 2 || tk == nil {
+		t.Fatalf("decision %+v, ticket %v: want replica 2 and a ticket", d, tk)
 	}
-	if got, want := tk.Claim(), (Claim{PrefillTokens: 360, Blocks: 69, PredictedCached: 640}); got != want {
+	if got, want := tk.Claim(), (Claim{PrefillTokens: 360, Tokens: 1100, PredictedCached: 640, PromptTokens: 1000}); got != want {
 		t.Errorf("claim %+v, want %+v", got, want)
 	}
-	if got := f.Pin("conv-1", &s); got != 2 {
-		t.Errorf("Pin = %d, want 2", got)
+	if got := f.pin("conv-1", &sc.Snapshot, t0); got != 2 {
+		t.Errorf("pin = %d, want 2", got)
 	}
-	if got := f.Pin("other", &s); got != -1 {
-		t.Errorf("Pin of unknown session = %d, want -1", got)
+	if got := f.pin("other", &sc.Snapshot, t0); got != -1 {
+		t.Errorf("pin of unknown session = %d, want -1", got)
 	}
-	tk.FirstToken()
-	tk.Done(600, nil)
-	v := f.View(time.Now())
+	tk.FirstToken(t0)
+	tk.Done(Usage{PromptTokens: -1, CachedTokens: 600}, nil)
+	v := f.View(t0)
 	rv := v.Replicas[2]
-	if rv.PredictedCached != 640 || rv.ActualCached != 600 || rv.Completed != 1 || rv.Sessions != 1 || v.Sessions != 1 {
-		t.Errorf("view %+v (sessions %d), want predicted 640, actual 600, 1 completed, 1 session", rv, v.Sessions)
+	if rv.PredictedCached != 0 || rv.ActualCached != 0 || rv.PromptTokens != 0 || rv.Completed != 1 || rv.Sessions != 1 || v.Sessions != 1 {
+		t.Errorf("view %+v (sessions %d), want no totals from a usage without prompt tokens, 1 completed, 1 session", rv, v.Sessions)
 	}
-	if rv.PromptTokens != 0 {
-		t.Errorf("prompt tokens %d after Done without usage, want 0", rv.PromptTokens)
+	_, tk2 := f.Decide(req, nil, t0, &sc)
+	if got := sc.Request.Pinned; got != 2 {
+		t.Errorf("second turn: Pinned = %d, want 2", got)
 	}
-	tk2, err := f.Commit(&s, req, route.Decision{Replica: 2, Matched: 640}, "conv-1")
-	if err != nil {
-		t.Fatal(err)
+	tk2.Done(Usage{PromptTokens: 2000, CachedTokens: 700}, nil)
+	tk2.Done(Usage{PromptTokens: 1, CachedTokens: 1}, nil) // only the first call counts
+	// The router estimated 1000 prompt tokens and predicted 640 cached;
+	// the engine counted 2000: the prediction is 1280 of the engine's.
+	if rv := f.View(t0).Replicas[2]; rv.PromptTokens != 2000 || rv.ActualCached != 700 || rv.PredictedCached != 1280 {
+		t.Errorf("after usage (2000, 700): prompt %d, actual %d, predicted %d; want 2000, 700, 1280",
+			rv.PromptTokens, rv.ActualCached, rv.PredictedCached)
 	}
-	tk2.DoneUsage(700, 1000, nil)
-	tk2.DoneUsage(1, 1, nil) // only the first call counts
-	if rv := f.View(time.Now()).Replicas[2]; rv.PromptTokens != 1000 || rv.UsageCached != 700 || rv.ActualCached != 1300 {
-		t.Errorf("after DoneUsage(700, 1000): prompt %d, usage cached %d, actual %d; want 1000, 700, 1300",
-			rv.PromptTokens, rv.UsageCached, rv.ActualCached)
+	reject := newFleet(t, Config{Policy: pick(-1, 0)})
+	if d, tk := reject.Decide(req, nil, t0, &sc); tk != nil || d.Replica != -1 {
+		t.Errorf("a rejection: decision %+v, ticket %v; want -1 and none", d, tk)
 	}
-	if _, err := f.Commit(&s, req, route.Decision{Replica: -1, Reason: "no-healthy"}, ""); err == nil {
-		t.Error("Commit of a rejection: no error")
+	if got := reject.Sessions(); got != 0 {
+		t.Errorf("a rejection bound %d sessions, want 0", got)
+	}
+}
+
+func TestDecideExcludes(t *testing.T) {
+	f := newFleet(t, Config{Policy: route.LeastLoaded{}})
+	var sc Scratch
+	for i := range 30 {
+		d, tk := f.Decide(&Request{ID: fmt.Sprint(i), Hash: uint64(i)}, []int{0, 2}, t0, &sc)
+		if d.Replica != 1 {
+			t.Fatalf("request %d went to %d with 0 and 2 excluded", i, d.Replica)
+		}
+		tk.Done(NoUsage, nil)
 	}
 }
 
 func TestSessions(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFleet(t, Config{SessionTTL: time.Minute})
-		var s route.Snapshot
-		snap := func() *route.Snapshot { f.Snapshot(&s, time.Now()); return &s }
+	f := newFleet(t, Config{SessionTTL: time.Minute, Policy: route.LeastLoaded{}})
+	var s route.Snapshot
+	snap := func(at time.Time) *route.Snapshot { f.Snapshot(&s, at, 0); return &s }
+	rb := f.lookup(b)
 
-		f.Bind("s1", b)
-		if got := f.Pin("s1", snap()); got != 1 {
-			t.Fatalf("Pin = %d, want 1", got)
-		}
-		// Used again before expiry: stays bound.
-		time.Sleep(50 * time.Second)
-		f.Bind("s1", b)
-		time.Sleep(50 * time.Second)
-		if got := f.Pin("s1", snap()); got != 1 {
-			t.Errorf("after 50 s idle: Pin = %d, want 1", got)
-		}
-		// Idle beyond the TTL: expired.
-		time.Sleep(61 * time.Second)
-		if got := f.Pin("s1", snap()); got != -1 {
-			t.Errorf("after 61 s idle: Pin = %d, want -1", got)
-		}
-		if n := f.Sessions(); n != 0 {
-			t.Errorf("expired session still stored: %d", n)
-		}
+	f.bind("s1", rb, t0)
+	if got := f.pin("s1", snap(t0), t0); got != 1 {
+		t.Fatalf("pin = %d, want 1", got)
+	}
+	// Used again before expiry: stays bound.
+	f.bind("s1", rb, t0.Add(50*time.Second))
+	if got := f.pin("s1", snap(t0), t0.Add(100*time.Second)); got != 1 {
+		t.Errorf("after 50 s idle: pin = %d, want 1", got)
+	}
+	// Idle beyond the TTL: expired.
+	if got := f.pin("s1", snap(t0), t0.Add(161*time.Second)); got != -1 {
+		t.Errorf("after 61 s idle: pin = %d, want -1", got)
+	}
+	if n := f.Sessions(); n != 0 {
+		t.Errorf("expired session still stored: %d", n)
+	}
 
-		// Replica failure: unpinned, and the next commit re-binds.
-		f.Bind("s2", b)
-		f.SetHealthy(b, false)
-		if got := f.Pin("s2", snap()); got != -1 {
-			t.Errorf("bound replica unhealthy: Pin = %d, want -1", got)
-		}
-		tk, err := f.Commit(snap(), &route.Request{Tokens: 10}, route.Decision{Replica: 2}, "s2")
-		if err != nil {
-			t.Fatal(err)
-		}
-		tk.Done(0, nil)
-		f.SetHealthy(b, true)
-		if got := f.Pin("s2", snap()); got != 2 {
-			t.Errorf("after re-bind: Pin = %d, want 2", got)
-		}
-
-		// Removal of an earlier replica shifts indices; removal of the bound
-		// one unbinds.
-		f.Bind("s3", c)
-		if err := f.RemoveReplica(a); err != nil {
-			t.Fatal(err)
-		}
-		if got := f.Pin("s3", snap()); got != 1 {
-			t.Errorf("after removing a: Pin = %d, want 1", got)
-		}
-		if err := f.RemoveReplica(c); err != nil {
-			t.Fatal(err)
-		}
-		if got := f.Pin("s3", snap()); got != -1 {
-			t.Errorf("bound replica removed: Pin = %d, want -1", got)
-		}
-		if _, ok := f.PinID("s3"); ok {
-			t.Error("session of a removed replica still bound")
-		}
-	})
+	// Replica failure: unpinned, and the next decision re-binds.
+	now := t0.Add(200 * time.Second)
+	f.bind("s2", rb, now)
+	f.SetHealthy(b, false)
+	if got := f.pin("s2", snap(now), now); got != -1 {
+		t.Errorf("bound replica unhealthy: pin = %d, want -1", got)
+	}
+	var sc Scratch
+	d, tk := f.Decide(&Request{ID: "x", Session: "s2"}, nil, now, &sc)
+	tk.Done(NoUsage, nil)
+	f.SetHealthy(b, true)
+	if got := f.pin("s2", snap(now), now); got != d.Replica || d.Replica == 1 {
+		t.Errorf("after re-bind: pin = %d, want %d (not 1)", got, d.Replica)
+	}
 }
 
 func TestSweepBoundsSessions(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFleet(t, Config{SessionTTL: time.Minute})
-		for i := range 1000 {
-			f.Bind(fmt.Sprint("old-", i), a)
-		}
-		time.Sleep(2 * time.Minute)
-		f.Bind("new", a) // triggers a sweep
-		if n := f.Sessions(); n != 1 {
-			t.Errorf("after sweep: %d sessions, want 1", n)
-		}
-	})
+	f := newFleet(t, Config{SessionTTL: time.Minute})
+	ra := f.lookup(a)
+	for i := range 1000 {
+		f.bind(fmt.Sprint("old-", i), ra, t0)
+	}
+	f.bind("new", ra, t0.Add(2*time.Minute)) // triggers a sweep
+	if n := f.Sessions(); n != 1 {
+		t.Errorf("after sweep: %d sessions, want 1", n)
+	}
 }
+
+// window is a policy that reads the recent-prefill window.
+type window struct{ route.Func }
+
+func (window) Needs() route.Needs { return route.Needs{Window: 10 * time.Second} }
 
 func TestSnapshotContents(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		preset := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128}
-		f := newFleet(t, Config{BlockSize: 16, CacheBlocks: 500, Window: 10 * time.Second, Rates: preset})
-		scrapedAt := time.Now()
-		f.SetLoad(a, scrape.Load{Running: 4, Waiting: 2, KVUsage: 0.5, BlockSize: 32, NumBlocks: 1000, At: scrapedAt})
-		f.SetHealthy(c, false)
-		t1, _ := f.Acquire(a, Claim{PrefillTokens: 1000, Blocks: 70})
-		time.Sleep(6 * time.Second)
-		t2, _ := f.Acquire(a, Claim{PrefillTokens: 200, Blocks: 13})
-		t2.FirstToken()
-		time.Sleep(time.Second)
+	preset := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128}
+	f := newFleet(t, Config{CacheBlocks: 500, Rates: preset, Policy: window{pick(0, 0).(route.Func)}})
+	f.SetLoad(a, scrape.Load{Running: 4, Waiting: 2, KVUsage: 0.5, BlockSize: 32, NumBlocks: 1000, At: t0})
+	f.SetHealthy(c, false)
+	t1, _ := f.Acquire(a, Claim{PrefillTokens: 1000, Tokens: 1120}, t0)
+	t2, _ := f.Acquire(a, Claim{PrefillTokens: 200, Tokens: 208}, t0.Add(6*time.Second))
+	t2.FirstToken(t0.Add(6 * time.Second))
 
-		var s route.Snapshot
-		f.Snapshot(&s, time.Now())
-		want := route.Snapshot{BlockSize: 16, Replicas: []route.Replica{
-			{ID: a, Healthy: true, Running: 4, Waiting: 2, KVUsage: 0.5, Scraped: true, LoadAge: 7 * time.Second,
-				InFlight: 2, PrefillTokens: 1000, Decoding: 1, DecodeBlocks: 83, RecentPrefill: 1200,
-				CacheBlocks: 2000, Rates: route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1}},
-			{ID: b, Healthy: true, CacheBlocks: 500, Rates: route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1}},
-			{ID: c, Healthy: false, CacheBlocks: 500, Rates: route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1}},
-		}}
-		if d := cmp.Diff(want, s); d != "" {
-			t.Errorf("snapshot mismatch (-want +got):\n%s", d)
-		}
+	var s route.Snapshot
+	now := t0.Add(7 * time.Second)
+	f.Snapshot(&s, now, 16)
+	rates := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1}
+	want := route.Snapshot{BlockSize: 16, Replicas: []route.Replica{
+		{ID: a, Healthy: true, Running: 4, Waiting: 2, KVUsage: 0.5, Scraped: true, LoadAge: 7 * time.Second,
+			InFlight: 2, PrefillTokens: 1000, Decoding: 1, DecodeBlocks: 83, RecentPrefill: 1200,
+			CacheBlocks: 2000, Rates: rates},
+		{ID: b, Healthy: true, CacheBlocks: 500, Rates: rates},
+		{ID: c, Healthy: false, CacheBlocks: 500, Rates: rates},
+	}}
+	if d := cmp.Diff(want, s); d != "" {
+		t.Errorf("snapshot mismatch (-want +got):\n%s", d)
+	}
 
-		// The first prefill leaves the 10 s window.
-		time.Sleep(4 * time.Second)
-		f.Snapshot(&s, time.Now())
-		if got := s.Replicas[0].RecentPrefill; got != 200 {
-			t.Errorf("RecentPrefill after 11 s = %d, want 200", got)
-		}
-		t1.Done(0, nil)
-		t2.Done(0, nil)
+	// The first prefill leaves the 10 s window.
+	f.Snapshot(&s, t0.Add(11*time.Second), 16)
+	if got := s.Replicas[0].RecentPrefill; got != 200 {
+		t.Errorf("RecentPrefill after 11 s = %d, want 200", got)
+	}
+	t1.Done(NoUsage, nil)
+	t2.Done(NoUsage, nil)
 
-		allocs := testing.AllocsPerRun(100, func() { f.Snapshot(&s, time.Now()) })
-		if allocs != 0 {
-			t.Errorf("Snapshot into a reused dst: %v allocs, want 0", allocs)
-		}
-	})
+	allocs := testing.AllocsPerRun(100, func() { f.Snapshot(&s, now, 16) })
+	if allocs != 0 {
+		t.Errorf("Snapshot into a reused dst: %v allocs, want 0", allocs)
+	}
 }
 
-func TestAddRemoveReplica(t *testing.T) {
-	f := newFleet(t, Config{Replicas: []string{a}})
-	if err := f.AddReplica(b); err != nil {
+func TestAddReplica(t *testing.T) {
+	f := newFleet(t, Config{Replicas: reps(a), MaxReplicas: 2})
+	if err := f.AddReplica(Replica{ID: b}); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.AddReplica(a); err == nil {
+	if err := f.AddReplica(Replica{ID: a}); err == nil {
 		t.Error("duplicate AddReplica: no error")
 	}
-	tk, _ := f.Acquire(a, Claim{PrefillTokens: 5, Blocks: 1})
-	if err := f.RemoveReplica(a); err != nil {
-		t.Fatal(err)
+	if err := f.AddReplica(Replica{ID: c}); err == nil {
+		t.Error("AddReplica beyond MaxReplicas: no error")
 	}
-	tk.Done(0, nil) // releases into the removed replica harmlessly
-	if d := cmp.Diff([]string{b}, f.Replicas()); d != "" {
+	if d := cmp.Diff([]string{a, b}, f.Replicas()); d != "" {
 		t.Errorf("replicas (-want +got):\n%s", d)
 	}
-	if err := f.RemoveReplica(a); !errors.Is(err, ErrUnknownReplica) {
-		t.Errorf("second RemoveReplica: %v, want ErrUnknownReplica", err)
-	}
-	if _, err := New(Config{Replicas: []string{a, a}}); err == nil {
+	if _, err := New(Config{Replicas: reps(a, a)}); err == nil {
 		t.Error("New with duplicates: no error")
+	}
+}
+
+func TestIndexKind(t *testing.T) {
+	tests := []struct {
+		name   string
+		needs  route.Needs
+		events bool
+		want   route.IndexKind
+	}{
+		{"no index", route.Needs{}, true, route.NoIndex},
+		{"generic, no events", route.Needs{Index: route.Approximate}, false, route.Approximate},
+		{"generic, events", route.Needs{Index: route.Approximate}, true, route.Precise},
+		{"precise, no events", route.Needs{Index: route.Precise}, false, route.Approximate},
+		{"precise, events", route.Needs{Index: route.Precise}, true, route.Precise},
+		{"own index size", route.Needs{Index: route.Approximate, IndexBlocks: 100}, true, route.Approximate},
+		{"own expiry", route.Needs{Index: route.Approximate, IndexTTL: time.Minute}, true, route.Approximate},
+	}
+	for _, tt := range tests {
+		if got := IndexKind(tt.needs, tt.events); got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
 
 // TestConcurrent hammers every method at once; run with -race. All counts
 // must return to zero.
 func TestConcurrent(t *testing.T) {
-	f := newFleet(t, Config{Window: time.Second})
+	f := newFleet(t, Config{Policy: route.KVAware{}})
 	var wg sync.WaitGroup
 	for g := range 16 {
 		wg.Go(func() {
-			var s route.Snapshot
+			var sc Scratch
+			chains := []residency.Chain{{Tokens: 16, Hashes: []prefix.Hash{1, 2, 3}}}
 			for i := range 500 {
-				f.Snapshot(&s, time.Now())
-				d := route.Decision{Replica: (g + i) % len(s.Replicas), Matched: 16}
-				sess := fmt.Sprint("s", i%20)
-				d.Replica = max(d.Replica, f.Pin(sess, &s))
-				tk, err := f.Commit(&s, &route.Request{Tokens: 100, MaxTokens: 10}, d, sess)
-				if err != nil {
-					continue // the replica may have been removed meanwhile
-				}
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				req := &Request{ID: fmt.Sprint(g, "-", i), Hash: uint64(g*1000 + i), Tokens: 100, MaxTokens: 10,
+					Session: fmt.Sprint("s", i%20), Chains: chains, TTFT: true}
+				_, tk := f.Decide(req, nil, now, &sc)
 				if i%3 != 0 {
-					tk.FirstToken()
+					tk.FirstToken(now.Add(10 * time.Millisecond))
 				}
-				f.SetLoad(tk.Replica(), scrape.Load{Running: i, At: time.Now()})
-				f.ObserveTTFT(tk.Replica(), 10*time.Millisecond, 15*time.Millisecond)
-				tk.Done(i%50, nil)
-				tk.Done(0, errors.New("again"))
+				f.SetLoad(tk.Replica(), scrape.Load{Running: i, At: now})
+				tk.Done(Usage{PromptTokens: 100, CachedTokens: i % 50}, nil)
+				tk.Done(NoUsage, errors.New("again"))
 			}
 		})
 	}
 	wg.Go(func() {
 		for range 50 {
 			f.SetHealthy(b, false)
-			f.RemoveReplica(c)
-			f.AddReplica(c)
+			f.SetModels(c, []Model{{ID: "m"}})
 			f.SetHealthy(b, true)
-			_ = f.View(time.Now())
+			_ = f.View(t0)
 		}
 	})
 	wg.Wait()
 	var s route.Snapshot
-	f.Snapshot(&s, time.Now())
+	f.Snapshot(&s, t0, 0)
 	for _, r := range s.Replicas {
 		if r.InFlight != 0 || r.PrefillTokens != 0 || r.Decoding != 0 || r.DecodeBlocks != 0 {
 			t.Errorf("%s: counts not released: %+v", r.ID, r)

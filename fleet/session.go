@@ -3,35 +3,30 @@ package fleet
 import (
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"kvrouter/route"
 )
 
 // session is one conversation's binding.
 type session struct {
 	r    *replica
-	last time.Time // last Bind
+	last time.Time // last bind
 }
 
-// sessionTTL is the idle expiry.
-func (f *Fleet) sessionTTL() time.Duration {
-	if f.cfg.SessionTTL > 0 {
-		return f.cfg.SessionTTL
+// sessionHash is route.Request.Session of a session id: a hash, never
+// zero, or zero for none.
+func sessionHash(id string) uint64 {
+	if id == "" {
+		return 0
 	}
-	return DefaultSessionTTL
+	return xxhash.Sum64String(id) | 1
 }
 
-// Bind binds session to replica id (re-binding it if it was elsewhere) and
-// marks it used now. Empty sessions and unknown ids are ignored. Expired
-// sessions are swept here, at most twice per SessionTTL, in one pass.
-func (f *Fleet) Bind(sessionID, id string) {
-	if sessionID == "" {
-		return
-	}
-	r := f.lookup(id)
-	if r == nil {
-		return
-	}
-	now := time.Now()
+// bind binds session to r (re-binding it if it was elsewhere) and marks it
+// used at now. Expired sessions are swept here, at most twice per
+// SessionTTL, in one pass.
+func (f *Fleet) bind(sessionID string, r *replica, now time.Time) {
 	f.smu.Lock()
 	defer f.smu.Unlock()
 	if s, ok := f.sessions[sessionID]; ok {
@@ -39,105 +34,64 @@ func (f *Fleet) Bind(sessionID, id string) {
 	} else {
 		f.sessions[sessionID] = &session{r: r, last: now}
 	}
-	if now.Sub(f.lastSweep) > f.sessionTTL()/2 {
+	if now.Sub(f.lastSweep) > f.cfg.SessionTTL/2 {
 		f.sweepLocked(now)
 	}
 }
 
 // sweepLocked drops every expired session; smu is held.
 func (f *Fleet) sweepLocked(now time.Time) {
-	ttl := f.sessionTTL()
 	for k, s := range f.sessions {
-		if now.Sub(s.last) > ttl {
+		if now.Sub(s.last) > f.cfg.SessionTTL {
 			delete(f.sessions, k)
 		}
 	}
 	f.lastSweep = now
 }
 
-// PinID returns the replica session is bound to. ok is false when the
-// session is unknown, has been idle longer than SessionTTL (it is then
-// dropped), or its replica is unhealthy or removed: the caller routes
-// afresh and Commit re-binds the session to the new replica.
-func (f *Fleet) PinID(sessionID string) (id string, ok bool) {
+// pin returns the index in s of the replica session is bound to, for
+// route.Request.Pinned, or −1: when the session is unknown, has been idle
+// longer than SessionTTL at now (it is then dropped), or its replica is
+// not a candidate in s (unhealthy, or not serving the model). The policy
+// then routes afresh and commit re-binds the session.
+func (f *Fleet) pin(sessionID string, s *route.Snapshot, now time.Time) int {
 	if sessionID == "" {
-		return "", false
+		return -1
 	}
-	now := time.Now()
 	f.smu.Lock()
 	defer f.smu.Unlock()
-	s, ok := f.sessions[sessionID]
-	if !ok {
-		return "", false
-	}
-	if now.Sub(s.last) > f.sessionTTL() {
-		delete(f.sessions, sessionID)
-		return "", false
-	}
-	if !s.r.healthy.Load() {
-		return "", false
-	}
-	return s.r.id, true
-}
-
-// Pin returns the index in s of the replica session is bound to, for
-// route.Request.Pinned, or −1 (see PinID). s is a snapshot taken from this
-// fleet.
-func (f *Fleet) Pin(sessionID string, s *route.Snapshot) int {
-	id, ok := f.PinID(sessionID)
+	ss, ok := f.sessions[sessionID]
 	if !ok {
 		return -1
 	}
-	i := -1
-	f.mu.RLock()
-	if r := f.byID[id]; r != nil {
-		i = r.index
+	if now.Sub(ss.last) > f.cfg.SessionTTL {
+		delete(f.sessions, sessionID)
+		return -1
 	}
-	f.mu.RUnlock()
-	if i >= 0 && i < len(s.Replicas) && s.Replicas[i].ID == id {
-		return i
+	i := ss.r.index
+	if i < 0 || i >= len(s.Replicas) || !s.Replicas[i].Healthy {
+		return -1
 	}
-	for i := range s.Replicas { // the fleet changed since s was taken
-		if s.Replicas[i].ID == id {
-			return i
-		}
-	}
-	return -1
+	return i
 }
 
-// Unbind forgets a session.
-func (f *Fleet) Unbind(sessionID string) {
-	f.smu.Lock()
-	defer f.smu.Unlock()
-	delete(f.sessions, sessionID)
-}
-
-// Sessions returns the number of bound sessions (expired ones not yet swept
-// included).
+// Sessions returns the number of bound sessions (expired ones not yet
+// swept included).
 func (f *Fleet) Sessions() int {
 	f.smu.Lock()
 	defer f.smu.Unlock()
 	return len(f.sessions)
 }
 
-// unbindReplica drops every session bound to r.
-func (f *Fleet) unbindReplica(r *replica) {
+// sessionCounts returns the bound sessions per replica index.
+func (f *Fleet) sessionCounts(n int) []int {
 	f.smu.Lock()
 	defer f.smu.Unlock()
-	for k, s := range f.sessions {
-		if s.r == r {
-			delete(f.sessions, k)
+	counts := make([]int, n)
+	for _, s := range f.sessions {
+		if s.r.index < n {
+			counts[s.r.index]++
 		}
 	}
-}
-
-// sessionCounts returns the bound sessions per replica.
-func (f *Fleet) sessionCounts() map[*replica]int {
-	f.smu.Lock()
-	defer f.smu.Unlock()
-	n := make(map[*replica]int)
-	for _, s := range f.sessions {
-		n[s.r]++
-	}
-	return n
+	return counts
 }

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"kvrouter/route"
 )
 
 // Claim is the load one request puts on a replica.
@@ -13,21 +11,40 @@ type Claim struct {
 	// PrefillTokens is the prompt tokens the replica must compute (the
 	// prompt net of the predicted cached tokens).
 	PrefillTokens int
-	// Blocks is the request's KV footprint in snapshot blocks (prompt plus
-	// expected output).
-	Blocks int
-	// PredictedCached is the cached prompt tokens the policy predicted, for
-	// the predicted-versus-actual totals.
-	PredictedCached int
+	// Tokens is the request's KV footprint in tokens (prompt plus expected
+	// output).
+	Tokens int
+	// PredictedCached is the cached prompt tokens the policy predicted, and
+	// PromptTokens the router's estimate of the prompt they are part of,
+	// for the predicted-versus-actual totals.
+	PredictedCached, PromptTokens int
+	// PredictedTTFT is the policy's time to first token at Scale 1, which
+	// the observed one calibrates the replica's rates against (FirstToken);
+	// zero means it is not observed.
+	PredictedTTFT time.Duration
 }
+
+// Usage is what the engine reported of a finished request; a field is −1
+// when it did not say.
+type Usage struct {
+	// PromptTokens is usage.prompt_tokens.
+	PromptTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens.
+	CachedTokens int
+}
+
+// NoUsage is a Usage that reports nothing.
+var NoUsage = Usage{PromptTokens: -1, CachedTokens: -1}
 
 // Ticket is one request's hold on a replica's accounting. Call FirstToken
 // when the first output token arrives and Done exactly once on every path
 // (success, error, cancel); extra calls are harmless. A nil *Ticket's
 // methods do nothing.
 type Ticket struct {
+	f     *Fleet
 	r     *replica
 	claim Claim
+	sent  time.Time // when the replica was chosen
 	// state is ticketPrefill, ticketDecoding or ticketDone.
 	state atomic.Uint32
 }
@@ -39,51 +56,27 @@ const (
 	ticketDone
 )
 
-// Acquire charges a request to replica id and returns its ticket. The
-// prefill tokens also count in the replica's RecentPrefill window.
-func (f *Fleet) Acquire(id string, c Claim) (*Ticket, error) {
+// Acquire charges a request to replica id at now and returns its ticket.
+// The prefill tokens also count in the replica's RecentPrefill window.
+func (f *Fleet) Acquire(id string, c Claim, now time.Time) (*Ticket, error) {
 	r := f.lookup(id)
 	if r == nil {
 		return nil, fmt.Errorf("acquire %q: %w", id, ErrUnknownReplica)
 	}
-	c.PrefillTokens, c.Blocks = max(c.PrefillTokens, 0), max(c.Blocks, 0)
-	r.inFlight.Add(1)
-	r.prefillTokens.Add(int64(c.PrefillTokens))
-	r.decodeBlocks.Add(int64(c.Blocks))
-	if f.cfg.Window > 0 && c.PrefillTokens > 0 {
-		r.mu.Lock()
-		r.recent.add(time.Now(), f.cfg.Window, int64(c.PrefillTokens))
-		r.mu.Unlock()
-	}
-	return &Ticket{r: r, claim: c}, nil
+	return f.acquire(r, c, now), nil
 }
 
-// Commit does the bookkeeping of a decision made on s: it charges the
-// chosen replica (prefill = prompt − predicted cached tokens, blocks =
-// prompt plus MaxTokens in snapshot blocks) and binds session, if not
-// empty, to it. A rejecting decision (Replica −1) or an index outside s is
-// an error.
-func (f *Fleet) Commit(s *route.Snapshot, r *route.Request, d route.Decision, session string) (*Ticket, error) {
-	if d.Replica < 0 || d.Replica >= len(s.Replicas) {
-		return nil, fmt.Errorf("commit: no replica chosen (%d of %d, %s)", d.Replica, len(s.Replicas), d.Reason)
+func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
+	c.PrefillTokens, c.Tokens = max(c.PrefillTokens, 0), max(c.Tokens, 0)
+	r.inFlight.Add(1)
+	r.prefillTokens.Add(int64(c.PrefillTokens))
+	r.decodeTokens.Add(int64(c.Tokens))
+	if w := f.needs.Window; w > 0 && c.PrefillTokens > 0 {
+		r.mu.Lock()
+		r.recent.add(now, w, int64(c.PrefillTokens))
+		r.mu.Unlock()
 	}
-	id := s.Replicas[d.Replica].ID
-	bs := s.BlockSize
-	if bs <= 0 {
-		bs = route.DefaultBlockSize
-	}
-	t, err := f.Acquire(id, Claim{
-		PrefillTokens:   r.Tokens - d.Matched,
-		Blocks:          (r.Tokens + max(r.MaxTokens, 0) + bs - 1) / bs,
-		PredictedCached: d.Matched,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if session != "" {
-		f.Bind(session, id)
-	}
-	return t, nil
+	return &Ticket{f: f, r: r, claim: c, sent: now}
 }
 
 // Replica returns the id of the ticket's replica.
@@ -102,25 +95,25 @@ func (t *Ticket) Claim() Claim {
 	return t.claim
 }
 
-// FirstToken records that prefill finished: the request's prefill tokens
-// leave PrefillTokens and it counts as Decoding. Later calls do nothing.
-func (t *Ticket) FirstToken() {
+// FirstToken records that prefill finished at now: the request's prefill
+// tokens leave PrefillTokens, it counts as Decoding, and when the claim
+// carries a predicted TTFT the time since the decision calibrates the
+// replica's rates. Later calls do nothing.
+func (t *Ticket) FirstToken(now time.Time) {
 	if t == nil || !t.state.CompareAndSwap(ticketPrefill, ticketDecoding) {
 		return
 	}
 	t.r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
 	t.r.decoding.Add(1)
+	if t.claim.PredictedTTFT > 0 {
+		t.f.observeTTFT(t.r, t.claim.PredictedTTFT, now.Sub(t.sent))
+	}
 }
 
-// Done releases the request's accounting. cachedTokens is the engine's
-// reported usage.prompt_tokens_details.cached_tokens, or negative if
-// unknown; err is nil for a request that completed. Only the first call
-// counts.
-func (t *Ticket) Done(cachedTokens int, err error) { t.DoneUsage(cachedTokens, -1, err) }
-
-// DoneUsage is Done with the engine's reported usage.prompt_tokens too
-// (negative if unknown), so the fleet view can show the actual hit rate.
-func (t *Ticket) DoneUsage(cachedTokens, promptTokens int, err error) {
+// Done releases the request's accounting. u is the engine's usage (fields
+// −1 when unknown); err is nil for a request that completed. Only the
+// first call counts.
+func (t *Ticket) Done(u Usage, err error) {
 	if t == nil {
 		return
 	}
@@ -140,19 +133,30 @@ func (t *Ticket) DoneUsage(cachedTokens, promptTokens int, err error) {
 	} else {
 		r.decoding.Add(-1)
 	}
-	r.decodeBlocks.Add(-int64(t.claim.Blocks))
+	r.decodeTokens.Add(-int64(t.claim.Tokens))
 	r.inFlight.Add(-1)
 	if err != nil {
 		r.failed.Add(1)
 		return
 	}
 	r.completed.Add(1)
-	if cachedTokens >= 0 {
-		r.predictedCached.Add(int64(t.claim.PredictedCached))
-		r.actualCached.Add(int64(cachedTokens))
-		if promptTokens > 0 {
-			r.promptTokens.Add(int64(promptTokens))
-			r.usageCached.Add(int64(cachedTokens))
-		}
+	if u.CachedTokens >= 0 && u.PromptTokens > 0 {
+		r.promptTokens.Add(int64(u.PromptTokens))
+		r.actualCached.Add(int64(u.CachedTokens))
+		r.predictedCached.Add(int64(t.claim.predictedOf(u.PromptTokens)))
 	}
+}
+
+// predictedOf is the claim's predicted cached tokens counted in a prompt
+// of prompt engine tokens: the predicted share of the router's estimate
+// of the prompt. In token mode the estimate is exact and this is
+// PredictedCached; in text mode it converts the router's estimated
+// tokens into the engine's, so that a predicted hit rate is never above
+// 1.
+func (c *Claim) predictedOf(prompt int) int {
+	p := max(c.PredictedCached, 0)
+	if c.PromptTokens > 0 {
+		p = int(int64(min(p, c.PromptTokens)) * int64(prompt) / int64(c.PromptTokens))
+	}
+	return min(p, prompt)
 }

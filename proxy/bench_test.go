@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/fleet"
 	"kvrouter/prefix"
 )
 
@@ -128,7 +129,7 @@ func BenchmarkDecide(b *testing.B) {
 				if !c.route(nil) {
 					b.Fatal("no replica chosen")
 				}
-				c.ticket.Done(0, nil)
+				c.ticket.Done(fleet.NoUsage, nil)
 				d := c.decide
 				rt.pool.Put(c)
 				return d

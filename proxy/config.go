@@ -15,7 +15,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"kvrouter/hashing"
 	"kvrouter/residency"
+	"kvrouter/route"
 )
 
 // Config is everything the router needs to start. The zero value is not
@@ -79,8 +81,16 @@ type Config struct {
 	Tokenizers map[string]string `yaml:"tokenizers"`
 }
 
+// policyName is Policy, or the default.
+func (c *Config) policyName() string {
+	if c.Policy == "" {
+		return route.Default
+	}
+	return c.Policy
+}
+
 // Remote is the Tokenizer value that asks the replicas' /tokenize.
-const Remote = "remote"
+const Remote = hashing.Remote
 
 // Precise reports whether the configuration asks for KV events: a bind
 // address or a backend with kv=.
@@ -109,11 +119,12 @@ type Backend struct {
 	KV string
 	// Replay is the replica's KV-event replay endpoint; empty means none.
 	Replay string
-	// Model is the served model name the replica's KV events are keyed
-	// under (the "model" of the requests routed to it); empty means the
-	// model named by its topic "kv@<host>:<port>@<model>". Set it when the
-	// engine's topic is not of that form.
-	Model string
+	// Models are the model names the replica serves (option model=,
+	// repeatable). Empty means the ones its GET /v1/models lists,
+	// refreshed. The first is also the model its KV events are keyed
+	// under when the engine's topic "kv@<host>:<port>@<model>" does not
+	// name one.
+	Models []string
 }
 
 // Defaults of Config, also shown in flag help.
@@ -151,7 +162,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// ParseBackend parses "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]".
+// ParseBackend parses "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]...".
 func ParseBackend(s string) (Backend, error) {
 	parts := strings.Split(strings.TrimSpace(s), ",")
 	b := Backend{URL: strings.TrimRight(strings.TrimSpace(parts[0]), "/")}
@@ -169,7 +180,7 @@ func ParseBackend(s string) (Backend, error) {
 		case "replay":
 			b.Replay = v
 		case "model":
-			b.Model = v
+			b.Models = append(b.Models, v)
 		default:
 			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model)", s, k)
 		}
@@ -200,8 +211,8 @@ func (b Backend) String() string {
 	if b.Replay != "" {
 		s += ",replay=" + b.Replay
 	}
-	if b.Model != "" {
-		s += ",model=" + b.Model
+	for _, m := range b.Models {
+		s += ",model=" + m
 	}
 	return s
 }
@@ -258,7 +269,7 @@ func (c *Config) Validate() error {
 		}
 		seen[b.URL] = true
 	}
-	if _, err := newPolicy(c.Policy); err != nil {
+	if _, err := route.New(c.policyName()); err != nil {
 		errs = append(errs, fmt.Errorf("policy: %w", err))
 	}
 	if c.SessionHeader == "" {

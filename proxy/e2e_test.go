@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"kvrouter/view"
 	"net/http"
 	"strings"
 	"testing"
@@ -211,7 +212,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if recs := rt.Decisions(1); len(recs) != 1 || recs[0].Outcome != OutcomeInFlight {
+	if recs := rt.Decisions(1); len(recs) != 1 || recs[0].Outcome != view.OutcomeInFlight {
 		t.Errorf("while streaming: got records %+v, want one in-flight", recs)
 	}
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
@@ -224,7 +225,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	deadline := time.Now().Add(2 * time.Second)
-	for reps[0].Stats().Running != 0 || inflight(rt, 0) != 0 || rt.Decisions(1)[0].Outcome == OutcomeInFlight {
+	for reps[0].Stats().Running != 0 || inflight(rt, 0) != 0 || rt.Decisions(1)[0].Outcome == view.OutcomeInFlight {
 		if time.Now().After(deadline) {
 			t.Fatalf("after disconnect: replica running %d, router in flight %v; want 0 and 0", reps[0].Stats().Running, inflight(rt, 0))
 		}
@@ -242,7 +243,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 // inflight is the router's in-flight count on replica i.
 func inflight(rt *Router, i int) int {
 	var s route.Snapshot
-	rt.st.fleet.Snapshot(&s, time.Now())
+	rt.st.fleet.Snapshot(&s, time.Now(), 0)
 	return s.Replicas[i].InFlight
 }
 
@@ -281,8 +282,8 @@ func TestViewCapacityAndCalibration(t *testing.T) {
 	if v.Policy != "kv-aware" || v.Index != "approximate" || v.Decisions != 6 || v.Sessions != 1 {
 		t.Errorf("view: policy %q index %q decisions %d sessions %d; want kv-aware approximate 6 1", v.Policy, v.Index, v.Decisions, v.Sessions)
 	}
-	if r.URL != s.URL() || !r.Healthy || r.InFlight != 0 || r.Completed != 6 {
-		t.Errorf("replica: url %s healthy %v in flight %d completed %d", r.URL, r.Healthy, r.InFlight, r.Completed)
+	if r.ID != s.URL() || !r.Healthy || r.InFlight != 0 || r.Completed != 6 {
+		t.Errorf("replica: id %s healthy %v in flight %d completed %d", r.ID, r.Healthy, r.InFlight, r.Completed)
 	}
 	if r.IndexBlocks <= 0 || r.IndexBlocks > wantCap {
 		t.Errorf("index blocks %d, want 1..%d", r.IndexBlocks, wantCap)
@@ -333,10 +334,10 @@ func TestSessionRebindsWhenReplicaDies(t *testing.T) {
 	if second == first {
 		t.Fatalf("turn 2 went to the dead replica %s", first)
 	}
-	if id, ok := rt.st.fleet.PinID("s-1"); !ok || id != second {
-		t.Errorf("session bound to %q (%v), want %s", id, ok, second)
-	}
 	if rec := rt.Decisions(1)[0]; len(rec.Failed) != 0 || rec.Session != "s-1" || rec.SessionSource != SessionHeader {
 		t.Errorf("turn 2 record: failed %v session %q from %q; want no retry, s-1 from header", rec.Failed, rec.Session, rec.SessionSource)
+	}
+	if got := send(3); got != second {
+		t.Errorf("turn 3 went to %s, want %s, where the session was bound anew", got, second)
 	}
 }

@@ -5,21 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"time"
-)
 
-// Outcomes of a call, as Record.Outcome names them.
-const (
-	// OutcomeInFlight: the response has not ended yet.
-	OutcomeInFlight = "in-flight"
-	// OutcomeOK: the response ended normally (whatever its status).
-	OutcomeOK = "ok"
-	// OutcomeCanceled: the client went away first.
-	OutcomeCanceled = "canceled"
-	// OutcomeUpstreamError: the replica answered 5xx, could not be reached,
-	// or broke the stream.
-	OutcomeUpstreamError = "upstream-error"
-	// OutcomeError: the router answered with an error of its own.
-	OutcomeError = "error"
+	"kvrouter/fleet"
+	"kvrouter/view"
 )
 
 // Errors a ticket is released with, for the fleet's failure counts.
@@ -32,15 +20,12 @@ var (
 // firstByte runs when the first response byte arrives from the upstream:
 // prefill is over, and for a streamed response the time since the replica
 // was chosen is its observed TTFT, which calibrates the replica's rates
-// against the decision's prediction.
+// against the decision's prediction (fleet.Ticket.FirstToken).
 func (c *call) firstByte(at time.Time) {
 	if !c.routed || c.status >= 300 {
 		return
 	}
-	c.ticket.FirstToken()
-	if c.predicted > 0 && c.prompt != nil && c.prompt.Stream {
-		c.rt.st.fleet.ObserveTTFT(c.rt.names[c.replica], c.predicted, at.Sub(c.sent))
-	}
+	c.ticket.FirstToken(at)
 }
 
 // finish settles the call on every path: releases the replica's load,
@@ -49,11 +34,11 @@ func (c *call) firstByte(at time.Time) {
 // panics with http.ErrAbortHandler after a mid-stream failure).
 func (c *call) finish(ctx context.Context) {
 	rt := c.rt
-	c.end = time.Now()
+	c.end = rt.now()
 	c.outcome = c.outcomeOf(ctx)
 	if c.tapped {
 		if c.tap.hasUsage {
-			c.actual, c.usage = c.tap.usage.cached(), c.tap.usage.PromptTokens
+			c.usage = fleet.Usage{PromptTokens: c.tap.usage.PromptTokens, CachedTokens: c.tap.usage.cached()}
 		}
 		if !c.tap.first.IsZero() {
 			c.ttft = c.tap.first.Sub(c.start)
@@ -73,13 +58,13 @@ func (c *call) finish(ctx context.Context) {
 func (c *call) outcomeOf(ctx context.Context) string {
 	switch {
 	case c.errCode != "":
-		return OutcomeError
+		return view.OutcomeError
 	case ctx.Err() != nil:
-		return OutcomeCanceled
+		return view.OutcomeCanceled
 	case c.tapped && c.tap.err != nil, c.status >= 500:
-		return OutcomeUpstreamError
+		return view.OutcomeUpstreamError
 	}
-	return OutcomeOK
+	return view.OutcomeOK
 }
 
 // settle releases the ticket, feeds health and records the metrics of a
@@ -87,16 +72,16 @@ func (c *call) outcomeOf(ctx context.Context) string {
 func (c *call) settle() {
 	rt := c.rt
 	switch c.outcome {
-	case OutcomeOK:
-		c.ticket.DoneUsage(c.actual, c.usage, nil)
+	case view.OutcomeOK:
+		c.ticket.Done(c.usage, nil)
 		rt.st.reportSuccess(c.replica)
-	case OutcomeCanceled: // not the replica's fault
-		c.ticket.Done(-1, nil)
-	case OutcomeUpstreamError:
-		c.ticket.Done(-1, errUpstreamFailed)
+	case view.OutcomeCanceled: // not the replica's fault
+		c.ticket.Done(fleet.NoUsage, nil)
+	case view.OutcomeUpstreamError:
+		c.ticket.Done(fleet.NoUsage, errUpstreamFailed)
 		rt.st.reportFailure(c.replica)
 	default:
-		c.ticket.Done(-1, errRouterAnswered)
+		c.ticket.Done(fleet.NoUsage, errRouterAnswered)
 		if c.errCode == "upstream_unreachable" {
 			rt.st.reportFailure(c.replica)
 		}
@@ -105,11 +90,11 @@ func (c *call) settle() {
 	if c.routed {
 		rt.m.requests.WithLabelValues(name, rt.policyName, c.dec.Reason).Inc()
 		rt.m.predicted.WithLabelValues(name).Add(float64(c.dec.Matched))
-		if c.actual >= 0 {
-			rt.m.actual.WithLabelValues(name).Add(float64(c.actual))
+		if c.usage.CachedTokens >= 0 {
+			rt.m.actual.WithLabelValues(name).Add(float64(c.usage.CachedTokens))
 		}
-		if c.usage >= 0 {
-			rt.m.prompt.WithLabelValues(name).Add(float64(c.usage))
+		if c.usage.PromptTokens >= 0 {
+			rt.m.prompt.WithLabelValues(name).Add(float64(c.usage.PromptTokens))
 		}
 	}
 	if c.ttft > 0 {
@@ -139,6 +124,6 @@ func (rt *Router) logRequest(c *call) {
 	}
 	rt.log.Debug("request", "id", c.id, "path", c.path, "replica", replica,
 		"reason", c.dec.Reason, "session", c.sessionSrc, "predicted_cached", c.dec.Matched,
-		"actual_cached", c.actual, "status", c.status, "outcome", c.outcome,
+		"actual_cached", c.usage.CachedTokens, "status", c.status, "outcome", c.outcome,
 		"retries", len(c.failed), "dur", c.end.Sub(c.start))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"kvrouter/fleet"
+	"kvrouter/hashing"
 	"kvrouter/prefix"
 	"kvrouter/route"
 )
@@ -54,40 +55,36 @@ type call struct {
 	prompt     *prefix.Prompt
 	session    string
 	sessionSrc string
-	req        route.Request
-	dec        route.Decision
-	replica    int   // current replica, -1 before routing
-	failed     []int // replicas that failed before the first byte
-	strip      bool  // the router injected include_usage; drop the usage chunk
+	freq       fleet.Request  // the request as the fleet routes it
+	dec        route.Decision // the last decision
+	replica    int            // current replica, -1 before routing
+	failed     []int          // replicas that failed before the first byte
+	strip      bool           // the router injected include_usage; drop the usage chunk
 	decide     time.Duration
-	sent       time.Time     // when the current replica was chosen
-	predicted  time.Duration // the chosen candidate's TTFT at Scale 1; 0: none
+	sent       time.Time // when the current replica was chosen
 	ticket     *fleet.Ticket
 	tapped     bool // tap wraps the response body
 	status     int
 	errCode    string // router error code, if the router answered
 	routed     bool   // a completion routed by the policy (not a pass-through)
 	rec        uint64 // the decision record's sequence number; 0: none
+	index      string // the chosen replica's residency feed
 
 	// Scratch, reused across requests.
-	body   []byte
-	inj    []byte // body with include_usage injected
-	hashes []prefix.Hash
-	ms     matchScratch
-	index  string // the chosen replica's index feed
-	match  []int
-	age    []time.Duration
-	costs  []route.Cost
-	snap   route.Snapshot
-	hdr    []byte
-	tap    tap
-	rb     reqBody
+	body  []byte
+	inj   []byte // body with include_usage injected
+	sizes []int  // the fleet's engine block sizes (token mode)
+	hs    hashing.Scratch
+	sc    fleet.Scratch
+	hdr   []byte
+	tap   tap
+	rb    reqBody
 
 	// Outcome, set by finish.
-	outcome       string
-	actual, usage int // engine's cached and prompt tokens; -1: not reported
-	ttft          time.Duration
-	end           time.Time
+	outcome string
+	usage   fleet.Usage // the engine's, fields -1 when not reported
+	ttft    time.Duration
+	end     time.Time
 }
 
 // reqBody is the pooled request body sent upstream. It notes when the
@@ -121,9 +118,9 @@ func callFrom(ctx context.Context) *call {
 func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := rt.pool.Get().(*call)
 	*c = call{
-		rt: rt, start: time.Now(), path: r.URL.Path, replica: -1, routed: routed, actual: -1, usage: -1,
-		failed: c.failed[:0], body: c.body[:0], inj: c.inj[:0], hashes: c.hashes[:0], ms: c.ms, match: c.match, age: c.age,
-		costs: c.costs, snap: c.snap, hdr: c.hdr[:0], tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
+		rt: rt, start: rt.now(), path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
+		failed: c.failed[:0], body: c.body[:0], inj: c.inj[:0], sizes: c.sizes[:0], hs: c.hs, sc: c.sc,
+		hdr: c.hdr[:0], tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
 	}
 	return c
 }
@@ -260,40 +257,41 @@ func (c *call) setBody(r *http.Request, body []byte) {
 }
 
 // route hashes the prompt, picks a replica and commits the decision. It
-// answers 503 itself when no replica can take the request.
+// answers itself when no replica can take the request: 404 for a model no
+// replica serves, 503 when none of those serving it is healthy.
 func (c *call) route(w http.ResponseWriter) bool {
 	rt := c.rt
+	fl := rt.st.fleet
 	seq := rt.seq.Add(1)
 	c.id = rt.idPrefix + strconv.FormatUint(seq, 10)
-	var tokens int
-	c.hashes, tokens = rt.st.idx.hash(c.prompt, c.hashes[:0])
-	n := len(rt.names)
-	c.match, c.age, c.costs = grow(c.match, n), grow(c.age, n), grow(c.costs, n)
-	c.req = route.Request{
-		ID: c.id, Hash: xxhash.Sum64String(c.id), Seq: seq - 1,
-		Tokens: tokens, MaxTokens: c.prompt.MaxTokens, Blocks: len(c.hashes),
-		Match: c.match, Age: c.age, Pinned: -1, Costs: c.costs[:0],
-		Session: xxhash.Sum64String(c.session) | 1, PrefixKey: c.prompt.PrefixKey(),
+	p := c.prompt
+	if !fl.Serves(p.Model) {
+		if w != nil {
+			c.fail(w, http.StatusNotFound, errInvalidRequest, "model_not_found", "The model `"+p.Model+"` does not exist.")
+		}
+		return false
+	}
+	if rt.st.hasher.Engine() {
+		c.sizes = fl.BlockSizes(c.sizes)
+	}
+	chains, tokens := rt.st.hasher.Hash(p, prefix.Root(fl.ModelKey(p.Model)), c.sizes, &c.hs)
+	c.freq = fleet.Request{
+		ID: c.id, Hash: xxhash.Sum64String(c.id), Model: p.Model, Session: c.session,
+		Tokens: tokens, MaxTokens: p.MaxTokens, PrefixKey: p.PrefixKey(), Chains: chains, TTFT: p.Stream,
 	}
 	return c.pick(w)
 }
 
-// pick runs the policy over a fresh snapshot (excluding replicas that
-// already failed this request), commits the choice to the fleet (load,
-// session binding), touches the index and records the decision.
+// pick lets the fleet decide over a fresh snapshot (excluding replicas
+// that already failed this request): the policy picks, the fleet commits
+// the choice (load, session binding, residency) and the decision is
+// recorded.
 func (c *call) pick(w http.ResponseWriter) bool {
 	rt := c.rt
-	t0 := time.Now()
-	rt.st.idx.match(c.hashes, t0, &c.ms, c.match, c.age)
-	rt.st.snapshot(&c.snap, t0)
-	for _, f := range c.failed {
-		c.snap.Replicas[f].Healthy = false
-	}
-	c.req.Pinned = rt.st.fleet.Pin(c.session, &c.snap)
-	c.req.Costs = c.costs[:0]
-	c.dec = rt.policy.Pick(&c.req, &c.snap)
-	if c.dec.Replica < 0 || c.dec.Replica >= len(rt.names) {
-		c.decide += time.Since(t0)
+	t0 := rt.now()
+	c.dec, c.ticket = rt.st.fleet.Decide(&c.freq, c.failed, t0, &c.sc)
+	c.decide += rt.now().Sub(t0)
+	if c.ticket == nil {
 		if w != nil {
 			writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica can take the request")
 			c.status, c.errCode = http.StatusServiceUnavailable, "no_healthy_replica"
@@ -302,47 +300,11 @@ func (c *call) pick(w http.ResponseWriter) bool {
 		}
 		return false
 	}
-	tk, err := rt.st.fleet.Commit(&c.snap, &c.req, c.dec, c.session)
-	if err != nil { // cannot happen: the replica is in the snapshot
-		rt.log.Error("commit", "err", err)
-		return false
-	}
-	c.replica, c.ticket, c.sent = c.dec.Replica, tk, t0
-	rt.st.idx.touch(c.replica, c.hashes, t0, &c.ms)
-	c.index = rt.st.idx.modeOf(c.replica)
-	c.predicted = c.predictedTTFT()
-	c.decide += time.Since(t0)
+	c.replica, c.sent = c.dec.Replica, t0
+	c.index = rt.st.fleet.IndexMode(c.replica)
 	rt.m.decide.Observe(c.decide.Seconds())
 	c.record()
 	return true
-}
-
-// predictedTTFT is the chosen candidate's time to first token at Scale 1
-// (its Wait+Prefill+Decode, which the policy scaled), or 0 when the
-// policy's costs are not kv-aware durations.
-func (c *call) predictedTTFT() time.Duration {
-	if !c.rt.st.calibrate {
-		return 0
-	}
-	for _, k := range c.dec.Costs {
-		if k.Replica == c.replica {
-			scale := c.snap.Replicas[c.replica].Rates.Scale
-			if scale <= 0 {
-				scale = 1
-			}
-			return time.Duration(float64(k.Wait+k.Prefill+k.Decode) / scale)
-		}
-	}
-	return 0
-}
-
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	s = s[:n]
-	clear(s)
-	return s
 }
 
 // rewrite points the outgoing request at the call's replica.

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"kvrouter/route"
@@ -103,7 +101,7 @@ func (fc *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (fc *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	var s route.Snapshot
-	fc.st.snapshot(&s, time.Now())
+	fc.st.fleet.Snapshot(&s, fc.st.rt.now(), 0)
 	for _, r := range s.Replicas {
 		h := 0.0
 		if r.Healthy {

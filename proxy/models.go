@@ -151,11 +151,12 @@ func (c *call) passTo(i int) bool {
 	if i < 0 {
 		return false
 	}
-	tk, err := c.rt.st.fleet.Acquire(c.rt.names[i], fleet.Claim{})
+	now := c.rt.now()
+	tk, err := c.rt.st.fleet.Acquire(c.rt.names[i], fleet.Claim{}, now)
 	if err != nil {
 		return false
 	}
-	c.replica, c.ticket, c.sent = i, tk, time.Now()
+	c.replica, c.ticket, c.sent = i, tk, now
 	return true
 }
 
@@ -163,7 +164,7 @@ func (c *call) passTo(i int) bool {
 // skipping those in exclude, or -1.
 func (rt *Router) anyHealthy(exclude []int) int {
 	var s route.Snapshot
-	rt.st.fleet.Snapshot(&s, time.Now())
+	rt.st.fleet.Snapshot(&s, rt.now(), 0)
 	best := -1
 	for i := range s.Replicas {
 		if !s.Replicas[i].Healthy || contains(exclude, i) {

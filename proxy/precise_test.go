@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +17,9 @@ import (
 
 	"kvrouter/emulator"
 	"kvrouter/engine"
+	"kvrouter/hashing"
 	"kvrouter/kvevents"
 	"kvrouter/prefix"
-	"kvrouter/residency"
 )
 
 // eventEngine starts one emulated replica of model "m" publishing KV events
@@ -88,7 +87,7 @@ func settled(t *testing.T, rt *Router, i int, e *emulator.Server) {
 		es engine.Stats
 	}
 	read := func() (sides, bool) {
-		st, ok := rt.st.idx.p.sub.Status(i)
+		st, ok := rt.st.feed.sub.Status(i)
 		es := e.Stats()
 		s := sides{st, es}
 		if !ok || es.Running != 0 || es.Waiting != 0 {
@@ -143,7 +142,7 @@ func TestPreciseIndexEqualsEngines(t *testing.T) {
 	engines := []*emulator.Server{eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")}
 	rt, url := preciseRouter(t, []Backend{eventBackend(engines[0]), eventBackend(engines[1])})
 	for i := range engines {
-		eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(i) == IndexPrecise })
+		eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(i) == IndexPrecise })
 	}
 	truth := make([][]prefix.Hash, len(engines))
 	byURL := map[string]int{engines[0].URL(): 0, engines[1].URL(): 1}
@@ -165,7 +164,7 @@ func TestPreciseIndexEqualsEngines(t *testing.T) {
 	}
 	for i, e := range engines {
 		settled(t, rt, i, e)
-		got := sortedSet(rt.st.idx.p.x.Hashes(i))
+		got := sortedSet(rt.st.fleet.Tracker().Precise().Hashes(i))
 		if d := cmp.Diff(sortedSet(truth[i]), got, cmpopts.EquateEmpty()); d != "" { // kv-aware may leave a replica idle
 			t.Errorf("replica %d: precise index vs the engine's cache (-want +got):\n%s", i, d)
 		}
@@ -186,13 +185,13 @@ func TestPreciseIndexEqualsEngines(t *testing.T) {
 		}
 	}
 	v := rt.View(time.Now())
-	if v.Index != IndexPrecise || v.Hash != hashTokens {
+	if v.Index != IndexPrecise || v.Hash != hashing.ModeTokens {
 		t.Errorf("view index %q hash %q, want precise tokens", v.Index, v.Hash)
 	}
 	for i, r := range v.Replicas {
-		k := r.KVEvents
+		k := r.Events
 		served := len(truth[i]) > 0
-		if k == nil || !k.Followed || !k.Connected || k.Fallback || served && (k.Events == 0 || k.LastEventAge < 0) || r.IndexMode != IndexPrecise {
+		if k == nil || !k.Followed || !k.Connected || k.Fallback || served && (k.Events == 0 || k.LastEvent < 0) || r.IndexMode != IndexPrecise {
 			t.Errorf("replica %d view: mode %q kv events %+v", i, r.IndexMode, k)
 		}
 		if r.IndexBlocks != engines[i].Stats().CachedBlocks {
@@ -208,7 +207,7 @@ func TestPreciseIndexEqualsEngines(t *testing.T) {
 func TestPreciseSeesOtherTraffic(t *testing.T) {
 	e := eventEngine(t, 40, "", "", "")
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	routed := words(1, 150)
 	complete := func(base, prompt string) int {
 		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 2})
@@ -222,7 +221,7 @@ func TestPreciseSeesOtherTraffic(t *testing.T) {
 	}
 	complete(url, routed)
 	settled(t, rt, 0, e)
-	if !rt.st.idx.p.x.Has(0, textKeys(routed)[0]) {
+	if !rt.st.fleet.Tracker().Precise().Has(0, textKeys(routed)[0]) {
 		t.Fatal("routed prompt's first block not in the index")
 	}
 	var direct []string
@@ -231,7 +230,7 @@ func TestPreciseSeesOtherTraffic(t *testing.T) {
 		complete(e.URL(), direct[k])
 	}
 	settled(t, rt, 0, e)
-	x := rt.st.idx.p.x
+	x := rt.st.fleet.Tracker().Precise()
 	if x.Has(0, textKeys(routed)[0]) {
 		t.Error("the evicted routed prompt is still in the index")
 	}
@@ -247,7 +246,7 @@ func TestPreciseSeesOtherTraffic(t *testing.T) {
 	// The overlay of the routed request has expired by now only if the
 	// test ran long; match from the precise index alone.
 	m := make([]int, 1)
-	x.Match(textKeys(direct[4]), rt.st.idx.now(time.Now()), m, nil)
+	x.Match(textKeys(direct[4]), time.Since(rt.start), m, nil)
 	if m[0] != len(last) {
 		t.Errorf("index matches %d blocks of the last direct prompt, want %d", m[0], len(last))
 	}
@@ -280,36 +279,36 @@ func TestPreciseEngineRestart(t *testing.T) {
 		c.HealthInterval = 20 * time.Millisecond
 	})
 	runRouter(t, rt)
-	eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	body := `{"model":"m","max_tokens":2,"prompt":"` + words(7, 100) + `"}`
 	if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
 	settled(t, rt, 0, e)
-	if rt.st.idx.p.x.Blocks(0) == 0 {
+	if rt.st.fleet.Tracker().Precise().Blocks(0) == 0 {
 		t.Fatal("no blocks indexed")
 	}
 	e.Close()
 	eventually(t, "the fallback", func() bool {
 		v := rt.View(time.Now()).Replicas[0]
-		return v.IndexMode == IndexApproximate && v.KVEvents.Fallback && !v.KVEvents.Connected
+		return v.IndexMode == IndexApproximate && v.Events.Fallback && !v.Events.Connected
 	})
 	if got := gauge(t, rt, "kvrouter_index_mode", e.URL(), IndexApproximate); got != 1 {
 		t.Errorf("kvrouter_index_mode approximate = %v, want 1", got)
 	}
 	e2 := eventEngine(t, 0, addr, bind(pub), bind(rep))
-	eventually(t, "precise again", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	eventually(t, "precise again", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	direct := words(8, 60)
 	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": direct, "max_tokens": 2})
 	if resp, out := do(t, "POST", e2.URL()+"/v1/completions", string(b)); resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
 	eventually(t, "the new engine's blocks only", func() bool {
-		return slices.Equal(sortedSet(rt.st.idx.p.x.Hashes(0)), sortedSet(textKeys(direct)))
+		return slices.Equal(sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)), sortedSet(textKeys(direct)))
 	})
 	v := rt.View(time.Now()).Replicas[0]
-	if v.KVEvents.Resets == 0 {
-		t.Errorf("view: %+v, want a reset", v.KVEvents)
+	if v.Events.Resets == 0 {
+		t.Errorf("view: %+v, want a reset", v.Events)
 	}
 	if got := gauge(t, rt, "kvrouter_index_mode", e.URL(), IndexPrecise); got != 1 {
 		t.Errorf("kvrouter_index_mode precise = %v, want 1", got)
@@ -323,10 +322,13 @@ func TestPreciseFallbackDeadEndpoint(t *testing.T) {
 	good, bad := eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")
 	dead := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	rt, url := preciseRouter(t, []Backend{eventBackend(good), {URL: bad.URL(), KV: dead}})
-	eventually(t, "replica 0 precise", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	eventually(t, "replica 0 precise", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	// In token mode a replica is matched (and tracked) only once its block
+	// size is known: from its metrics, here.
+	eventually(t, "block sizes known", func() bool { return rt.View(time.Now()).Replicas[1].BlockSize > 0 })
 	v := rt.View(time.Now())
-	if r := v.Replicas[1]; r.IndexMode != IndexApproximate || r.KVEvents == nil || !r.KVEvents.Fallback || r.KVEvents.Connected {
-		t.Errorf("dead-endpoint replica: mode %q kv events %+v", r.IndexMode, r.KVEvents)
+	if r := v.Replicas[1]; r.IndexMode != IndexApproximate || r.Events == nil || !r.Events.Fallback || r.Events.Connected {
+		t.Errorf("dead-endpoint replica: mode %q kv events %+v", r.IndexMode, r.Events)
 	}
 	checks := []struct {
 		name, replica, mode string
@@ -386,7 +388,7 @@ func TestPreciseFallbackDeadEndpoint(t *testing.T) {
 		seen[rec.Replica] = true
 	}
 	// The approximate index of the fallback replica is fed by routing.
-	if rt.st.idx.x.Blocks(1) == 0 && seen[bad.URL()] {
+	if held, _ := rt.st.fleet.Tracker().Blocks(1); held == 0 && seen[bad.URL()] {
 		t.Error("fallback replica's approximate index is empty after routing to it")
 	}
 }
@@ -435,24 +437,25 @@ func TestRemoteTokenizeMemo(t *testing.T) {
 	}
 	send()
 	send()
-	if n := rt.st.remote.roundTrips(); n != 1 {
+	if n := rt.st.hasher.Stats().RoundTrips; n != 1 {
 		t.Errorf("%d /tokenize round trips for a repeated request, want 1", n)
 	}
 	msgs = append(msgs, chatMsg{"assistant", "ok"}, chatMsg{"user", words(3, 20)})
 	send()
-	if n := rt.st.remote.roundTrips(); n != 2 {
+	if n := rt.st.hasher.Stats().RoundTrips; n != 2 {
 		t.Errorf("%d /tokenize round trips after a new turn, want 2", n)
 	}
 	p, err := prefix.Parse(mustJSON(map[string]any{"model": "m", "messages": msgs}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, n := rt.st.idx.hash(p, nil)
-	if want := chatKeys(msgs); !slices.Equal(got, want) || n < len(want)*16 {
-		t.Errorf("router hashes %d blocks (%d tokens), engine's %d", len(got), n, len(want))
+	var sc hashing.Scratch
+	chains, n := rt.st.hasher.Hash(p, prefix.Root("m", ""), []int{16}, &sc)
+	if want := chatKeys(msgs); len(chains) != 1 || !slices.Equal(chains[0].Hashes, want) || n < len(want)*16 {
+		t.Errorf("router hashes %v (%d tokens), engine's %d blocks", chains, n, len(want))
 	}
-	if rt.st.tok.fails.Load() != 0 {
-		t.Errorf("%d tokenize failures", rt.st.tok.fails.Load())
+	if st := rt.st.hasher.Stats(); st.Fails != 0 {
+		t.Errorf("%d tokenize failures", st.Fails)
 	}
 }
 
@@ -462,28 +465,6 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return b
-}
-
-// TestRemoteTokenizeFallback: without a healthy replica to ask, a request
-// is hashed in text mode, counted.
-func TestRemoteTokenizeFallback(t *testing.T) {
-	h, err := newTokenHasher(&Config{Tokenizer: Remote, ChunkChars: 64}, newRemoteTokenizer(nil, func() string { return "" }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, _ := prefix.Parse([]byte(`{"model":"m","prompt":"` + strings.Repeat("abcd ", 40) + `"}`))
-	got, _ := h.Hashes(p, nil)
-	want, _ := prefix.Text{ChunkChars: 64}.Hashes(p, nil)
-	if !slices.Equal(got, want) || h.fails.Load() != 1 || h.texted.Load() != 1 {
-		t.Errorf("fallback hashes %v (want text mode %v), fails %d", got, want, h.fails.Load())
-	}
-	// Token-id prompts need no tokenizer.
-	p, _ = prefix.Parse([]byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`))
-	got, n := h.Hashes(p, nil)
-	ids := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
-	if want := prefix.Blocks(prefix.Root("m", ""), ids, 16, nil); !slices.Equal(got, want) || n != 17 {
-		t.Errorf("token-id prompt: %v (%d tokens), want %v (17)", got, n, want)
-	}
 }
 
 // TestPreciseBindMode: the router binds one SUB socket (--kv-events-bind)
@@ -500,10 +481,10 @@ func TestPreciseBindMode(t *testing.T) {
 		c.HealthInterval = 20 * time.Millisecond
 	})
 	runRouter(t, rt)
-	if rt.st.idx.modeOf(0) != IndexApproximate {
-		t.Errorf("mode before any event: %q, want approximate", rt.st.idx.modeOf(0))
+	if rt.st.fleet.IndexMode(0) != IndexApproximate {
+		t.Errorf("mode before any event: %q, want approximate", rt.st.fleet.IndexMode(0))
 	}
-	e := eventEngine(t, 0, addr, rt.st.idx.p.sub.BindAddr(), rep)
+	e := eventEngine(t, 0, addr, rt.st.feed.sub.BindAddr(), rep)
 	eventually(t, "healthy", func() bool { return rt.st.healthy(0) })
 	send := func(k int) {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, words(k, 40))
@@ -512,7 +493,7 @@ func TestPreciseBindMode(t *testing.T) {
 		}
 	}
 	// Until the engine's connection is up its events are dropped (PUB).
-	for k := 0; rt.st.idx.modeOf(0) != IndexPrecise; k++ {
+	for k := 0; rt.st.fleet.IndexMode(0) != IndexPrecise; k++ {
 		if k == 300 {
 			t.Fatal("no event through a dialing engine")
 		}
@@ -520,7 +501,7 @@ func TestPreciseBindMode(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	e.Reset()
-	eventually(t, "the clear", func() bool { return rt.st.idx.p.x.Blocks(0) == 0 })
+	eventually(t, "the clear", func() bool { return rt.st.fleet.Tracker().Precise().Blocks(0) == 0 })
 	var want []prefix.Hash
 	for k := 1000; k < 1004; k++ {
 		send(k)
@@ -529,10 +510,10 @@ func TestPreciseBindMode(t *testing.T) {
 	// The subscriber's counters include the events before the reset:
 	// wait for the index itself.
 	eventually(t, "the workload's blocks", func() bool {
-		return slices.Equal(sortedSet(want), sortedSet(rt.st.idx.p.x.Hashes(0)))
+		return slices.Equal(sortedSet(want), sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)))
 	})
-	if n := e.Stats().CachedBlocks; rt.st.idx.p.x.Blocks(0) != n {
-		t.Errorf("index holds %d blocks, engine %d", rt.st.idx.p.x.Blocks(0), n)
+	if n := e.Stats().CachedBlocks; rt.st.fleet.Tracker().Precise().Blocks(0) != n {
+		t.Errorf("index holds %d blocks, engine %d", rt.st.fleet.Tracker().Precise().Blocks(0), n)
 	}
 	if rec := rt.Decisions(1)[0]; rec.Index != IndexPrecise {
 		t.Errorf("last decision index %q, want precise", rec.Index)
@@ -607,7 +588,7 @@ func TestPreciseDroppedBatchReplayed(t *testing.T) {
 		}
 		want = append(want, textKeys(text)...)
 	}
-	batches := func() uint64 { st, _ := rt.st.idx.p.sub.Status(0); return st.Batches }
+	batches := func() uint64 { st, _ := rt.st.feed.sub.Status(0); return st.Batches }
 	for k := 0; batches() == 0; k++ { // until events flow end to end
 		if k == 300 {
 			t.Fatal("no event through the relay")
@@ -623,9 +604,9 @@ func TestPreciseDroppedBatchReplayed(t *testing.T) {
 	eventually(t, "the drop", func() bool { rl.mu.Lock(); defer rl.mu.Unlock(); return rl.dropped == 1 })
 	send(1001) // its batch reveals the gap
 	eventually(t, "the replayed index", func() bool {
-		return slices.Equal(sortedSet(want), sortedSet(rt.st.idx.p.x.Hashes(0)))
+		return slices.Equal(sortedSet(want), sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)))
 	})
-	k := rt.View(time.Now()).Replicas[0].KVEvents
+	k := rt.View(time.Now()).Replicas[0].Events
 	if k.Gaps != 1 || k.Replays < 1 || k.Resets != 0 {
 		t.Errorf("kv events view %+v, want 1 gap, a replay, no reset", k)
 	}
@@ -645,39 +626,16 @@ func TestPreciseBackendModel(t *testing.T) {
 	}
 	t.Cleanup(func() { e.Close() })
 	b := eventBackend(e)
-	b.Model = "m"
+	b.Models = []string{"m"}
 	rt, url := preciseRouter(t, []Backend{b})
-	eventually(t, "precise mode", func() bool { return rt.st.idx.modeOf(0) == IndexPrecise })
+	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	text := words(3, 60)
 	body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, text)
 	if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
 	settled(t, rt, 0, e)
-	if d := cmp.Diff(sortedSet(textKeys(text)), sortedSet(rt.st.idx.p.x.Hashes(0))); d != "" {
+	if d := cmp.Diff(sortedSet(textKeys(text)), sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0))); d != "" {
 		t.Errorf("index vs prompt sent (-want +got):\n%s", d)
-	}
-}
-
-// TestPreciseMatchNoDecay: a live replica's precise match carries age
-// zero however old its blocks (the engine's events say they are
-// resident, so the cost model must not decay them); a replica in fallback
-// keeps the approximate match and age it was given.
-func TestPreciseMatchNoDecay(t *testing.T) {
-	cfg := residency.Config{MaxReplicas: 2, DefaultCapacity: 100}
-	p := &precise{x: residency.New(cfg), overlay: residency.New(residency.Config{MaxReplicas: 2, TTL: overlayTTL}), live: make([]atomic.Bool, 2)}
-	hs := textKeys(words(1, 60))
-	for i := range 2 {
-		p.x.AddReplica(i, 100)
-		p.x.Touch(i, hs, 0)
-	}
-	p.live[0].Store(true)
-	match, age := []int{1, 1}, []time.Duration{time.Minute, time.Minute} // the approximate index's
-	p.match(hs, time.Hour, &matchScratch{}, match, age)
-	if want := []int{len(hs), 1}; !slices.Equal(match, want) {
-		t.Errorf("match %v, want %v", match, want)
-	}
-	if want := []time.Duration{0, time.Minute}; !slices.Equal(age, want) {
-		t.Errorf("age %v, want %v", age, want)
 	}
 }

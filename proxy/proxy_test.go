@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"kvrouter/view"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -360,18 +361,18 @@ func TestDecisionRecordLifecycle(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	got := rt.Decisions(10)
-	if len(got) != 1 || got[0].Outcome != OutcomeInFlight || got[0].Replica != up.URL || got[0].ActualCached != -1 || got[0].E2EMS != 0 {
+	if len(got) != 1 || got[0].Outcome != view.OutcomeInFlight || got[0].Replica != up.URL || got[0].ActualCached != -1 || got[0].E2EMS != 0 {
 		t.Fatalf("in flight: got %+v, want one in-flight record without outcome figures", got)
 	}
 	close(release)
 	io.ReadAll(resp.Body)
 	resp.Body.Close()
 	deadline := time.Now().Add(2 * time.Second)
-	for rt.Decisions(1)[0].Outcome == OutcomeInFlight && time.Now().Before(deadline) {
+	for rt.Decisions(1)[0].Outcome == view.OutcomeInFlight && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	rec := rt.Decisions(1)[0]
-	if rec.Outcome != OutcomeOK || rec.Status != 200 || rec.ActualCached != 64 || rec.PromptTokens != 100 || rec.TTFTMS <= 0 || rec.E2EMS < rec.TTFTMS {
+	if rec.Outcome != view.OutcomeOK || rec.Status != 200 || rec.ActualCached != 64 || rec.PromptTokens != 100 || rec.TTFTMS <= 0 || rec.E2EMS < rec.TTFTMS {
 		t.Errorf("finished: got %+v, want ok 200 with 64 of 100 cached and TTFT ≤ E2E", rec)
 	}
 	if len(rec.Candidates) != 1 || rec.Index != "approximate" {

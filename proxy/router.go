@@ -42,6 +42,9 @@ type Deps struct {
 	// Policy overrides Config.Policy (tests, experiments); nil means the
 	// policy Config.Policy names.
 	Policy route.Policy
+	// Now is the router's clock; nil means time.Now. Tests drive the
+	// router's decisions on a clock of their own with it.
+	Now func() time.Time
 }
 
 // Router is the live router. Create it with New, serve Handler, and run Run
@@ -63,6 +66,8 @@ type Router struct {
 	models     modelsCache
 	st         *state
 	pool       sync.Pool // *call
+	now        func() time.Time
+	start      time.Time // the router's start: time zero of the residency index
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -73,16 +78,20 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("proxy config: %w", err)
 	}
-	rt := &Router{cfg: cfg, log: deps.Logger, upstream: deps.Transport, policy: deps.Policy, policyName: cfg.Policy}
+	rt := &Router{cfg: cfg, log: deps.Logger, upstream: deps.Transport, policy: deps.Policy, policyName: cfg.Policy, now: deps.Now}
+	if rt.now == nil {
+		rt.now = time.Now
+	}
+	rt.start = rt.now()
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
 	}
 	if rt.policy == nil {
-		p, err := newPolicy(cfg.Policy)
+		p, err := route.New(cfg.policyName())
 		if err != nil {
 			return nil, err
 		}
-		rt.policy = p
+		rt.policy, rt.policyName = p, cfg.policyName()
 	} else if rt.policyName == "" {
 		rt.policyName = fmt.Sprintf("%T", rt.policy)
 	}
@@ -112,18 +121,17 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	rt.m = m
 	rt.decisions = newRing(cfg.Decisions, rt.names)
-	needs := route.NeedsOf(rt.policy)
-	st, err := newState(rt, needs)
+	st, err := newState(rt, rt.policy)
 	if err != nil {
 		return nil, err
 	}
 	rt.st = st
-	st.logIndexMode(rt.log, needs)
+	st.logIndexMode(rt.log)
 	rt.idPrefix = "kvr-" + strconv.FormatUint(st.epoch, 36) + "-"
 	if err := reg.Register(newFleetCollector(st)); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
-	if p := st.idx.p; p != nil {
+	if p := st.feed; p != nil {
 		if _, err := kvevents.NewMetrics(reg, p.sub, p.label); err != nil {
 			p.sub.Close()
 			return nil, fmt.Errorf("proxy metrics: %w", err)

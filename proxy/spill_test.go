@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"kvrouter/view"
 	"net/http"
 	"strings"
 	"sync"
@@ -86,7 +87,7 @@ func TestSharedPrefixSpills(t *testing.T) {
 	if spill.Reason != "spread" {
 		t.Errorf("first spill (request %d): reason %s, want spread", first+1, spill.Reason)
 	}
-	var atHolder, atSpill Candidate
+	var atHolder, atSpill view.Candidate
 	for _, c := range spill.Candidates {
 		switch c.Replica {
 		case holder:

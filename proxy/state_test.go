@@ -2,13 +2,13 @@ package proxy
 
 import (
 	"fmt"
+	"kvrouter/fleet"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,34 +16,6 @@ import (
 	"kvrouter/prefix"
 	"kvrouter/route"
 )
-
-func TestPriorScale(t *testing.T) {
-	tests := []struct {
-		name string
-		in   []float64
-		want []float64
-	}{
-		{"none calibrated", []float64{1, 0, 1}, []float64{1, 0, 1}},
-		{"all calibrated", []float64{0.5, 2}, []float64{0.5, 2}},
-		{"geometric mean to the others", []float64{0.25, 1, 1, 0.5, 0}, []float64{0.25, 0.3536, 0.3536, 0.5, 0.3536}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var s route.Snapshot
-			for _, sc := range tc.in {
-				s.Replicas = append(s.Replicas, route.Replica{Rates: route.Rates{Scale: sc}})
-			}
-			priorScale(&s)
-			got := make([]float64, len(s.Replicas))
-			for i, r := range s.Replicas {
-				got[i] = r.Rates.Scale
-			}
-			if d := cmp.Diff(tc.want, got, cmpopts.EquateApprox(0, 1e-3)); d != "" {
-				t.Errorf("scales (-want +got):\n%s", d)
-			}
-		})
-	}
-}
 
 func TestScaleRates(t *testing.T) {
 	base := route.Rates{PrefillPerToken: 40 * time.Microsecond, AttnPerToken2: 1300 * time.Microsecond,
@@ -79,7 +51,7 @@ func TestTimeScaleRates(t *testing.T) {
 	for _, scale := range []float64{0, 1, 0.1} {
 		rt, _ := startRouter(t, "kv-aware", func(c *Config) { c.TimeScale = scale }, up.URL)
 		var s route.Snapshot
-		rt.st.snapshot(&s, time.Now())
+		rt.st.fleet.Snapshot(&s, time.Now(), 0)
 		ecfg, err := engine.Preset(DefaultPreset)
 		if err != nil {
 			t.Fatal(err)
@@ -140,7 +112,7 @@ func TestRecordLeavesOutPruned(t *testing.T) {
 	for k := range 3 * n { // load every replica differently
 		c := decide(t, rt, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, k))
 		if k%3 == 0 {
-			c.ticket.Done(0, nil)
+			c.ticket.Done(fleet.NoUsage, nil)
 		}
 	}
 	rec := rt.Decisions(1)[0]
@@ -162,10 +134,10 @@ func TestSnapshotIndexBlocks(t *testing.T) {
 		decide(t, rt, fmt.Sprintf(`{"model":"m","prompt":"%s %d"}`, strings.Repeat("long shared words ", 40*(k%4+1)), k))
 	}
 	var s route.Snapshot
-	rt.st.snapshot(&s, time.Now())
+	rt.st.fleet.Snapshot(&s, time.Now(), 0)
 	some := false
 	for i, r := range s.Replicas {
-		want, _ := rt.st.idx.blocks(i)
+		want, _ := rt.st.fleet.Tracker().Blocks(i)
 		some = some || want > 0
 		if r.IndexBlocks != want {
 			t.Errorf("replica %d: snapshot IndexBlocks %d, index %d", i, r.IndexBlocks, want)

@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"sync"
+
+	"kvrouter/fleet"
 )
 
 // retrier is the ReverseProxy's transport. It sends the request to the
@@ -29,7 +31,7 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 		rt.m.retries.WithLabelValues(rt.names[failed]).Inc()
 		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.names[failed], "err", errString(resp, err))
 		c.failed = append(c.failed, failed)
-		c.ticket.Done(-1, errRetried)
+		c.ticket.Done(fleet.NoUsage, errRetried)
 		c.ticket = nil
 		if !c.repick() {
 			return resp, err

@@ -1,6 +1,9 @@
 package sim
 
-import "kvrouter/trace"
+import (
+	"kvrouter/fleet"
+	"kvrouter/trace"
+)
 
 // onFleet applies the next fleet event and queues the one after.
 //
@@ -8,8 +11,8 @@ import "kvrouter/trace"
 // would take a probe interval; the simulator gives every policy the same
 // instant knowledge), its requests in flight fail and are counted as
 // errors (rejectKilled, never re-sent: a client would see the failure),
-// its engine and cache are gone, and the index forgets it. Add: a cold
-// replica joins, appended after the others.
+// and its engine and cache are gone. Add: a cold replica joins, appended
+// after the others.
 func (r *runner) onFleet() {
 	fe := r.cfg.fleet[r.fleet]
 	r.fleet++
@@ -32,21 +35,16 @@ func (r *runner) kill(i int) {
 		return
 	}
 	rp := &r.reps[i]
-	rp.alive = false
-	rp.eng = nil
-	rp.wake = -1
-	rp.inFlight, rp.prefillTokens, rp.decoding, rp.decodeBlocks = 0, 0, 0, 0
-	rp.running, rp.waiting, rp.kvUsage = 0, 0, 0
+	rp.alive, rp.eng, rp.wake = false, nil, -1
+	r.fl.SetHealthy(rp.id, false)
 	for j := range r.flights {
 		f := &r.flights[j]
 		if f.active && int(f.rep) == i {
 			f.active = false
+			f.ticket.Done(fleet.NoUsage, errKilled)
 			r.live--
 			delete(r.byID, r.jobs[j].id)
 			r.reject(j, i, f.reason, rejectKilled)
 		}
-	}
-	if r.idx != nil {
-		r.idx.clearReplica(i)
 	}
 }

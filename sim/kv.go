@@ -15,10 +15,11 @@ type kvEvent struct {
 	hashes []prefix.Hash
 }
 
-// queueKV sends a KV event of replica i to the index, KVEventDelay late.
-// The event's hashes are copied (the engine reuses them). Due times are
-// monotonic (events come out in time order, the delay is constant), so a
-// FIFO drained before each event replaces heap entries.
+// queueKV sends a KV event of replica i to the fleet's precise index,
+// KVEventDelay late, as the live router's KV-event subscriber would write
+// it. The event's hashes are copied (the engine reuses them). Due times
+// are monotonic (events come out in time order, the delay is constant),
+// so a FIFO drained before each event replaces heap entries.
 func (r *runner) queueKV(i int, ev *engine.Event) {
 	if r.cfg.KVEventDelay == 0 {
 		r.applyKV(i, ev.Kind, ev.Hashes)
@@ -45,12 +46,13 @@ func (r *runner) drainKV() {
 
 // applyKV updates the precise index with one event of replica i.
 func (r *runner) applyKV(i int, k engine.Kind, hashes []prefix.Hash) {
+	x := r.fl.Tracker().Precise()
 	switch k {
 	case engine.BlockStored:
-		r.idx.store(i, hashes, r.now)
+		x.Store(i, hashes, r.now)
 	case engine.BlockRemoved:
-		r.idx.remove(i, hashes)
+		x.Remove(i, hashes)
 	case engine.AllCleared:
-		r.idx.clearReplica(i)
+		x.Clear(i)
 	}
 }

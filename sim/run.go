@@ -7,99 +7,64 @@ import (
 
 	"kvrouter/engine"
 	"kvrouter/fleet"
-	"kvrouter/prefix"
 	"kvrouter/report"
+	"kvrouter/residency"
 	"kvrouter/route"
 	"kvrouter/scrape"
 )
 
-// replica is one simulated backend: its engine and what the router knows
-// of it.
+// replica is one simulated backend: its engine.
 type replica struct {
+	id    string
 	eng   *engine.Engine
 	alive bool
 	// wake is the pending wake-up time, or -1 when none is queued.
 	wake time.Duration
-
-	// The router's own counts (always fresh).
-	inFlight, prefillTokens, decoding, decodeBlocks int
-	recent                                          window
-
-	// The engine's figures as of the last scrape tick.
-	running, waiting int
-	kvUsage          float64
-	scraped          bool
-	scrapedAt        time.Duration
-
-	// base is the preset's rates; rates is base corrected by cal (Scale)
-	// and churn (Horizon), as the live fleet does (package fleet).
-	base, rates route.Rates
-	cal         fleet.Calibrator
-	churn       fleet.Churn
 }
 
-// epoch is virtual time zero on the wall clock, for the fleet package's
-// scrape.Load timestamps (a zero time.Time means "no timestamp" there).
+// epoch is virtual time zero on the wall clock: the fleet takes times as
+// time.Time (and scrape.Load stamps), the simulator counts durations.
 var epoch = time.Unix(1_000_000_000, 0)
 
-// updateRates recomputes rates from base, as fleet does.
-func (rp *replica) updateRates() {
-	rp.rates = rp.cal.Apply(rp.base)
-	if h := rp.churn.Horizon(); h > 0 {
-		rp.rates.Horizon = h
-	}
-}
+// at is virtual time t on the fleet's clock.
+func at(t time.Duration) time.Time { return epoch.Add(t) }
 
 // flight is one request's state while it runs on a replica.
 type flight struct {
 	rep       int32
-	routed    time.Duration // when it was sent to rep
-	first     time.Duration // first token, -1 before
-	predicted int           // cached tokens the policy predicted
-	uncached  int           // prompt tokens counted in PrefillTokens
-	blocks    int           // counted in DecodeBlocks
-	// predTTFT is the policy's Wait+Prefill+Decode of the chosen replica,
-	// unscaled (divided by the Rates.Scale it used); 0 if unknown.
-	predTTFT time.Duration
-	reason   string // the decision's reason
-	retries  int
-	active   bool
+	ticket    *fleet.Ticket
+	predicted int    // cached tokens the policy predicted
+	reason    string // the decision's reason
+	active    bool
 }
 
-// runner simulates one policy over the jobs on a fresh fleet.
+// runner simulates one policy over the jobs on a fresh fleet: the engines
+// are the simulator's, the router's side is package fleet, the same code
+// the live router runs.
 type runner struct {
-	cfg    *Config
-	jobs   []job
-	name   string
-	policy route.Policy
-	needs  route.Needs
-	// kind is the index the policy reads; k merges k engine blocks into
-	// one index block (Needs.BlockTokens).
-	kind route.IndexKind
-	k    int
+	cfg  *Config
+	jobs []job
+	name string
+	fl   *fleet.Fleet
 
 	q    queue
 	now  time.Duration
 	next int // next job to arrive
 	reps []replica
 
-	flights  []flight
-	byID     map[string]int32
-	sessions map[uint64]int32
-	seq      uint64
-	live     int // requests in flight anywhere
+	flights []flight
+	byID    map[string]int32
+	live    int // requests in flight anywhere
 
-	idx   *index
 	kvq   []kvEvent // delayed KV events, FIFO (due times are monotonic)
 	kvq0  int
 	fleet int // next fleet event
 
 	// Reused buffers.
-	snap    route.Snapshot
-	req     route.Request
-	ereq    []engine.Request
-	idxHash []prefix.Hash
-	costs   []route.Cost
+	sc     fleet.Scratch
+	freq   fleet.Request
+	chains [1]residency.Chain
+	ereq   []engine.Request
 
 	res result
 	err error
@@ -107,36 +72,31 @@ type runner struct {
 
 // newRunner builds the fleet for one policy.
 func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
-	base, precise := name, false
-	if len(name) > len(PreciseSuffix) && name[len(name)-len(PreciseSuffix):] == PreciseSuffix {
-		base, precise = name[:len(name)-len(PreciseSuffix)], true
+	p, precise, err := policyOf(name)
+	if err != nil {
+		return nil, err
 	}
-	p, err := route.New(base)
+	needs := route.NeedsOf(p)
+	fc := fleet.Config{
+		MaxReplicas: cfg.Replicas + cfg.adds,
+		Policy:      p,
+		// The engines always publish their events. A policy that asks for
+		// them gets them; one that reads a generic index (kv-aware, Preble)
+		// gets them in precise mode only, so that both modes compare.
+		Events:      precise || cfg.Mode == ModePrecise || needs.Index == route.Precise,
+		Engine:      true,
+		Rates:       cfg.Preset.Rates(),
+		BlockSize:   cfg.Preset.BlockSize,
+		CacheBlocks: cfg.Preset.NumBlocks,
+		Start:       epoch,
+	}
+	fl, err := fleet.New(fc)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", name, err)
 	}
-	r := &runner{cfg: cfg, jobs: jobs, name: name, policy: p,
-		byID: make(map[string]int32, len(jobs)), sessions: make(map[uint64]int32),
-		flights: make([]flight, len(jobs)), ereq: make([]engine.Request, len(jobs))}
-	if n, ok := p.(route.Needer); ok {
-		r.needs = n.Needs()
-	}
-	r.kind = r.needs.Index
-	if base == "kv-aware" && (precise || cfg.Mode == ModePrecise) {
-		r.kind = route.Precise
-	} else if precise {
-		r.kind = route.Precise
-	}
-	bs := cfg.Preset.BlockSize
-	r.k = 1
-	if r.kind == route.Approximate && r.needs.BlockTokens > bs {
-		r.k = r.needs.BlockTokens / bs
-	}
-	r.snap.BlockSize = bs * r.k
-	if r.kind != route.NoIndex {
-		r.idx = newIndex(r.kind, r.needs, cfg.Preset.NumBlocks/r.k)
-	}
-	for i := 0; i < cfg.Replicas; i++ {
+	r := &runner{cfg: cfg, jobs: jobs, name: name, fl: fl,
+		byID: make(map[string]int32, len(jobs)), flights: make([]flight, len(jobs)), ereq: make([]engine.Request, len(jobs))}
+	for range cfg.Replicas {
 		if err := r.addReplica(); err != nil {
 			return nil, err
 		}
@@ -144,19 +104,32 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 	return r, nil
 }
 
-// addReplica starts a cold replica.
+// policyOf returns the policy a run name names, and whether the name asks
+// for the precise index (PreciseSuffix).
+func policyOf(name string) (route.Policy, bool, error) {
+	base, precise := name, false
+	if len(name) > len(PreciseSuffix) && name[len(name)-len(PreciseSuffix):] == PreciseSuffix {
+		base, precise = name[:len(name)-len(PreciseSuffix)], true
+	}
+	p, err := route.New(base)
+	if err != nil {
+		return nil, false, fmt.Errorf("policy %s: %w", name, err)
+	}
+	return p, precise, nil
+}
+
+// addReplica starts a cold replica serving its share of the models.
 func (r *runner) addReplica() error {
 	e, err := engine.New(r.cfg.Preset)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	rates := r.cfg.Preset.Rates()
-	r.reps = append(r.reps, replica{eng: e, alive: true, wake: -1, base: rates, rates: rates})
-	id := fmt.Sprintf("r%d", len(r.reps)-1)
-	r.snap.Replicas = append(r.snap.Replicas, route.Replica{ID: id})
-	if r.idx != nil {
-		r.idx.addReplica()
+	i := len(r.reps)
+	id := fmt.Sprintf("r%d", i)
+	if err := r.fl.AddReplica(fleet.Replica{ID: id, Models: []string{modelName(i % r.cfg.Models)}}); err != nil {
+		return err
 	}
+	r.reps = append(r.reps, replica{id: id, eng: e, alive: true, wake: -1})
 	r.res.replicas = len(r.reps)
 	return nil
 }
@@ -207,31 +180,30 @@ func (r *runner) busy() bool {
 	return r.next < len(r.jobs) || r.live > 0 || r.kvq0 < len(r.kvq) || r.fleet < len(r.cfg.fleet)
 }
 
+// onScrape gives the fleet every live engine's metrics, as the live
+// router's scrape of /metrics does, and queues the next tick at the
+// interval the policy's source scrapes at.
 func (r *runner) onScrape() {
 	for i := range r.reps {
 		rp := &r.reps[i]
-		if !rp.alive {
-			continue
+		if rp.alive {
+			r.fl.SetLoad(rp.id, loadOf(rp.eng.Stats(), r.cfg.Preset.BlockSize, at(r.now)))
 		}
-		s := rp.eng.Stats()
-		rp.running, rp.waiting = s.Running, s.Waiting
-		rp.kvUsage = 0
-		if s.TotalBlocks > 0 {
-			rp.kvUsage = float64(s.UsedBlocks) / float64(s.TotalBlocks)
-		}
-		rp.scraped, rp.scrapedAt = true, r.now
-		rp.churn.Observe(scrape.Load{Running: s.Running, Waiting: s.Waiting, KVUsage: rp.kvUsage,
-			BlockSize: r.cfg.Preset.BlockSize, NumBlocks: s.TotalBlocks,
-			PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits), At: epoch.Add(r.now)})
-		rp.updateRates()
 	}
 	if r.busy() {
-		iv := r.cfg.ScrapeInterval
-		if r.needs.ScrapeInterval > 0 {
-			iv = r.needs.ScrapeInterval
-		}
-		r.q.push(event{at: r.now + iv, kind: evScrape})
+		r.q.push(event{at: r.now + r.fl.ScrapeInterval(r.cfg.ScrapeInterval), kind: evScrape})
 	}
+}
+
+// loadOf is what a scrape of an engine with stats s reads (the figures
+// emulator/metrics.go exports), taken at t.
+func loadOf(s engine.Stats, blockSize int, t time.Time) scrape.Load {
+	l := scrape.Load{Running: s.Running, Waiting: s.Waiting, BlockSize: blockSize, NumBlocks: s.TotalBlocks,
+		PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits), At: t}
+	if s.TotalBlocks > 0 {
+		l.KVUsage = float64(s.UsedBlocks) / float64(s.TotalBlocks)
+	}
+	return l
 }
 
 // onWake steps replica i's engine.
@@ -266,30 +238,15 @@ func (r *runner) step(i int) {
 func (r *runner) onEngine(i int, ev *engine.Event) {
 	switch ev.Kind {
 	case engine.FirstToken:
-		r.onFirst(i, ev)
+		if j, ok := r.byID[ev.Req]; ok {
+			r.flights[j].ticket.FirstToken(at(ev.At))
+		}
 	case engine.Done:
 		r.onDone(i, ev)
 	case engine.BlockStored, engine.BlockRemoved, engine.AllCleared:
-		if r.kind == route.Precise {
+		if r.fl.Tracker().Precise() != nil {
 			r.queueKV(i, ev)
 		}
-	}
-}
-
-func (r *runner) onFirst(i int, ev *engine.Event) {
-	j, ok := r.byID[ev.Req]
-	if !ok {
-		return
-	}
-	f := &r.flights[j]
-	rp := &r.reps[i]
-	f.first = ev.At
-	rp.prefillTokens -= f.uncached
-	f.uncached = 0
-	rp.decoding++
-	if f.predTTFT > 0 {
-		rp.cal.Observe(f.predTTFT, ev.At-f.routed)
-		rp.updateRates()
 	}
 }
 
@@ -299,15 +256,9 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 		return
 	}
 	f := &r.flights[j]
-	rp := &r.reps[i]
-	if f.first < 0 { // done without a first token (canceled): release prefill
-		rp.prefillTokens -= f.uncached
-	} else {
-		rp.decoding--
-	}
-	rp.inFlight--
-	rp.decodeBlocks -= f.blocks
+	f.ticket.Done(fleet.Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens}, nil)
 	f.active = false
+	delete(r.byID, ev.Req)
 	r.live--
 	jb := &r.jobs[j]
 	r.res.samples = append(r.res.samples, report.Sample{

@@ -63,6 +63,12 @@ type Config struct {
 	Fleet []trace.FleetEvent
 	// Replicas is the fleet size at the start; zero means 16.
 	Replicas int
+	// Models is the number of models the fleet serves; zero means 1.
+	// Replica i serves model i mod Models, and each request asks for one,
+	// by its session (else tenant, else id), so that the router's model
+	// routing is exercised: no request may reach a replica without its
+	// model.
+	Models int
 	// PresetName names Preset in the report ("llama3-8b-h100").
 	PresetName string
 	// Preset is every replica's engine configuration (engine.Preset).
@@ -100,6 +106,8 @@ type Config struct {
 
 	// fleet is Fleet on the scaled clock (set by Run).
 	fleet []fleetEvent
+	// adds is the number of Add events of Fleet.
+	adds int
 }
 
 // withDefaults fills zero fields and validates.
@@ -110,14 +118,20 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Replicas < 1 {
 		return c, fmt.Errorf("sim: %d replicas < 1", c.Replicas)
 	}
-	adds := 0
+	c.adds = 0
 	for _, fe := range c.Fleet {
 		if fe.Kind == trace.Add {
-			adds++
+			c.adds++
 		}
 	}
-	if c.Replicas+adds > residency.MaxReplicasLimit {
-		return c, fmt.Errorf("sim: %d replicas > %d", c.Replicas+adds, residency.MaxReplicasLimit)
+	if c.Replicas+c.adds > residency.MaxReplicasLimit {
+		return c, fmt.Errorf("sim: %d replicas > %d", c.Replicas+c.adds, residency.MaxReplicasLimit)
+	}
+	if c.Models == 0 {
+		c.Models = 1
+	}
+	if c.Models < 1 || c.Models > c.Replicas {
+		return c, fmt.Errorf("sim: %d models for %d replicas: want 1 to %d", c.Models, c.Replicas, c.Replicas)
 	}
 	if c.Load < 0 {
 		return c, fmt.Errorf("sim: load %g < 0", c.Load)
@@ -151,11 +165,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.Preset = e.Config() // zero fields filled
 	for _, p := range c.Policies {
-		base := p
-		if len(p) > len(PreciseSuffix) && p[len(p)-len(PreciseSuffix):] == PreciseSuffix {
-			base = p[:len(p)-len(PreciseSuffix)]
-		}
-		if _, err := route.New(base); err != nil {
+		if _, _, err := policyOf(p); err != nil {
 			return c, fmt.Errorf("sim: %w", err)
 		}
 	}
@@ -209,7 +219,7 @@ func prepare(cfg Config) (*outcome, error) {
 		return nil, err
 	}
 	bs := cfg.Preset.BlockSize
-	jobs := makeJobs(cfg.Requests, bs, cfg.Seed)
+	jobs := makeJobs(cfg.Requests, bs, cfg.Seed, cfg.Models)
 	factor := scaleArrivals(jobs, &cfg.Preset, cfg.Replicas, cfg.Load)
 	var t0 time.Duration
 	if len(cfg.Requests) > 0 {
@@ -284,6 +294,7 @@ func (o *outcome) params() []report.Param {
 		p("workload", c.Workload),
 		p("requests", len(o.jobs)),
 		p("replicas", c.Replicas),
+		p("models", c.Models),
 		p("preset", c.PresetName),
 		p("preset_blocks", c.Preset.NumBlocks),
 		p("block_size", c.Preset.BlockSize),

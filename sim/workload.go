@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -26,8 +27,29 @@ type job struct {
 	// hash seeds tie-breaks (route.Request.Hash): xxhash of the id, mixed
 	// with the seed.
 	hash      uint64
-	session   uint64 // hash of the session id, 0 for none
+	session   string // the session id, empty for none
+	model     string // the model requested (modelName)
 	prefixKey uint64
+}
+
+// modelName names the i-th model of a fleet of several (Config.Models).
+func modelName(i int) string { return "m" + strconv.Itoa(i) }
+
+// modelOf assigns request r one of n models: by its session, else its
+// tenant, else its id, hashed, so that a conversation or a tenant stays
+// with one model.
+func modelOf(r *trace.Request, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	key := r.Session
+	if key == "" {
+		key = r.Tenant
+	}
+	if key == "" {
+		key = r.ID
+	}
+	return int(mix64(xxhash.Sum64String(key)) % uint64(n))
 }
 
 // fleetEvent is a trace.FleetEvent on the scaled clock.
@@ -37,9 +59,11 @@ type fleetEvent struct {
 	replica int
 }
 
-// makeJobs derives the jobs from reqs. Arrival times are relative to the
-// first request.
-func makeJobs(reqs []trace.Request, blockSize int, seed uint64) []job {
+// makeJobs derives the jobs from reqs, for a fleet of models models.
+// Arrival times are relative to the first request. A request's block
+// hashes chain from its model's root, so that two models never share a
+// block, as in the router (prefix.Root).
+func makeJobs(reqs []trace.Request, blockSize int, seed uint64, models int) []job {
 	jobs := make([]job, len(reqs))
 	total := 0
 	for i := range reqs {
@@ -54,17 +78,21 @@ func makeJobs(reqs []trace.Request, blockSize int, seed uint64) []job {
 	for i := range reqs {
 		r := &reqs[i]
 		start := len(buf)
-		buf = r.EngineHashes(blockSize, buf)
+		m := modelOf(r, models)
+		root := trace.Root()
+		if models > 1 {
+			root = prefix.Root(modelName(m), "")
+		}
+		buf = r.Hashes(root, blockSize, buf)
 		j := &jobs[i]
+		j.model = modelName(m)
 		j.id = r.ID
 		j.at = r.At - t0
 		j.prompt = r.Prompt
 		j.output = max(r.Output, 1)
 		j.hashes = buf[start:len(buf):len(buf)]
 		j.hash = mix64(xxhash.Sum64String(r.ID) ^ seed*0x9e3779b97f4a7c15)
-		if r.Session != "" {
-			j.session = xxhash.Sum64String(r.Session) | 1
-		}
+		j.session = r.Session
 		j.prefixKey = r.PrefixKey(prefixKeyTokens)
 	}
 	return jobs

@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,14 +61,14 @@ func TestLoadServeConfigPrecise(t *testing.T) {
 	os.Mkdir(tok, 0o755)
 	os.WriteFile(filepath.Join(tok, "tokenizer.json"), []byte("{}"), 0o644)
 	file := filepath.Join(dir, "kvrouter.yaml")
-	os.WriteFile(file, []byte("backend: [\"http://a:1,kv=tcp://a:5557,replay=tcp://a:5558,model=big\", \"http://b:1\"]\n"+
+	os.WriteFile(file, []byte("backend: [\"http://a:1,kv=tcp://a:5557,replay=tcp://a:5558,model=big,model=big-alias\", \"http://b:1\"]\n"+
 		"kv-events-bind: tcp://0.0.0.0:5557\ntokenizers: {big: "+tok+", small: remote}\n"), 0o644)
 	cfg, err := loadServeConfig([]string{"--config", file, "--tokenizer", tok}, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !cfg.Precise() || !cfg.TokenMode() || cfg.Tokenizer != tok || cfg.Tokenizers["small"] != "remote" ||
-		cfg.KVEventsBind != "tcp://0.0.0.0:5557" || cfg.Backends[0].Replay != "tcp://a:5558" || cfg.Backends[0].Model != "big" {
+		cfg.KVEventsBind != "tcp://0.0.0.0:5557" || cfg.Backends[0].Replay != "tcp://a:5558" || !slices.Equal(cfg.Backends[0].Models, []string{"big", "big-alias"}) {
 		t.Errorf("config %+v", cfg)
 	}
 }

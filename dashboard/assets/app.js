@@ -130,7 +130,7 @@ function eventsCell(e) {
 function renderReplicas(f) {
   const rows = f.replicas.map((r) =>
     el("tr", { "data-replica": r.id },
-      el("td", { class: "id", title: r.url || r.id },
+      el("td", { class: "id", title: r.id },
         el("span", { class: "badge " + (r.healthy ? "up" : "down") }, r.healthy ? "healthy" : "down"), " ", r.id),
       el("td", { class: "num" }, el("div", { class: "trend" }, sparkline(r.id, 90, 20), el("span", { class: "inflight" }, int(r.in_flight)))),
       el("td", { class: "num" }, r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—"),

@@ -1,4 +1,4 @@
-package proxy
+package hashing
 
 import (
 	"bytes"
@@ -19,16 +19,16 @@ import (
 // remoteTokenizer asks a healthy replica's POST /tokenize for a request's
 // token ids, as vLLM accepts it: {"model","prompt"} for completions,
 // {"model","messages"[,"tools"]} for chat. /tokenize takes the whole
-// conversation, so the cache is keyed by the full tokenize request: a
-// repeated request costs nothing, a conversation's new turn costs one
-// round trip to a replica (about a millisecond on a LAN, while the engine
-// renders and tokenizes it) before it can be routed. When no replica is
-// healthy or the call fails (timeout: remoteTimeout), the request is
-// hashed in text mode (tokenHasher.Hashes).
+// conversation, so the memo is keyed by the full tokenize request and the
+// root: a repeated request costs nothing, a conversation's new turn costs
+// one round trip to a replica (about a millisecond on a LAN, while the
+// engine renders and tokenizes it) before it can be routed. When no replica
+// is healthy or the call fails (timeout: remoteTimeout), the request is
+// hashed in text mode (Hasher.Hash).
 //
-// The cache keeps block hashes, not tokens (8 bytes per block instead of 4
-// per token), for the block size they were made with; it holds at most
-// remoteMemo requests and is dropped whole when full.
+// The memo keeps block hashes, not tokens (8 bytes per block instead of 4
+// per token), for each block size asked; it holds at most remoteMemo
+// requests and is dropped whole when full.
 type remoteTokenizer struct {
 	client *http.Client
 	// pick returns the base URL of a healthy replica, "" if none.
@@ -40,15 +40,18 @@ type remoteTokenizer struct {
 	calls uint64
 }
 
+// remoteEntry is one memoised request: its tokens and its chains by block
+// size.
 type remoteEntry struct {
-	hashes []prefix.Hash
 	tokens int
-	block  int
+	chains map[int][]prefix.Hash
 }
 
 const (
 	remoteMemo    = 4096
 	remoteTimeout = 2 * time.Second
+	// maxTokenizeBody bounds a /tokenize answer read, before decoding.
+	maxTokenizeBody = 64 << 20
 )
 
 func newRemoteTokenizer(client *http.Client, pick func() string) *remoteTokenizer {
@@ -63,34 +66,45 @@ type tokenizeRequest struct {
 	Tools    json.RawMessage `json:"tools,omitempty"`
 }
 
-// hashes appends p's block hashes (from root, bs tokens a block) to out.
-// ok is false when the tokens could not be had.
-func (r *remoteTokenizer) hashes(p *prefix.Prompt, root prefix.Hash, bs int, out []prefix.Hash) (_ []prefix.Hash, tokens int, ok bool) {
+// hash appends to sc p's chains at every block size, from root, and
+// returns its tokens; ok is false when the tokens could not be had.
+func (r *remoteTokenizer) hash(p *prefix.Prompt, root prefix.Hash, blockSizes []int, sc *Scratch) (tokens int, ok bool) {
 	body, err := tokenizeBody(p)
 	if err != nil {
-		return out, 0, false
+		return 0, false
 	}
-	key := xxhash.Sum64(body)
+	key := xxhash.Sum64(body) ^ uint64(root)*0x9E3779B97F4A7C15
 	r.mu.Lock()
 	e, hit := r.memo[key]
-	r.mu.Unlock()
-	if hit && e.block == bs {
-		return append(out, e.hashes...), e.tokens, true
+	for _, bs := range blockSizes {
+		if _, has := e.chains[bs]; !has {
+			hit = false
+		}
 	}
+	if hit {
+		for i, bs := range blockSizes {
+			sc.keep(i, bs, append(sc.buf(i), e.chains[bs]...))
+		}
+		r.mu.Unlock()
+		return e.tokens, true
+	}
+	r.mu.Unlock()
 	toks, err := r.call(body)
 	if err != nil {
-		return out, 0, false
+		return 0, false
 	}
-	start := len(out)
-	out = prefix.Blocks(root, toks, bs, out)
-	e = remoteEntry{hashes: slices.Clone(out[start:]), tokens: len(toks), block: bs}
+	blocks(toks, root, blockSizes, sc)
+	e = remoteEntry{tokens: len(toks), chains: make(map[int][]prefix.Hash, len(blockSizes))}
+	for _, c := range sc.chains {
+		e.chains[c.Tokens] = slices.Clone(c.Hashes)
+	}
 	r.mu.Lock()
 	if len(r.memo) >= remoteMemo {
 		clear(r.memo)
 	}
 	r.memo[key] = e
 	r.mu.Unlock()
-	return out, e.tokens, true
+	return e.tokens, true
 }
 
 // tokenizeBody builds the /tokenize request for p.
@@ -135,7 +149,7 @@ func (r *remoteTokenizer) call(body []byte) ([]uint32, error) {
 	var v struct {
 		Tokens []uint32 `json:"tokens"`
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&v); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxTokenizeBody)).Decode(&v); err != nil {
 		return nil, fmt.Errorf("tokenize %s: %w", base, err)
 	}
 	return v.Tokens, nil

@@ -1,19 +1,12 @@
-package proxy
+package hashing
 
 import (
 	"encoding/json"
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"kvrouter/prefix"
 	"kvrouter/tokenizer"
-)
-
-// Hash modes of a request, as decision records name them.
-const (
-	hashText   = "text"
-	hashTokens = "tokens"
 )
 
 // tokenSource is how one model's requests become token ids: a local
@@ -23,36 +16,24 @@ type tokenSource struct {
 	remote bool
 }
 
-// tokenHasher is the token-mode hasher: it turns a request into the
-// engine's own token ids (the chat rendered through the model's template,
-// or the completions prompt encoded; token-id prompts as given) and hashes
-// full blocks of the engine's block size from prefix.Root(model, ""), the
-// root kvevents keys BlockStored token ids under, so the router's hashes
-// are the precise index's keys. A model with no tokenizer, or a request
-// the tokenizer fails on, is hashed in text mode (it then matches nothing
-// the engines reported) and counted in fails.
+// tokenHasher is token mode: it turns a request into the engine's own
+// token ids (the chat rendered through the model's template, or the
+// completions prompt encoded; token-id prompts as given) and hashes their
+// full blocks (see Hasher.Hash).
 type tokenHasher struct {
-	text   prefix.Text
 	models map[string]tokenSource
 	def    tokenSource
 	remote *remoteTokenizer // nil unless some source is remote
-	block  atomic.Int64     // the engine's tokens per block
 	fails  atomic.Uint64
 	// texted counts requests hashed in text mode (no tokenizer for the
 	// model, or a failure).
-	texted  atomic.Uint64
-	scratch sync.Pool // *[]uint32
+	texted atomic.Uint64
 }
 
-// defaultBlockSize is the token-mode block size until an engine reports
-// its own (vLLM's default).
-const defaultBlockSize = 16
-
 // newTokenHasher loads every tokenizer cfg names. remote answers for the
-// "remote" sources.
-func newTokenHasher(cfg *Config, remote *remoteTokenizer) (*tokenHasher, error) {
-	h := &tokenHasher{text: prefix.Text{ChunkChars: cfg.ChunkChars}, models: map[string]tokenSource{}, remote: remote}
-	h.block.Store(defaultBlockSize)
+// Remote sources.
+func newTokenHasher(cfg Config, remote *remoteTokenizer) (*tokenHasher, error) {
+	h := &tokenHasher{models: map[string]tokenSource{}, remote: remote}
 	loaded := map[string]*tokenizer.Tokenizer{}
 	source := func(v string) (tokenSource, error) {
 		if v == Remote {
@@ -90,56 +71,42 @@ func (h *tokenHasher) sourceOf(model string) tokenSource {
 	return h.def
 }
 
-// TokensPerBlock is the engine's block size.
-func (h *tokenHasher) TokensPerBlock() int { return int(h.block.Load()) }
-
-// setBlockSize follows the engine's reported block size.
-func (h *tokenHasher) setBlockSize(n int) {
-	if n > 0 {
-		h.block.Store(int64(n))
-	}
-}
-
-// Hashes appends p's block hashes to out and returns them with p's prompt
-// tokens (exact in token mode). Only the first prompt of a batch is
-// hashed; all count toward tokens.
-func (h *tokenHasher) Hashes(p *prefix.Prompt, out []prefix.Hash) ([]prefix.Hash, int) {
-	bs := h.TokensPerBlock()
-	root := prefix.Root(p.Model, "")
+// hash appends to sc one chain per block size, from root, and returns the
+// prompt's tokens; ok is false when p must be hashed in text mode. Only
+// the first prompt of a batch is hashed; all count toward tokens.
+func (h *tokenHasher) hash(p *prefix.Prompt, root prefix.Hash, blockSizes []int, sc *Scratch) (n int, ok bool) {
 	if !p.Chat && len(p.PromptIDs) > 0 {
-		n := 0
 		for _, ids := range p.PromptIDs {
 			n += len(ids)
 		}
-		return prefix.Blocks(root, p.PromptIDs[0], bs, out), n
+		blocks(p.PromptIDs[0], root, blockSizes, sc)
+		return n, true
 	}
 	src := h.sourceOf(p.Model)
 	switch {
 	case src.tok != nil:
-		sp := h.tokens()
-		defer h.scratch.Put(sp)
-		toks, err := h.local(src.tok, p, (*sp)[:0])
-		*sp = toks
+		toks, err := h.local(src.tok, p, sc.toks[:0])
+		sc.toks = toks
 		if err == nil {
-			return prefix.Blocks(root, toks, bs, out), len(toks) + h.moreTokens(src.tok, p)
+			blocks(toks, root, blockSizes, sc)
+			return len(toks) + h.moreTokens(src.tok, p), true
 		}
 		h.fails.Add(1)
 	case src.remote && h.remote != nil:
-		if hs, n, ok := h.remote.hashes(p, root, bs, out); ok {
-			return hs, n
+		if n, ok := h.remote.hash(p, root, blockSizes, sc); ok {
+			return n, true
 		}
 		h.fails.Add(1)
 	}
 	h.texted.Add(1)
-	return h.text.Hashes(p, out)
+	return 0, false
 }
 
-func (h *tokenHasher) tokens() *[]uint32 {
-	if sp, ok := h.scratch.Get().(*[]uint32); ok {
-		return sp
+// blocks appends to sc the chain of toks at every block size.
+func blocks(toks []uint32, root prefix.Hash, blockSizes []int, sc *Scratch) {
+	for i, bs := range blockSizes {
+		sc.keep(i, bs, prefix.Blocks(root, toks, bs, sc.buf(i)))
 	}
-	s := make([]uint32, 0, 4096)
-	return &s
 }
 
 // local tokenizes p's chat (through the template) or first prompt.

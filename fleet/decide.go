@@ -1,0 +1,147 @@
+package fleet
+
+import (
+	"time"
+
+	"kvrouter/residency"
+	"kvrouter/route"
+)
+
+// Request is one request as the fleet routes it.
+type Request struct {
+	// ID identifies the request; Hash is a hash of it for tie-breaks.
+	ID   string
+	Hash uint64
+	// Model is the requested model; only replicas serving it are
+	// candidates. Empty means any.
+	Model string
+	// Session is the session id; empty means none.
+	Session string
+	// Tokens is the prompt length (an estimate in text mode); MaxTokens
+	// the expected output, zero if unknown.
+	Tokens, MaxTokens int
+	// PrefixKey is route.Request.PrefixKey.
+	PrefixKey uint64
+	// Chains are the prompt's block hashes: one chain in text mode, one per
+	// engine block size of the fleet in token mode (BlockSizes).
+	Chains []residency.Chain
+	// TTFT says the time to first token will be observed (a streamed
+	// response), so that it can calibrate the chosen replica's rates.
+	TTFT bool
+}
+
+// Scratch holds a decision's buffers. Keep one per goroutine: Decide then
+// allocates nothing but the ticket. After Decide it holds what the policy
+// saw and said: Snapshot, Request (Match, Age, Pinned) and its Costs.
+type Scratch struct {
+	Snapshot route.Snapshot
+	Request  route.Request
+	match    []int
+	age      []time.Duration
+	costs    []route.Cost
+	ms       residency.MatchScratch
+}
+
+// Decide routes r at now: it takes a snapshot (replicas in exclude, and
+// those known not to serve r's model, marked unhealthy), matches r's
+// chains against the tracker, pins r's session, lets the policy pick, and
+// commits the choice: the replica is charged (prefill = prompt − predicted
+// cached tokens), the session bound to it and the blocks touched. The
+// ticket is nil when the policy rejected the request (Decision.Replica
+// −1).
+func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (route.Decision, *Ticket) {
+	unit := f.tr.Unit(r.Chains)
+	f.Snapshot(&sc.Snapshot, now, unit)
+	snap := &sc.Snapshot
+	n := len(snap.Replicas)
+	f.excludeModel(r.Model, snap)
+	for _, i := range exclude {
+		if i >= 0 && i < n {
+			snap.Replicas[i].Healthy = false
+		}
+	}
+	sc.match, sc.age, sc.costs = fit(sc.match, n), fit(sc.age, n), fit(sc.costs, n)
+	t := f.indexTime(now)
+	blocks := 0
+	if f.kind == route.NoIndex {
+		clear(sc.match)
+		clear(sc.age)
+	} else {
+		f.tr.Match(r.Chains, t, snap.BlockSize, sc.match, sc.age, &sc.ms)
+	}
+	if len(r.Chains) > 0 && snap.BlockSize > 0 {
+		blocks = len(r.Chains[0].Hashes) * r.Chains[0].Tokens / snap.BlockSize
+	}
+	sc.Request = route.Request{
+		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
+		Tokens: r.Tokens, MaxTokens: r.MaxTokens, Blocks: blocks,
+		Match: sc.match, Age: sc.age, Pinned: f.pin(r.Session, snap, now),
+		Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
+	}
+	d := f.policy.Pick(&sc.Request, snap)
+	if d.Replica < 0 || d.Replica >= n {
+		return d, nil
+	}
+	return d, f.commit(r, d, now, sc)
+}
+
+// commit charges the decision's replica and binds the session to it.
+func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch) *Ticket {
+	f.mu.RLock()
+	rep := f.reps[d.Replica]
+	f.mu.RUnlock()
+	c := Claim{
+		PrefillTokens:   r.Tokens - d.Matched,
+		Tokens:          r.Tokens + max(r.MaxTokens, 0),
+		PredictedCached: d.Matched,
+		PromptTokens:    r.Tokens,
+	}
+	if r.TTFT && f.needs.Calibrate {
+		c.PredictedTTFT = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
+	}
+	tk := f.acquire(rep, c, now)
+	if r.Session != "" {
+		f.bind(r.Session, rep, now)
+	}
+	f.tr.Touch(d.Replica, r.Chains, f.indexTime(now), &sc.ms)
+	return tk
+}
+
+// predictedTTFT is the chosen candidate's time to first token at Scale 1:
+// its Wait + Prefill + Decode, which the policy scaled by the replica's
+// Scale; zero when the policy recorded no terms for it.
+func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
+	for _, k := range d.Costs {
+		if k.Replica != d.Replica || k.Pruned {
+			continue
+		}
+		scale := rp.Rates.Scale
+		if scale <= 0 {
+			scale = 1
+		}
+		return time.Duration(float64(k.Wait+k.Prefill+k.Decode) / scale)
+	}
+	return 0
+}
+
+// IndexMode names the residency feed replica i is matched against now,
+// or for i −1 the one the policy reads: "precise" (its KV events; for
+// the fleet, some replicas may be falling back), "approximate" or
+// "none".
+func (f *Fleet) IndexMode(i int) string {
+	switch {
+	case f.kind == route.NoIndex:
+		return "none"
+	case i < 0 && f.kind == route.Precise, f.tr.Live(i):
+		return "precise"
+	}
+	return "approximate"
+}
+
+// fit returns s with length n, reusing its array when it is large enough.
+func fit[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}

@@ -1,0 +1,161 @@
+package fleet
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"kvrouter/route"
+)
+
+// Model is one model a replica serves, as its /v1/models lists it.
+type Model struct {
+	// ID is the name requests use in "model".
+	ID string
+	// Parent is the base model of a LoRA adapter (vLLM lists loaded
+	// adapters with their base as "parent"); empty for a base model.
+	Parent string
+}
+
+// modelTable is which replica serves which model. Writers (AddReplica,
+// SetModels) rebuild it under mu and publish it whole, so that Decide
+// reads it without a lock.
+type modelTable struct {
+	mu  sync.Mutex // serialises writers; guards reps
+	cur atomic.Pointer[modelSet]
+	// reps is, per replica, its models and whether they were declared or
+	// are known at all.
+	reps []replicaModels
+}
+
+type replicaModels struct {
+	models          []Model
+	declared, known bool
+}
+
+// modelSet is one immutable picture of the table.
+type modelSet struct {
+	// serves maps a model to the bitset of the replicas serving it.
+	serves map[string][]uint64
+	// parent maps a LoRA adapter to its base model.
+	parent map[string]string
+	// unknown is the bitset of replicas whose models are not known yet:
+	// candidates for every model.
+	unknown []uint64
+}
+
+// set records replica i's models: declared by the operator (then learned
+// lists are ignored), or learned; known is false until a replica's models
+// are known. init adds a replica.
+func (t *modelTable) set(i int, names []string, declared, init bool) {
+	ms := make([]Model, len(names))
+	for k, n := range names {
+		ms[k] = Model{ID: n}
+	}
+	t.update(i, replicaModels{models: ms, declared: declared, known: declared}, init)
+}
+
+// update replaces replica i's entry (unless a learned list would replace
+// a declared one) and publishes the table anew.
+func (t *modelTable) update(i int, rm replicaModels, init bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.reps) <= i {
+		t.reps = append(t.reps, replicaModels{})
+	}
+	if !init && t.reps[i].declared {
+		return
+	}
+	t.reps[i] = rm
+	s := &modelSet{serves: map[string][]uint64{}, parent: map[string]string{}, unknown: make([]uint64, (len(t.reps)+63)/64)}
+	for r, e := range t.reps {
+		if !e.known {
+			s.unknown[r/64] |= 1 << (r % 64)
+			continue
+		}
+		for _, m := range e.models {
+			b := s.serves[m.ID]
+			if b == nil {
+				b = make([]uint64, len(s.unknown))
+				s.serves[m.ID] = b
+			}
+			b[r/64] |= 1 << (r % 64)
+			if m.Parent != "" {
+				s.parent[m.ID] = m.Parent
+			}
+		}
+	}
+	t.cur.Store(s)
+}
+
+// SetModels records the models replica id lists (its /v1/models). A
+// replica whose models were declared keeps those. Unknown ids are ignored.
+func (f *Fleet) SetModels(id string, models []Model) {
+	r := f.lookup(id)
+	if r == nil {
+		return
+	}
+	f.models.update(r.index, replicaModels{models: slices.Clone(models), known: true}, false)
+}
+
+// Models returns the models replica id serves and whether they are known
+// (declared, or listed by the replica).
+func (f *Fleet) Models(id string) (models []Model, known bool) {
+	r := f.lookup(id)
+	if r == nil {
+		return nil, false
+	}
+	f.models.mu.Lock()
+	defer f.models.mu.Unlock()
+	e := f.models.reps[r.index]
+	return slices.Clone(e.models), e.known
+}
+
+// Serves reports whether some replica serves model, or might: one whose
+// models are not known yet. An empty model is served by any replica.
+func (f *Fleet) Serves(model string) bool {
+	s := f.models.cur.Load()
+	if model == "" || s == nil {
+		return true
+	}
+	if _, ok := s.serves[model]; ok {
+		return true
+	}
+	for _, w := range s.unknown {
+		if w != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// ModelKey returns the base model and the LoRA adapter the blocks of a
+// request for model are keyed under, as the engine keys them: an adapter
+// some replica lists with a parent is (parent, adapter), anything else
+// (model, ""). The router hashes requests from prefix.Root(base, lora), the
+// root the engines' KV events are keyed under.
+func (f *Fleet) ModelKey(model string) (base, lora string) {
+	if s := f.models.cur.Load(); s != nil {
+		if p, ok := s.parent[model]; ok {
+			return p, model
+		}
+	}
+	return model, ""
+}
+
+// excludeModel marks unhealthy, in snap, the replicas known not to serve
+// model.
+func (f *Fleet) excludeModel(model string, snap *route.Snapshot) {
+	s := f.models.cur.Load()
+	if model == "" || s == nil {
+		return
+	}
+	serves := s.serves[model]
+	for i := range snap.Replicas {
+		w, bit := i/64, uint64(1)<<(i%64)
+		if w < len(s.unknown) && s.unknown[w]&bit != 0 || w < len(serves) && serves[w]&bit != 0 {
+			continue
+		}
+		snap.Replicas[i].Healthy = false
+	}
+}

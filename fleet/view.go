@@ -1,0 +1,51 @@
+package fleet
+
+import (
+	"time"
+
+	"kvrouter/route"
+	"kvrouter/view"
+)
+
+// View returns the fleet's part of a view at now: every replica's health,
+// models, the router's counts, the last scrape, residency, sessions,
+// feedback totals and calibration. The caller adds what it knows beside
+// (the policy's name, scrape errors, KV-event streams).
+func (f *Fleet) View(now time.Time) view.Fleet {
+	var s route.Snapshot
+	f.Snapshot(&s, now, 0)
+	counts := f.sessionCounts(len(s.Replicas))
+	f.mu.RLock()
+	reps := append([]*replica(nil), f.reps...)
+	f.mu.RUnlock()
+	v := view.Fleet{At: now, Index: f.IndexMode(-1), Replicas: make([]view.Replica, len(s.Replicas))}
+	for i, p := range s.Replicas {
+		r := reps[i]
+		held, capacity := f.tr.Blocks(i)
+		models, known := f.Models(r.id)
+		bs := f.tr.BlockSize(i)
+		rv := view.Replica{
+			ID: p.ID, Healthy: p.Healthy, ModelsKnown: known,
+			InFlight: p.InFlight, PrefillTokens: p.PrefillTokens, Decoding: p.Decoding, DecodeBlocks: p.DecodeBlocks,
+			Running: p.Running, Waiting: p.Waiting, KVUsage: p.KVUsage, Scraped: p.Scraped, LoadAge: p.LoadAge,
+			BlockSize: bs, IndexBlocks: held, IndexCapacity: capacity, IndexMode: f.IndexMode(i),
+			Sessions:        counts[i],
+			Completed:       r.completed.Load(),
+			Failed:          r.failed.Load(),
+			PromptTokens:    r.promptTokens.Load(),
+			ActualCached:    r.actualCached.Load(),
+			PredictedCached: r.predictedCached.Load(),
+			Scale:           p.Rates.Scale,
+			Horizon:         p.Rates.Horizon,
+		}
+		if bs > 0 {
+			rv.CacheBlocks = r.pub.Load().capTokens / bs
+		}
+		for _, m := range models {
+			rv.Models = append(rv.Models, view.Model{ID: m.ID, Parent: m.Parent})
+		}
+		v.Replicas[i] = rv
+		v.Sessions += counts[i]
+	}
+	return v
+}
