@@ -23,6 +23,10 @@ const (
 	errUpstream       = "upstream_error"
 )
 
+// codeStreamCut is the error code of the event that ends a stream the
+// replica cut before its end.
+const codeStreamCut = "upstream_stream_cut"
+
 // writeError answers with status and an OpenAI-shaped error body.
 func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
 	var e apiError

@@ -54,14 +54,19 @@ func (c *call) finish(ctx context.Context) {
 	rt.recycle(c)
 }
 
-// outcomeOf classifies how the call ended.
+// outcomeOf classifies how the call ended. A stream that delivered its
+// end ([DONE], or a finish_reason) is ok whatever the client did next;
+// one that ended before, without the client going away first, was cut by
+// the replica.
 func (c *call) outcomeOf(ctx context.Context) string {
 	switch {
 	case c.errCode != "":
 		return view.OutcomeError
+	case c.tapped && c.tap.sse && c.tap.ended:
+		return view.OutcomeOK
 	case ctx.Err() != nil:
 		return view.OutcomeCanceled
-	case c.tapped && c.tap.err != nil, c.status >= 500:
+	case c.tapped && (c.tap.cut || c.tap.err != nil), c.status >= 500:
 		return view.OutcomeUpstreamError
 	}
 	return view.OutcomeOK
@@ -80,6 +85,9 @@ func (c *call) settle() {
 	case view.OutcomeUpstreamError:
 		c.ticket.Done(fleet.NoUsage, errUpstreamFailed)
 		rt.st.reportFailure(c.replica)
+		if c.tapped && c.tap.cut {
+			rt.m.errors.WithLabelValues(codeStreamCut).Inc()
+		}
 	default:
 		c.ticket.Done(fleet.NoUsage, errRouterAnswered)
 		if c.errCode == "upstream_unreachable" {

@@ -331,7 +331,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
-	c.tap.body, c.tap.sse, c.tap.strip, c.tap.onFirst = resp.Body, sse, c.strip && sse, c
+	c.tap.body, c.tap.sse, c.tap.strip, c.tap.onFirst, c.tap.now = resp.Body, sse, c.strip && sse, c, rt.now
 	c.tapped = true
 	resp.Body = &c.tap
 	return nil

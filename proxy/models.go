@@ -21,15 +21,15 @@ type modelsCache struct {
 	at   time.Time
 }
 
-// model is one entry of /v1/models; unknown fields are kept as they came.
-type model map[string]any
+// modelCard is one entry of /v1/models; unknown fields are kept as they came.
+type modelCard map[string]any
 
 // serveModels answers GET /v1/models with the union, by id, of the healthy
 // backends' models, cached for modelsTTL.
 func (rt *Router) serveModels(w http.ResponseWriter, r *http.Request) {
 	rt.models.mu.Lock()
 	body := rt.models.body
-	fresh := time.Since(rt.models.at) < modelsTTL
+	fresh := rt.now().Sub(rt.models.at) < modelsTTL
 	rt.models.mu.Unlock()
 	if body == nil || !fresh {
 		b, err := rt.fetchModels(r.Context())
@@ -39,7 +39,7 @@ func (rt *Router) serveModels(w http.ResponseWriter, r *http.Request) {
 		}
 		body = b
 		rt.models.mu.Lock()
-		rt.models.body, rt.models.at = b, time.Now()
+		rt.models.body, rt.models.at = b, rt.now()
 		rt.models.mu.Unlock()
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -50,7 +50,7 @@ func (rt *Router) serveModels(w http.ResponseWriter, r *http.Request) {
 func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	lists := make([][]model, len(rt.names))
+	lists := make([][]modelCard, len(rt.names))
 	errs := make([]error, len(rt.names))
 	var wg sync.WaitGroup
 	for i, name := range rt.names {
@@ -61,7 +61,7 @@ func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
 	}
 	wg.Wait()
 	seen := map[string]bool{}
-	out := []model{}
+	out := []modelCard{}
 	var firstErr error
 	ok := false
 	for i := range lists {
@@ -87,7 +87,7 @@ func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
 	return json.Marshal(map[string]any{"object": "list", "data": out})
 }
 
-func (rt *Router) fetchModelList(ctx context.Context, base string) ([]model, error) {
+func (rt *Router) fetchModelList(ctx context.Context, base string) ([]modelCard, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
 	if err != nil {
 		return nil, err
@@ -101,13 +101,13 @@ func (rt *Router) fetchModelList(ctx context.Context, base string) ([]model, err
 		return nil, &statusError{base, resp.StatusCode}
 	}
 	var v struct {
-		Data []model `json:"data"`
+		Data []modelCard `json:"data"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 4<<20)).Decode(&v); err != nil {
 		return nil, err
 	}
 	if v.Data == nil {
-		v.Data = []model{}
+		v.Data = []modelCard{}
 	}
 	return v.Data, nil
 }

@@ -49,6 +49,8 @@ type tap struct {
 	strip bool
 	// onFirst, if set, is told once the time of the first byte.
 	onFirst firstHook
+	// now is the clock; nil means time.Now.
+	now func() time.Time
 
 	first    time.Time
 	usage    usage
@@ -56,6 +58,11 @@ type tap struct {
 	stripped bool
 	err      error // upstream read error other than io.EOF
 	eof      bool
+	// ended is true once an SSE stream delivered its end: a [DONE] event or
+	// a chunk with a finish_reason. cut is true when the upstream ended an
+	// SSE stream before that (EOF or a read error, kept in err): the client
+	// then gets a final OpenAI-shaped error event instead of a silent end.
+	ended, cut bool
 
 	buf   []byte // SSE: bytes read and not yet handed out
 	ready int    // SSE: buf[:ready] are whole events ready to hand out
@@ -99,29 +106,69 @@ func (t *tap) fill() error {
 		t.buf = t.buf[:start+n]
 		t.frame(start)
 	}
-	if err == io.EOF {
-		t.eof = true
+	if err == nil {
 		return nil
 	}
-	if err != nil {
+	if err != io.EOF {
 		t.err = err
-		return err
+	}
+	t.eof = true
+	if !t.ended {
+		t.cutStream()
 	}
 	return nil
 }
 
+// cutStream ends a stream the upstream cut: whatever partial event was
+// left is closed, and an error event follows as the stream's last.
+func (t *tap) cutStream() {
+	t.cut = true
+	why := "the replica ended the stream before it finished"
+	if t.err != nil {
+		why += ": " + t.err.Error()
+	}
+	if len(t.buf) > t.ready { // close the partial event left
+		t.buf = append(t.buf, eventEnd...)
+	}
+	t.buf = append(t.buf, "data: "...)
+	t.buf = appendStreamError(t.buf, why)
+	t.buf = append(t.buf, eventEnd...)
+	t.ready = len(t.buf)
+}
+
+// appendStreamError appends the OpenAI error object of a cut stream.
+func appendStreamError(dst []byte, msg string) []byte {
+	var e apiError
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, errUpstream, codeStreamCut
+	b, _ := json.Marshal(&e)
+	return append(dst, b...)
+}
+
 var eventEnd = []byte("\n\n")
+
+// nextEventEnd returns where the first event of b ends (just past its
+// blank line: "\n\n", or "\n\r\n" for CRLF line ends), or -1.
+func nextEventEnd(b []byte) int {
+	i, j := bytes.Index(b, eventEnd), bytes.Index(b, []byte("\n\r\n"))
+	switch {
+	case i < 0 && j < 0:
+		return -1
+	case j < 0 || i >= 0 && i < j:
+		return i + 2
+	}
+	return j + 3
+}
 
 // frame moves whole events of buf past ready into the ready region,
 // dropping the usage-only one when stripping. from is where new bytes start.
 func (t *tap) frame(from int) {
-	scan := max(t.ready, from-1)
+	scan := max(t.ready, from-2)
 	for {
-		i := bytes.Index(t.buf[scan:], eventEnd)
+		i := nextEventEnd(t.buf[scan:])
 		if i < 0 {
 			return
 		}
-		end := scan + i + len(eventEnd)
+		end := scan + i
 		ev := t.buf[t.ready:end]
 		if t.observe(ev) && t.strip {
 			t.buf = append(t.buf[:t.ready], t.buf[end:]...)
@@ -140,11 +187,19 @@ func (t *tap) frame(from int) {
 	}
 }
 
-var promptTokensKey = []byte(`"prompt_tokens"`)
+var (
+	promptTokensKey = []byte(`"prompt_tokens"`)
+	finishReasonKey = []byte(`"finish_reason"`)
+	doneData        = []byte("[DONE]")
+)
 
-// observe reads the usage of an event that carries one and reports whether
-// the event is usage only (no choices).
+// observe notes whether an event ends the stream, reads the usage of one
+// that carries it and reports whether the event is usage only (no
+// choices).
 func (t *tap) observe(ev []byte) bool {
+	if !t.ended && (bytes.Equal(sseData(ev), doneData) || finished(ev)) {
+		t.ended = true
+	}
 	if !bytes.Contains(ev, promptTokensKey) {
 		return false
 	}
@@ -155,6 +210,25 @@ func (t *tap) observe(ev []byte) bool {
 	}
 	t.usage, t.hasUsage = *b.Usage, true
 	return len(b.Choices) == 0
+}
+
+// finished reports whether an event has a "finish_reason" that is not
+// null (a string): a choice came to its end.
+func finished(ev []byte) bool {
+	for {
+		i := bytes.Index(ev, finishReasonKey)
+		if i < 0 {
+			return false
+		}
+		ev = ev[i+len(finishReasonKey):]
+		j := 0
+		for j < len(ev) && (ev[j] == ' ' || ev[j] == ':' || ev[j] == '\t') {
+			j++
+		}
+		if j < len(ev) && ev[j] == '"' {
+			return true
+		}
+	}
 }
 
 // nullUsage finds, in an event whose first data line is a JSON object
@@ -234,7 +308,11 @@ func (t *tap) readJSON(p []byte) (int, error) {
 
 func (t *tap) firstByte() {
 	if t.first.IsZero() {
-		t.first = time.Now()
+		if t.now != nil {
+			t.first = t.now()
+		} else {
+			t.first = time.Now()
+		}
 		if t.onFirst != nil {
 			t.onFirst.firstByte(t.first)
 		}

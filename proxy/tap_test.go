@@ -18,6 +18,10 @@ const (
 	// chunk1 and chunk2 as the engine sends them without include_usage.
 	bare1 = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"
 	bare2 = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\" there\"}}]}\n\n"
+	// finish ends a choice.
+	finish = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{},\"finish_reason\": \"stop\"}]}\n\n"
+	// cut is the event that ends a stream the replica cut.
+	cut = "data: {\"error\":{\"message\":\"the replica ended the stream before it finished\",\"type\":\"upstream_error\",\"code\":\"upstream_stream_cut\"}}\n\n"
 )
 
 func TestTap(t *testing.T) {
@@ -33,9 +37,15 @@ func TestTap(t *testing.T) {
 		{"sse strips usage-only chunk and null usage", chunk1 + chunk2 + usageOnly + done, true, true, bare1 + bare2 + done, 64, 100},
 		{"sse without usage", chunk1 + done, true, true, bare1 + done, -1, -1},
 		{"null usage with spaces", "data: {\"a\": 1, \"usage\" : null }\r\n\r\n" + done, true, true, "data: {\"a\": 1 }\r\n\r\n" + done, -1, -1},
-		{"null usage only as the last member", "data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n", true, true,
-			"data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n", -1, -1},
-		{"partial trailing event passes", chunk1 + "data: {\"x\"", true, true, bare1 + "data: {\"x\"", -1, -1},
+		{"null usage only as the last member", "data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n" + done, true, true,
+			"data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n" + done, -1, -1},
+		{"cut after a partial event", chunk1 + "data: {\"x\"", true, true, bare1 + "data: {\"x\"\n\n" + cut, -1, -1},
+		{"cut before done", chunk1 + chunk2, true, false, chunk1 + chunk2 + cut, -1, -1},
+		{"cut before the usage chunk", chunk1, true, true, bare1 + cut, -1, -1},
+		{"finish reason ends it without done", bare1 + finish, true, false, bare1 + finish, -1, -1},
+		{"null finish reason does not", "data: {\"choices\":[{\"finish_reason\":null}]}\n\n", true, false,
+			"data: {\"choices\":[{\"finish_reason\":null}]}\n\n" + cut, -1, -1},
+		{"crlf events", "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", true, false, "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", -1, -1},
 		{"json body", `{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, false, false,
 			`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, 3, 7},
 		{"json without details", `{"usage":{"prompt_tokens":7}}`, false, false, `{"usage":{"prompt_tokens":7}}`, -1, 7},
@@ -65,6 +75,9 @@ func TestTap(t *testing.T) {
 				}
 				if tp.first.IsZero() {
 					t.Error("first byte time not recorded")
+				}
+				if wantCut := tc.sse && strings.HasSuffix(tc.want, cut); tp.cut != wantCut || tc.sse && tp.ended == wantCut {
+					t.Errorf("cut %v ended %v, want cut %v", tp.cut, tp.ended, wantCut)
 				}
 			})
 		}
@@ -129,7 +142,8 @@ func TestInjectUsage(t *testing.T) {
 
 // FuzzTap: whatever the upstream sends, the tap never panics, hands out
 // every byte unchanged when not stripping, and when stripping only removes
-// bytes (a usage-only event, a trailing "usage": null member).
+// bytes (a usage-only event, a trailing "usage": null member); a stream
+// that did not deliver its end is closed and followed by the cut event.
 func FuzzTap(f *testing.F) {
 	for _, s := range []string{chunk1 + chunk2 + usageOnly + done, "data: {\"a\": 1, \"usage\" : null }\r\n\r\n", "data:\n\n", ",\"usage\":null}\n\n", "data: }\n\n"} {
 		f.Add([]byte(s), true)
@@ -140,6 +154,20 @@ func FuzzTap(f *testing.F) {
 		out, err := io.ReadAll(tp)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if tp.cut == tp.ended {
+			t.Fatalf("cut %v, ended %v: exactly one must hold at EOF", tp.cut, tp.ended)
+		}
+		if tp.cut {
+			var ok bool
+			if out, ok = bytes.CutSuffix(out, []byte(cut)); !ok {
+				t.Fatalf("cut stream %q does not end with the cut event", out)
+			}
+			// The tap may have closed a partial last event.
+			in = append(in[:len(in):len(in)], eventEnd...)
+			if !strip && bytes.Equal(out, in[:len(in)-2]) {
+				out = append(out, eventEnd...)
+			}
 		}
 		if !strip && !bytes.Equal(out, in) {
 			t.Fatalf("not stripping: got %q, want the input %q", out, in)
