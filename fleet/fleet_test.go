@@ -330,7 +330,7 @@ func TestConcurrent(t *testing.T) {
 	wg.Go(func() {
 		for range 50 {
 			f.SetHealthy(b, false)
-			f.SetModels(c, []Model{{ID: "m"}})
+			f.SetModels(c, []scrape.Model{{ID: "m"}})
 			f.SetHealthy(b, true)
 			_ = f.View(t0)
 		}

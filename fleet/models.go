@@ -6,16 +6,8 @@ import (
 	"sync/atomic"
 
 	"kvrouter/route"
+	"kvrouter/scrape"
 )
-
-// Model is one model a replica serves, as its /v1/models lists it.
-type Model struct {
-	// ID is the name requests use in "model".
-	ID string
-	// Parent is the base model of a LoRA adapter (vLLM lists loaded
-	// adapters with their base as "parent"); empty for a base model.
-	Parent string
-}
 
 // modelTable is which replica serves which model. Writers (AddReplica,
 // SetModels) rebuild it under mu and publish it whole, so that Decide
@@ -29,7 +21,7 @@ type modelTable struct {
 }
 
 type replicaModels struct {
-	models          []Model
+	models          []scrape.Model
 	declared, known bool
 }
 
@@ -48,9 +40,9 @@ type modelSet struct {
 // lists are ignored), or learned; known is false until a replica's models
 // are known. init adds a replica.
 func (t *modelTable) set(i int, names []string, declared, init bool) {
-	ms := make([]Model, len(names))
+	ms := make([]scrape.Model, len(names))
 	for k, n := range names {
-		ms[k] = Model{ID: n}
+		ms[k] = scrape.Model{ID: n}
 	}
 	t.update(i, replicaModels{models: ms, declared: declared, known: declared}, init)
 }
@@ -88,9 +80,11 @@ func (t *modelTable) update(i int, rm replicaModels, init bool) {
 	t.cur.Store(s)
 }
 
-// SetModels records the models replica id lists (its /v1/models). A
-// replica whose models were declared keeps those. Unknown ids are ignored.
-func (f *Fleet) SetModels(id string, models []Model) {
+// SetModels records the models replica id lists (its /v1/models; a LoRA
+// adapter with its base as Parent). A replica whose models were declared
+// keeps those. Unknown ids are ignored. Its signature fits
+// scrape.Scraper.OnModels.
+func (f *Fleet) SetModels(id string, models []scrape.Model) {
 	r := f.lookup(id)
 	if r == nil {
 		return
@@ -100,7 +94,7 @@ func (f *Fleet) SetModels(id string, models []Model) {
 
 // Models returns the models replica id serves and whether they are known
 // (declared, or listed by the replica).
-func (f *Fleet) Models(id string) (models []Model, known bool) {
+func (f *Fleet) Models(id string) (models []scrape.Model, known bool) {
 	r := f.lookup(id)
 	if r == nil {
 		return nil, false

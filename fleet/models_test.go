@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"kvrouter/route"
+	"kvrouter/scrape"
 )
 
 // TestDecideOnlyWhereServed: a replica is a candidate only for the models
@@ -26,8 +27,8 @@ func TestDecideOnlyWhereServed(t *testing.T) {
 	if got := route("other"); got[0] != 0 || got[1] == 0 || got[2] == 0 {
 		t.Errorf("model other with c unknown: per replica %v, want none on 0, some on 1 and 2", got)
 	}
-	f.SetModels(c, []Model{{ID: "m"}, {ID: "sql-lora", Parent: "m"}})
-	f.SetModels(a, []Model{{ID: "other"}}) // declared: ignored
+	f.SetModels(c, []scrape.Model{{ID: "m"}, {ID: "sql-lora", Parent: "m"}})
+	f.SetModels(a, []scrape.Model{{ID: "other"}}) // declared: ignored
 	if got := route("other"); got[1] != 30 {
 		t.Errorf("model other: per replica %v, want all 30 on 1", got)
 	}

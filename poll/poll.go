@@ -26,6 +26,10 @@ type Loop[T any] struct {
 	// positive. A run that takes longer than Period delays the next one by
 	// its overrun only; runs of one loop never overlap.
 	Period time.Duration
+	// Immediate makes the first run start when the loop does, instead of
+	// at the target's hashed offset: for a first reading wanted at once
+	// (later runs keep the period from it).
+	Immediate bool
 	// Do runs once for target id, whose value is v; ctx is done when the
 	// target is removed or the group stops. It is called from the loop's
 	// own goroutine, so calls for one target and loop are ordered.
@@ -144,16 +148,20 @@ func (g *Group[T]) startLocked(id string, e *entry[T]) {
 	e.cancel = cancel
 	for _, l := range g.loops {
 		g.wg.Go(func() {
-			every(ctx, id, l.Period, func(ctx context.Context) { l.Do(ctx, id, e.v) })
+			first := Offset(id, l.Period)
+			if l.Immediate {
+				first = 0
+			}
+			every(ctx, first, l.Period, func(ctx context.Context) { l.Do(ctx, id, e.v) })
 		})
 	}
 }
 
-// every calls do first Offset(key, period) after it starts, then every
-// period, until ctx is done. The period is fixed: a slow call delays the
-// next one only by what it overran.
-func every(ctx context.Context, key string, period time.Duration, do func(context.Context)) {
-	timer := time.NewTimer(Offset(key, period))
+// every calls do first after first, then every period, until ctx is done.
+// The period is fixed: a slow call delays the next one only by what it
+// overran.
+func every(ctx context.Context, first, period time.Duration, do func(context.Context)) {
+	timer := time.NewTimer(first)
 	defer timer.Stop()
 	for {
 		select {

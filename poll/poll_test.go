@@ -60,7 +60,7 @@ func TestEveryTiming(t *testing.T) {
 				var starts []time.Duration
 				begin := time.Now()
 				ctx, cancel := context.WithCancel(t.Context())
-				every(ctx, id, period, func(ctx context.Context) {
+				every(ctx, Offset(id, period), period, func(ctx context.Context) {
 					starts = append(starts, time.Since(begin))
 					if len(starts) == 4 {
 						cancel()
@@ -73,6 +73,27 @@ func TestEveryTiming(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestImmediate: an Immediate loop's first run is at once, the next a
+// period later.
+func TestImmediate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period = time.Second
+		r := newRecorder()
+		var g Group[int]
+		g.Add("a", 1)
+		ctx, cancel := context.WithCancel(t.Context())
+		ran := make(chan error, 1)
+		go func() { ran <- g.Run(ctx, Loop[int]{Period: period, Immediate: true, Do: r.do}) }()
+		time.Sleep(period + time.Millisecond)
+		synctest.Wait()
+		if got := r.get("a"); len(got) != 2 || got[0] != 0 || got[1] != period {
+			t.Errorf("got runs at %v, want [0s 1s]", got)
+		}
+		cancel()
+		<-ran
+	})
 }
 
 // TestGroup checks Add before and during Run, Remove, and that Run joins

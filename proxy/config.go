@@ -45,6 +45,10 @@ type Config struct {
 	ScrapeInterval time.Duration `yaml:"scrape-interval"`
 	// HealthInterval is how often each replica's /health is probed.
 	HealthInterval time.Duration `yaml:"health-interval"`
+	// ModelsInterval is how often each replica's /v1/models is read again
+	// (the models it serves, LoRA adapters with their base); they are
+	// read once at start. Zero means 10 s.
+	ModelsInterval time.Duration `yaml:"models-interval"`
 	// Decisions is how many recent decisions /debug/decisions keeps.
 	Decisions int `yaml:"decisions"`
 	// Preset names the engine preset the cost model's rates start from.
@@ -289,6 +293,9 @@ func (c *Config) Validate() error {
 		if p.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", p.name, p.v))
 		}
+	}
+	if c.ModelsInterval < 0 {
+		errs = append(errs, fmt.Errorf("models-interval: must not be negative, got %s", c.ModelsInterval))
 	}
 	if c.SessionTTL < 0 {
 		errs = append(errs, fmt.Errorf("session-ttl: must not be negative, got %s", c.SessionTTL))

@@ -82,18 +82,22 @@ func newState(rt *Router, policy route.Policy) (*state, error) {
 		}
 	}
 	st.health = &health.Checker{
-		Client:   &http.Client{Transport: rt.upstream},
-		Interval: rt.cfg.HealthInterval,
-		Timeout:  max(rt.cfg.HealthInterval, health.DefaultTimeout),
-		OnChange: st.onHealth,
+		Client:       &http.Client{Transport: rt.upstream},
+		Interval:     rt.cfg.HealthInterval,
+		Timeout:      max(rt.cfg.HealthInterval, health.DefaultTimeout),
+		OnChange:     st.fleet.SetHealthy,
+		OnTransition: st.onHealth,
+		OnFallback:   st.onHealthFallback,
 	}
 	interval := st.fleet.ScrapeInterval(rt.cfg.ScrapeInterval)
 	st.scraper = &scrape.Scraper{
-		Client:   &http.Client{Transport: rt.upstream},
-		Interval: interval,
-		Timeout:  max(interval, time.Second),
-		OnLoad:   st.fleet.SetLoad,
-		OnError:  st.onScrapeError,
+		Client:         &http.Client{Transport: rt.upstream},
+		Interval:       interval,
+		Timeout:        max(interval, time.Second),
+		OnLoad:         st.fleet.SetLoad,
+		OnError:        st.onScrapeError,
+		OnModels:       st.fleet.SetModels,
+		ModelsInterval: rt.cfg.ModelsInterval,
 	}
 	for _, name := range rt.names {
 		st.health.Add(name)
@@ -128,14 +132,18 @@ func scaleRates(r route.Rates, timeScale float64) route.Rates {
 // without /metrics is still matched.
 func (st *state) onScrapeError(id string, err error) { st.fleet.SetBlockSize(id, 0) }
 
-// onHealth follows the health checker's transitions.
-func (st *state) onHealth(id string, healthy bool) {
-	st.fleet.SetHealthy(id, healthy)
+// onHealth logs the health checker's transitions, with the reason.
+func (st *state) onHealth(id string, healthy bool, reason string) {
 	if healthy {
-		st.rt.log.Info("replica up", "replica", id)
+		st.rt.log.Info("replica up", "replica", id, "reason", reason)
 	} else {
-		st.rt.log.Warn("replica down", "replica", id)
+		st.rt.log.Warn("replica down", "replica", id, "reason", reason)
 	}
+}
+
+// onHealthFallback logs how a replica without /health is checked instead.
+func (st *state) onHealthFallback(id, note string) {
+	st.rt.log.Info("health check changed", "replica", id, "note", note)
 }
 
 // reportFailure feeds passive health: a request to replica i failed

@@ -119,9 +119,12 @@ func (s *Scraper) Status(id string) (st Status, ok bool) {
 // Run scrapes every target until ctx is done, then waits for the loops to
 // stop and returns ctx's error. Run must not be called twice at once.
 func (s *Scraper) Run(ctx context.Context) error {
-	loops := []poll.Loop[*target]{{Period: s.interval(), Do: s.scrapeOnce}}
+	// A replica is scraped and its models listed as soon as it is added:
+	// until then its block size and capacity are unknown, and any model
+	// may be routed to it.
+	loops := []poll.Loop[*target]{{Period: s.interval(), Immediate: true, Do: s.scrapeOnce}}
 	if every := s.modelsInterval(); every > 0 {
-		loops = append(loops, poll.Loop[*target]{Period: every, Do: s.listOnce})
+		loops = append(loops, poll.Loop[*target]{Period: every, Immediate: true, Do: s.listOnce})
 	}
 	err := s.targets.Run(ctx, loops...)
 	if err != nil && err != ctx.Err() {

@@ -36,7 +36,9 @@ func (r *runner) onArrival(j int) {
 	rp := &r.reps[i]
 	er := &r.ereq[j]
 	*er = engine.Request{ID: jb.id, Prompt: jb.prompt, Hashes: jb.hashes, MaxTokens: jb.output}
-	if !rp.alive || rp.eng.Add(r.now, er) != nil {
+	// A replica that does not serve the model answers 404, as an engine
+	// does: an error the policy caused.
+	if !rp.alive || rp.model != jb.model || rp.eng.Add(r.now, er) != nil {
 		tk.Done(fleet.NoUsage, errEngineRefused)
 		r.reject(j, i, d.Reason, rejectEngine)
 		return

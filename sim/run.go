@@ -16,6 +16,7 @@ import (
 // replica is one simulated backend: its engine.
 type replica struct {
 	id    string
+	model string // the model it serves
 	eng   *engine.Engine
 	alive bool
 	// wake is the pending wake-up time, or -1 when none is queued.
@@ -125,11 +126,11 @@ func (r *runner) addReplica() error {
 		return fmt.Errorf("engine: %w", err)
 	}
 	i := len(r.reps)
-	id := fmt.Sprintf("r%d", i)
-	if err := r.fl.AddReplica(fleet.Replica{ID: id, Models: []string{modelName(i % r.cfg.Models)}}); err != nil {
+	id, model := fmt.Sprintf("r%d", i), modelName(i%r.cfg.Models)
+	if err := r.fl.AddReplica(fleet.Replica{ID: id, Models: []string{model}}); err != nil {
 		return err
 	}
-	r.reps = append(r.reps, replica{id: id, eng: e, alive: true, wake: -1})
+	r.reps = append(r.reps, replica{id: id, model: model, eng: e, alive: true, wake: -1})
 	r.res.replicas = len(r.reps)
 	return nil
 }

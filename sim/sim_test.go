@@ -265,3 +265,29 @@ func TestDeterministic(t *testing.T) {
 		t.Errorf("two runs with one seed differ:\n%s", cmp.Diff(string(a), string(b)))
 	}
 }
+
+// TestModels: on a fleet of two models, every policy sends every request
+// to a replica serving its model (a replica without it would answer an
+// error), and no block is shared across models.
+func TestModels(t *testing.T) {
+	w, err := trace.Generate("multi-turn-chat", trace.GenOptions{Seed: 1, Requests: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := simulate(Config{Requests: w.Requests, Replicas: 4, Models: 2, Load: 0.7, Policies: allPolicies()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, res := range o.runs {
+		if ok, rej, errs := res.counts(); errs != 0 || rej != 0 || ok != len(w.Requests) {
+			t.Errorf("%s: %d served, %d rejected, %d errors; want all %d served", o.names[i], ok, rej, errs, len(w.Requests))
+		}
+	}
+	one, err := simulate(Config{Requests: w.Requests, Replicas: 4, Load: 0.7, Policies: []string{"kv-aware"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.infinite.Cached > one.infinite.Cached {
+		t.Errorf("two models share more blocks (%d cached) than one (%d)", o.infinite.Cached, one.infinite.Cached)
+	}
+}

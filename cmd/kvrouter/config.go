@@ -52,7 +52,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(configPath, "config", "", "YAML config file (keys are the flag names; unknown keys are errors)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on, host:port")
 	bl := &backendList{list: &cfg.Backends}
-	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME] (model: the served model name its KV events are keyed under, when its topic is not kv@<host>:<port>@<model>)")
+	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME]... (model, repeatable: the models it serves, else those its /v1/models lists; the first also keys its KV events when its topic is not kv@<host>:<port>@<model>)")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.Names(), ", "))
 	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long an idle session stays bound to its replica")
@@ -60,6 +60,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.IntVar(&cfg.ChunkChars, "chunk-chars", cfg.ChunkChars, "prefix block size in characters (text mode)")
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", cfg.HealthInterval, "how often each replica's /health is probed")
+	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often each replica's /v1/models is read again (models it serves; read once at start)")
 	fs.IntVar(&cfg.Decisions, "decisions", cfg.Decisions, "recent decisions kept for /debug/decisions")
 	fs.StringVar(&cfg.Preset, "preset", cfg.Preset, "engine preset the cost model's rates start from")
 	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", cfg.CacheBlocks, "replica KV capacity in blocks when its metrics do not say (0: the preset's)")

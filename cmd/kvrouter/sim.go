@@ -26,6 +26,7 @@ func runSim(ctx context.Context, args []string) error {
 	traceFile := fs.String("trace", "", "read the requests from this trace file instead of --workload")
 	traceFormat := fs.String("trace-format", "", "format of --trace: mooncake (JSONL) or azure (CSV); empty: by extension")
 	replicas := fs.Int("replicas", 16, "replicas in the fleet")
+	models := fs.Int("models", 1, "models the fleet serves: replica i serves model i mod N, each request asks for one (by session, tenant or id)")
 	preset := fs.String("preset", "llama3-8b-h100", "engine preset: "+strings.Join(engine.Presets(), ", "))
 	load := fs.Float64("load", 0.8, "offered work as a fraction of fleet capacity (0 keeps the trace's times)")
 	policies := fs.String("policies", "all", "comma-separated policies, or all (every policy plus kv-aware-precise): "+strings.Join(route.Names(), ", "))
@@ -63,7 +64,7 @@ func runSim(ctx context.Context, args []string) error {
 		}
 	}
 	sc := sim.Config{
-		Workload: w.Name, Requests: w.Requests, Fleet: w.Events, Replicas: *replicas,
+		Workload: w.Name, Requests: w.Requests, Fleet: w.Events, Replicas: *replicas, Models: *models,
 		PresetName: *preset, Preset: cfg, Load: *load, Policies: names, Seed: *seed,
 		ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
 		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL},
