@@ -80,6 +80,10 @@ type Config struct {
 	// MaxNumSeqs and KVBlocks override the preset's or Engine's
 	// MaxNumSeqs and NumBlocks; zero keeps them.
 	MaxNumSeqs, KVBlocks int
+	// BlockSize overrides the tokens per KV block (vLLM's --block-size);
+	// zero keeps the preset's (16). Without KVBlocks the capacity in tokens
+	// stays the preset's.
+	BlockSize int
 	// TimeScale is wall seconds per engine second: 0.05 runs the model 20×
 	// faster than real time. Zero means 1.
 	TimeScale float64
@@ -226,8 +230,13 @@ func engineConfig(cfg Config) (engine.Config, error) {
 		}
 		ec = p
 	}
-	if cfg.MaxNumSeqs < 0 || cfg.KVBlocks < 0 {
-		return ec, errors.New("emulator: negative max num seqs or kv blocks")
+	if cfg.MaxNumSeqs < 0 || cfg.KVBlocks < 0 || cfg.BlockSize < 0 {
+		return ec, errors.New("emulator: negative max num seqs, kv blocks or block size")
+	}
+	if bs := cfg.BlockSize; bs > 0 && bs != ec.BlockSize {
+		old := max(ec.BlockSize, 16)
+		ec.NumBlocks = ec.NumBlocks * old / bs
+		ec.BlockSize = bs
 	}
 	if cfg.MaxNumSeqs > 0 {
 		ec.MaxNumSeqs = cfg.MaxNumSeqs

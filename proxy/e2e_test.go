@@ -306,12 +306,15 @@ func TestSessionRebindsWhenReplicaDies(t *testing.T) {
 	reps := replicas(t, 2, 0.01)
 	rt, url := startRouter(t, "kv-aware", func(c *Config) { c.HealthInterval = 20 * time.Millisecond }, urls(reps)...)
 	runRouter(t, rt)
+	msgs := []chatMsg{{"system", words(99, 60)}}
 	send := func(turn int) string {
-		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"turn %d %s"}]}`, turn, words(turn, 30))
-		resp, out := do(t, "POST", url+"/v1/chat/completions", body, "X-Session-ID", "s-1")
+		msgs = append(msgs, chatMsg{"user", fmt.Sprintf("turn %d %s", turn, words(turn, 30))})
+		body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 2, "messages": msgs})
+		resp, out := do(t, "POST", url+"/v1/chat/completions", string(body), "X-Session-ID", "s-1")
 		if resp.StatusCode != 200 {
 			t.Fatalf("turn %d: status %d: %s", turn, resp.StatusCode, out)
 		}
+		msgs = append(msgs, chatMsg{"assistant", "ok"})
 		return resp.Header.Get(HeaderReplica)
 	}
 	first := send(0)

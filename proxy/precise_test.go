@@ -427,7 +427,7 @@ func gauge(t *testing.T, rt *Router, name, replica, mode string) float64 {
 func TestRemoteTokenizeMemo(t *testing.T) {
 	e := eventEngine(t, 0, "", "", "")
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	eventually(t, "healthy", func() bool { return rt.st.healthy(0) })
+	eventually(t, "block size known", func() bool { return rt.View(time.Now()).Replicas[0].BlockSize > 0 })
 	msgs := []chatMsg{{"system", words(1, 50)}, {"user", words(2, 50)}}
 	send := func() {
 		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 2})

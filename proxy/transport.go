@@ -11,7 +11,8 @@ import (
 // retrier is the ReverseProxy's transport. It sends the request to the
 // call's replica and, while no response byte has reached the client (which
 // is always the case inside RoundTrip), retries on another replica after a
-// connection error or a 502/503: it marks the failure (passive health),
+// connection error or a 5xx answer (500 included: some engines answer it
+// when their KV cache is full): it marks the failure (passive health),
 // releases the replica, re-picks with the failed replicas excluded and
 // replays the body through GetBody. It never retries after the client went
 // away.
@@ -67,12 +68,17 @@ func (c *call) repick() bool {
 }
 
 // retryable reports whether an attempt failed before the replica started
-// answering: a transport error, or 502/503.
+// answering: a transport error, or 500, 502, 503 or 504. Other statuses
+// (a 4xx about the request, 501 and above 504) would repeat anywhere.
 func retryable(resp *http.Response, err error) bool {
 	if err != nil {
 		return true
 	}
-	return resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusServiceUnavailable
+	switch resp.StatusCode {
+	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
 }
 
 func errString(resp *http.Response, err error) string {

@@ -60,7 +60,8 @@ func engineFlags(args []string) (emulator.Config, string, error) {
 	fs.StringVar(&cfg.Topic, "kv-events-topic", "", "KV event topic; empty: kv@<listen>@<first model>")
 	fs.StringVar(&cfg.MetricsFlavor, "metrics-flavor", emulator.FlavorVLLM, "metric names: vllm or sglang")
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "max running requests; 0: the preset's")
-	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV cache capacity in blocks of 16 tokens; 0: the preset's")
+	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV cache capacity in blocks; 0: the preset's")
+	fs.IntVar(&cfg.BlockSize, "block-size", 0, "tokens per KV block, as vLLM's --block-size; 0: the preset's (16)")
 	fs.IntVar(&cfg.KVFullStatus, "kv-full-status", 0, "HTTP status (e.g. 500, as llm-d-inference-sim) answered to a request whose uncached prompt blocks exceed the free ones on arrival; 0: queue it, as vLLM does")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
