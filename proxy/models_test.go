@@ -79,3 +79,36 @@ func TestDeclaredModels(t *testing.T) {
 		}
 	}
 }
+
+// TestLoRAPrecise: an adapter's blocks are keyed as the engine keys them
+// (its base model plus the adapter's name), so that in precise mode the
+// router predicts an adapter's cached tokens exactly, and never from the
+// base model's blocks.
+func TestLoRAPrecise(t *testing.T) {
+	e, err := emulator.Start(emulator.Config{Model: "m", LoRAs: []string{"sql-lora"}, Preset: "llama3-8b-h100", TimeScale: 0.01,
+		KVEventsEndpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
+	eventually(t, "precise mode and models", func() bool {
+		r := rt.View(time.Now()).Replicas[0]
+		return r.IndexMode == IndexPrecise && r.ModelsKnown && r.BlockSize > 0
+	})
+	text := words(5, 200)
+	for i, model := range []string{"m", "sql-lora", "sql-lora", "m"} {
+		body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"prompt":"%s"}`, model, text)
+		if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, out)
+		}
+		settled(t, rt, 0, e)
+		rec := rt.Decisions(1)[0]
+		if rec.PredictedCached != rec.ActualCached {
+			t.Errorf("request %d (%s): predicted %d cached tokens, engine %d", i, model, rec.PredictedCached, rec.ActualCached)
+		}
+		if first := i < 2; first != (rec.ActualCached == 0) {
+			t.Errorf("request %d (%s): engine cached %d tokens; want none on a model's first request, some after", i, model, rec.ActualCached)
+		}
+	}
+}
