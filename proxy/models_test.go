@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"kvrouter/emulator"
+	"kvrouter/fleet"
 )
 
 // modelEngine starts an emulated engine serving models (the first is the
@@ -110,5 +111,14 @@ func TestLoRAPrecise(t *testing.T) {
 		if first := i < 2; first != (rec.ActualCached == 0) {
 			t.Errorf("request %d (%s): engine cached %d tokens; want none on a model's first request, some after", i, model, rec.ActualCached)
 		}
+	}
+	// The overlay of just-routed blocks would hide a wrong key for a few
+	// seconds: check that the keys the router routes an adapter's request
+	// by are those the engine's events put in the precise index.
+	c := decide(t, rt, fmt.Sprintf(`{"model":"sql-lora","prompt":"%s"}`, text))
+	defer c.ticket.Done(fleet.NoUsage, nil)
+	hs := c.freq.Chains[0].Hashes
+	if len(hs) == 0 || !rt.st.fleet.Tracker().Precise().Has(0, hs[len(hs)-1]) {
+		t.Errorf("the precise index lacks the adapter request's last block (of %d)", len(hs))
 	}
 }
