@@ -143,17 +143,17 @@ func (t *Ticket) Done(u Usage, err error) {
 	if u.CachedTokens >= 0 && u.PromptTokens > 0 {
 		r.promptTokens.Add(int64(u.PromptTokens))
 		r.actualCached.Add(int64(u.CachedTokens))
-		r.predictedCached.Add(int64(t.claim.predictedOf(u.PromptTokens)))
+		r.predictedCached.Add(int64(t.claim.PredictedOf(u.PromptTokens)))
 	}
 }
 
-// predictedOf is the claim's predicted cached tokens counted in a prompt
+// PredictedOf is the claim's predicted cached tokens counted in a prompt
 // of prompt engine tokens: the predicted share of the router's estimate
 // of the prompt. In token mode the estimate is exact and this is
 // PredictedCached; in text mode it converts the router's estimated
 // tokens into the engine's, so that a predicted hit rate is never above
 // 1.
-func (c *Claim) predictedOf(prompt int) int {
+func (c *Claim) PredictedOf(prompt int) int {
 	p := max(c.PredictedCached, 0)
 	if c.PromptTokens > 0 {
 		p = int(int64(min(p, c.PromptTokens)) * int64(prompt) / int64(c.PromptTokens))

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"kvrouter/emulator"
 	"kvrouter/proxy"
@@ -161,5 +163,56 @@ func TestReplayMatchesEngine(t *testing.T) {
 				t.Error("hit rate NaN")
 			}
 		})
+	}
+}
+
+// routerTotals reads the router's /metrics and sums its predicted and
+// actual cached tokens and its prompt tokens over the replicas.
+func routerTotals(t *testing.T, url string) (predicted, actual, prompt float64) {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return counter(fams, "kvrouter_predicted_cached_tokens"), counter(fams, "kvrouter_actual_cached_tokens"), counter(fams, "kvrouter_prompt_tokens")
+}
+
+// TestTextModePredictsReplay drives the router in text mode with the
+// replay's own request bodies (shared-prefix groups: a long shared context
+// in the first message, a different question after it) on four emulated
+// replicas: the router finds the shared context, so its predicted cached
+// tokens are within 10% of what the engines served from cache, and its
+// hit rate is well above round-robin's.
+func TestTextModePredictsReplay(t *testing.T) {
+	w, err := trace.Generate("shared-prefix", trace.GenOptions{Seed: 1, Groups: 6, PerGroup: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hit := map[string]float64{}
+	for _, policy := range []string{"kv-aware", "round-robin"} {
+		reps := startReplicas(t, 4)
+		url := startRouter(t, policy, reps)
+		res, err := Run(context.Background(), Config{Target: url, Requests: w.Requests, TimeScale: testScale, Duration: 60 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tot := res.Totals(); tot.OK != len(w.Requests) {
+			t.Fatalf("%s: completed %d of %d requests; errors %v", policy, tot.OK, len(w.Requests), tot.Errors)
+		}
+		predicted, actual, prompt := routerTotals(t, url)
+		hit[policy] = actual / prompt
+		t.Logf("%s: predicted %.0f, actual %.0f cached of %.0f prompt tokens", policy, predicted, actual, prompt)
+		if policy == "kv-aware" && (actual == 0 || math.Abs(predicted-actual) > 0.1*actual) {
+			t.Errorf("kv-aware predicted %.0f cached tokens, the engines served %.0f: want within 10%%", predicted, actual)
+		}
+	}
+	if hit["kv-aware"] < hit["round-robin"]+0.1 {
+		t.Errorf("hit rate kv-aware %.3f, round-robin %.3f: want kv-aware at least 0.1 above", hit["kv-aware"], hit["round-robin"])
 	}
 }

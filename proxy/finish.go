@@ -97,12 +97,13 @@ func (c *call) settle() {
 	name := rt.names[c.replica]
 	if c.routed {
 		rt.m.requests.WithLabelValues(name, rt.policyName, c.dec.Reason).Inc()
-		rt.m.predicted.WithLabelValues(name).Add(float64(c.dec.Matched))
-		if c.usage.CachedTokens >= 0 {
-			rt.m.actual.WithLabelValues(name).Add(float64(c.usage.CachedTokens))
-		}
-		if c.usage.PromptTokens >= 0 {
-			rt.m.prompt.WithLabelValues(name).Add(float64(c.usage.PromptTokens))
+		// The three totals cover the same requests, those whose usage
+		// reported both: their ratios are hit rates (see view.Replica).
+		if u := c.usage; u.CachedTokens >= 0 && u.PromptTokens > 0 {
+			claim := c.ticket.Claim()
+			rt.m.predicted.WithLabelValues(name).Add(float64(claim.PredictedOf(u.PromptTokens)))
+			rt.m.actual.WithLabelValues(name).Add(float64(u.CachedTokens))
+			rt.m.prompt.WithLabelValues(name).Add(float64(u.PromptTokens))
 		}
 	}
 	if c.ttft > 0 {

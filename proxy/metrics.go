@@ -49,15 +49,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"replica"}),
 		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_predicted_cached_tokens_total",
-			Help: "Prompt tokens the policy predicted cached on the chosen replica.",
+			Help: "Prompt tokens the policy predicted cached on the chosen replica, in the engine's tokens (the predicted share of the router's estimate), over the requests whose usage reported prompt and cached tokens.",
 		}, []string{"replica"}),
 		actual: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_actual_cached_tokens_total",
-			Help: "Prompt tokens the engine reported cached (usage.prompt_tokens_details.cached_tokens).",
+			Help: "Prompt tokens the engine reported cached (usage.prompt_tokens_details.cached_tokens), over the requests whose usage reported prompt and cached tokens.",
 		}, []string{"replica"}),
 		prompt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_prompt_tokens_total",
-			Help: "Prompt tokens the engine reported (usage.prompt_tokens), for the hit rate.",
+			Help: "Prompt tokens the engine reported (usage.prompt_tokens), over the requests whose usage reported prompt and cached tokens: the hit rates' denominator.",
 		}, []string{"replica"}),
 		decide: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvrouter_decision_seconds",
