@@ -28,6 +28,7 @@ func (r *runner) onArrival(j int) {
 	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
 		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true}
 	d, tk := r.fl.Decide(&r.freq, nil, at(r.now), &r.sc)
+	r.traceArrival(j, d)
 	if tk == nil {
 		r.reject(j, -1, d.Reason, rejectPolicy)
 		return
@@ -40,6 +41,7 @@ func (r *runner) onArrival(j int) {
 	// does: an error the policy caused.
 	if !rp.alive || rp.model != jb.model || rp.eng.Add(r.now, er) != nil {
 		tk.Done(fleet.NoUsage, errEngineRefused)
+		r.trace(Step{Kind: StepDone, Replica: i, ReqID: jb.id, Usage: fleet.NoUsage, Failed: true})
 		r.reject(j, i, d.Reason, rejectEngine)
 		return
 	}

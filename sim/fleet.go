@@ -37,11 +37,13 @@ func (r *runner) kill(i int) {
 	rp := &r.reps[i]
 	rp.alive, rp.eng, rp.wake = false, nil, -1
 	r.fl.SetHealthy(rp.id, false)
+	r.trace(Step{Kind: StepDown, Replica: i})
 	for j := range r.flights {
 		f := &r.flights[j]
 		if f.active && int(f.rep) == i {
 			f.active = false
 			f.ticket.Done(fleet.NoUsage, errKilled)
+			r.trace(Step{Kind: StepDone, Replica: i, ReqID: r.jobs[j].id, Usage: fleet.NoUsage, Failed: true})
 			r.live--
 			delete(r.byID, r.jobs[j].id)
 			r.reject(j, i, f.reason, rejectKilled)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"time"
 
 	"kvrouter/engine"
@@ -47,6 +48,9 @@ func (r *runner) drainKV() {
 // applyKV updates the precise index with one event of replica i.
 func (r *runner) applyKV(i int, k engine.Kind, hashes []prefix.Hash) {
 	x := r.fl.Tracker().Precise()
+	if r.cfg.Trace != nil {
+		r.trace(Step{Kind: StepKV, Replica: i, Event: k, Hashes: slices.Clone(hashes)})
+	}
 	switch k {
 	case engine.BlockStored:
 		x.Store(i, hashes, r.now)

@@ -126,7 +126,9 @@ func (r *runner) addReplica() error {
 		return fmt.Errorf("engine: %w", err)
 	}
 	i := len(r.reps)
-	id, model := fmt.Sprintf("r%d", i), modelName(i%r.cfg.Models)
+	// Replicas are named as the live router names them, by base URL (the
+	// consistent-hashing peers hash the names).
+	id, model := fmt.Sprintf("http://r%d:8000", i), modelName(i%r.cfg.Models)
 	if err := r.fl.AddReplica(fleet.Replica{ID: id, Models: []string{model}}); err != nil {
 		return err
 	}
@@ -188,7 +190,9 @@ func (r *runner) onScrape() {
 	for i := range r.reps {
 		rp := &r.reps[i]
 		if rp.alive {
-			r.fl.SetLoad(rp.id, loadOf(rp.eng.Stats(), r.cfg.Preset.BlockSize, at(r.now)))
+			l := loadOf(rp.eng.Stats(), r.cfg.Preset.BlockSize, at(r.now))
+			r.fl.SetLoad(rp.id, l)
+			r.trace(Step{Kind: StepScrape, Replica: i, Load: l})
 		}
 	}
 	if r.busy() {
@@ -241,6 +245,7 @@ func (r *runner) onEngine(i int, ev *engine.Event) {
 	case engine.FirstToken:
 		if j, ok := r.byID[ev.Req]; ok {
 			r.flights[j].ticket.FirstToken(at(ev.At))
+			r.trace(Step{Kind: StepFirstToken, Replica: i, ReqID: ev.Req})
 		}
 	case engine.Done:
 		r.onDone(i, ev)
@@ -257,7 +262,9 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 		return
 	}
 	f := &r.flights[j]
-	f.ticket.Done(fleet.Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens}, nil)
+	u := fleet.Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens}
+	f.ticket.Done(u, nil)
+	r.trace(Step{Kind: StepDone, Replica: i, ReqID: ev.Req, Usage: u})
 	f.active = false
 	delete(r.byID, ev.Req)
 	r.live--

@@ -104,6 +104,11 @@ type Config struct {
 	// command); nil means never.
 	Cancel <-chan struct{}
 
+	// Trace, if set, receives every step of the router's side of each
+	// policy's run, in order (see Step): a transcript the live router can
+	// be driven with, step for step (proxy's parity test does).
+	Trace func(policy string, s Step)
+
 	// fleet is Fleet on the scaled clock (set by Run).
 	fleet []fleetEvent
 	// adds is the number of Add events of Fleet.
