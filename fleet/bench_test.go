@@ -22,7 +22,7 @@ func BenchmarkSnapshot(b *testing.B) {
 				}
 				var p route.Policy = route.KVAware{}
 				if w {
-					p = window{pick(0, 0).(route.Func)}
+					p = windowed{pick(0, 0).(route.Func)}
 				}
 				f := newFleet(b, Config{Replicas: reps(ids...), Policy: p})
 				var s route.Snapshot

@@ -26,6 +26,7 @@ import (
 	"kvrouter/residency"
 	"kvrouter/route"
 	"kvrouter/scrape"
+	"kvrouter/window"
 )
 
 // Defaults of Config's zero fields.
@@ -154,7 +155,7 @@ type replica struct {
 	scraped bool
 	cal     Calibrator
 	churn   Churn
-	recent  recent
+	recent  window.Sums // recent prefill tokens (A)
 	rates   route.Rates // the preset corrected by cal and churn
 
 	// pub is what snapshots read of the state above, published anew on

@@ -220,14 +220,14 @@ func TestSweepBoundsSessions(t *testing.T) {
 	}
 }
 
-// window is a policy that reads the recent-prefill window.
-type window struct{ route.Func }
+// windowed is a policy that reads the recent-prefill window.
+type windowed struct{ route.Func }
 
-func (window) Needs() route.Needs { return route.Needs{Window: 10 * time.Second} }
+func (windowed) Needs() route.Needs { return route.Needs{Window: 10 * time.Second} }
 
 func TestSnapshotContents(t *testing.T) {
 	preset := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128}
-	f := newFleet(t, Config{CacheBlocks: 500, Rates: preset, Policy: window{pick(0, 0).(route.Func)}})
+	f := newFleet(t, Config{CacheBlocks: 500, Rates: preset, Policy: windowed{pick(0, 0).(route.Func)}})
 	f.SetLoad(a, scrape.Load{Running: 4, Waiting: 2, KVUsage: 0.5, BlockSize: 32, NumBlocks: 1000, At: t0})
 	f.SetHealthy(c, false)
 	t1, _ := f.Acquire(a, Claim{PrefillTokens: 1000, Tokens: 1120}, t0)

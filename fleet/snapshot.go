@@ -58,7 +58,8 @@ func (f *Fleet) fill(out *route.Replica, r *replica, now time.Time, unit int) bo
 	out.CacheBlocks, out.Rates = p.capTokens/unit, p.rates
 	if f.needs.Window > 0 {
 		r.mu.Lock()
-		out.RecentPrefill = int(r.recent.total(now, f.needs.Window))
+		prefill, _ := r.recent.Sum(now, f.needs.Window)
+		out.RecentPrefill = int(prefill)
 		r.mu.Unlock()
 	}
 	return p.calibrated

@@ -73,7 +73,7 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 	r.decodeTokens.Add(int64(c.Tokens))
 	if w := f.needs.Window; w > 0 && c.PrefillTokens > 0 {
 		r.mu.Lock()
-		r.recent.add(now, w, int64(c.PrefillTokens))
+		r.recent.Add(now, w, int64(c.PrefillTokens), 0)
 		r.mu.Unlock()
 	}
 	return &Ticket{f: f, r: r, claim: c, sent: now}

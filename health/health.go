@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"kvrouter/poll"
+	"kvrouter/window"
 )
 
 // Defaults for the zero values of Checker's fields.
@@ -105,10 +106,10 @@ type target struct {
 	// mu guards the fields below and transitions of healthy.
 	mu         sync.Mutex
 	probeFails int
-	window     window
-	path       string // probe path in use; "" before the first probe
-	passive    bool   // no probe route: passive checks only
-	reason     string // why healthy last changed
+	window     window.Sums // request outcomes: failures (A), all (B)
+	path       string      // probe path in use; "" before the first probe
+	passive    bool        // no probe route: passive checks only
+	reason     string      // why healthy last changed
 	since      time.Time
 }
 
@@ -161,12 +162,16 @@ func (c *Checker) report(id string, failed bool) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.window.add(now, c.window(), failed)
+	var f int64
+	if failed {
+		f = 1
+	}
+	t.window.Add(now, c.window(), f, 1)
 	if !failed || !t.healthy.Load() {
 		return
 	}
-	fails, total := t.window.sum(now, c.window())
-	if fails >= c.passiveFailures() && float64(fails) >= c.failureRatio()*float64(total) {
+	fails, total := t.window.Sum(now, c.window())
+	if fails >= int64(c.passiveFailures()) && float64(fails) >= c.failureRatio()*float64(total) {
 		c.setLocked(t, false, fmt.Sprintf("passive: %d of %d requests failed in %v", fails, total, c.window()))
 	}
 }

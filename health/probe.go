@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"kvrouter/window"
 )
 
 // modelsPath is the route every OpenAI-compatible server has, probed when
@@ -100,7 +102,7 @@ func (c *Checker) record(t *target, answer string, err error) {
 	if err == nil {
 		t.probeFails = 0
 		if !t.healthy.Load() {
-			t.window = window{} // a fresh start: old failures are forgiven
+			t.window = window.Sums{} // a fresh start: old failures are forgiven
 			c.setLocked(t, true, answer)
 		}
 		return
@@ -127,7 +129,7 @@ func (c *Checker) reinstate(t *target) {
 	if t.healthy.Load() || time.Since(t.since) < c.window() {
 		return
 	}
-	t.window = window{}
+	t.window = window.Sums{}
 	c.setLocked(t, true, fmt.Sprintf("passive: back in service after %v out (no probe route)", c.window()))
 }
 
