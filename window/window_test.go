@@ -21,7 +21,7 @@ func TestSums(t *testing.T) {
 	}{
 		{0, 5, 1},
 		{9 * time.Second, 13, 2},
-		{10 * time.Second, 8, 1},  // the first bucket left
+		{10 * time.Second, 8, 1}, // the first bucket left
 		{12*time.Second + 999*time.Millisecond, 8, 1},
 		{13 * time.Second, 1, 0},
 		{19 * time.Second, 0, 0},
