@@ -255,9 +255,6 @@ func engineConfig(cfg Config) (engine.Config, error) {
 // overrides.
 func (s *Server) EngineConfig() engine.Config { return s.ecfg }
 
-// Model is the served model name (the first one, see Config.Model).
-func (s *Server) Model() string { return s.cfg.Model }
-
 // Models are the served model names: Model, then the aliases.
 func (s *Server) Models() []string { return append([]string{s.cfg.Model}, s.cfg.Aliases...) }
 

@@ -3,7 +3,6 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -211,5 +210,3 @@ func sortU64(s []uint64) {
 func storedBatch(t *testing.T, hashes []any, parent any, tok int) []byte {
 	return pack(t, []any{0.0, []any{[]any{"BlockStored", hashes, parent, toks(tok, 4*len(hashes)), 4, nil, "GPU", nil}}})
 }
-
-func replicaName(r int) string { return fmt.Sprint(r) }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"time"
 )
 
@@ -119,23 +118,6 @@ func (r *Result) Totals() Totals {
 		t.Replicas[s.Replica]++
 	}
 	return t
-}
-
-// Quantile returns the q-quantile (0..1, nearest rank) of f over the
-// completed samples; zero when there are none.
-func (r *Result) Quantile(q float64, f func(*Sample) time.Duration) time.Duration {
-	var v []time.Duration
-	for i := range r.Samples {
-		if r.Samples[i].OK() {
-			v = append(v, f(&r.Samples[i]))
-		}
-	}
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	k := int(q*float64(len(v))+0.999999) - 1
-	return v[min(max(k, 0), len(v)-1)]
 }
 
 // FirstModel returns the id of the first model base lists at /v1/models.

@@ -2,7 +2,6 @@ package prefix
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 
 	"github.com/fxamacker/cbor/v2"
@@ -81,7 +80,3 @@ func (v VLLM) Blocks(tokens []uint32) ([][32]byte, error) {
 	}
 	return out, nil
 }
-
-// EventHash is the uint64 form vLLM puts in KV events by default: the last
-// eight bytes of the 32-byte hash, big-endian.
-func EventHash(h [32]byte) uint64 { return binary.BigEndian.Uint64(h[24:]) }
