@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"kvrouter/internal/qwen3"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -35,7 +36,7 @@ func chatOfTokens(n int) []map[string]string {
 //
 //	go test -run='^$' -bench=Chat -benchmem ./tokenizer
 func BenchmarkChat(b *testing.B) {
-	dir := qwen3Dir(b)
+	dir := qwen3.Dir(b)
 	msgs := chatOfTokens(8000)
 	full, _ := json.Marshal(msgs)
 	prev, _ := json.Marshal(msgs[:len(msgs)-1])

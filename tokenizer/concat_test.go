@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"kvrouter/internal/qwen3"
 	"os"
 	"path/filepath"
 	"testing"
@@ -40,7 +41,7 @@ func TestSplitConcats(t *testing.T) {
 // TestSplitConcatsRendersAlike renders Qwen3's chat template as written and
 // as rewritten over chats that take each of its branches.
 func TestSplitConcatsRendersAlike(t *testing.T) {
-	cfg, err := os.ReadFile(filepath.Join(qwen3Dir(t), "tokenizer_config.json"))
+	cfg, err := os.ReadFile(filepath.Join(qwen3.Dir(t), "tokenizer_config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

