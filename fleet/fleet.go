@@ -19,6 +19,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,6 +131,7 @@ type Fleet struct {
 	byID map[string]*replica
 
 	models modelTable
+	cal    calTotals // the calibrated replicas' scales, for priorScale
 
 	// smu guards sessions and lastSweep.
 	smu       sync.Mutex
@@ -157,6 +159,9 @@ type replica struct {
 	churn   Churn
 	recent  window.Sums // recent prefill tokens (A)
 	rates   route.Rates // the preset corrected by cal and churn
+	// calLog is log(rates.Scale), counted in Fleet.cal when calIn.
+	calLog float64
+	calIn  bool
 
 	// pub is what snapshots read of the state above, published anew on
 	// every change so that a snapshot takes no lock (except for recent).
@@ -388,6 +393,11 @@ func (f *Fleet) BlockSizes(dst []int) []int {
 // state; r.mu is held.
 func (f *Fleet) updateLocked(r *replica) {
 	r.rates = r.cal.Apply(f.cfg.Rates)
+	if calibrated := r.cal.Observations() > 0; calibrated || r.calIn {
+		l := math.Log(r.rates.Scale)
+		f.cal.update(r.calLog, r.calIn, l, calibrated)
+		r.calLog, r.calIn = l, calibrated
+	}
 	if h := r.churn.Horizon(); h > 0 {
 		r.rates.Horizon = h
 	}

@@ -158,6 +158,10 @@ func (t *Tracker) EachBlocks(n int, f func(r, blocks int)) {
 	if t.approx == nil {
 		return
 	}
+	if t.precise == nil {
+		t.approx.EachBlocks(n, f)
+		return
+	}
 	t.approx.EachBlocks(n, func(r, b int) {
 		if !t.Live(r) {
 			f(r, b)
