@@ -70,21 +70,32 @@ type call struct {
 	rec        uint64 // the decision record's sequence number; 0: none
 	index      string // the chosen replica's residency feed
 
-	// Scratch, reused across requests.
-	body  []byte
-	inj   []byte // body with include_usage injected
-	sizes []int  // the fleet's engine block sizes (token mode)
-	hs    hashing.Scratch
-	sc    fleet.Scratch
-	hdr   []byte
-	tap   tap
-	rb    reqBody
+	scratch // reused across requests
+	tap     tap
+	rb      reqBody
 
 	// Outcome, set by finish.
 	outcome string
 	usage   fleet.Usage // the engine's, fields -1 when not reported
 	ttft    time.Duration
 	end     time.Time
+}
+
+// scratch is a call's buffers, kept with their capacity from one request
+// to the next.
+type scratch struct {
+	body  []byte
+	inj   []byte // body with include_usage injected
+	sizes []int  // the fleet's engine block sizes (token mode)
+	hs    hashing.Scratch
+	sc    fleet.Scratch // the decision: what the policy saw and chose
+	hdr   []byte
+}
+
+// reset empties the buffers, keeping their capacity.
+func (s scratch) reset() scratch {
+	s.body, s.inj, s.sizes, s.hdr = s.body[:0], s.inj[:0], s.sizes[:0], s.hdr[:0]
+	return s
 }
 
 // reqBody is the pooled request body sent upstream. It notes when the
@@ -119,8 +130,7 @@ func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := rt.pool.Get().(*call)
 	*c = call{
 		rt: rt, start: rt.now(), path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
-		failed: c.failed[:0], body: c.body[:0], inj: c.inj[:0], sizes: c.sizes[:0], hs: c.hs, sc: c.sc,
-		hdr: c.hdr[:0], tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
+		failed: c.failed[:0], scratch: c.scratch.reset(), tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
 	}
 	return c
 }

@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"kvrouter/fleet"
 	"kvrouter/route"
 )
 
@@ -77,14 +80,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // one fleet view: in-flight requests, health (1 healthy, 0 not) and the
 // blocks the residency index attributes to the replica.
 type fleetCollector struct {
-	st                          *state
+	fl                          *fleet.Fleet
+	now                         func() time.Time
 	inflight, healthy, idxBlock *prometheus.Desc
 }
 
-func newFleetCollector(st *state) *fleetCollector {
+func newFleetCollector(fl *fleet.Fleet, now func() time.Time) *fleetCollector {
 	l := []string{"replica"}
 	return &fleetCollector{
-		st:       st,
+		fl:       fl,
+		now:      now,
 		inflight: prometheus.NewDesc("kvrouter_inflight", "Requests the router has in flight on the replica.", l, nil),
 		healthy:  prometheus.NewDesc("kvrouter_replica_healthy", "1 when the replica gets traffic, 0 when it is unhealthy.", l, nil),
 		idxBlock: prometheus.NewDesc("kvrouter_index_blocks", "Prefix blocks the residency index attributes to the replica.", l, nil),
@@ -101,7 +106,7 @@ func (fc *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (fc *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	var s route.Snapshot
-	fc.st.fleet.Snapshot(&s, fc.st.rt.now(), 0)
+	fc.fl.Snapshot(&s, fc.now(), 0)
 	for _, r := range s.Replicas {
 		h := 0.0
 		if r.Healthy {

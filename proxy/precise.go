@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"time"
 
@@ -20,19 +21,20 @@ const watchInterval = 50 * time.Millisecond
 // replica's stream health (the tracker matches a replica against the
 // precise index only while its stream is healthy) and block size.
 type precise struct {
-	rt  *Router
-	fl  *fleet.Fleet
-	sub *kvevents.Subscriber
+	names []string // replica base URLs
+	log   *slog.Logger
+	fl    *fleet.Fleet
+	sub   *kvevents.Subscriber
 	// followed is true for replicas whose events the Subscriber follows
 	// (kv=, or bind mode).
 	followed []bool
 }
 
-// startPrecise starts the Subscriber over the router's backends (binding
-// Config.KVEventsBind at once) into fl's tracker.
-func startPrecise(rt *Router, fl *fleet.Fleet) (*precise, error) {
-	cfg := &rt.cfg
-	p := &precise{rt: rt, fl: fl, followed: make([]bool, len(cfg.Backends))}
+// startPrecise starts the Subscriber over cfg's backends, named names
+// (binding Config.KVEventsBind at once), into fl's tracker; now and start
+// are the router's clock and its reading at the start.
+func startPrecise(cfg *Config, names []string, fl *fleet.Fleet, log *slog.Logger, now func() time.Time, start time.Time) (*precise, error) {
+	p := &precise{names: names, log: log, fl: fl, followed: make([]bool, len(cfg.Backends))}
 	var reps []kvevents.Replica
 	for i, b := range cfg.Backends {
 		r := kvevents.Replica{ID: i, Endpoint: b.KV, Replay: b.Replay}
@@ -43,16 +45,15 @@ func startPrecise(rt *Router, fl *fleet.Fleet) (*precise, error) {
 			r.Addr = u.Host
 		}
 		if r.Endpoint == "" && cfg.KVEventsBind == "" {
-			rt.log.Warn("kv events: replica has no kv= endpoint and no --kv-events-bind; approximate tracking only", "replica", b.URL)
+			log.Warn("kv events: replica has no kv= endpoint and no --kv-events-bind; approximate tracking only", "replica", b.URL)
 			continue
 		}
 		p.followed[i] = true
 		reps = append(reps, r)
 	}
-	start := rt.start
 	sub, err := kvevents.Start(kvevents.Config{
 		Index: fl.Tracker().Precise(), Replicas: reps, Bind: cfg.KVEventsBind,
-		Now: func() time.Duration { return rt.now().Sub(start) }, Logger: rt.log,
+		Now: func() time.Duration { return now().Sub(start) }, Logger: log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv events: %w", err)
@@ -84,12 +85,12 @@ func (p *precise) watch(ctx context.Context) {
 func (p *precise) check() {
 	p.fl.Tracker().Poll(func(i int, live bool) {
 		st, _ := p.sub.Status(i)
-		args := []any{"replica", p.rt.names[i], "connected", st.Connected, "stale", st.Stale,
+		args := []any{"replica", p.names[i], "connected", st.Connected, "stale", st.Stale,
 			"gaps", st.Gaps, "replays", st.Replays, "resets", st.Resets, "blocks", st.Blocks}
 		if live {
-			p.rt.log.Info("kv events healthy: replica matched against the precise index", args...)
+			p.log.Info("kv events healthy: replica matched against the precise index", args...)
 		} else {
-			p.rt.log.Warn("kv events missing or stale: replica falls back to approximate tracking", args...)
+			p.log.Warn("kv events missing or stale: replica falls back to approximate tracking", args...)
 		}
 	})
 	for i, f := range p.followed {
@@ -97,7 +98,7 @@ func (p *precise) check() {
 			continue
 		}
 		if st, ok := p.sub.Status(i); ok && st.BlockSize > 0 {
-			p.fl.SetBlockSize(p.rt.names[i], st.BlockSize)
+			p.fl.SetBlockSize(p.names[i], st.BlockSize)
 		}
 	}
 }

@@ -121,14 +121,14 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	rt.m = m
 	rt.decisions = newRing(cfg.Decisions, rt.names)
-	st, err := newState(rt, rt.policy)
+	st, err := newState(&rt.cfg, rt.names, rt.policy, rt.upstream, rt.log, rt.now, rt.start)
 	if err != nil {
 		return nil, err
 	}
 	rt.st = st
-	st.logIndexMode(rt.log)
+	st.logIndexMode(&rt.cfg, rt.policyName)
 	rt.idPrefix = "kvr-" + strconv.FormatUint(st.epoch, 36) + "-"
-	if err := reg.Register(newFleetCollector(st)); err != nil {
+	if err := reg.Register(newFleetCollector(st.fleet, rt.now)); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	if p := st.feed; p != nil {

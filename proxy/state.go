@@ -29,7 +29,8 @@ import (
 // KV-event feed (precise.go). Replica i is cfg.Backends[i] everywhere: in
 // the fleet's snapshot order, in the tracker and in rt.names.
 type state struct {
-	rt      *Router
+	names   []string // replica base URLs, index = replica index
+	log     *slog.Logger
 	epoch   uint64 // random per router, part of request ids
 	fleet   *fleet.Fleet
 	hasher  *hashing.Hasher
@@ -39,67 +40,70 @@ type state struct {
 	pickRR  atomic.Uint64
 }
 
-func newState(rt *Router, policy route.Policy) (*state, error) {
-	ecfg, err := engine.Preset(rt.cfg.Preset)
+// newState builds the router's state for cfg, whose backends are named
+// names, over upstream, with policy, on the clock now whose reading at the
+// router's start is start.
+func newState(cfg *Config, names []string, policy route.Policy, upstream http.RoundTripper, log *slog.Logger, now func() time.Time, start time.Time) (*state, error) {
+	ecfg, err := engine.Preset(cfg.Preset)
 	if err != nil {
 		return nil, fmt.Errorf("preset: %w", err)
 	}
 	var b [8]byte
 	rand.Read(b[:])
-	st := &state{rt: rt, epoch: binary.LittleEndian.Uint64(b[:]) >> 16}
+	st := &state{names: names, log: log, epoch: binary.LittleEndian.Uint64(b[:]) >> 16}
 	st.hasher, err = hashing.New(hashing.Config{
-		ChunkChars: rt.cfg.ChunkChars, Tokenizer: rt.cfg.Tokenizer, Tokenizers: rt.cfg.Tokenizers,
-		Client: &http.Client{Transport: rt.upstream}, Pick: st.pickHealthy,
+		ChunkChars: cfg.ChunkChars, Tokenizer: cfg.Tokenizer, Tokenizers: cfg.Tokenizers,
+		Client: &http.Client{Transport: upstream}, Pick: st.pickHealthy,
 	})
 	if err != nil {
 		return nil, err
 	}
 	cacheBlocks := ecfg.NumBlocks
-	if rt.cfg.CacheBlocks > 0 {
-		cacheBlocks = rt.cfg.CacheBlocks
+	if cfg.CacheBlocks > 0 {
+		cacheBlocks = cfg.CacheBlocks
 	}
-	reps := make([]fleet.Replica, len(rt.cfg.Backends))
-	for i, be := range rt.cfg.Backends {
+	reps := make([]fleet.Replica, len(cfg.Backends))
+	for i, be := range cfg.Backends {
 		reps[i] = fleet.Replica{ID: be.URL, Models: be.Models}
 	}
 	st.fleet, err = fleet.New(fleet.Config{
 		Replicas:    reps,
 		Policy:      policy,
-		Events:      rt.cfg.Precise(),
+		Events:      cfg.Precise(),
 		Engine:      st.hasher.Engine(),
 		TextTokens:  st.hasher.TextTokens(),
-		Rates:       scaleRates(ecfg.Rates(), rt.cfg.TimeScale),
+		Rates:       scaleRates(ecfg.Rates(), cfg.TimeScale),
 		CacheBlocks: cacheBlocks,
-		SessionTTL:  rt.cfg.SessionTTL,
-		Start:       rt.start,
+		SessionTTL:  cfg.SessionTTL,
+		Start:       start,
 	})
 	if err != nil {
 		return nil, err
 	}
 	if st.fleet.Index() == route.Precise {
-		if st.feed, err = startPrecise(rt, st.fleet); err != nil {
+		if st.feed, err = startPrecise(cfg, st.names, st.fleet, log, now, start); err != nil {
 			return nil, err
 		}
 	}
 	st.health = &health.Checker{
-		Client:       &http.Client{Transport: rt.upstream},
-		Interval:     rt.cfg.HealthInterval,
-		Timeout:      max(rt.cfg.HealthInterval, health.DefaultTimeout),
+		Client:       &http.Client{Transport: upstream},
+		Interval:     cfg.HealthInterval,
+		Timeout:      max(cfg.HealthInterval, health.DefaultTimeout),
 		OnChange:     st.fleet.SetHealthy,
 		OnTransition: st.onHealth,
 		OnFallback:   st.onHealthFallback,
 	}
-	interval := st.fleet.ScrapeInterval(rt.cfg.ScrapeInterval)
+	interval := st.fleet.ScrapeInterval(cfg.ScrapeInterval)
 	st.scraper = &scrape.Scraper{
-		Client:         &http.Client{Transport: rt.upstream},
+		Client:         &http.Client{Transport: upstream},
 		Interval:       interval,
 		Timeout:        max(interval, time.Second),
 		OnLoad:         st.fleet.SetLoad,
 		OnError:        st.onScrapeError,
 		OnModels:       st.fleet.SetModels,
-		ModelsInterval: rt.cfg.ModelsInterval,
+		ModelsInterval: cfg.ModelsInterval,
 	}
-	for _, name := range rt.names {
+	for _, name := range st.names {
 		st.health.Add(name)
 		st.scraper.Add(name)
 	}
@@ -135,26 +139,26 @@ func (st *state) onScrapeError(id string, err error) { st.fleet.SetBlockSize(id,
 // onHealth logs the health checker's transitions, with the reason.
 func (st *state) onHealth(id string, healthy bool, reason string) {
 	if healthy {
-		st.rt.log.Info("replica up", "replica", id, "reason", reason)
+		st.log.Info("replica up", "replica", id, "reason", reason)
 	} else {
-		st.rt.log.Warn("replica down", "replica", id, "reason", reason)
+		st.log.Warn("replica down", "replica", id, "reason", reason)
 	}
 }
 
 // onHealthFallback logs how a replica without /health is checked instead.
 func (st *state) onHealthFallback(id, note string) {
-	st.rt.log.Info("health check changed", "replica", id, "note", note)
+	st.log.Info("health check changed", "replica", id, "note", note)
 }
 
 // reportFailure feeds passive health: a request to replica i failed
 // (connect error, 5xx, broken stream).
-func (st *state) reportFailure(i int) { st.health.ReportFailure(st.rt.names[i]) }
+func (st *state) reportFailure(i int) { st.health.ReportFailure(st.names[i]) }
 
 // reportSuccess feeds passive health: a request to replica i succeeded.
-func (st *state) reportSuccess(i int) { st.health.ReportSuccess(st.rt.names[i]) }
+func (st *state) reportSuccess(i int) { st.health.ReportSuccess(st.names[i]) }
 
 // healthy reports whether replica i may get traffic.
-func (st *state) healthy(i int) bool { return st.fleet.Healthy(st.rt.names[i]) }
+func (st *state) healthy(i int) bool { return st.fleet.Healthy(st.names[i]) }
 
 // run runs the scrape loops, the health probes and in precise mode the
 // KV-event watch until ctx is done, and joins them.
@@ -179,10 +183,10 @@ func quiet(err error) error {
 }
 
 // logIndexMode says at start which residency feed and hash mode the
-// policy gets, and why KV events are not followed when they are
-// configured but the policy does not read them.
-func (st *state) logIndexMode(log *slog.Logger) {
-	needs, name, cfg := st.fleet.Needs(), st.rt.policyName, &st.rt.cfg
+// policy named name gets, and why KV events are not followed when cfg
+// configures them but the policy does not read them.
+func (st *state) logIndexMode(cfg *Config, name string) {
+	needs, log := st.fleet.Needs(), st.log
 	hash := st.hasher.Mode()
 	switch {
 	case needs.Index == route.NoIndex && cfg.Precise():
@@ -221,11 +225,11 @@ func (st *state) indexMode() string {
 
 // pickHealthy returns a healthy replica's base URL, round robin, or "".
 func (st *state) pickHealthy() string {
-	n := len(st.rt.names)
+	n := len(st.names)
 	start := int(st.pickRR.Add(1) % uint64(n))
 	for k := range n {
 		if i := (start + k) % n; st.healthy(i) {
-			return st.rt.names[i]
+			return st.names[i]
 		}
 	}
 	return ""
