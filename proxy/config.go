@@ -45,6 +45,10 @@ type Config struct {
 	ScrapeInterval time.Duration `yaml:"scrape-interval"`
 	// HealthInterval is how often each replica's /health is probed.
 	HealthInterval time.Duration `yaml:"health-interval"`
+	// HealthPath is the path probed; empty means /health. A replica that
+	// answers it 404 is probed at /v1/models instead, and one without
+	// either is judged by its requests' outcomes alone (package health).
+	HealthPath string `yaml:"health-path"`
 	// ModelsInterval is how often each replica's /v1/models is read again
 	// (the models it serves, LoRA adapters with their base); they are
 	// read once at start. Zero means 10 s.
@@ -293,6 +297,9 @@ func (c *Config) Validate() error {
 		if p.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", p.name, p.v))
 		}
+	}
+	if c.HealthPath != "" && !strings.HasPrefix(c.HealthPath, "/") {
+		errs = append(errs, fmt.Errorf("health-path %q: must start with /", c.HealthPath))
 	}
 	if c.ModelsInterval < 0 {
 		errs = append(errs, fmt.Errorf("models-interval: must not be negative, got %s", c.ModelsInterval))

@@ -181,3 +181,26 @@ func TestPredictedHitRateAtMostOne(t *testing.T) {
 	}
 	t.Logf("router estimate %d tokens, engine %d", est, eng)
 }
+
+// TestNoHealthRoute: a backend with no /health route (many
+// OpenAI-compatible servers) stays in rotation, probed at its
+// /v1/models: the emulator serves both, so the router is pointed at a
+// path it does not serve.
+func TestNoHealthRoute(t *testing.T) {
+	reps := replicas(t, 1, 0.01)
+	rt, url := startRouter(t, "kv-aware", func(c *Config) {
+		c.HealthPath = "/no-such-route"
+		c.HealthInterval = 20 * time.Millisecond
+	}, urls(reps)...)
+	runRouter(t, rt)
+	time.Sleep(200 * time.Millisecond) // ten probe periods
+	if !rt.View(time.Now()).Replicas[0].Healthy {
+		t.Fatal("a replica without the probed route was taken out of rotation")
+	}
+	if resp, out := do(t, "POST", url+"/v1/completions", `{"model":"m","max_tokens":1,"prompt":"hi"}`); resp.StatusCode != 200 {
+		t.Errorf("status %d: %s", resp.StatusCode, out)
+	}
+	if st, ok := rt.st.health.Status(reps[0].URL()); !ok || !strings.HasSuffix(st.Probe, "/v1/models") {
+		t.Errorf("health status %+v, want probing /v1/models", st)
+	}
+}

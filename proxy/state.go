@@ -89,6 +89,7 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		Client:       &http.Client{Transport: upstream},
 		Interval:     cfg.HealthInterval,
 		Timeout:      max(cfg.HealthInterval, health.DefaultTimeout),
+		Path:         cfg.HealthPath,
 		OnChange:     st.fleet.SetHealthy,
 		OnTransition: st.onHealth,
 		OnFallback:   st.onHealthFallback,

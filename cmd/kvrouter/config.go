@@ -60,6 +60,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.IntVar(&cfg.ChunkChars, "chunk-chars", cfg.ChunkChars, "prefix block size in characters (text mode)")
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", cfg.HealthInterval, "how often each replica's /health is probed")
+	fs.StringVar(&cfg.HealthPath, "health-path", cfg.HealthPath, "path probed for each replica's health (empty: /health); a replica without it is probed at /v1/models, one without either judged by its requests alone")
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often each replica's /v1/models is read again (models it serves; read once at start)")
 	fs.IntVar(&cfg.Decisions, "decisions", cfg.Decisions, "recent decisions kept for /debug/decisions")
 	fs.StringVar(&cfg.Preset, "preset", cfg.Preset, "engine preset the cost model's rates start from")
