@@ -365,29 +365,9 @@ func (f *Fleet) SetBlockSize(id string, tokens int) {
 }
 
 // BlockSizes returns the distinct engine block sizes known in the fleet,
-// smallest first: the chains a token-mode request is hashed at.
-func (f *Fleet) BlockSizes(dst []int) []int {
-	dst = dst[:0]
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	for _, r := range f.reps {
-		bs := f.tr.BlockSize(r.index)
-		if bs <= 0 {
-			continue
-		}
-		i := 0
-		for i < len(dst) && dst[i] < bs {
-			i++
-		}
-		if i < len(dst) && dst[i] == bs {
-			continue
-		}
-		dst = append(dst, 0)
-		copy(dst[i+1:], dst[i:])
-		dst[i] = bs
-	}
-	return dst
-}
+// smallest first: the chains a token-mode request is hashed at. The slice
+// is shared: do not modify it.
+func (f *Fleet) BlockSizes() []int { return f.tr.BlockSizes() }
 
 // updateLocked recomputes r.rates from the preset and publishes r's
 // state; r.mu is held.

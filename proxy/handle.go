@@ -84,17 +84,16 @@ type call struct {
 // scratch is a call's buffers, kept with their capacity from one request
 // to the next.
 type scratch struct {
-	body  []byte
-	inj   []byte // body with include_usage injected
-	sizes []int  // the fleet's engine block sizes (token mode)
-	hs    hashing.Scratch
-	sc    fleet.Scratch // the decision: what the policy saw and chose
-	hdr   []byte
+	body []byte
+	inj  []byte // body with include_usage injected
+	hs   hashing.Scratch
+	sc   fleet.Scratch // the decision: what the policy saw and chose
+	hdr  []byte
 }
 
 // reset empties the buffers, keeping their capacity.
 func (s scratch) reset() scratch {
-	s.body, s.inj, s.sizes, s.hdr = s.body[:0], s.inj[:0], s.sizes[:0], s.hdr[:0]
+	s.body, s.inj, s.hdr = s.body[:0], s.inj[:0], s.hdr[:0]
 	return s
 }
 
@@ -281,10 +280,11 @@ func (c *call) route(w http.ResponseWriter) bool {
 		}
 		return false
 	}
+	var sizes []int
 	if rt.st.hasher.Engine() {
-		c.sizes = fl.BlockSizes(c.sizes)
+		sizes = fl.BlockSizes()
 	}
-	chains, tokens := rt.st.hasher.Hash(p, prefix.Root(fl.ModelKey(p.Model)), c.sizes, &c.hs)
+	chains, tokens := rt.st.hasher.Hash(p, prefix.Root(fl.ModelKey(p.Model)), sizes, &c.hs)
 	c.freq = fleet.Request{
 		ID: c.id, Hash: xxhash.Sum64String(c.id), Model: p.Model, Session: c.session,
 		Tokens: tokens, MaxTokens: p.MaxTokens, PrefixKey: p.PrefixKey(), Chains: chains, TTFT: p.Stream,

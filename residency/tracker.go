@@ -1,6 +1,8 @@
 package residency
 
 import (
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -95,6 +97,10 @@ type Tracker struct {
 	caps    []atomic.Int64
 	pcaps   []atomic.Int64
 	replica atomic.Int64 // replicas added
+	// sizes is the distinct known block sizes, smallest first, rebuilt
+	// when a replica's changes (sizesMu serialises the rebuilds).
+	sizes   atomic.Pointer[[]int]
+	sizesMu sync.Mutex
 }
 
 // NewTracker returns an empty tracker.
@@ -168,9 +174,33 @@ func (t *Tracker) AddReplica(r int) {
 
 // SetBlockSize records replica r's engine tokens per block.
 func (t *Tracker) SetBlockSize(r, tokens int) {
-	if r >= 0 && r < len(t.bs) && tokens > 0 {
-		t.bs[r].Store(int64(tokens))
+	if r >= 0 && r < len(t.bs) && tokens > 0 && t.bs[r].Swap(int64(tokens)) != int64(tokens) {
+		t.rebuildSizes()
 	}
+}
+
+// rebuildSizes recomputes the distinct block sizes of the replicas.
+func (t *Tracker) rebuildSizes() {
+	t.sizesMu.Lock()
+	defer t.sizesMu.Unlock()
+	var sizes []int
+	for r := range int(t.replica.Load()) {
+		if bs := int(t.bs[r].Load()); bs > 0 && !slices.Contains(sizes, bs) {
+			sizes = append(sizes, bs)
+		}
+	}
+	slices.Sort(sizes)
+	t.sizes.Store(&sizes)
+}
+
+// BlockSizes returns the distinct engine block sizes known among the
+// replicas, smallest first: the chains a token-mode request is hashed
+// at. The slice is shared: do not modify it.
+func (t *Tracker) BlockSizes() []int {
+	if p := t.sizes.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // BlockSize returns replica r's engine tokens per block; zero if unknown.

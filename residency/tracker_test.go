@@ -1,6 +1,7 @@
 package residency
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -148,5 +149,23 @@ func TestTrackerCoarse(t *testing.T) {
 	m, _ := match(tr, req, 0, 2)
 	if m[0] != 2 || tr.Unit(req) != 64 {
 		t.Errorf("match %d in unit %d, want 2 in 64", m[0], tr.Unit(req))
+	}
+}
+
+func TestTrackerBlockSizesList(t *testing.T) {
+	tr := newTracker(t, TrackerConfig{Approximate: true, Engine: true}, 3)
+	if got := tr.BlockSizes(); len(got) != 0 {
+		t.Errorf("no size known: got %v", got)
+	}
+	tr.SetBlockSize(2, 32)
+	tr.SetBlockSize(0, 16)
+	tr.SetBlockSize(1, 32)
+	if got := tr.BlockSizes(); !slices.Equal(got, []int{16, 32}) {
+		t.Errorf("got %v, want [16 32]", got)
+	}
+	tr.SetBlockSize(2, 16)
+	tr.SetBlockSize(1, 16)
+	if got := tr.BlockSizes(); !slices.Equal(got, []int{16}) {
+		t.Errorf("after the 32s changed: got %v, want [16]", got)
 	}
 }
