@@ -108,7 +108,9 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 			continue
 		}
 		hashes, it := t.coarsen(c, sc)
-		t.approx.Match(hashes, now, sc.am, sc.aa)
+		if t.fallback() {
+			t.approx.Match(hashes, now, sc.am, sc.aa)
+		}
 		if t.precise != nil {
 			t.precise.Match(c.Hashes, now, sc.pm, nil)
 			t.overlay.Match(c.Hashes, now, sc.om, nil)
@@ -130,6 +132,11 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 	}
 }
 
+// fallback reports whether the approximate index is fed: always in
+// approximate mode; in precise mode only with a feed, since without one
+// every stream is trusted and no replica ever falls back to it.
+func (t *Tracker) fallback() bool { return t.precise == nil || t.feed != nil }
+
 // Touch records that the request whose chains were just matched (with sc)
 // was sent to replica r at now: its blocks enter r's approximate share,
 // and in precise mode the overlay; when r's precise index lacked some of
@@ -140,8 +147,10 @@ func (t *Tracker) Touch(r int, chains []Chain, now time.Duration, sc *MatchScrat
 		return
 	}
 	c := &chains[ci]
-	hashes, _ := t.coarsen(c, sc)
-	t.approx.Touch(r, hashes, now)
+	if t.fallback() {
+		hashes, _ := t.coarsen(c, sc)
+		t.approx.Touch(r, hashes, now)
+	}
 	if t.precise == nil || !t.Live(r) {
 		return
 	}
