@@ -47,11 +47,11 @@ type Config struct {
 	// PrefillPerToken is the linear cost of prefilling one token (the
 	// weights' FLOPs); zero means the preset's.
 	PrefillPerToken time.Duration
-	// AttnPerToken2 is the attention cost per (token, context token) pair,
-	// in nanoseconds scaled by 1e-6, as route.Rates.AttnPerToken2: a chunk of
-	// n tokens after c computed ones costs n*(c+n/2)*AttnPerToken2/1e6.
+	// AttnPerMPairs is the attention cost per million (token, context
+	// token) pairs, as route.Rates.AttnPerMPairs: a chunk of n tokens after
+	// c computed ones costs n*(c+n/2)*AttnPerMPairs/1e6.
 	// Zero means the preset's.
-	AttnPerToken2 time.Duration
+	AttnPerMPairs time.Duration
 	// DecodeStep is added to an iteration that decodes at least one
 	// sequence (reading the weights once); zero means the preset's.
 	DecodeStep time.Duration
@@ -83,7 +83,7 @@ func (c Config) defaults() Config {
 	def(&c.KVBytesPerToken, p.KVBytesPerToken)
 	defD(&c.StepOverhead, p.StepOverhead)
 	defD(&c.PrefillPerToken, p.PrefillPerToken)
-	defD(&c.AttnPerToken2, p.AttnPerToken2)
+	defD(&c.AttnPerMPairs, p.AttnPerMPairs)
 	defD(&c.DecodeStep, p.DecodeStep)
 	defD(&c.DecodePerSeq, p.DecodePerSeq)
 	defD(&c.DecodePerMTokens, p.DecodePerMTokens)
@@ -108,28 +108,25 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine config: max batched tokens %d < 1", c.MaxBatchedTokens)
 	case c.MaxModelLen < 2:
 		return fmt.Errorf("engine config: max model len %d < 2", c.MaxModelLen)
-	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.AttnPerToken2 < 0 ||
+	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.AttnPerMPairs < 0 ||
 		c.DecodeStep < 0 || c.DecodePerSeq < 0 || c.DecodePerMTokens < 0:
 		return fmt.Errorf("engine config: negative timing figure")
 	}
 	return nil
 }
 
-// rateContext is the context length, in tokens, folded into
-// Rates().DecodePerSeq, since route.Rates has no per-context-token term.
-const rateContext = 4096
-
 // Rates converts the timing model to the router's units, so the router's
-// cost model starts from the same preset. route.Rates has no context term:
-// DecodePerSeq folds in the KV read of a sequence of 4096 tokens, and
-// DecodeStep includes the step overhead.
+// cost model starts from the same preset. DecodeStep includes the step
+// overhead.
 func (c Config) Rates() route.Rates {
 	c = c.defaults()
 	return route.Rates{
-		PrefillPerToken: c.PrefillPerToken,
-		AttnPerToken2:   c.AttnPerToken2,
-		DecodeStep:      c.StepOverhead + c.DecodeStep,
-		DecodePerSeq:    c.DecodePerSeq + c.DecodePerMTokens*rateContext/1_000_000,
-		MaxSeqs:         c.MaxNumSeqs,
+		PrefillPerToken:  c.PrefillPerToken,
+		AttnPerMPairs:    c.AttnPerMPairs,
+		DecodeStep:       c.StepOverhead + c.DecodeStep,
+		DecodePerSeq:     c.DecodePerSeq,
+		DecodePerMTokens: c.DecodePerMTokens,
+		MaxSeqs:          c.MaxNumSeqs,
+		MaxBatchedTokens: c.MaxBatchedTokens,
 	}
 }

@@ -66,7 +66,7 @@ func llama8B() Config {
 		// (≈ 21.6k tokens/s).
 		PrefillPerToken: 46 * time.Microsecond,
 		// 4·32·4096 = 524k FLOP per pair / 346 TFLOPS = 1.5 ns per pair.
-		AttnPerToken2: 1_500_000,
+		AttnPerMPairs: 1_500_000,
 		// 16.06e9 B / (0.7 · 3.35 TB/s) ≈ 6.8 ms.
 		DecodeStep: 6800 * time.Microsecond,
 		// 16.06 GFLOP per sequence at ~35% of peak, rounded up for the
@@ -95,7 +95,7 @@ func llama70B() Config {
 		// lowers utilisation) = 2.37 PFLOPS → 60 µs (≈ 17k tokens/s).
 		PrefillPerToken: 60 * time.Microsecond,
 		// 4·80·8192 = 2.6M FLOP per pair / 2.37 PFLOPS = 1.1 ns.
-		AttnPerToken2: 1_100_000,
+		AttnPerMPairs: 1_100_000,
 		// 141.2e9 B / (0.6 · 8 · 3.35 TB/s) ≈ 8.8 ms.
 		DecodeStep:   8800 * time.Microsecond,
 		DecodePerSeq: 100 * time.Microsecond,
@@ -123,7 +123,7 @@ func qwen32B() Config {
 		PrefillPerToken: 95 * time.Microsecond,
 		// 4·64·8192 (64 query heads × 128) = 2.1M FLOP per pair / 692
 		// TFLOPS = 3 ns.
-		AttnPerToken2: 3_000_000,
+		AttnPerMPairs: 3_000_000,
 		// 65.6e9 B / (0.7 · 6.7 TB/s) ≈ 14 ms.
 		DecodeStep:   14 * time.Millisecond,
 		DecodePerSeq: 100 * time.Microsecond,

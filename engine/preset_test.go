@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"kvrouter/route"
+
 	"testing"
 	"time"
 
@@ -45,11 +47,16 @@ func TestPresets(t *testing.T) {
 				t.Errorf("decode step %v, want %d..%d ms", d, tc.minDecodeMS, tc.maxDecodeMS)
 			}
 			r := c.Rates()
-			if r.PrefillPerToken != c.PrefillPerToken || r.AttnPerToken2 != c.AttnPerToken2 || r.MaxSeqs != c.MaxNumSeqs ||
-				r.DecodeStep <= c.DecodeStep || r.DecodePerSeq <= c.DecodePerSeq {
+			if r.PrefillPerToken != c.PrefillPerToken || r.AttnPerMPairs != c.AttnPerMPairs || r.MaxSeqs != c.MaxNumSeqs ||
+				r.DecodeStep != c.StepOverhead+c.DecodeStep || r.DecodePerSeq != c.DecodePerSeq ||
+				r.DecodePerMTokens != c.DecodePerMTokens || r.MaxBatchedTokens != c.MaxBatchedTokens {
 				t.Errorf("Rates %+v do not follow the preset", r)
 			}
 		})
+	}
+	// route's defaults are the default preset's figures.
+	if got, want := (route.Rates{}).WithDefaults(), (Config{}).Rates().WithDefaults(); got != want {
+		t.Errorf("route defaults %+v, want the llama3-8b-h100 preset's %+v", got, want)
 	}
 	if _, err := Preset("gpt-5"); err == nil {
 		t.Errorf("unknown preset accepted")

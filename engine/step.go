@@ -174,7 +174,7 @@ func (e *Engine) duration() time.Duration {
 		pairs += n * (int64(s.computed) + n/2)
 	}
 	d := c.StepOverhead + time.Duration(prefill)*c.PrefillPerToken +
-		time.Duration(pairs*int64(c.AttnPerToken2)/1_000_000)
+		time.Duration(pairs*int64(c.AttnPerMPairs)/1_000_000)
 	if decodes > 0 {
 		d += c.DecodeStep + time.Duration(decodes)*c.DecodePerSeq +
 			time.Duration(ctx*int64(c.DecodePerMTokens)/1_000_000)

@@ -126,7 +126,7 @@ func scaleRates(r route.Rates, timeScale float64) route.Rates {
 		return max(time.Duration(math.Round(float64(d)*timeScale)), 1) // never zero: that would mean the default
 	}
 	r.PrefillPerToken = scale(r.PrefillPerToken)
-	r.AttnPerToken2 = scale(r.AttnPerToken2)
+	r.AttnPerMPairs = scale(r.AttnPerMPairs)
 	r.DecodeStep = scale(r.DecodeStep)
 	r.DecodePerSeq = scale(r.DecodePerSeq)
 	return r

@@ -166,7 +166,7 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 	case 1:
 		base = Rates{Horizon: 10 * time.Minute}
 	case 2:
-		base = Rates{PrefillPerToken: 25 * time.Microsecond, AttnPerToken2: 900 * time.Microsecond,
+		base = Rates{PrefillPerToken: 25 * time.Microsecond, AttnPerMPairs: 900 * time.Microsecond,
 			DecodeStep: 12 * time.Millisecond, DecodePerSeq: 80 * time.Microsecond, MaxSeqs: 128, Horizon: 5 * time.Minute, Scale: 1.1}
 	case 3:
 		base = Rates{MaxSeqs: DefaultMaxSeqs, Scale: 1, PrefillPerToken: -1, DecodeStep: -2}
@@ -211,7 +211,7 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 		default:
 			rp.Rates = Rates{
 				PrefillPerToken: time.Duration(pick(0, -1, 10000, 40000, 1+rng.IntN(100000))),
-				AttnPerToken2:   time.Duration(pick(0, -1, 1300000, rng.IntN(5000000))),
+				AttnPerMPairs:   time.Duration(pick(0, -1, 1300000, rng.IntN(5000000))),
 				DecodeStep:      time.Duration(pick(0, -1, int(15*time.Millisecond), rng.IntN(int(50*time.Millisecond)))),
 				DecodePerSeq:    time.Duration(pick(0, -1, int(100*time.Microsecond), rng.IntN(int(time.Millisecond)))),
 				MaxSeqs:         pick(0, -1, 1, 64, DefaultMaxSeqs, 512),

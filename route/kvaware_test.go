@@ -163,7 +163,7 @@ func TestKVAwareScaleAndRates(t *testing.T) {
 	}
 	// Zero rates mean exactly the documented defaults.
 	explicit := idle()
-	explicit.Rates = Rates{PrefillPerToken: DefaultPrefillPerToken, AttnPerToken2: DefaultAttnPerToken2,
+	explicit.Rates = Rates{PrefillPerToken: DefaultPrefillPerToken, AttnPerMPairs: DefaultAttnPerMPairs,
 		DecodeStep: DefaultDecodeStep, DecodePerSeq: DefaultDecodePerSeq, MaxSeqs: DefaultMaxSeqs, Scale: 1}
 	r := rq(3000, 100, 100)
 	r.Costs = make([]Cost, 0, 2)

@@ -34,7 +34,7 @@ func (Mooncake) Pick(r *Request, s *Snapshot) Decision {
 		if !rp.Healthy {
 			continue
 		}
-		rt := rp.Rates.withDefaults()
+		rt := rp.Rates.WithDefaults()
 		m := min(matchOf(r, i)*bs, r.Tokens)
 		wait := scaled(time.Duration(rp.PrefillTokens)*rt.PrefillPerToken, rt.Scale)
 		pre := scaled(rt.prefillTime(r.Tokens-m, m), rt.Scale)

@@ -46,7 +46,7 @@ func (PrebleE2) Needs() Needs { return Needs{Index: Approximate, Window: 3 * tim
 
 // load is replica rp's Preble load cost.
 func (p PrebleE2) load(rp *Replica) time.Duration {
-	rt := rp.Rates.withDefaults()
+	rt := rp.Rates.WithDefaults()
 	out := p.MedianOutput
 	if out <= 0 {
 		out = 256
@@ -89,7 +89,7 @@ func (p PrebleE2) Pick(r *Request, s *Snapshot) Decision {
 		}
 		floor := 0.0
 		if c.best >= 0 {
-			rt := s.Replicas[c.best].Rates.withDefaults()
+			rt := s.Replicas[c.best].Rates.WithDefaults()
 			floor = float64(rt.prefillTime(r.Tokens, 0))
 		}
 		if c.best == heavy.best && c.best != light.best && c.key >= ratio*max(light.key, floor) {
@@ -99,7 +99,7 @@ func (p PrebleE2) Pick(r *Request, s *Snapshot) Decision {
 	}
 	for i := range s.Replicas {
 		if rp := &s.Replicas[i]; rp.Healthy {
-			rt := rp.Rates.withDefaults()
+			rt := rp.Rates.WithDefaults()
 			m := min(matchOf(r, i)*bs, r.Tokens)
 			c.offer(i, float64(p.load(rp)+rt.prefillTime(r.Tokens-m, m)), m)
 		}

@@ -5,39 +5,41 @@ import (
 	"time"
 )
 
-// Defaults of the llama3-8b-h100 preset, used for every zero field of Rates.
-// They come from public figures for Llama-3-8B in bf16 on one H100 SXM
-// (about 16 GFLOP per token of dense compute at ~400 TFLOP/s effective, so
-// ~25,000 prompt tokens/s at short context; decode steps of 10-30 ms
-// depending on the batch). The engine model's engine.Config.Rates() supplies
-// the preset's exact figures; route does not import engine.
+// Defaults of the llama3-8b-h100 preset (Llama-3.1-8B in bf16 on one H100
+// SXM; engine/preset.go derives each from public figures), used for every
+// zero field of Rates. They equal engine.Config{}.Rates(), which a test of
+// package engine checks; route does not import engine.
 const (
 	// DefaultPrefillPerToken is the prefill time of one prompt token at short
-	// context: 40 µs, i.e. 25,000 tokens/s.
-	DefaultPrefillPerToken = 40 * time.Microsecond
-	// DefaultAttnPerToken2 is the attention term in the units of
-	// Rates.AttnPerToken2: 1.3 ms there means 1.3 ns per (token, context
-	// token) pair (4 × 32 layers × 4096 dims of QK and AV FLOPs at the same
-	// effective rate).
-	DefaultAttnPerToken2 = 1300 * time.Microsecond
-	// DefaultDecodeStep is the duration of one decode step of a small batch.
-	DefaultDecodeStep = 15 * time.Millisecond
-	// DefaultDecodePerSeq is the extra decode step time per running sequence.
-	DefaultDecodePerSeq = 100 * time.Microsecond
+	// context: 46 µs, about 21,700 tokens/s.
+	DefaultPrefillPerToken = 46 * time.Microsecond
+	// DefaultAttnPerMPairs is the attention time per million (token,
+	// context token) pairs: 1.5 ns a pair.
+	DefaultAttnPerMPairs = 1500 * time.Microsecond
+	// DefaultDecodeStep is one decode iteration of a batch of one: 1.5 ms
+	// of step overhead and 6.8 ms to read the weights.
+	DefaultDecodeStep = 8300 * time.Microsecond
+	// DefaultDecodePerSeq is the extra decode iteration time per sequence.
+	DefaultDecodePerSeq = 60 * time.Microsecond
+	// DefaultDecodePerMTokens is the extra decode iteration time per
+	// million tokens of context (reading their KV).
+	DefaultDecodePerMTokens = 56 * time.Millisecond
 	// DefaultMaxSeqs is vLLM's default max_num_seqs.
 	DefaultMaxSeqs = 256
+	// DefaultMaxBatchedTokens is vLLM's default max_num_batched_tokens.
+	DefaultMaxBatchedTokens = 8192
 	// DefaultBlockSize is tokens per block when Snapshot.BlockSize is zero.
 	DefaultBlockSize = 16
 )
 
-// withDefaults returns r with every zero field replaced by its default.
+// WithDefaults returns r with every zero field replaced by its default.
 // Horizon stays zero (no decay) and Scale zero becomes 1.
-func (r Rates) withDefaults() Rates {
+func (r Rates) WithDefaults() Rates {
 	if r.PrefillPerToken <= 0 {
 		r.PrefillPerToken = DefaultPrefillPerToken
 	}
-	if r.AttnPerToken2 <= 0 {
-		r.AttnPerToken2 = DefaultAttnPerToken2
+	if r.AttnPerMPairs <= 0 {
+		r.AttnPerMPairs = DefaultAttnPerMPairs
 	}
 	if r.DecodeStep <= 0 {
 		r.DecodeStep = DefaultDecodeStep
@@ -45,8 +47,17 @@ func (r Rates) withDefaults() Rates {
 	if r.DecodePerSeq <= 0 {
 		r.DecodePerSeq = DefaultDecodePerSeq
 	}
+	if r.DecodePerMTokens <= 0 {
+		r.DecodePerMTokens = DefaultDecodePerMTokens
+	}
 	if r.MaxSeqs <= 0 {
 		r.MaxSeqs = DefaultMaxSeqs
+	}
+	if r.MaxBatchedTokens <= 0 {
+		r.MaxBatchedTokens = DefaultMaxBatchedTokens
+	}
+	if r.DecodeScale <= 0 {
+		r.DecodeScale = 1
 	}
 	if r.Scale <= 0 {
 		r.Scale = 1
@@ -55,7 +66,7 @@ func (r Rates) withDefaults() Rates {
 }
 
 // prefillTime is the time to prefill n new tokens after c cached ones:
-// n×PrefillPerToken + n×(c+n/2)×AttnPerToken2/1e6 (see Rates). r must have
+// n×PrefillPerToken + n×(c+n/2)×AttnPerMPairs/1e6 (see Rates). r must have
 // its defaults filled.
 func (r *Rates) prefillTime(n, c int) time.Duration {
 	if n <= 0 {
@@ -63,7 +74,7 @@ func (r *Rates) prefillTime(n, c int) time.Duration {
 	}
 	lin := time.Duration(n) * r.PrefillPerToken
 	pairs := float64(n) * (float64(c) + float64(n)/2)
-	return lin + time.Duration(pairs*float64(r.AttnPerToken2)/1e6)
+	return lin + time.Duration(pairs*float64(r.AttnPerMPairs)/1e6)
 }
 
 // stepTime is the duration of one decode step with batch running sequences.

@@ -54,27 +54,41 @@ type Replica struct {
 }
 
 // Rates is a replica's timing model, in the units the cost model needs.
-// Zero fields mean "use the default of the llama3-8b-h100 preset".
+// Zero fields mean the llama3-8b-h100 preset's figure (the Default
+// constants of this package).
 type Rates struct {
-	// PrefillPerToken is the time to prefill one prompt token at short context.
+	// PrefillPerToken is the time to prefill one prompt token at short
+	// context (the weights' FLOPs).
 	PrefillPerToken time.Duration
-	// AttnPerToken2 is the attention term: extra seconds per token per token
-	// of context, in nanoseconds scaled by 1e-6 (so prefill of n tokens after c
-	// cached costs n*PrefillPerToken + n*(c+n/2)*AttnPerToken2/1e6).
-	AttnPerToken2 time.Duration
-	// DecodeStep is the duration of one decode step of a small batch.
+	// AttnPerMPairs is the attention time per million (token, context
+	// token) pairs: prefilling n tokens after c cached ones costs
+	// n×PrefillPerToken + n×(c+n/2)×AttnPerMPairs/1e6.
+	AttnPerMPairs time.Duration
+	// DecodeStep is the duration of one decode iteration of a batch of
+	// one, step overhead included (reading the weights once).
 	DecodeStep time.Duration
-	// DecodePerSeq is the extra decode step time per running sequence.
+	// DecodePerSeq is the extra decode iteration time per running sequence.
 	DecodePerSeq time.Duration
+	// DecodePerMTokens is the extra decode iteration time per million
+	// tokens of context of the running sequences (reading their KV).
+	DecodePerMTokens time.Duration
 	// MaxSeqs is the engine's max_num_seqs; zero means 256.
 	MaxSeqs int
-	// Horizon is how long an untouched cached block typically survives
-	// before eviction on this replica (learned from its KV churn); zero
-	// means unknown (no decay).
+	// MaxBatchedTokens is the engine's per-iteration token budget
+	// (max_num_batched_tokens); zero means 8192.
+	MaxBatchedTokens int
+	// Horizon is how long an untouched cached block survives before
+	// eviction on this replica (learned from its KV churn); zero means
+	// unknown (no decay).
 	Horizon time.Duration
-	// Scale corrects the model from observed TTFTs: observed / predicted,
-	// as an exponentially weighted mean; zero means 1.
+	// Scale corrects the prefill side of the model (Wait and Prefill) from
+	// observed times to first token: observed / predicted, learned online;
+	// zero means 1.
 	Scale float64
+	// DecodeScale corrects the decode side (iteration times) from observed
+	// inter-token latencies: observed / predicted, learned online; zero
+	// means 1.
+	DecodeScale float64
 }
 
 // Snapshot is the fleet as the policy sees it. It is read-only; Pick must not

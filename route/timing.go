@@ -23,7 +23,7 @@ type timing struct {
 // same reports whether t was built from Rates equal to rt in every field it
 // reads: one branch, for a compare per replica.
 func (t *timing) same(rt *Rates) bool {
-	return (rt.PrefillPerToken^t.prefillPerToken)|(rt.AttnPerToken2^t.attnPerToken2)|
+	return (rt.PrefillPerToken^t.prefillPerToken)|(rt.AttnPerMPairs^t.attnPerToken2)|
 		(rt.DecodeStep^t.decodeStep)|(rt.DecodePerSeq^t.decodePerSeq)|time.Duration(rt.MaxSeqs^t.maxSeqsKey) == 0
 }
 
@@ -32,13 +32,13 @@ func (t *timing) same(rt *Rates) bool {
 // the arithmetic of a Pick).
 func (t *timing) set(rt *Rates) {
 	t.perTok, t.attn, t.step, t.perSeq, t.maxSeqs, t.invSeqs = float64(DefaultPrefillPerToken),
-		float64(DefaultAttnPerToken2)*1e-6, float64(DefaultDecodeStep), float64(DefaultDecodePerSeq),
+		float64(DefaultAttnPerMPairs)*1e-6, float64(DefaultDecodeStep), float64(DefaultDecodePerSeq),
 		DefaultMaxSeqs, 1.0/DefaultMaxSeqs
 	if rt.PrefillPerToken > 0 {
 		t.perTok = float64(rt.PrefillPerToken)
 	}
-	if rt.AttnPerToken2 > 0 {
-		t.attn = float64(rt.AttnPerToken2) * 1e-6
+	if rt.AttnPerMPairs > 0 {
+		t.attn = float64(rt.AttnPerMPairs) * 1e-6
 	}
 	if rt.DecodeStep > 0 {
 		t.step = float64(rt.DecodeStep)
@@ -53,7 +53,7 @@ func (t *timing) set(rt *Rates) {
 	t.slot = t.step + t.maxSeqs*t.perSeq
 	t.busyAt = busyAt(t.maxSeqs)
 	t.prefillPerToken, t.attnPerToken2, t.decodeStep, t.decodePerSeq, t.maxSeqsKey =
-		rt.PrefillPerToken, rt.AttnPerToken2, rt.DecodeStep, rt.DecodePerSeq, rt.MaxSeqs
+		rt.PrefillPerToken, rt.AttnPerMPairs, rt.DecodeStep, rt.DecodePerSeq, rt.MaxSeqs
 }
 
 // busyAt is the least int n with float64(n) − maxSeqs + 1 > 0 (a monotone

@@ -22,7 +22,7 @@ const typicalBatch = 8
 // engine preset's own timing model (engine/step.go's iteration duration,
 // split per request):
 //
-//	prefill = P×PrefillPerToken + P²/2×AttnPerToken2/1e6
+//	prefill = P×PrefillPerToken + P²/2×AttnPerMPairs/1e6
 //	          + ⌈P/MaxBatchedTokens⌉×StepOverhead           (chunks)
 //	decode  = O×((StepOverhead+DecodeStep)/B + DecodePerSeq
 //	          + (P+O/2)×DecodePerMTokens/1e6)                 (KV reads)
@@ -39,7 +39,7 @@ const typicalBatch = 8
 func work(c *engine.Config, prompt, output int) time.Duration {
 	p, o := float64(prompt), float64(output)
 	chunks := float64((prompt + c.MaxBatchedTokens - 1) / c.MaxBatchedTokens)
-	prefill := p*float64(c.PrefillPerToken) + p*p/2*float64(c.AttnPerToken2)/1e6 + chunks*float64(c.StepOverhead)
+	prefill := p*float64(c.PrefillPerToken) + p*p/2*float64(c.AttnPerMPairs)/1e6 + chunks*float64(c.StepOverhead)
 	batch := float64(min(typicalBatch, c.MaxNumSeqs))
 	perToken := float64(c.StepOverhead+c.DecodeStep)/batch + float64(c.DecodePerSeq) +
 		(p+o/2)*float64(c.DecodePerMTokens)/1e6
