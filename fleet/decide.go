@@ -108,7 +108,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 }
 
 // predictedTTFT is the chosen candidate's time to first token at Scale 1:
-// its Wait + Prefill + Decode, which the policy scaled by the replica's
+// its Wait + Prefill, which the policy scaled by the replica's
 // Scale; zero when the policy recorded no terms for it.
 func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 	for _, k := range d.Costs {
@@ -119,7 +119,7 @@ func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 		if scale <= 0 {
 			scale = 1
 		}
-		return time.Duration(float64(k.Wait+k.Prefill+k.Decode) / scale)
+		return time.Duration(float64(k.Wait+k.Prefill) / scale)
 	}
 	return 0
 }

@@ -84,7 +84,7 @@ func TestSharedPrefixSpills(t *testing.T) {
 		}
 	}
 	spill := recs[n-1-first]
-	if spill.Reason != "spread" {
+	if spill.Reason != "replicate" {
 		t.Errorf("first spill (request %d): reason %s, want spread", first+1, spill.Reason)
 	}
 	var atHolder, atSpill view.Candidate

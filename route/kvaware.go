@@ -2,56 +2,61 @@ package route
 
 import "time"
 
-// KVAware is kvrouter's default policy: the cost model of design.md §3.
-// Every candidate is priced in one unit, time, and the cheapest wins:
+// KVAware is kvrouter's default policy. It prices every candidate replica
+// in one unit, time, and sends the request where the fleet's total latency
+// grows least: the request's own time from arrival to its last token, plus
+// the delay it imposes on the requests already running on that replica.
+// Minimising that sum (the marginal cost of the request to the fleet,
+// rather than its own time to first token) is what keeps a replica that
+// holds a prefix from drawing every request that shares it: its growing
+// batch slows every one of its decodes, and each new prefill stalls them
+// all.
 //
-//	Total = (Wait + Prefill + Decode + Memory) × Rates.Scale
+// For replica i, with B its running sequences and K their KV context in
+// tokens, one decode iteration takes step = DecodeStep + B×DecodePerSeq +
+// K×DecodePerMTokens, and one more sequence like this request adds
+// Δ = DecodePerSeq + (prompt + output/2)×DecodePerMTokens to it. Then:
 //
-// from the replica's Rates (zero fields: the llama3-8b-h100 defaults of this
-// package) and the snapshot:
+//   - Matched: the expected cached prompt tokens, p × the index's match, p
+//     the probability the prefix is still resident (resident: a smoothed
+//     step at the replica's eviction horizon).
+//   - Wait, until its prefill starts: the prefill queued ahead of it (the
+//     router's own and, from fresh metrics, the engine's other waiting
+//     requests), each of whose iterations also carries the running
+//     decodes; and when the engine's seats are all taken, a seat's
+//     expected time to free.
+//   - Prefill: its uncached tokens after the cached ones (with the
+//     attention term), and the iterations that carry them.
+//   - Decode: its own output, output × (step + Δ).
+//   - Others: the delay it imposes: its prefill stalls each of the B
+//     running decodes (B × its prefill compute), and its presence slows
+//     every iteration it shares with them (B × output × Δ: in steady state
+//     B others share each of its iterations, whether they are running now
+//     or arrive later).
+//   - Memory: with u the KV usage after admitting its blocks, above
+//     HighWater it evicts cached prefixes others would reuse ((u −
+//     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);
+//     above 1 a running sequence is preempted and recomputed.
 //
-//   - Matched: expected cached tokens = p × Match×BlockSize (at most the
-//     prompt), p = exp(−Age/Rates.Horizon) the probability the prefix is
-//     still resident (Horizon 0: p = 1). Old entries decay smoothly instead
-//     of expiring at a fixed TTL.
-//   - Wait: time until the replica can start this prefill: the router's own
-//     queued uncached prefill tokens (Replica.PrefillTokens) × prefill time
-//     per token; when fresh engine metrics show more waiting requests than
-//     our own undecided ones (InFlight − Decoding), the others are assumed
-//     to be the size of our queued ones (or of this request) and added. When
-//     the batch is full (occupancy ≥ MaxSeqs, occupancy = InFlight or the
-//     engine's Running+Waiting), each request beyond the batch waits one slot:
-//     MeanOutput × step(MaxSeqs) / MaxSeqs, the mean time for a slot to
-//     free.
-//   - Prefill: prefill time of the uncached tokens after the cached ones,
-//     with the attention term (Rates.prefillTime).
-//   - Decode: the interference between this request and the running decodes
-//     (B = the engine's Running when fresh, else our own Decoding): the
-//     iteration that carries its prefill also steps B decodes, step(B) =
-//     DecodeStep + B × DecodePerSeq (the slowdown it suffers), and its
-//     prefill stalls those B decodes, counted as Prefill × B / MaxSeqs (the
-//     delay it imposes, one batch slot's share each). Monotone in B and in
-//     Prefill.
-//   - Memory: with u the KV usage after admitting this request's uncached
-//     and output blocks (the engine's KVUsage when fresh, else our own
-//     DecodeBlocks / CacheBlocks), above HighWater the request evicts cached
-//     prefixes others would reuse: (u − HighWater)/(1 − HighWater) × the
-//     prefill time of the blocks it allocates; above 1 a running sequence is
-//     preempted and recomputed: + the prefill time of an average in-flight
-//     context.
+// Wait, Prefill and the prefill stall are times to first token and scale
+// with Rates.Scale; Decode, the decode slowdown and the decode iterations
+// inside Wait and Prefill scale with Rates.DecodeScale. Wait + Prefill is
+// the predicted time to first token (Needs.Calibrate).
 //
-// The behaviours of design.md §3 fall out of these terms, each covered by a
-// test in kvaware_test.go: a short or small match saves little prefill time,
-// so load decides; a session's replica holds its blocks, so Match keeps it
-// there (Pinned only breaks exact ties, or earns PinBonus if set); a deep
-// queue on the holder costs more Wait than the Prefill it saves, so
-// stickiness breaks and a hot prefix spreads to a second replica (which
-// then holds it); an old entry's p decays; a nearly full replica pays Memory.
+// The behaviours of design.md §3 fall out of these terms, each covered by
+// a test in kvaware_test.go: a session's replica holds its blocks, so its
+// match keeps the session there until another replica's lighter batch
+// saves more than recomputing the context costs; a hot prefix's holder
+// grows a batch whose cost to everyone on it exceeds one prefill of the
+// prefix elsewhere, and a second holder is made (ReasonReplicate); a
+// request that arrives behind its prefix's first prefill waits for it
+// rather than computing it again; old entries decay; a nearly full
+// replica pays Memory.
 //
 // Unhealthy replicas are never candidates; none healthy → Replica −1 with
-// ReasonNoHealthy. Scraped metrics with !Scraped or LoadAge > StaleAfter are
-// ignored: only the router's own counts are used. Ties go to the pinned
-// replica, then to the lowest tieKey of Request.Hash.
+// ReasonNoHealthy. Scraped metrics with !Scraped or LoadAge > StaleAfter
+// are ignored: only the router's own counts are used. Ties go to the
+// pinned replica, then to the lowest tieKey of Request.Hash.
 type KVAware struct {
 	// StaleAfter is the age beyond which scraped engine metrics are ignored;
 	// zero means 1 s (ten default scrape intervals).
@@ -91,6 +96,71 @@ func (p KVAware) withDefaults() KVAware {
 	return p
 }
 
+// Pick prices every healthy replica with price and keeps the cheapest. Up
+// to kvPruneAbove replicas every candidate is priced in full; above, a
+// candidate whose lower bound already exceeds the cheapest Total found is
+// recorded as Pruned instead (see bound), which leaves the decision
+// unchanged (TestKVAwarePruningMatchesFullPricing). Pick allocates
+// nothing.
+func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
+	return p.pick(r, s, len(s.Replicas) > kvPruneAbove)
+}
+
+// pick is Pick, pruning with the bound if prune.
+func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
+	q := newKVRequest(p, r, s)
+	rs := s.Replicas
+	costs := costsFor(r, len(rs))
+	prune = prune && r.Tokens >= 0
+	best, bestTotal, bestCached, maxCached, maxPruned := -1, 0.0, 0, 0, 0
+	consider := func(i int, k *Cost, total float64) {
+		maxCached = max(maxCached, k.Matched)
+		if best < 0 || total < bestTotal || total == bestTotal && p.tieBefore(r, i, best) {
+			best, bestTotal, bestCached = i, total, k.Matched
+		}
+	}
+	if prune {
+		// A good first candidate makes the bound bite: the session's
+		// replica, else the deepest match.
+		if i := q.first(rs); i >= 0 {
+			k, total := q.price(&rs[i], i)
+			consider(i, &k, total)
+		}
+	}
+	for i := range rs {
+		rp := &rs[i]
+		if !rp.Healthy {
+			continue
+		}
+		if prune && i != r.Pinned && best >= 0 {
+			if lb, m := q.bound(rp, i); lb > bestTotal*(1+1e-9) {
+				maxPruned = max(maxPruned, m)
+				if costs != nil {
+					costs = append(costs, Cost{Replica: i, Matched: m, Total: time.Duration(lb), Pruned: true})
+				}
+				continue
+			}
+		}
+		k, total := q.price(rp, i)
+		if costs != nil {
+			costs = append(costs, k)
+		}
+		consider(i, &k, total)
+	}
+	if best < 0 {
+		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs}
+	}
+	if maxPruned > bestCached {
+		maxCached = max(maxCached, q.deepest(rs, bestCached))
+	}
+	return Decision{Replica: best, Reason: kvReason(r, best, bestCached, maxCached, q.bs), Matched: bestCached, Costs: costs}
+}
+
+// kvPruneAbove is the fleet size up to which every candidate is priced in
+// full: the full terms of every candidate explain a decision best, and
+// pruning saves little there.
+const kvPruneAbove = 64
+
 // tieBefore reports whether i wins an exact tie against j.
 func (KVAware) tieBefore(r *Request, i, j int) bool {
 	if i == r.Pinned || j == r.Pinned {
@@ -99,8 +169,8 @@ func (KVAware) tieBefore(r *Request, i, j int) bool {
 	return tieKey(r.Hash, i) < tieKey(r.Hash, j)
 }
 
-// kvReason names why best won: its session, its prefix, passing over a
-// deeper holder (spread), or plain least cost.
+// kvReason names why best won: its session, its prefix, a new holder of a
+// prefix another replica holds more of (replicate), or plain least cost.
 func kvReason(r *Request, best, cached, maxCached, bs int) string {
 	switch {
 	case best == r.Pinned && matchOf(r, best) > 0:
@@ -108,7 +178,7 @@ func kvReason(r *Request, best, cached, maxCached, bs int) string {
 	case cached >= bs && cached >= maxCached:
 		return ReasonPrefix
 	case maxCached >= bs && maxCached > cached:
-		return ReasonSpread
+		return ReasonReplicate
 	}
 	return ReasonLeastCost
 }

@@ -31,9 +31,10 @@ const (
 	ReasonLeastCost = "least-cost"
 	// ReasonScore: the highest weighted score (llm-d).
 	ReasonScore = "score"
-	// ReasonSpread: a replica holding more of the prefix was passed over
-	// because its load cost more than the prefill it would have saved.
-	ReasonSpread = "spread"
+	// ReasonReplicate: a replica holding more of the prefix was passed
+	// over because its load cost more than computing the prefix again on
+	// another, which becomes a second holder.
+	ReasonReplicate = "replicate"
 	// ReasonExploit: Preble's exploitation branch (cached prefix holder).
 	ReasonExploit = "exploit"
 	// ReasonExplore: Preble's exploration branch (lowest load).

@@ -146,7 +146,7 @@ func TestExpNeg(t *testing.T) {
 	if worst > 1e-6 {
 		t.Errorf("expNeg: got max relative error %g, want ≤ 1e-6", worst)
 	}
-	if got := residency(10*time.Minute, 0); got != 1 {
-		t.Errorf("residency with no horizon: got %v, want 1", got)
+	if got := resident(10*time.Minute, 0, 1e6, 100); got != 1 {
+		t.Errorf("resident with no horizon: got %v, want 1", got)
 	}
 }

@@ -77,19 +77,55 @@ func (r *Rates) prefillTime(n, c int) time.Duration {
 	return lin + time.Duration(pairs*float64(r.AttnPerMPairs)/1e6)
 }
 
-// stepTime is the duration of one decode step with batch running sequences.
+// stepTime is the duration of one decode step with batch running sequences
+// of nominalContext tokens each.
 func (r *Rates) stepTime(batch int) time.Duration {
-	return r.DecodeStep + time.Duration(batch)*r.DecodePerSeq
+	perSeq := r.DecodePerSeq + r.DecodePerMTokens*nominalContext/1_000_000
+	return r.DecodeStep + time.Duration(batch)*perSeq
 }
 
-// residency is the probability that a prefix last touched age ago on a
-// replica with eviction horizon h is still cached: exp(−age/h); 1 when h or
-// age is not positive.
-func residency(age, h time.Duration) float64 {
+// nominalContext is the context, in tokens, of a sequence whose length a
+// peer's model does not take into account (stepTime).
+const nominalContext = 4096
+
+// resident is the probability that a prefix last touched age ago on a
+// replica is still cached, given the replica's eviction horizon h (the
+// time its misses take to fill the cache) and its capacity in tokens.
+//
+// Under LRU, a block survives while the tokens stored since it was last
+// touched stay below the cache's capacity. At a steady miss rate that is a
+// step at h; what blurs the step is that misses come in requests. If the
+// cache holds n prompts of this size (capacity / tokens), the tokens
+// stored over age = x·h are about n·x prompts' worth, with a spread of
+// √(n·x) prompts (Poisson arrivals), so the survival probability is
+//
+//	Φ((1 − x)·√(n/x))
+//
+// (Φ the standard normal distribution, to within 1% by the logistic
+// 1/(1 + e^(−1.702 z))). A large cache of small prompts survives nearly
+// to h and not beyond; a cache of a few long prompts has a soft edge. It
+// is 1 when h or age is not positive, and a plain step at h when the
+// capacity or the prompt is unknown.
+func resident(age, h time.Duration, capacity, tokens float64) float64 {
 	if h <= 0 || age <= 0 {
 		return 1
 	}
-	return expNeg(float64(age) / float64(h))
+	x := float64(age) / float64(h)
+	if capacity <= 0 || tokens <= 0 {
+		switch {
+		case x < 1:
+			return 1
+		case x == 1:
+			return 0.5
+		}
+		return 0
+	}
+	z := 1.702 * (1 - x) * math.Sqrt(capacity/tokens/x)
+	if z >= 0 {
+		return 1 / (1 + expNeg(z))
+	}
+	e := expNeg(-z)
+	return e / (1 + e)
 }
 
 // expNeg is exp(−x) for x ≥ 0 to a relative error below 1e-6 (plenty for a

@@ -141,10 +141,14 @@ type Cost struct {
 	Matched int
 	// Wait is the time until the replica can start this prefill.
 	Wait time.Duration
-	// Prefill is the time to prefill the uncached part of the prompt.
+	// Prefill is the time to prefill the uncached part of the prompt:
+	// Wait + Prefill is the predicted time to first token.
 	Prefill time.Duration
-	// Decode is the slowdown from and to the replica's running decodes.
+	// Decode is the time to generate the output under the replica's batch.
 	Decode time.Duration
+	// Others is the delay the request imposes on the replica's other
+	// requests (its prefill stalls their decodes; its decode slows them).
+	Others time.Duration
 	// Memory is the expected cost of evictions and preemption under KV
 	// pressure.
 	Memory time.Duration
@@ -214,10 +218,9 @@ type Needs struct {
 	ScrapeInterval time.Duration
 	// Window is the span of Replica.RecentPrefill; zero means not needed.
 	Window time.Duration
-	// Calibrate says the policy's Cost terms Wait + Prefill + Decode of
-	// the chosen replica, divided by its Rates.Scale, predict its time to
-	// first token: the caller may then learn Rates.Scale from the observed
-	// TTFTs.
+	// Calibrate says the policy's Cost terms Wait + Prefill of the chosen
+	// replica, divided by its Rates.Scale, predict its time to first token:
+	// the caller may then learn Rates.Scale from the observed TTFTs.
 	Calibrate bool
 }
 

@@ -86,12 +86,14 @@ type Candidate struct {
 	Replica string `json:"replica"`
 	Matched int    `json:"matched_tokens"`
 	// WaitMS is the queueing delay, PrefillMS the prefill of the uncached
-	// tokens, DecodeMS the slowdown from co-running decodes, MemoryMS the
-	// penalty for KV-cache pressure, TotalMS the cost the policy
-	// minimised.
+	// tokens, DecodeMS the request's own decode under the replica's batch,
+	// OthersMS the delay it imposes on the replica's other requests,
+	// MemoryMS the penalty for KV-cache pressure, TotalMS the cost the
+	// policy minimised.
 	WaitMS    float64 `json:"wait_ms"`
 	PrefillMS float64 `json:"prefill_ms"`
 	DecodeMS  float64 `json:"decode_ms"`
+	OthersMS  float64 `json:"others_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
 	TotalMS   float64 `json:"total_ms"`
 }

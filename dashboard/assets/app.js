@@ -155,13 +155,15 @@ function costs(d) {
     el("thead", {}, el("tr", {},
       el("th", {}, "Candidate"), el("th", { class: "num" }, "Matched tok"),
       el("th", { class: "num" }, "Wait ms"), el("th", { class: "num" }, "Prefill ms"),
-      el("th", { class: "num" }, "Decode ms"), el("th", { class: "num" }, "Memory ms"),
+      el("th", { class: "num" }, "Decode ms"), el("th", { class: "num" }, "Others ms"),
+      el("th", { class: "num" }, "Memory ms"),
       el("th", { class: "num" }, "Total ms"))),
     el("tbody", {}, d.candidates.map((c) =>
       el("tr", { class: c.replica === d.replica ? "chosen" : null },
         el("td", { class: "id" }, c.replica), el("td", { class: "num" }, int(c.matched_tokens)),
         el("td", { class: "num" }, costMS(c.wait_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
-        el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.memory_ms)),
+        el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.others_ms)),
+        el("td", { class: "num" }, costMS(c.memory_ms)),
         el("td", { class: "num" }, costMS(c.total_ms))))));
   if (!d.pruned_candidates) return table;
   return el("div", {}, table, el("div", { class: "muted pruned" },

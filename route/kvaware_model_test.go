@@ -1,0 +1,157 @@
+package route
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// The tests below each show one behaviour the whole-request cost model
+// adds (issue "Step 2"): the externality, the engine's queue, replication,
+// bursts and the residency shape.
+
+// decoding is a healthy, freshly scraped replica running n decodes.
+func decoding(n int) Replica {
+	r := withMetrics(n, n, 0, 0)
+	r.Decoding = n
+	return r
+}
+
+// TestKVAwareExternality: a TTFT-only model sends a long prompt to the
+// replica that starts it first, one with a big running batch; pricing
+// what its prefill and its decode cost the 40 running requests sends it to
+// the replica with a short queue and no batch.
+func TestKVAwareExternality(t *testing.T) {
+	busy := decoding(40)
+	queue := up("q", 1)
+	queue.PrefillTokens = 3000 // 140 ms of prefill ahead
+	r := rq(4000)
+	r.MaxTokens = 256
+	r.Costs = make([]Cost, 0, 2)
+	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{busy, queue}})
+	b, q := d.Costs[0], d.Costs[1]
+	if b.Wait+b.Prefill >= q.Wait+q.Prefill {
+		t.Fatalf("setup: the busy replica's TTFT %v should beat the queued one's %v", b.Wait+b.Prefill, q.Wait+q.Prefill)
+	}
+	if d.Replica != 1 {
+		t.Errorf("got %d, want 1: the busy replica's 40 decodes would each stall for its prefill (%v to others)", d.Replica, b.Others)
+	}
+	// The stall is 40 × the prefill's compute: Others grows linearly with
+	// the batch.
+	one, two := decoding(10), decoding(20)
+	r.Costs = make([]Cost, 0, 2)
+	d = KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{one, two}})
+	if got := float64(d.Costs[1].Others) / float64(d.Costs[0].Others); math.Abs(got-2) > 0.3 {
+		t.Errorf("Others at batch 20 / at batch 10 = %.2f, want about 2", got)
+	}
+}
+
+// TestKVAwareQueueGrowsNonLinearly: the wait grows with the queue, each
+// queued iteration also steps the running decodes (so a bigger batch
+// drains a queue more slowly), and once every seat is taken each extra
+// request waits for a seat: the wait's increments grow.
+func TestKVAwareQueueGrowsNonLinearly(t *testing.T) {
+	rates := Rates{MaxSeqs: 16}
+	wait := func(waiting, running int) time.Duration {
+		rp := withMetrics(running+waiting, running, waiting, 0.2)
+		rp.Decoding, rp.Rates = running, rates
+		rp.PrefillTokens = 1000 * waiting
+		r := rq(1000)
+		r.Costs = make([]Cost, 0, 1)
+		return KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{rp}}).Costs[0].Wait
+	}
+	if a, b := wait(8, 2), wait(8, 14); b <= a {
+		t.Errorf("same queue, batch 14 vs 2: wait %v vs %v, want longer behind the bigger batch", b, a)
+	}
+	below := wait(2, 8) - wait(1, 8)  // 10 of 16 seats
+	above := wait(12, 8) - wait(11, 8) // 20 of 16 seats
+	if above <= 2*below {
+		t.Errorf("one more waiting request adds %v below saturation, %v above: want a knee", below, above)
+	}
+}
+
+// TestKVAwareReplicatesHotPrefixAndStops: a prefix's sole holder keeps its
+// requests while its batch is light; as the batch grows there comes a
+// point past which a second holder is made (ReasonReplicate), and past it
+// the answer does not flip back. When the load falls again, no copy is
+// made.
+func TestKVAwareReplicatesHotPrefixAndStops(t *testing.T) {
+	r := rq(4200, 256, 0, 0) // a 4,096-token shared prefix
+	flipped := -1
+	for b := 0; b <= 120; b += 2 {
+		holder := decoding(b)
+		d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{holder, decoding(2), decoding(2)}})
+		switch {
+		case d.Replica == 0 && flipped >= 0:
+			t.Fatalf("batch %d: back to the holder after replicating at %d", b, flipped)
+		case d.Replica == 0 && d.Reason != ReasonPrefix:
+			t.Fatalf("batch %d: holder chosen for %q, want %q", b, d.Reason, ReasonPrefix)
+		case d.Replica != 0 && flipped < 0:
+			if d.Reason != ReasonReplicate {
+				t.Fatalf("batch %d: replicated with reason %q", b, d.Reason)
+			}
+			flipped = b
+		}
+	}
+	if flipped <= 0 || flipped >= 120 {
+		t.Fatalf("replication at batch %d: want some point inside 1..119", flipped)
+	}
+	t.Logf("the holder keeps the prefix up to a batch of %d (the others run 2)", flipped-2)
+	// Light load everywhere: no copy.
+	if d := (KVAware{}).Pick(r, &Snapshot{Replicas: []Replica{decoding(3), decoding(0), decoding(0)}}); d.Replica != 0 {
+		t.Errorf("light load: got %d %q, want the holder", d.Replica, d.Reason)
+	}
+}
+
+// TestKVAwareBurstWaitsForPrefix: two requests sharing a 6,000-token
+// prefix arrive together. The first went to A, which has not computed the
+// prefix yet (its prefill is still queued), but the index already matches
+// it there. The second waits behind that prefill and reuses it rather
+// than computing the prefix again on idle B: waiting costs about what
+// computing costs, and computing it twice costs the fleet twice. Behind a
+// queue of unrelated work as long, it goes to B.
+func TestKVAwareBurstWaitsForPrefix(t *testing.T) {
+	a := up("a", 1)
+	a.PrefillTokens = 6200
+	r := rq(6200, 375, 0)
+	if d := (KVAware{}).Pick(r, &Snapshot{Replicas: []Replica{a, up("b", 0)}}); d.Replica != 0 || d.Reason != ReasonPrefix {
+		t.Errorf("burst: got %d %q, want 0 %q (wait for the prefix's first prefill)", d.Replica, d.Reason, ReasonPrefix)
+	}
+	if d := (KVAware{}).Pick(rq(6200, 0, 0), &Snapshot{Replicas: []Replica{a, up("b", 0)}}); d.Replica != 1 {
+		t.Errorf("unrelated queue: got %d, want 1", d.Replica)
+	}
+}
+
+// TestResidentShape checks resident against an LRU cache driven by
+// Poisson arrivals of equal prompts: a block survives while the tokens
+// stored after it stay below the capacity. The step at the horizon is
+// sharp for a cache of many prompts and soft for one of a few.
+func TestResidentShape(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 11))
+	for _, tc := range []struct{ capacity, tokens float64 }{{450_000, 2000}, {80_000, 4000}} {
+		rate := 50.0 // prompts per second
+		h := time.Duration(tc.capacity / (rate * tc.tokens) * float64(time.Second))
+		for _, x := range []float64{0.5, 0.8, 0.9, 1, 1.1, 1.25, 1.5} {
+			age := time.Duration(x * float64(h))
+			survived, trials := 0, 4000
+			for range trials {
+				stored, at := 0.0, 0.0
+				for {
+					at += rng.ExpFloat64() / rate
+					if at > age.Seconds() {
+						break
+					}
+					stored += tc.tokens
+				}
+				if stored < tc.capacity {
+					survived++
+				}
+			}
+			got, want := resident(age, h, tc.capacity, tc.tokens), float64(survived)/float64(trials)
+			if math.Abs(got-want) > 0.06 {
+				t.Errorf("capacity %.0f, prompts %.0f, age %.2f × horizon: resident %.3f, LRU %.3f", tc.capacity, tc.tokens, x, got, want)
+			}
+		}
+	}
+}

@@ -1,0 +1,268 @@
+package route
+
+import (
+	"math"
+	"time"
+)
+
+// kvRequest is what the kv-aware cost model derives from the request
+// alone, once per Pick.
+type kvRequest struct {
+	p      KVAware // with defaults
+	r      *Request
+	bs     int
+	tokens float64 // prompt tokens, at least 0
+	out    float64 // expected output tokens
+	// ctx is the request's mean context while it decodes: prompt +
+	// output/2 tokens.
+	ctx float64
+	// meanBatch and meanContext are the fleet's mean running sequences
+	// and their KV context per healthy replica.
+	meanBatch, meanContext float64
+	// persist is the share of a replica's batch's departure from the
+	// fleet's mean that lasts, on average, through the request's decode.
+	// The sequences that make a batch larger or smaller than the mean
+	// finish and are replaced by arrivals the fleet spreads, so the
+	// departure decays as e^(−t/τ), τ the sequences' remaining decode,
+	// about MeanOutput tokens; over a decode of out tokens its mean is
+	// f(y) = (1 − e^(−y))/y, y = out/MeanOutput: 0.63 for a typical
+	// request, 0.2 for one five times as long, which a transient load
+	// hardly concerns.
+	persist float64
+}
+
+func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
+	p = p.withDefaults()
+	out := r.MaxTokens
+	if out <= 0 {
+		out = p.MeanOutput
+	}
+	tokens := float64(max(r.Tokens, 0))
+	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2}
+	n := 0.0
+	for i := range s.Replicas {
+		if rp := &s.Replicas[i]; rp.Healthy {
+			b, c := q.batch(rp, rp.Scraped && rp.LoadAge <= p.StaleAfter)
+			q.meanBatch, q.meanContext, n = q.meanBatch+b, q.meanContext+c, n+1
+		}
+	}
+	if n > 0 {
+		q.meanBatch, q.meanContext = q.meanBatch/n, q.meanContext/n
+	}
+	y := q.out / float64(p.MeanOutput)
+	q.persist = (1 - expNeg(y)) / y
+	return q
+}
+
+// price is the kv-aware cost model of one candidate (KVAware's doc says
+// what each term is): its terms and their total, in float64 nanoseconds.
+func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
+	rt := rp.Rates.WithDefaults()
+	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
+	cached := q.cached(rp, i, &rt)
+	uncached := q.tokens - cached
+	compute := prefillNS(&rt, uncached, cached) // this prefill's compute
+
+	// The running batch: its size and KV context, and one iteration now;
+	// and averaged over the request's decode (q.persist), during which the
+	// batch relaxes to the fleet's mean.
+	batch, context := q.batch(rp, fresh)
+	step := stepNS(&rt, batch, context)
+	life := q.meanBatch + (batch-q.meanBatch)*q.persist
+	lifeStep := stepNS(&rt, life, q.meanContext+(context-q.meanContext)*q.persist)
+	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
+	budget := float64(rt.MaxBatchedTokens)
+
+	// Wait: the prefill queued ahead, in iterations that also step the
+	// running decodes, and a seat when every seat is taken.
+	queued := q.queued(rp, fresh)
+	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/budget*step*rt.DecodeScale
+	if seats := float64(rt.MaxSeqs); q.occupancy(rp, fresh) >= seats {
+		// A seat frees every out × step(MaxSeqs) / MaxSeqs on average.
+		over := q.occupancy(rp, fresh) - seats + 1
+		full := stepNS(&rt, seats, context/math.Max(batch, 1)*seats)
+		wait += over * q.out * full / seats * rt.DecodeScale
+	}
+
+	// Prefill: its compute, in ⌈uncached/budget⌉ iterations.
+	prefill := compute*rt.Scale + math.Ceil(math.Max(uncached, 1)/budget)*step*rt.DecodeScale
+
+	// Decode: its own output, one iteration per token.
+	decode := q.out * (lifeStep + grow) * rt.DecodeScale
+
+	// Others: the stall of the running decodes, and the slowdown of the
+	// sequences that share its iterations.
+	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale
+
+	memory := q.memory(rp, &rt, fresh, uncached) * rt.Scale
+	total := wait + prefill + decode + others + memory
+	if i == q.r.Pinned && q.p.PinBonus > 0 {
+		total = max(total-float64(q.p.PinBonus), 0)
+	}
+	return Cost{Replica: i, Matched: int(cached), Wait: time.Duration(wait), Prefill: time.Duration(prefill),
+		Decode: time.Duration(decode), Others: time.Duration(others), Memory: time.Duration(memory),
+		Total: time.Duration(total)}, total
+}
+
+// cached is the expected cached prompt tokens on replica i: the index's
+// match, at most the prompt, times the probability it is still resident.
+func (q *kvRequest) cached(rp *Replica, i int, rt *Rates) float64 {
+	m := q.matched(i)
+	if m <= 0 {
+		return 0
+	}
+	capacity := float64(rp.CacheBlocks) * float64(q.bs)
+	return math.Floor(resident(ageOf(q.r, i), rt.Horizon, capacity, q.tokens) * m)
+}
+
+// matched is the prompt tokens the index matched on replica i.
+func (q *kvRequest) matched(i int) float64 {
+	return math.Min(float64(matchOf(q.r, i)*q.bs), q.tokens)
+}
+
+// batch is the replica's running sequences and their KV context in
+// tokens: the engine's Running and used KV when fresh (at least the
+// router's own footprint), else the router's own decoding requests and
+// footprint.
+func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
+	n, context = float64(rp.Decoding), float64(rp.DecodeBlocks)*float64(q.bs)
+	if fresh {
+		n = float64(rp.Running)
+		if rp.CacheBlocks > 0 {
+			context = math.Max(context, rp.KVUsage*float64(rp.CacheBlocks)*float64(q.bs))
+		}
+	}
+	return n, context
+}
+
+// queued is the prompt tokens queued ahead of the request: the router's
+// own not yet prefilled, and when fresh metrics show more waiting
+// requests than the router's own undecided ones, the others at the size
+// of the router's queued ones (or of this request).
+func (q *kvRequest) queued(rp *Replica, fresh bool) float64 {
+	tokens := float64(rp.PrefillTokens)
+	own := max(rp.InFlight-rp.Decoding, 0)
+	if extra := rp.Waiting - own; fresh && extra > 0 {
+		per := q.tokens
+		if own > 0 {
+			per = float64(rp.PrefillTokens) / float64(own)
+		}
+		tokens += float64(extra) * per
+	}
+	return tokens
+}
+
+// occupancy is the requests holding or awaiting a seat: the router's own
+// in flight, or the engine's running and waiting when fresh and more.
+func (q *kvRequest) occupancy(rp *Replica, fresh bool) float64 {
+	n := rp.InFlight
+	if fresh {
+		n = max(n, rp.Running+rp.Waiting)
+	}
+	return float64(n)
+}
+
+// memory is the unscaled cost of KV pressure: the blocks the request
+// takes (uncached prompt and output), pushing usage above HighWater,
+// evict cached prefixes others would reuse, and above capacity a running
+// sequence is preempted and recomputed. Usage is in blocks, or the
+// engine's fraction when the capacity is unknown.
+func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64) float64 {
+	hw, bs := q.p.HighWater, float64(q.bs)
+	need := (uncached + q.out) / bs
+	capacity, after := float64(rp.CacheBlocks), 0.0
+	if capacity <= 0 {
+		if !fresh || rp.KVUsage <= hw {
+			return 0
+		}
+		capacity, after = 1, rp.KVUsage
+	} else {
+		used := float64(rp.DecodeBlocks)
+		if fresh {
+			used = math.Max(used, rp.KVUsage*capacity)
+		}
+		after = used + need
+		if after <= hw*capacity {
+			return 0
+		}
+	}
+	cost := math.Max((after/capacity-hw)/(1-hw), 0) * prefillNS(rt, need*bs, 0)
+	if after > capacity {
+		ctx := need * bs
+		if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
+			ctx = float64(rp.DecodeBlocks) * bs / float64(rp.InFlight)
+		}
+		cost += prefillNS(rt, ctx, 0)
+	}
+	return cost
+}
+
+// bound is a lower bound of price's total for replica i, and the tokens
+// its index entry matched: every matched token taken as cached, the
+// smaller of the two batch sizes and contexts price may use, and no
+// queue of others, seat wait or memory. Each term of price is at least
+// its counterpart here.
+func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
+	rt := rp.Rates.WithDefaults()
+	m := q.matched(i)
+	uncached := q.tokens - m
+	compute := prefillNS(&rt, uncached, m)
+	batch := float64(min(rp.Running, rp.Decoding))
+	if !rp.Scraped {
+		batch = float64(rp.Decoding)
+	}
+	context := float64(rp.DecodeBlocks) * float64(q.bs)
+	step := stepNS(&rt, batch, context)
+	life := q.meanBatch + (batch-q.meanBatch)*q.persist
+	lifeStep := stepNS(&rt, life, q.meanContext+(context-q.meanContext)*q.persist)
+	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
+	own := float64(rp.PrefillTokens)
+	total := own*float64(rt.PrefillPerToken)*rt.Scale + own/float64(rt.MaxBatchedTokens)*step*rt.DecodeScale +
+		compute*rt.Scale + math.Ceil(math.Max(uncached, 1)/float64(rt.MaxBatchedTokens))*step*rt.DecodeScale +
+		q.out*(lifeStep+grow)*rt.DecodeScale + batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale
+	if i == q.r.Pinned && q.p.PinBonus > 0 {
+		total = max(total-float64(q.p.PinBonus), 0)
+	}
+	return total, int(m)
+}
+
+// first is the candidate a pruned scan prices first: the session's
+// replica if healthy, else the healthy replica with the deepest match, or
+// −1.
+func (q *kvRequest) first(rs []Replica) int {
+	if p := q.r.Pinned; p >= 0 && p < len(rs) && rs[p].Healthy {
+		return p
+	}
+	best, deepest := -1, -1
+	for i, m := range q.r.Match[:min(len(q.r.Match), len(rs))] {
+		if m > deepest && rs[i].Healthy {
+			best, deepest = i, m
+		}
+	}
+	return best
+}
+
+// deepest is the most expected cached tokens over the healthy replicas
+// whose match exceeds floor tokens (for the reason, when some were
+// pruned).
+func (q *kvRequest) deepest(rs []Replica, floor int) int {
+	most := 0
+	for i := range q.r.Match[:min(len(q.r.Match), len(rs))] {
+		if rp := &rs[i]; rp.Healthy && int(q.matched(i)) > floor {
+			rt := rp.Rates.WithDefaults()
+			most = max(most, int(q.cached(rp, i, &rt)))
+		}
+	}
+	return most
+}
+
+// prefillNS is the compute time of n new tokens after c cached, in ns.
+func prefillNS(rt *Rates, n, c float64) float64 {
+	return n*float64(rt.PrefillPerToken) + n*(c+n/2)*float64(rt.AttnPerMPairs)*1e-6
+}
+
+// stepNS is one decode iteration of n sequences holding context tokens of
+// KV, in ns.
+func stepNS(rt *Rates, n, context float64) float64 {
+	return float64(rt.DecodeStep) + n*float64(rt.DecodePerSeq) + context*float64(rt.DecodePerMTokens)*1e-6
+}
