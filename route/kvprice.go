@@ -19,6 +19,16 @@ type kvRequest struct {
 	// meanBatch and meanContext are the fleet's mean running sequences
 	// and their KV context per healthy replica.
 	meanBatch, meanContext float64
+	// raw and rt cache the last Rates seen with defaults filled (all but
+	// the per-replica Horizon, Scale and DecodeScale), so that a fleet on
+	// one preset fills them once per Pick; haveRates says they are set.
+	raw, rt   Rates
+	haveRates bool
+	// compute0 is the prefill compute of the whole prompt with rt, and
+	// computeDeep that of the prompt after the deepest match of any
+	// replica, the least any replica's prefill can cost (bound).
+	compute0, computeDeep float64
+	deepMatch             float64
 	// persist is the share of a replica's batch's departure from the
 	// fleet's mean that lasts, on average, through the request's decode.
 	// The sequences that make a batch larger or smaller than the mean
@@ -51,17 +61,47 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 	}
 	y := q.out / float64(p.MeanOutput)
 	q.persist = (1 - expNeg(y)) / y
+	for i, m := range r.Match[:min(len(r.Match), len(s.Replicas))] {
+		if m > 0 && s.Replicas[i].Healthy {
+			q.deepMatch = max(q.deepMatch, q.matched(i))
+		}
+	}
 	return q
+}
+
+// rates returns raw with defaults filled, from the cache when its shared
+// fields equal the last ones'.
+func (q *kvRequest) rates(raw *Rates) *Rates {
+	h, s, d := raw.Horizon, raw.Scale, raw.DecodeScale
+	if !q.haveRates || raw.PrefillPerToken != q.raw.PrefillPerToken || raw.AttnPerMPairs != q.raw.AttnPerMPairs ||
+		raw.DecodeStep != q.raw.DecodeStep || raw.DecodePerSeq != q.raw.DecodePerSeq ||
+		raw.DecodePerMTokens != q.raw.DecodePerMTokens || raw.MaxSeqs != q.raw.MaxSeqs ||
+		raw.MaxBatchedTokens != q.raw.MaxBatchedTokens {
+		q.raw, q.rt, q.haveRates = *raw, raw.WithDefaults(), true
+		q.compute0 = prefillNS(&q.rt, q.tokens, 0)
+		q.computeDeep = prefillNS(&q.rt, q.tokens-q.deepMatch, q.deepMatch)
+	}
+	q.rt.Horizon, q.rt.Scale, q.rt.DecodeScale = h, 1, 1
+	if s > 0 {
+		q.rt.Scale = s
+	}
+	if d > 0 {
+		q.rt.DecodeScale = d
+	}
+	return &q.rt
 }
 
 // price is the kv-aware cost model of one candidate (KVAware's doc says
 // what each term is): its terms and their total, in float64 nanoseconds.
 func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
-	rt := rp.Rates.WithDefaults()
+	rt := *q.rates(&rp.Rates)
 	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
 	cached := q.cached(rp, i, &rt)
 	uncached := q.tokens - cached
-	compute := prefillNS(&rt, uncached, cached) // this prefill's compute
+	compute := q.compute0 // this prefill's compute
+	if cached > 0 {
+		compute = prefillNS(&rt, uncached, cached)
+	}
 
 	// The running batch: its size and KV context, and one iteration now;
 	// and averaged over the request's decode (q.persist), during which the
@@ -198,27 +238,31 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 }
 
 // bound is a lower bound of price's total for replica i, and the tokens
-// its index entry matched: every matched token taken as cached, the
-// smaller of the two batch sizes and contexts price may use, and no
-// queue of others, seat wait or memory. Each term of price is at least
-// its counterpart here.
+// its index entry matched: the prefill's compute as if the deepest match
+// of any replica were cached here (exact when nothing matches here), the
+// smaller of the two batch sizes and contexts price may use, and no queue
+// of others, seat wait or memory. Each term of price is at least its
+// counterpart here, so a candidate whose bound exceeds a priced one's
+// Total cannot win.
 func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
-	rt := rp.Rates.WithDefaults()
-	m := q.matched(i)
-	uncached := q.tokens - m
-	compute := prefillNS(&rt, uncached, m)
-	batch := float64(min(rp.Running, rp.Decoding))
-	if !rp.Scraped {
-		batch = float64(rp.Decoding)
+	rt := q.rates(&rp.Rates)
+	m, compute, iters := 0.0, q.compute0, math.Ceil(math.Max(q.tokens, 1)/float64(rt.MaxBatchedTokens))
+	if matchOf(q.r, i) > 0 {
+		m, compute = q.matched(i), q.computeDeep
+		iters = math.Ceil(math.Max(q.tokens-m, 1) / float64(rt.MaxBatchedTokens))
+	}
+	batch := float64(rp.Decoding)
+	if rp.Scraped {
+		batch = float64(min(rp.Running, rp.Decoding))
 	}
 	context := float64(rp.DecodeBlocks) * float64(q.bs)
-	step := stepNS(&rt, batch, context)
+	step := stepNS(rt, batch, context)
 	life := q.meanBatch + (batch-q.meanBatch)*q.persist
-	lifeStep := stepNS(&rt, life, q.meanContext+(context-q.meanContext)*q.persist)
+	lifeStep := stepNS(rt, life, q.meanContext+(context-q.meanContext)*q.persist)
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	own := float64(rp.PrefillTokens)
 	total := own*float64(rt.PrefillPerToken)*rt.Scale + own/float64(rt.MaxBatchedTokens)*step*rt.DecodeScale +
-		compute*rt.Scale + math.Ceil(math.Max(uncached, 1)/float64(rt.MaxBatchedTokens))*step*rt.DecodeScale +
+		compute*rt.Scale + iters*step*rt.DecodeScale +
 		q.out*(lifeStep+grow)*rt.DecodeScale + batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
@@ -249,8 +293,7 @@ func (q *kvRequest) deepest(rs []Replica, floor int) int {
 	most := 0
 	for i := range q.r.Match[:min(len(q.r.Match), len(rs))] {
 		if rp := &rs[i]; rp.Healthy && int(q.matched(i)) > floor {
-			rt := rp.Rates.WithDefaults()
-			most = max(most, int(q.cached(rp, i, &rt)))
+			most = max(most, int(q.cached(rp, i, q.rates(&rp.Rates))))
 		}
 	}
 	return most
