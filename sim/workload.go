@@ -6,6 +6,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"kvrouter/engine"
 	"kvrouter/prefix"
 	"kvrouter/trace"
 )
@@ -106,4 +107,18 @@ func mix64(x uint64) uint64 {
 	x *= 0x94d049bb133111eb
 	x ^= x >> 31
 	return x
+}
+
+// FleetKVTokens returns the KV capacity, in tokens, of a fleet of replicas
+// engines configured as preset (zero fields as the engine fills them), or
+// zero if preset is invalid: what trace.GenOptions.FleetKVTokens asks for,
+// so that a workload sized to the fleet (multi-tenant-context) fits this
+// one.
+func FleetKVTokens(preset engine.Config, replicas int) int {
+	e, err := engine.New(preset)
+	if err != nil {
+		return 0
+	}
+	c := e.Config()
+	return replicas * c.NumBlocks * c.BlockSize
 }

@@ -19,9 +19,9 @@ type GenOptions struct {
 	// Requests is the approximate number of requests; zero means the
 	// workload's default. For trace files it keeps the first Requests.
 	Requests int
-	// Rate is the mean arrival rate in requests/s (the peak rate for
-	// multi-tenant-context); zero means the workload's default. The
-	// simulator rescales arrivals to its --load anyway (Scale).
+	// Rate is the mean arrival rate in requests/s; zero means the
+	// workload's default. The simulator rescales arrivals to its --load
+	// anyway (Scale).
 	Rate float64
 	// Groups is the number of prefix groups (shared-prefix,
 	// multi-tenant-context, hot-prefix's cold prefixes) or tenants
@@ -30,6 +30,11 @@ type GenOptions struct {
 	// PerGroup is prompts per group (shared-prefix) or users per group
 	// (multi-tenant-context); zero means the workload's default.
 	PerGroup int
+	// FleetKVTokens is the KV capacity of the whole fleet in tokens
+	// (replicas × blocks × block size), which multi-tenant-context sizes
+	// its groups to (tenantGroupsFor); zero means llm-d's benchmark's
+	// fixed 150 groups. Groups, when set, wins.
+	FleetKVTokens int
 	// Base is the workload the "failure" workload disturbs; empty means
 	// "multi-turn-chat".
 	Base string

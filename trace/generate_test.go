@@ -88,7 +88,9 @@ func TestGenerateShapes(t *testing.T) {
 		{"shared-prefix", GenOptions{Groups: 4, PerGroup: 3}, 12, 12, 4},
 		{"shared-prefix", GenOptions{Requests: 100}, 112, 112, 7},
 		{"unique", GenOptions{Requests: 50}, 50, 0, 50},
+		{"multi-tenant-context", GenOptions{}, 2250, 2250, 150},
 		{"multi-tenant-context", GenOptions{Requests: 500}, 500, -1, -1},
+		{"multi-tenant-context", GenOptions{Groups: 4, PerGroup: 2}, 24, 24, 4},
 		{"hot-prefix", GenOptions{Requests: 400, Groups: 4}, 400, 400, 5},
 		{"agentic", GenOptions{Requests: 300}, 300, 300, 1},
 		{"multi-turn-chat", GenOptions{Requests: 300}, 300, 300, 4},
@@ -110,6 +112,87 @@ func TestGenerateShapes(t *testing.T) {
 				t.Errorf("got %d distinct first segments, want %d", groups, tt.wantGroups)
 			}
 		})
+	}
+}
+
+func TestTenantGroupsFor(t *testing.T) {
+	const h100 = 450896 // llama3-8b-h100's KV tokens per replica
+	tests := []struct {
+		name     string
+		kvTokens int
+		users    int
+		want     int
+	}{
+		{"zero: llm-d's fixed count", 0, 5, 150},
+		{"llm-d's fleet: 8 × 307,328", 8 * 307328, 5, 150},
+		{"16 × llama3-8b-h100", 16 * h100, 5, 439},
+		{"4 × llama3-8b-h100", 4 * h100, 5, 110},
+		{"fewer users, smaller groups", 4 * h100, 2, 157},
+		{"a fleet smaller than one group", 1000, 5, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tenantGroupsFor(tt.kvTokens, tt.users); got != tt.want {
+				t.Errorf("got %d groups, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMultiTenantShape checks llm-d's benchmark shape on a fleet of 4
+// llama3-8b-h100 replicas: 110 groups of 5 users, each user sending its
+// group's 6,000-token context and its own 1,200-token question, the same
+// prompt every time, in one shuffled order repeated 3 times.
+func TestMultiTenantShape(t *testing.T) {
+	w, err := Generate("multi-tenant-context", GenOptions{Seed: 4, FleetKVTokens: 4 * 450896})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const groups, users, sets = 110, 5, 3
+	if got, want := len(w.Requests), sets*groups*users; got != want {
+		t.Fatalf("got %d requests, want %d", got, want)
+	}
+	prompt := map[string][]Segment{}    // user → its prompt
+	groupUsers := map[uint64][]string{} // context id → its users
+	questionOf := map[uint64]string{}   // question id → its user
+	for i, r := range w.Requests {
+		if len(r.Segments) != 2 || r.Segments[0].Tokens != 6000 || r.Segments[1].Tokens != 1200 || r.Output != 1000 {
+			t.Fatalf("%s: segments %v, output %d; want a 6,000-token context, a 1,200-token question, 1,000 output tokens", r.ID, r.Segments, r.Output)
+		}
+		if !strings.HasPrefix(r.Session, r.Tenant+"-u") {
+			t.Fatalf("%s: session %q is not a user of tenant %q", r.ID, r.Session, r.Tenant)
+		}
+		if p, ok := prompt[r.Session]; ok {
+			if !slices.Equal(p, r.Segments) {
+				t.Fatalf("%s: user %s sent %v, earlier %v; want the same prompt every time", r.ID, r.Session, r.Segments, p)
+			}
+		} else {
+			prompt[r.Session] = r.Segments
+			ctx, q := r.Segments[0].ID, r.Segments[1].ID
+			groupUsers[ctx] = append(groupUsers[ctx], r.Session)
+			if u, ok := questionOf[q]; ok {
+				t.Fatalf("%s: users %s and %s share a question", r.ID, u, r.Session)
+			}
+			questionOf[q] = r.Session
+		}
+		if j := i - groups*users; j >= 0 && w.Requests[j].Session != r.Session {
+			t.Fatalf("request %d is user %s, one full set earlier user %s; want the same order every set", i, r.Session, w.Requests[j].Session)
+		}
+	}
+	if len(groupUsers) != groups {
+		t.Errorf("got %d distinct contexts, want %d", len(groupUsers), groups)
+	}
+	for ctx, us := range groupUsers {
+		if len(us) != users {
+			t.Errorf("context %d is shared by %d users %v, want %d", ctx, len(us), us, users)
+		}
+	}
+	if len(prompt) != groups*users {
+		t.Errorf("got %d users in the first set, want %d", len(prompt), groups*users)
+	}
+	g, _ := Generate("multi-tenant-context", GenOptions{Groups: 7, FleetKVTokens: 4 * 450896})
+	if _, n := sharing(g.Requests); n != 7 {
+		t.Errorf("Groups 7 with FleetKVTokens: got %d groups, want Groups to win", n)
 	}
 }
 

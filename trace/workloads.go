@@ -2,6 +2,7 @@ package trace
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -40,30 +41,89 @@ func sharedPrefix(opt GenOptions) []Request {
 	return reqs
 }
 
-// multiTenant: Groups (256) tenants × PerGroup (4) users, each request a
-// 6,000-token tenant context and a 1,200-token unique query, 256 output
-// tokens; Requests (2,048) in all. The arrival rate ramps linearly from
-// Rate/4 to Rate (8/s) and the set of active tenants grows with it (the
-// request at fraction f of the run picks among the first ⌈f·Groups⌉
-// tenants), so the live contexts (256 × 6,000 = 1.5M tokens) end up needing
-// several times one replica's KV (about 450k tokens on an H100 with
-// Llama-3-8B). Session is the user.
+// Shape of multi-tenant-context: llm-d's precise prefix-cache-aware routing
+// benchmark (llm-d/llm-d guides/precise-prefix-cache-aware: workload A of
+// benchmark-templates/guide.yaml, sized in its report as "X-70R-6kSys"),
+// an inference-perf shared_prefix workload with num_groups 150,
+// num_prompts_per_group 5, system_prompt_len 6000, question_len 1200,
+// output_len 1000 (ignore_eos), enable_multi_turn_chat false, Poisson
+// arrivals.
+const (
+	tenantGroups   = 150  // groups at FleetKVTokens zero
+	tenantUsers    = 5    // users per group
+	tenantContext  = 6000 // tokens of a group's shared context
+	tenantQuestion = 1200 // tokens of a user's question
+	tenantOutput   = 1000 // tokens generated per request
+	tenantRate     = 15   // requests/s: the benchmark's warm-up stage
+	tenantSets     = 3    // default length, in full sets of prompts
+	// tenantFill is the fraction of the fleet's KV capacity the groups'
+	// resident state fills: llm-d sized 150 groups to 73.2% of 8 replicas
+	// × 307,328 tokens.
+	tenantFill = 0.73
+)
+
+// tenantGroupsFor returns the number of groups whose resident state fills
+// tenantFill of a fleet of kvTokens tokens of KV, or tenantGroups when
+// kvTokens is zero.
+//
+// What a group keeps resident: its context, shared by its users, and one
+// question per user, since a user sends the same prompt every time (the
+// benchmark draws every request from one fixed set of groups × users
+// prompts, so a question is "cached per user", in the report's words).
+// That is tenantContext + users × tenantQuestion = 6,000 + 5 × 1,200 =
+// 12,000 tokens, the report's "resident per group". Output tokens are not
+// counted: no prompt repeats them, so they hold KV only while their request
+// runs (and then churn the cache). So groups = round(tenantFill × kvTokens
+// / (6,000 + users × 1,200)): llm-d's 150 × 12,000 = 1.8M tokens is 73.2%
+// of its 2.46M (about six replicas' worth); 16 llama3-8b-h100 replicas
+// (16 × 450,896 tokens) get 439 groups, 4 replicas 110.
+func tenantGroupsFor(kvTokens, users int) int {
+	if kvTokens <= 0 {
+		return tenantGroups
+	}
+	per := tenantContext + users*tenantQuestion
+	return max(1, int(math.Round(tenantFill*float64(kvTokens)/float64(per))))
+}
+
+// multiTenant: llm-d's prefix-cache-aware routing benchmark. Groups
+// (tenantGroupsFor FleetKVTokens: 150 at zero) × PerGroup (5) users; each
+// group has a 6,000-token context and each user a 1,200-token question, so
+// a user's prompt is its group's context then its own question, the same
+// every time; 1,000 output tokens. As inference-perf's shared_prefix
+// generator does (inference_perf/datagen/shared_prefix_datagen.py), the
+// Groups × PerGroup prompts are shuffled once and then sent in that order
+// over and over, one full set every Groups × PerGroup requests. Requests
+// defaults to 3 full sets: the first seats the residents (the benchmark's
+// warm-up is one set), the next two reuse them; 3 × 3 × 73% = 6.6 times the
+// fleet's KV in prompt tokens. Poisson arrivals at Rate (15/s). Session is
+// the user, Tenant the group.
+//
+// The working set fits the fleet (llm-d calls the workload "no system cache
+// pressure"): a pooled cache holds it all, and what a policy loses is its
+// placement (a group on too many replicas overflows them) and the output
+// tokens' churn of each replica's cache.
 func multiTenant(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamTenant)
-	groups, users := or(opt.Groups, 256), or(opt.PerGroup, 4)
-	n, peak := or(opt.Requests, 2048), or(opt.Rate, 8)
-	ctx := make([]Segment, groups)
-	for i := range ctx {
-		ctx[i] = g.seg(6000)
+	users := or(opt.PerGroup, tenantUsers)
+	groups := or(opt.Groups, tenantGroupsFor(opt.FleetKVTokens, users))
+	n, rate := or(opt.Requests, tenantSets*groups*users), or(opt.Rate, tenantRate)
+	type user struct {
+		name, group string
+		segs        []Segment
 	}
+	all := make([]user, 0, groups*users)
+	for grp := range groups {
+		ctx := g.seg(tenantContext)
+		for u := range users {
+			all = append(all, user{fmt.Sprintf("%s-u%d", groupName(grp), u), groupName(grp),
+				[]Segment{ctx, g.seg(tenantQuestion)}})
+		}
+	}
+	order := g.rng.Perm(len(all))
 	reqs := make([]Request, 0, n)
 	for i := range n {
-		f := float64(i+1) / float64(n)
-		active := max(1, min(groups, int(f*float64(groups)+0.999999)))
-		grp, user := g.rng.IntN(active), g.rng.IntN(users)
-		rate := peak/4 + (peak-peak/4)*f
-		reqs = append(reqs, request(g.arrive(rate), fmt.Sprintf("%s-u%d", groupName(grp), user),
-			groupName(grp), []Segment{ctx[grp], g.seg(1200)}, 256))
+		u := &all[order[i%len(order)]]
+		reqs = append(reqs, request(g.arrive(rate), u.name, u.group, u.segs, tenantOutput))
 	}
 	return reqs
 }
