@@ -243,8 +243,8 @@ func prepare(cfg Config) (*outcome, error) {
 		cfg.fleet[i] = fleetEvent{at: max(at, 0), kind: fe.Kind, replica: fe.Replica}
 	}
 	o := &outcome{cfg: cfg, jobs: jobs, factor: factor, names: cfg.Policies}
-	o.infinite = infiniteOracle(jobs, bs)
-	o.pooled = pooledOracle(jobs, bs, cfg.Replicas*cfg.Preset.NumBlocks)
+	o.infinite = infiniteOracle(jobs, &cfg.Preset)
+	o.pooled = pooledOracle(jobs, &cfg.Preset, cfg.Replicas*cfg.Preset.NumBlocks)
 	return o, nil
 }
 
