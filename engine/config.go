@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -111,6 +112,32 @@ func (c Config) validate() error {
 	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.AttnPerMPairs < 0 ||
 		c.DecodeStep < 0 || c.DecodePerSeq < 0 || c.DecodePerMTokens < 0:
 		return fmt.Errorf("engine config: negative timing figure")
+	}
+	return nil
+}
+
+// CheckLength reports why an engine of this configuration refuses, for its
+// size, a request of prompt tokens generating up to maxTokens: an empty
+// prompt, maxTokens < 1, or prompt plus output longer than MaxModelLen or
+// than the whole KV cache. It returns nil for a request that fits; Add
+// applies the same rule. Zero fields of c take their defaults.
+func (c Config) CheckLength(prompt, maxTokens int) error {
+	c = c.defaults()
+	return c.checkLength(prompt, maxTokens)
+}
+
+// checkLength is CheckLength on a config whose defaults are filled.
+func (c *Config) checkLength(prompt, maxTokens int) error {
+	bs := c.BlockSize
+	switch {
+	case prompt < 1:
+		return errors.New("empty prompt")
+	case maxTokens < 1:
+		return fmt.Errorf("max tokens %d < 1", maxTokens)
+	case prompt+maxTokens > c.MaxModelLen:
+		return fmt.Errorf("%d prompt + %d output tokens exceed the max model length %d", prompt, maxTokens, c.MaxModelLen)
+	case (prompt+maxTokens+bs-1)/bs > c.NumBlocks:
+		return fmt.Errorf("%d tokens exceed the KV cache of %d blocks", prompt+maxTokens, c.NumBlocks)
 	}
 	return nil
 }

@@ -125,27 +125,20 @@ func (e *Engine) Config() Config { return e.cfg }
 
 // Add queues a request arriving at now. It is scheduled at the next
 // iteration: if the engine is idle, call Step(now) after Add. Add rejects a
-// request with an empty prompt, MaxTokens < 1, a prompt plus output longer
-// than MaxModelLen or than the whole cache, or the ID of a request still in
-// the engine. The engine keeps r's Tokens and Hashes: do not modify them.
+// request Config.CheckLength refuses (an empty prompt, MaxTokens < 1, a
+// prompt plus output longer than MaxModelLen or than the whole cache), or
+// with the ID of a request still in the engine. The engine keeps r's Tokens and Hashes: do not modify them.
 func (e *Engine) Add(now time.Duration, r *Request) error {
 	p := r.Prompt
 	if p == 0 {
 		p = len(r.Tokens)
 	}
 	bs := e.cfg.BlockSize
-	switch {
-	case p < 1:
-		return fmt.Errorf("request %s: empty prompt", r.ID)
-	case len(r.Tokens) > 0 && len(r.Tokens) != p:
+	if err := e.cfg.checkLength(p, r.MaxTokens); err != nil {
+		return fmt.Errorf("request %s: %w", r.ID, err)
+	}
+	if len(r.Tokens) > 0 && len(r.Tokens) != p {
 		return fmt.Errorf("request %s: prompt %d tokens but %d token ids", r.ID, p, len(r.Tokens))
-	case r.MaxTokens < 1:
-		return fmt.Errorf("request %s: max tokens %d < 1", r.ID, r.MaxTokens)
-	case p+r.MaxTokens > e.cfg.MaxModelLen:
-		return fmt.Errorf("request %s: %d prompt + %d output tokens exceed the max model length %d",
-			r.ID, p, r.MaxTokens, e.cfg.MaxModelLen)
-	case (p+r.MaxTokens+bs-1)/bs > e.cfg.NumBlocks:
-		return fmt.Errorf("request %s: %d tokens exceed the KV cache of %d blocks", r.ID, p+r.MaxTokens, e.cfg.NumBlocks)
 	}
 	if _, dup := e.byID[r.ID]; dup {
 		return fmt.Errorf("request %s: already in the engine", r.ID)

@@ -10,6 +10,7 @@
 package report
 
 import (
+	"encoding/json"
 	"math"
 	"strconv"
 	"time"
@@ -58,6 +59,14 @@ type SLO struct {
 	// ITL is the largest acceptable mean inter-token latency; zero means
 	// 100 ms.
 	ITL time.Duration
+}
+
+// MarshalJSON writes s as {"ttft_ms": ..., "itl_ms": ...}.
+func (s SLO) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		TTFT Millis `json:"ttft_ms"`
+		ITL  Millis `json:"itl_ms"`
+	}{Millis(s.TTFT), Millis(s.ITL)})
 }
 
 func (s SLO) orDefault() SLO {
@@ -175,8 +184,11 @@ type Oracle struct {
 // policy, in the order given.
 type Run struct {
 	// Title heads the HTML page; empty means "kvrouter simulation".
-	Title    string   `json:"title,omitempty"`
-	Params   []Param  `json:"params"`
+	Title  string  `json:"title,omitempty"`
+	Params []Param `json:"params"`
+	// SLO, if set, is the goodput objective the results were measured
+	// against, shown above the table.
+	SLO      *SLO     `json:"slo,omitempty"`
 	Oracles  []Oracle `json:"oracles"`
 	Policies []Result `json:"policies"`
 }

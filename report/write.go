@@ -46,10 +46,16 @@ func tableRows(r *Run) [][]string {
 }
 
 // WriteTable writes run as an aligned table: one row per policy, then one
-// row per oracle (hit rate only). Durations print as "850ms" or "1.24s",
-// rates as percentages, prefill in tokens (k/M), goodput in requests/s.
+// row per oracle (hit rate only), under a line with the goodput SLO when
+// the run has one. Durations print as "850ms" or "1.24s", rates as
+// percentages, prefill in tokens (k/M), goodput in requests/s.
 func WriteTable(w io.Writer, run *Run) error {
 	r := run.normalized()
+	if r.SLO != nil {
+		if _, err := fmt.Fprintln(w, sloLine(*r.SLO)); err != nil {
+			return err
+		}
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	rows := append([][]string{tableHeader()}, tableRows(&r)...)
 	first := 0
@@ -61,6 +67,11 @@ func WriteTable(w io.Writer, run *Run) error {
 		fmt.Fprint(tw, strings.Join(cells, "\t")+"\t\n")
 	}
 	return tw.Flush()
+}
+
+// sloLine describes the goodput SLO in one line.
+func sloLine(s SLO) string {
+	return fmt.Sprintf("goodput SLO: TTFT ≤ %s, ITL ≤ %s", dur(Millis(s.TTFT)), dur(Millis(s.ITL)))
 }
 
 func pooledCell(p float64, oracles int) string {
@@ -101,7 +112,8 @@ func tokens(n int64) string {
 
 // WriteJSON writes run as one indented JSON object:
 //
-//	{"title": ..., "params": [{"name", "value"}], "oracles": [{"name", "hit_rate"}],
+//	{"title": ..., "params": [{"name", "value"}], "slo": {"ttft_ms", "itl_ms"},
+//	 "oracles": [{"name", "hit_rate"}],
 //	 "policies": [{"policy", "requests", "completed", "rejected", "errors",
 //	   "ttft_ms": {"p50", "p90", "p99", "mean"}, "e2e_ms": {...}, "itl_ms": {...},
 //	   "hit_rate", "predicted_hit_rate", "pooled_pct", "prompt_tokens",
@@ -109,8 +121,8 @@ func tokens(n int64) string {
 //	   "throughput_tok_s", "goodput_req_s", "slo_met", "max_load",
 //	   "mean_load", "peak_load", "reasons": {reason: count}, "per_replica": [n]}]}
 //
-// The same run always gives the same bytes (see the package comment). The
-// chart series are left out.
+// "slo" is there only when the run has one. The same run always gives the
+// same bytes (see the package comment). The chart series are left out.
 func WriteJSON(w io.Writer, run *Run) error {
 	r := run.normalized()
 	enc := json.NewEncoder(w)

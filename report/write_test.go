@@ -189,3 +189,33 @@ func TestProgress(t *testing.T) {
 		t.Error("NewProgress on a plain file: want nil")
 	}
 }
+
+// TestSLO: a run's SLO is written to JSON in milliseconds and above the
+// table; a run without one writes neither.
+func TestSLO(t *testing.T) {
+	run := testRun()
+	run.SLO = &SLO{TTFT: 526 * ms, ITL: 41900 * time.Microsecond}
+	var j, tab bytes.Buffer
+	if err := WriteJSON(&j, run); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteTable(&tab, run); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"slo": {
+    "ttft_ms": 526.000,
+    "itl_ms": 41.900
+  },`; !strings.Contains(j.String(), want) {
+		t.Errorf("JSON lacks %s:\n%s", want, j.String())
+	}
+	if first, _, _ := strings.Cut(tab.String(), "\n"); first != "goodput SLO: TTFT ≤ 526ms, ITL ≤ 42ms" {
+		t.Errorf("table's first line %q, want the SLO", first)
+	}
+	j.Reset()
+	if err := WriteJSON(&j, testRun()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(j.String(), `"slo"`) {
+		t.Error("a run without an SLO writes one")
+	}
+}

@@ -1,6 +1,9 @@
 package sim
 
-import "kvrouter/prefix"
+import (
+	"kvrouter/engine"
+	"kvrouter/prefix"
+)
 
 // Oracles are the hit-rate ceilings a routing policy is judged against
 // (docs/benchmarks.md), computed over the run's jobs in arrival order.
@@ -18,7 +21,11 @@ import "kvrouter/prefix"
 //
 // Both apply the engine's last-token rule (cachedTokens): a prompt served
 // wholly from cache still recomputes its last token, so at most
-// (prompt-1)/blockSize blocks count as cached.
+// (prompt-1)/blockSize blocks count as cached. Both count only what the
+// engines can serve: a request the engine refuses for its length
+// (engine.Config.CheckLength: longer than MaxModelLen or than one replica's
+// cache) is left out, its prompt not counted and its blocks not cached, as
+// the policies' hit rates leave it out (it never completes).
 
 // oracleResult is one oracle's totals.
 type oracleResult struct {
@@ -46,12 +53,21 @@ func cachedTokens(matched, prompt, blockSize int) int {
 	return matched * blockSize
 }
 
-// infiniteOracle returns the infinite-cache totals of jobs.
-func infiniteOracle(jobs []job, blockSize int) oracleResult {
+// servable reports whether an engine of configuration c admits job j.
+func servable(c *engine.Config, j *job) bool {
+	return c.CheckLength(j.prompt, j.output) == nil
+}
+
+// infiniteOracle returns the infinite-cache totals of the jobs an engine of
+// configuration c serves.
+func infiniteOracle(jobs []job, c *engine.Config) oracleResult {
 	var res oracleResult
 	seen := newTable(1 << 16)
 	for i := range jobs {
 		j := &jobs[i]
+		if !servable(c, j) {
+			continue
+		}
 		// The set is prefix-closed (a request adds its whole chain), and a
 		// chained hash names its whole prefix, so the seen blocks of a
 		// request are a leading run: binary search for its length.
@@ -65,7 +81,7 @@ func infiniteOracle(jobs []job, blockSize int) oracleResult {
 			}
 		}
 		res.Prompt += int64(j.prompt)
-		res.Cached += int64(cachedTokens(lo, j.prompt, blockSize))
+		res.Cached += int64(cachedTokens(lo, j.prompt, c.BlockSize))
 		for _, h := range j.hashes[lo:] {
 			seen.put(h, 0)
 		}
@@ -73,19 +89,22 @@ func infiniteOracle(jobs []job, blockSize int) oracleResult {
 	return res
 }
 
-// pooledOracle returns the pooled-cache totals of jobs with one LRU of
-// capacity blocks.
-func pooledOracle(jobs []job, blockSize, capacity int) oracleResult {
+// pooledOracle returns the pooled-cache totals of the jobs an engine of
+// configuration c serves, with one LRU of capacity blocks.
+func pooledOracle(jobs []job, c *engine.Config, capacity int) oracleResult {
 	var res oracleResult
 	l := newLRU(capacity)
 	for i := range jobs {
 		j := &jobs[i]
+		if !servable(c, j) {
+			continue
+		}
 		m := 0
 		for m < len(j.hashes) && l.has(j.hashes[m]) {
 			m++
 		}
 		res.Prompt += int64(j.prompt)
-		res.Cached += int64(cachedTokens(m, j.prompt, blockSize))
+		res.Cached += int64(cachedTokens(m, j.prompt, c.BlockSize))
 		// Touch leaf-last, so the root of the chain is the most recent:
 		// like the engine, which frees a request's blocks in reverse order
 		// so that the tail is evicted first.

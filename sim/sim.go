@@ -27,9 +27,6 @@ import (
 const (
 	// DefaultScrapeInterval is how often engine metrics reach the snapshot.
 	DefaultScrapeInterval = 100 * time.Millisecond
-	// DefaultSLOTTFT and DefaultSLOITL are the goodput SLO.
-	DefaultSLOTTFT = 2 * time.Second
-	DefaultSLOITL  = 100 * time.Millisecond
 	// PreciseSuffix, appended to a policy name, runs that policy with a
 	// precise index (engine KV events) instead of its own: "kv-aware-precise".
 	PreciseSuffix = "-precise"
@@ -44,11 +41,15 @@ const (
 )
 
 // SLO is the goodput target: a request meets it when its TTFT and its mean
-// ITL are both within bounds.
+// ITL are both within bounds. Zero fields are derived from the preset and
+// the workload's median prompt P (see derive): five times what P takes
+// alone on an idle replica.
 type SLO struct {
-	// TTFT is the time-to-first-token bound; zero means 2 s.
+	// TTFT is the time-to-first-token bound; zero means 5× the uncached
+	// prefill of P on an idle replica.
 	TTFT time.Duration
-	// ITL is the mean inter-token latency bound; zero means 100 ms.
+	// ITL is the mean inter-token latency bound; zero means 5× one decode
+	// iteration of a batch of one at context P.
 	ITL time.Duration
 }
 
@@ -94,7 +95,7 @@ type Config struct {
 	// Mode is ModeApproximate (the default) or ModePrecise: the index
 	// "kv-aware" reads.
 	Mode string
-	// SLO is the goodput target.
+	// SLO is the goodput target; zero fields are derived (see SLO).
 	SLO SLO
 	// Progress, if set, is called now and then with the requests finished
 	// by the policy running and the requests of the run.
@@ -154,11 +155,8 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		return c, fmt.Errorf("sim: mode %q: want %s or %s", c.Mode, ModeApproximate, ModePrecise)
 	}
-	if c.SLO.TTFT == 0 {
-		c.SLO.TTFT = DefaultSLOTTFT
-	}
-	if c.SLO.ITL == 0 {
-		c.SLO.ITL = DefaultSLOITL
+	if c.SLO.TTFT < 0 || c.SLO.ITL < 0 {
+		return c, fmt.Errorf("sim: negative SLO")
 	}
 	if len(c.Policies) == 0 {
 		c.Policies = route.Names()
@@ -225,6 +223,7 @@ func prepare(cfg Config) (*outcome, error) {
 	}
 	bs := cfg.Preset.BlockSize
 	jobs := makeJobs(cfg.Requests, bs, cfg.Seed, cfg.Models)
+	cfg.SLO = cfg.SLO.derive(jobs, &cfg.Preset)
 	factor := scaleArrivals(jobs, &cfg.Preset, cfg.Replicas, cfg.Load)
 	var t0 time.Duration
 	if len(cfg.Requests) > 0 {
@@ -243,8 +242,8 @@ func prepare(cfg Config) (*outcome, error) {
 		cfg.fleet[i] = fleetEvent{at: max(at, 0), kind: fe.Kind, replica: fe.Replica}
 	}
 	o := &outcome{cfg: cfg, jobs: jobs, factor: factor, names: cfg.Policies}
-	o.infinite = infiniteOracle(jobs, bs)
-	o.pooled = pooledOracle(jobs, bs, cfg.Replicas*cfg.Preset.NumBlocks)
+	o.infinite = infiniteOracle(jobs, &cfg.Preset)
+	o.pooled = pooledOracle(jobs, &cfg.Preset, cfg.Replicas*cfg.Preset.NumBlocks)
 	return o, nil
 }
 
@@ -271,7 +270,8 @@ func Run(cfg Config) (report.Run, error) {
 	if err != nil {
 		return report.Run{}, err
 	}
-	run := report.Run{Title: "kvrouter simulation: " + o.cfg.Workload, Params: o.params(), Oracles: []report.Oracle{
+	slo := report.SLO(o.cfg.SLO)
+	run := report.Run{Title: "kvrouter simulation: " + o.cfg.Workload, Params: o.params(), SLO: &slo, Oracles: []report.Oracle{
 		{Name: report.OracleInfinite, HitRate: o.infinite.rate()},
 		{Name: report.OraclePooled, HitRate: o.pooled.rate()},
 	}}
@@ -281,7 +281,7 @@ func Run(cfg Config) (report.Run, error) {
 			return report.Run{}, err
 		}
 		run.Policies = append(run.Policies, report.Summarize(res.samples, report.Options{
-			Policy: name, SLO: report.SLO(o.cfg.SLO), Replicas: res.replicas,
+			Policy: name, SLO: slo, Replicas: res.replicas,
 		}))
 	}
 	return run, nil

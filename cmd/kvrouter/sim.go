@@ -37,8 +37,8 @@ func runSim(ctx context.Context, args []string) error {
 	scrape := fs.Duration("scrape-interval", sim.DefaultScrapeInterval, "how often engine metrics reach the router")
 	kvDelay := fs.Duration("kv-event-delay", 10*time.Millisecond, "delay of KV events to a precise index")
 	mode := fs.String("mode", sim.ModeApproximate, "index of kv-aware: approximate or precise")
-	sloTTFT := fs.Duration("slo-ttft", sim.DefaultSLOTTFT, "goodput SLO: time to first token")
-	sloITL := fs.Duration("slo-itl", sim.DefaultSLOITL, "goodput SLO: mean inter-token latency")
+	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
+	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
