@@ -96,7 +96,7 @@ func replayWorkload(name, file, format string, seed uint64, n int) ([]trace.Requ
 		reqs, err := demo.Workload(name, max(n, 1), seed, 0)
 		return reqs, name, err
 	}
-	w, err := loadWorkload(name, file, format, seed, n)
+	w, err := loadWorkload(name, file, format, seed, n, 0)
 	if err != nil {
 		return nil, "", err
 	}

@@ -45,11 +45,11 @@ func runSim(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	w, err := loadWorkload(*workload, *traceFile, *traceFormat, *seed, *requests)
+	cfg, err := engine.Preset(*preset)
 	if err != nil {
 		return err
 	}
-	cfg, err := engine.Preset(*preset)
+	w, err := loadWorkload(*workload, *traceFile, *traceFormat, *seed, *requests, sim.FleetKVTokens(cfg, *replicas))
 	if err != nil {
 		return err
 	}
@@ -98,12 +98,14 @@ func runSim(ctx context.Context, args []string) error {
 	return report.WriteTable(os.Stdout, &run)
 }
 
-// loadWorkload reads --trace or generates --workload.
-func loadWorkload(name, file, format string, seed uint64, requests int) (*trace.Workload, error) {
+// loadWorkload reads --trace or generates --workload, sized (where the
+// workload scales with the fleet) to kvTokens of fleet KV capacity; zero
+// means the workload's fixed default size.
+func loadWorkload(name, file, format string, seed uint64, requests, kvTokens int) (*trace.Workload, error) {
 	if file != "" {
 		return readTrace(file, format, requests)
 	}
-	opt := trace.GenOptions{Seed: seed, Requests: requests}
+	opt := trace.GenOptions{Seed: seed, Requests: requests, FleetKVTokens: kvTokens}
 	switch name {
 	case "mooncake-conversation", "azure-conv", "azure-code":
 		dir, err := traceDir()
