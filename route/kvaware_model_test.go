@@ -64,7 +64,7 @@ func TestKVAwareQueueGrowsNonLinearly(t *testing.T) {
 	if a, b := wait(8, 2), wait(8, 14); b <= a {
 		t.Errorf("same queue, batch 14 vs 2: wait %v vs %v, want longer behind the bigger batch", b, a)
 	}
-	below := wait(2, 8) - wait(1, 8)  // 10 of 16 seats
+	below := wait(2, 8) - wait(1, 8)   // 10 of 16 seats
 	above := wait(12, 8) - wait(11, 8) // 20 of 16 seats
 	if above <= 2*below {
 		t.Errorf("one more waiting request adds %v below saturation, %v above: want a knee", below, above)
