@@ -9,14 +9,15 @@ import (
 	"strings"
 )
 
-// assets holds uPlot 1.6.32 (MIT, vendored from `npm pack uplot@1.6.32`)
-// and the page template.
+// assets holds uPlot 1.6.32 (MIT, vendored from `npm pack uplot@1.6.32`),
+// the page templates and what they share: the style sheet and the charts.
 //
-//go:embed assets/uPlot.iife.min.js assets/uPlot.min.css assets/LICENSE page.html
+//go:embed assets/uPlot.iife.min.js assets/uPlot.min.css assets/LICENSE page.html board.html layout.html style.css charts.js
 var assets embed.FS
 
-// page is the HTML template's input.
+// page is the run page template's input.
 type page struct {
+	common
 	Title   string
 	Params  []Param
 	Header  []string
@@ -24,9 +25,45 @@ type page struct {
 	Policy  int // rows before this index are policies, the rest oracles
 	Reasons []reasonBar
 	Legend  []reasonSlice
-	UPlot   template.JS
-	CSS     template.CSS
 	Data    chartData
+}
+
+// common is what every page inlines: uPlot and its style sheet, our style
+// sheet and our charts.
+type common struct {
+	UPlot  template.JS
+	CSS    template.CSS
+	Style  template.CSS
+	Charts template.JS
+}
+
+// newCommon returns the inlined assets.
+func newCommon() common {
+	lic := asset("assets/LICENSE")
+	return common{
+		UPlot:  template.JS("/*! uPlot 1.6.32 | " + strings.ReplaceAll(lic, "*/", "* /") + "*/\n" + asset("assets/uPlot.iife.min.js")),
+		CSS:    template.CSS(asset("assets/uPlot.min.css")),
+		Style:  template.CSS(asset("style.css")),
+		Charts: template.JS(asset("charts.js")),
+	}
+}
+
+// asset returns an embedded file; go:embed fails the build without it.
+func asset(name string) string {
+	b, _ := assets.ReadFile(name)
+	return string(b)
+}
+
+// render executes the page template file, with layout.html, on data.
+func render(w io.Writer, file string, data any) error {
+	tpl, err := template.ParseFS(assets, file, "layout.html")
+	if err != nil {
+		return fmt.Errorf("report html: %w", err)
+	}
+	if err := tpl.Execute(w, data); err != nil {
+		return fmt.Errorf("report html: %w", err)
+	}
+	return nil
 }
 
 // chartData is what the page's script draws with uPlot.
@@ -72,31 +109,17 @@ func palette(i int) string {
 // and the data are inlined; the page loads nothing from the network.
 func WriteHTML(w io.Writer, run *Run) error {
 	r := run.normalized()
-	js, err := assets.ReadFile("assets/uPlot.iife.min.js")
-	if err != nil {
-		return fmt.Errorf("report html: %w", err)
-	}
-	css, _ := assets.ReadFile("assets/uPlot.min.css")
-	lic, _ := assets.ReadFile("assets/LICENSE")
-	tpl, err := template.ParseFS(assets, "page.html")
-	if err != nil {
-		return fmt.Errorf("report html: %w", err)
-	}
 	p := page{
+		common: newCommon(),
 		Title:  r.Title,
 		Params: r.Params,
 		Header: tableHeader(),
 		Rows:   tableRows(&r),
 		Policy: len(r.Policies),
-		UPlot:  template.JS("/*! uPlot 1.6.32 | " + strings.ReplaceAll(string(lic), "*/", "* /") + "*/\n" + string(js)),
-		CSS:    template.CSS(css),
 		Data:   charts(&r),
 	}
 	p.Reasons, p.Legend = reasons(&r)
-	if err := tpl.Execute(w, &p); err != nil {
-		return fmt.Errorf("report html: %w", err)
-	}
-	return nil
+	return render(w, "page.html", &p)
 }
 
 // charts gathers the chart series of a normalized run.

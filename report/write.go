@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -56,15 +57,33 @@ func WriteTable(w io.Writer, run *Run) error {
 			return err
 		}
 	}
+	return writeAligned(w, append([][]string{tableHeader()}, tableRows(&r)...))
+}
+
+// writeAligned writes rows as columns two spaces apart, each indented by
+// two: figures aligned right, and names left: the first column and the
+// columns left lists.
+func writeAligned(w io.Writer, rows [][]string, left ...int) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	rows := append([][]string{tableHeader()}, tableRows(&r)...)
-	first := 0
-	for _, cells := range rows {
-		first = max(first, utf8.RuneCountInString(cells[0]))
+	width := map[int]int{0: 0}
+	for _, c := range left {
+		width[c] = 0
 	}
 	for _, cells := range rows {
-		cells[0] += strings.Repeat(" ", first-utf8.RuneCountInString(cells[0])) // left-align names
-		fmt.Fprint(tw, strings.Join(cells, "\t")+"\t\n")
+		for c := range width {
+			if c < len(cells) {
+				width[c] = max(width[c], utf8.RuneCountInString(cells[c]))
+			}
+		}
+	}
+	for _, cells := range rows {
+		out := slices.Clone(cells)
+		for c, n := range width {
+			if c < len(out) {
+				out[c] += strings.Repeat(" ", n-utf8.RuneCountInString(out[c])) // left-align names
+			}
+		}
+		fmt.Fprint(tw, strings.Join(out, "\t")+"\t\n")
 	}
 	return tw.Flush()
 }

@@ -18,20 +18,42 @@ import (
 	"kvrouter/trace"
 )
 
-// runSim is "kvrouter sim": simulate a fleet on a workload under several
-// routing policies, side by side, and print the comparison.
+// runSim is "kvrouter sim": simulate a fleet on one workload or a
+// leaderboard of (workload, load) cells under several routing policies,
+// side by side, and print the comparison.
 func runSim(ctx context.Context, args []string) error {
+	return simCommand(ctx, args, os.Stdout, os.Stderr)
+}
+
+// simCommand is kvrouter sim writing its results to stdout, and flag
+// errors, notes and the progress bar (when it is a terminal) to stderr.
+func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os.File) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	workload := fs.String("workload", "shared-prefix", "workload: "+strings.Join(trace.Names(), ", "))
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: kvrouter sim [flags]\n\n"+
+			"Simulates a fleet of modelled engines (--preset) on a virtual clock under several\n"+
+			"routing policies, side by side: each policy routes the same requests on a fresh\n"+
+			"fleet with the live router's own code. It prints per policy TTFT, end-to-end and\n"+
+			"inter-token latency, the prefix hit rate against the oracle ceilings, goodput\n"+
+			"under an SLO (derived from the preset and the workload unless given) and\n"+
+			"rejections. --workload and --load take lists: every (workload, load) cell runs,\n"+
+			"each with the policies' ranks on TTFT p99, TTFT mean, E2E p99 and hit rate,\n"+
+			"then a summary of which policy wins where and by how much, and whether the\n"+
+			"default policy (%s) is within 3%% of the best. --json prints it for machines,\n"+
+			"--report as an HTML page.\n\nflags:\n", route.Default)
+		fs.PrintDefaults()
+	}
+	workload := fs.String("workload", "shared-prefix", "workload, comma-separated workloads, or all (a trace workload whose file is missing is then skipped): "+strings.Join(trace.Names(), ", "))
 	traceFile := fs.String("trace", "", "read the requests from this trace file instead of --workload")
 	traceFormat := fs.String("trace-format", "", "format of --trace: mooncake (JSONL) or azure (CSV); empty: by extension")
 	replicas := fs.Int("replicas", 16, "replicas in the fleet")
 	models := fs.Int("models", 1, "models the fleet serves: replica i serves model i mod N, each request asks for one (by session, tenant or id)")
 	preset := fs.String("preset", "llama3-8b-h100", "engine preset: "+strings.Join(engine.Presets(), ", "))
-	load := fs.Float64("load", 0.8, "offered work as a fraction of fleet capacity (0 keeps the trace's times)")
+	load := fs.String("load", "0.8", "offered work as a fraction of fleet capacity, or comma-separated fractions (0 keeps the trace's times)")
 	policies := fs.String("policies", "all", "comma-separated policies, or all (every policy plus kv-aware-precise): "+strings.Join(route.Names(), ", "))
 	seed := fs.Uint64("seed", 1, "seed of the workload generator and the policies' tie-breaks")
-	requests := fs.Int("requests", 0, "number of requests (0: the workload's default or the whole trace)")
+	requests := fs.Int("requests", 0, "number of requests per workload (0: the workload's default or the whole trace)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	htmlOut := fs.String("report", "", "write a self-contained HTML report to this file")
 	scrape := fs.Duration("scrape-interval", sim.DefaultScrapeInterval, "how often engine metrics reach the router")
@@ -45,57 +67,72 @@ func runSim(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	loads, err := parseLoads(*load)
+	if err != nil {
+		return err
+	}
 	cfg, err := engine.Preset(*preset)
 	if err != nil {
 		return err
 	}
-	w, err := loadWorkload(*workload, *traceFile, *traceFormat, *seed, *requests, sim.FleetKVTokens(cfg, *replicas))
+	ws, err := simWorkloads(*workload, *traceFile, *traceFormat, *seed, *requests, sim.FleetKVTokens(cfg, *replicas), stderr)
 	if err != nil {
 		return err
+	}
+	base := sim.Config{
+		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies),
+		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
+		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Cancel: ctx.Done(),
+	}
+	runs, err := runCells(cells(base, ws, loads), stderr)
+	if err != nil {
+		return err
+	}
+	out := runWriters(&runs[0])
+	if len(runs) > 1 {
+		out = boardWriters(report.NewBoard(runs, route.Default))
+	}
+	return out.write(stdout, *htmlOut, *asJSON)
+}
+
+// policyNames parses --policies.
+func policyNames(s string) []string {
+	if s == "all" {
+		return append(route.Names(), "kv-aware"+sim.PreciseSuffix)
 	}
 	names := []string{}
-	if *policies == "all" {
-		names = append(route.Names(), "kv-aware"+sim.PreciseSuffix)
-	} else {
-		for _, p := range strings.Split(*policies, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				names = append(names, p)
-			}
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			names = append(names, p)
 		}
 	}
-	sc := sim.Config{
-		Workload: w.Name, Requests: w.Requests, Fleet: w.Events, Replicas: *replicas, Models: *models,
-		PresetName: *preset, Preset: cfg, Load: *load, Policies: names, Seed: *seed,
-		ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
-		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL},
-	}
-	bar := report.NewProgress(os.Stderr, "simulating", int64(len(w.Requests)*len(names)))
-	if bar != nil {
-		last := 0
-		sc.Progress = func(policy string, done, total int) {
-			if done < last {
-				last = 0 // the next policy started
-			}
-			bar.SetLabel(policy)
-			bar.Add(int64(done - last))
-			last = done
-		}
-	}
-	sc.Cancel = ctx.Done()
-	run, err := sim.Run(sc)
-	bar.Done()
-	if err != nil {
-		return err
-	}
-	if *htmlOut != "" {
-		if err := writeFile(*htmlOut, func(f io.Writer) error { return report.WriteHTML(f, &run) }); err != nil {
+	return names
+}
+
+// writers are the three ways kvrouter sim writes its result.
+type writers struct{ html, json, table func(io.Writer) error }
+
+// write writes the HTML report to htmlOut if set, then JSON or the table
+// to stdout.
+func (ws writers) write(stdout io.Writer, htmlOut string, asJSON bool) error {
+	if htmlOut != "" {
+		if err := writeFile(htmlOut, ws.html); err != nil {
 			return err
 		}
 	}
-	if *asJSON {
-		return report.WriteJSON(os.Stdout, &run)
+	if asJSON {
+		return ws.json(stdout)
 	}
-	return report.WriteTable(os.Stdout, &run)
+	return ws.table(stdout)
+}
+
+// runWriters write one cell's run.
+func runWriters(r *report.Run) writers {
+	return writers{
+		html:  func(w io.Writer) error { return report.WriteHTML(w, r) },
+		json:  func(w io.Writer) error { return report.WriteJSON(w, r) },
+		table: func(w io.Writer) error { return report.WriteTable(w, r) },
+	}
 }
 
 // loadWorkload reads --trace or generates --workload, sized (where the
@@ -113,6 +150,11 @@ func loadWorkload(name, file, format string, seed uint64, requests, kvTokens int
 			return nil, fmt.Errorf("workload %s: %w", name, err)
 		}
 		opt.TraceDir = dir
+		w, err := trace.Generate(name, opt)
+		if err != nil {
+			return nil, fmt.Errorf("workload %s: %w", name, err)
+		}
+		return w, nil
 	}
 	return trace.Generate(name, opt)
 }
@@ -126,7 +168,7 @@ func traceDir() (string, error) {
 			return d, nil
 		}
 	}
-	return "", fmt.Errorf("trace directory not found (tried %s); pass --trace FILE", strings.Join(tried, ", "))
+	return "", fmt.Errorf("trace directory not found (tried %s; pass --trace FILE): %w", strings.Join(tried, ", "), os.ErrNotExist)
 }
 
 // readTrace reads a trace file in the given format (by extension when

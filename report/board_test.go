@@ -1,0 +1,132 @@
+package report
+
+import (
+	"bytes"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// result is a literal policy result with the four ranked figures.
+func result(policy string, completed int, ttftP99, ttftMean, e2eP99 Millis, hit float64) Result {
+	return Result{Policy: policy, Requests: 10, Completed: completed, HitRate: hit,
+		TTFT: Dist{P99: ttftP99, Mean: ttftMean}, E2E: Dist{P99: e2eP99}}
+}
+
+// boardRuns are two literal cells: in the first, a and kv-aware tie on
+// TTFT p99 and "none" completed nothing; in the second kv-aware is within
+// 3% on TTFT p99 and not on hit rate.
+func boardRuns() []Run {
+	ms := func(n float64) Millis { return Millis(n * 1e6) }
+	params := func(w, l string) []Param { return []Param{{"workload", w}, {"load", l}, {"requests", "10"}} }
+	return []Run{
+		{Params: params("shared-prefix", "0.5"), Oracles: []Oracle{{OraclePooled, 0.8}}, Policies: []Result{
+			result("a", 10, ms(100), ms(50), ms(1000), 0.5),
+			result("kv-aware", 10, ms(100), ms(40), ms(2000), 0.6),
+			result("none", 0, 0, 0, 0, 0),
+			result("b", 10, ms(300), ms(60), ms(1500), 0.6),
+		}},
+		{Params: params("unique", "0.9"), Policies: []Result{
+			result("a", 10, ms(100), ms(50), ms(1000), 0.5),
+			result("kv-aware", 10, ms(102), ms(55), ms(1000), 0.4),
+			result("b", 10, ms(200), ms(45), ms(900), 0.5),
+		}},
+	}
+}
+
+func TestNewBoard(t *testing.T) {
+	b := NewBoard(boardRuns(), "kv-aware")
+	s := b.Summary
+	if len(b.Cells) != 2 || len(s.Cells) != 2 {
+		t.Fatalf("got %d cells, %d summaries; want 2", len(b.Cells), len(s.Cells))
+	}
+	if diff := cmp.Diff([]string{"a", "kv-aware", "none", "b"}, s.Policies); diff != "" {
+		t.Errorf("policies (-want +got):\n%s", diff)
+	}
+	c0 := s.Cells[0]
+	if c0.Workload != "shared-prefix" || c0.Load != 0.5 {
+		t.Errorf("cell 0 is %s @ %g, want shared-prefix @ 0.5", c0.Workload, c0.Load)
+	}
+	want := &Standing{Winner: "a", Tied: []string{"kv-aware"}, Best: 100, RunnerUp: "b",
+		Ranks:  map[string]int{"a": 1, "kv-aware": 1, "b": 3},
+		Ratios: map[string]float64{"a": 1, "kv-aware": 1, "b": 3}}
+	if diff := cmp.Diff(want, c0.Metrics["ttft_p99"]); diff != "" {
+		t.Errorf("cell 0 ttft p99 (-want +got):\n%s", diff)
+	}
+	want = &Standing{Winner: "kv-aware", Tied: []string{"b"}, Best: 0.6, RunnerUp: "a",
+		Ranks:  map[string]int{"a": 3, "kv-aware": 1, "b": 1},
+		Ratios: map[string]float64{"a": 0.833333, "kv-aware": 1, "b": 1}}
+	if diff := cmp.Diff(want, c0.Metrics["hit_rate"]); diff != "" {
+		t.Errorf("cell 0 hit rate (-want +got):\n%s", diff)
+	}
+	within := map[string]bool{"ttft_p99": true, "ttft_mean": false, "e2e_p99": false, "hit_rate": false}
+	if diff := cmp.Diff(within, s.Cells[1].DefaultWithin); diff != "" {
+		t.Errorf("cell 1: kv-aware within 3%% (-want +got):\n%s", diff)
+	}
+	wins := map[string]map[string]int{
+		"ttft_p99":  {"a": 2, "kv-aware": 1, "none": 0, "b": 0},
+		"ttft_mean": {"a": 0, "kv-aware": 1, "none": 0, "b": 1},
+		"e2e_p99":   {"a": 1, "kv-aware": 0, "none": 0, "b": 1},
+		"hit_rate":  {"a": 1, "kv-aware": 1, "none": 0, "b": 2},
+	}
+	if diff := cmp.Diff(wins, s.Wins); diff != "" {
+		t.Errorf("wins (-want +got):\n%s", diff)
+	}
+}
+
+func TestWriteBoardTable(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteBoardTable(&buf, NewBoard(boardRuns(), "kv-aware")); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		"== shared-prefix @ 0.5 · 10 requests",
+		"== unique @ 0.9",
+		"== summary over 2 cells",
+		"a (+1 tied)",
+		"cells won, of 2",
+		"kv-aware within 3% of the best",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`\n  unique @ 0\.9 +yes \(1\.02×\) +no \(1\.22×\)`).MatchString(out) {
+		t.Errorf("no line says kv-aware is within 3%% on unique's TTFT p99 and not on its mean:\n%s", out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(l); n > 120 {
+			t.Errorf("line is %d columns, want ≤ 120: %q", n, l)
+		}
+	}
+}
+
+func TestWriteBoardHTML(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteBoardHTML(&buf, NewBoard(boardRuns(), "kv-aware")); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	for _, want := range []string{
+		"<title>kvrouter leaderboard</title>",
+		`id="cell-1"`, `id="cdf-1"`, `id="hit-0"`, // a section per cell
+		"ttft p99 (lower is better)",        // a summary table
+		"kv-aware within 3% of the best",    // and the default's
+		`<td class="best">1.00×</td>`,       // a winner
+		"uPlot 1.6.32", "function cdfChart", // inlined scripts
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "ZgotmplZ") {
+		t.Error("html/template rejected a value (ZgotmplZ)")
+	}
+	if m := regexp.MustCompile(`(?i)(src|href)\s*=\s*["']?\s*(https?:)?//`).FindString(page); m != "" {
+		t.Errorf("page loads an external resource: %q", m)
+	}
+}
