@@ -37,13 +37,14 @@ func TestKVAwareExternality(t *testing.T) {
 	if d.Replica != 1 {
 		t.Errorf("got %d, want 1: the busy replica's 40 decodes would each stall for its prefill (%v to others)", d.Replica, b.Others)
 	}
-	// The stall is 40 × the prefill's compute: Others grows linearly with
-	// the batch.
+	// Each running decode stalls for the whole prefill: 4,000 × 46 µs +
+	// 4,000 × 2,000 × 1.5 ns = 196 ms, so ten more running decodes cost
+	// the others at least 1.96 s more (and their slower iterations more).
 	one, two := decoding(10), decoding(20)
 	r.Costs = make([]Cost, 0, 2)
 	d = KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{one, two}})
-	if got := float64(d.Costs[1].Others) / float64(d.Costs[0].Others); math.Abs(got-2) > 0.3 {
-		t.Errorf("Others at batch 20 / at batch 10 = %.2f, want about 2", got)
+	if got := d.Costs[1].Others - d.Costs[0].Others; got < 1960*time.Millisecond || got > 3*time.Second {
+		t.Errorf("Others at batch 20 − at batch 10 = %v, want 1.96 s of stall and a little slowdown", got)
 	}
 }
 

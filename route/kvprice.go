@@ -31,13 +31,15 @@ type kvRequest struct {
 	deepMatch             float64
 	// persist is the share of a replica's batch's departure from the
 	// fleet's mean that lasts, on average, through the request's decode.
-	// The sequences that make a batch larger or smaller than the mean
-	// finish and are replaced by arrivals the fleet spreads, so the
-	// departure decays as e^(−t/τ), τ the sequences' remaining decode,
-	// about MeanOutput tokens; over a decode of out tokens its mean is
-	// f(y) = (1 − e^(−y))/y, y = out/MeanOutput: 0.63 for a typical
-	// request, 0.2 for one five times as long, which a transient load
-	// hardly concerns.
+	// Two things undo a departure: the sequences that make it finish
+	// (their remaining decode τ is about MeanOutput tokens' worth of
+	// iterations), and the router steers the next arrivals the other way
+	// (a replica running B sequences for τ each receives B/τ of them, by
+	// Little's law). So it decays at (1 + B)/τ, B the fleet's mean batch,
+	// and over a decode of out tokens its mean share is f(y) = (1 −
+	// e^(−y))/y with y = (1 + B) × out/MeanOutput: 0.63 for a typical
+	// request on an idle fleet, 0.17 with five sequences a replica, less
+	// for a long request, which a transient load hardly concerns.
 	persist float64
 }
 
@@ -59,7 +61,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 	if n > 0 {
 		q.meanBatch, q.meanContext = q.meanBatch/n, q.meanContext/n
 	}
-	y := q.out / float64(p.MeanOutput)
+	y := (1 + q.meanBatch) * q.out / float64(p.MeanOutput)
 	q.persist = (1 - expNeg(y)) / y
 	for i, m := range r.Match[:min(len(r.Match), len(s.Replicas))] {
 		if m > 0 && s.Replicas[i].Healthy {
