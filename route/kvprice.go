@@ -96,22 +96,22 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 // price is the kv-aware cost model of one candidate (KVAware's doc says
 // what each term is): its terms and their total, in float64 nanoseconds.
 func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
-	rt := *q.rates(&rp.Rates)
+	rt := q.rates(&rp.Rates)
 	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
-	cached := q.cached(rp, i, &rt)
+	cached := q.cached(rp, i, rt)
 	uncached := q.tokens - cached
 	compute := q.compute0 // this prefill's compute
 	if cached > 0 {
-		compute = prefillNS(&rt, uncached, cached)
+		compute = prefillNS(rt, uncached, cached)
 	}
 
 	// The running batch: its size and KV context, and one iteration now;
 	// and averaged over the request's decode (q.persist), during which the
 	// batch relaxes to the fleet's mean.
 	batch, context := q.batch(rp, fresh)
-	step := stepNS(&rt, batch, context)
+	step := stepNS(rt, batch, context)
 	life := q.meanBatch + (batch-q.meanBatch)*q.persist
-	lifeStep := stepNS(&rt, life, q.meanContext+(context-q.meanContext)*q.persist)
+	lifeStep := stepNS(rt, life, q.meanContext+(context-q.meanContext)*q.persist)
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	budget := float64(rt.MaxBatchedTokens)
 
@@ -119,15 +119,15 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	// running decodes, and a seat when every seat is taken.
 	queued := q.queued(rp, fresh)
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/budget*step*rt.DecodeScale
-	if seats := float64(rt.MaxSeqs); q.occupancy(rp, fresh) >= seats {
+	if seats, occupied := float64(rt.MaxSeqs), q.occupancy(rp, fresh); occupied >= seats {
 		// A seat frees every out × step(MaxSeqs) / MaxSeqs on average.
-		over := q.occupancy(rp, fresh) - seats + 1
-		full := stepNS(&rt, seats, context/math.Max(batch, 1)*seats)
+		over := occupied - seats + 1
+		full := stepNS(rt, seats, context/max(batch, 1)*seats)
 		wait += over * q.out * full / seats * rt.DecodeScale
 	}
 
 	// Prefill: its compute, in ⌈uncached/budget⌉ iterations.
-	prefill := compute*rt.Scale + math.Ceil(math.Max(uncached, 1)/budget)*step*rt.DecodeScale
+	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/budget)*step*rt.DecodeScale
 
 	// Decode: its own output, one iteration per token.
 	decode := q.out * (lifeStep + grow) * rt.DecodeScale
@@ -136,7 +136,7 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	// sequences that share its iterations.
 	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale
 
-	memory := q.memory(rp, &rt, fresh, uncached) * rt.Scale
+	memory := q.memory(rp, rt, fresh, uncached) * rt.Scale
 	total := wait + prefill + decode + others + memory
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
@@ -159,7 +159,7 @@ func (q *kvRequest) cached(rp *Replica, i int, rt *Rates) float64 {
 
 // matched is the prompt tokens the index matched on replica i.
 func (q *kvRequest) matched(i int) float64 {
-	return math.Min(float64(matchOf(q.r, i)*q.bs), q.tokens)
+	return min(float64(matchOf(q.r, i)*q.bs), q.tokens)
 }
 
 // batch is the replica's running sequences and their KV context in
@@ -171,7 +171,7 @@ func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
 	if fresh {
 		n = float64(rp.Running)
 		if rp.CacheBlocks > 0 {
-			context = math.Max(context, rp.KVUsage*float64(rp.CacheBlocks)*float64(q.bs))
+			context = max(context, rp.KVUsage*float64(rp.CacheBlocks)*float64(q.bs))
 		}
 	}
 	return n, context
@@ -221,14 +221,14 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 	} else {
 		used := float64(rp.DecodeBlocks)
 		if fresh {
-			used = math.Max(used, rp.KVUsage*capacity)
+			used = max(used, rp.KVUsage*capacity)
 		}
 		after = used + need
 		if after <= hw*capacity {
 			return 0
 		}
 	}
-	cost := math.Max((after/capacity-hw)/(1-hw), 0) * prefillNS(rt, need*bs, 0)
+	cost := max((after/capacity-hw)/(1-hw), 0) * prefillNS(rt, need*bs, 0)
 	if after > capacity {
 		ctx := need * bs
 		if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
@@ -248,10 +248,10 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 // Total cannot win.
 func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	rt := q.rates(&rp.Rates)
-	m, compute, iters := 0.0, q.compute0, math.Ceil(math.Max(q.tokens, 1)/float64(rt.MaxBatchedTokens))
+	m, compute, iters := 0.0, q.compute0, math.Ceil(max(q.tokens, 1)/float64(rt.MaxBatchedTokens))
 	if matchOf(q.r, i) > 0 {
 		m, compute = q.matched(i), q.computeDeep
-		iters = math.Ceil(math.Max(q.tokens-m, 1) / float64(rt.MaxBatchedTokens))
+		iters = math.Ceil(max(q.tokens-m, 1) / float64(rt.MaxBatchedTokens))
 	}
 	batch := float64(rp.Decoding)
 	if rp.Scraped {
