@@ -29,18 +29,9 @@ type kvRequest struct {
 	// replica, the least any replica's prefill can cost (bound).
 	compute0, computeDeep float64
 	deepMatch             float64
-	// persist is the share of a replica's batch's departure from the
-	// fleet's mean that lasts, on average, through the request's decode.
-	// Two things undo a departure: the sequences that make it finish
-	// (their remaining decode τ is about MeanOutput tokens' worth of
-	// iterations), and the router steers the next arrivals the other way
-	// (a replica running B sequences for τ each receives B/τ of them, by
-	// Little's law). So it decays at (1 + B)/τ, B the fleet's mean batch,
-	// and over a decode of out tokens its mean share is f(y) = (1 −
-	// e^(−y))/y with y = (1 + B) × out/MeanOutput: 0.63 for a typical
-	// request on an idle fleet, 0.17 with five sequences a replica, less
-	// for a long request, which a transient load hardly concerns.
-	persist float64
+	// decodeLen is the request's decode in units of τ, the time a
+	// sequence stays in a batch (MeanOutput iterations): out/MeanOutput.
+	decodeLen float64
 }
 
 func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
@@ -61,8 +52,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 	if n > 0 {
 		q.meanBatch, q.meanContext = q.meanBatch/n, q.meanContext/n
 	}
-	y := (1 + q.meanBatch) * q.out / float64(p.MeanOutput)
-	q.persist = (1 - expNeg(y)) / y
+	q.decodeLen = q.out / float64(p.MeanOutput)
 	for i, m := range r.Match[:min(len(r.Match), len(s.Replicas))] {
 		if m > 0 && s.Replicas[i].Healthy {
 			q.deepMatch = max(q.deepMatch, q.matched(i))
@@ -106,12 +96,12 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	}
 
 	// The running batch: its size and KV context, and one iteration now;
-	// and averaged over the request's decode (q.persist), during which the
+	// and averaged over the request's decode (q.life), during which the
 	// batch relaxes to the fleet's mean.
 	batch, context := q.batch(rp, fresh)
 	step := stepNS(rt, batch, context)
-	life := q.meanBatch + (batch-q.meanBatch)*q.persist
-	lifeStep := stepNS(rt, life, q.meanContext+(context-q.meanContext)*q.persist)
+	life, share := q.life(batch)
+	lifeStep := stepNS(rt, life, q.meanContext+max(context-q.meanContext, 0)*share)
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	budget := float64(rt.MaxBatchedTokens)
 
@@ -132,9 +122,10 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	// Decode: its own output, one iteration per token.
 	decode := q.out * (lifeStep + grow) * rt.DecodeScale
 
-	// Others: the stall of the running decodes, and the slowdown of the
-	// sequences that share its iterations.
-	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale
+	// Others: the stall of the running decodes, the slowdown of the
+	// sequences that share its iterations, and the wait of the requests
+	// that arrive during its prefill.
+	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + q.behind(rt, prefill)
 
 	memory := q.memory(rp, rt, fresh, uncached) * rt.Scale
 	total := wait + prefill + decode + others + memory
@@ -144,6 +135,42 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	return Cost{Replica: i, Matched: int(cached), Wait: time.Duration(wait), Prefill: time.Duration(prefill),
 		Decode: time.Duration(decode), Others: time.Duration(others), Memory: time.Duration(memory),
 		Total: time.Duration(total)}, total
+}
+
+// life is the replica's batch averaged over the request's decode, and the
+// share of its departure from the fleet's mean that this average keeps
+// (for the excess of its KV context too). A replica below the mean draws the arrivals
+// the router steers to it, the fleet's rate times the replicas, and is at
+// the mean almost at once. One above it draws none until it is back: its
+// B sequences finish at B/τ while the others' arrivals keep the mean, so
+// its excess e = B − B̄ decays as de/dt = −(B̄ + e)/τ, reaching zero at
+// t* = τ·ln(1 + e₀/B̄) (never, on a fleet with no batch to steer to). Its
+// mean over a decode of D = decodeLen·τ is the integral of e up to
+// min(D, t*), over D.
+func (q *kvRequest) life(batch float64) (life, share float64) {
+	e0, mean := batch-q.meanBatch, q.meanBatch
+	if e0 <= 0 {
+		return mean, 0
+	}
+	x := q.decodeLen
+	if mean > 0 {
+		x = min(x, math.Log1p(e0/mean))
+	}
+	excess := ((e0+mean)*(1-expNeg(x)) - mean*x) / q.decodeLen
+	share = min(max(excess/e0, 0), 1)
+	return mean + e0*share, share
+}
+
+// behind is the wait a prefill of the given length imposes on the requests
+// that arrive at the replica while it runs: they arrive at the replica's
+// rate λ and each waits, on average, for the half of the prefill still to
+// run (the engine serves running prefills first), λ × prefill²/2. λ is the
+// fleet's per-replica arrival rate by Little's law: the mean batch over
+// the time a sequence stays in it, MeanOutput iterations of the mean
+// batch.
+func (q *kvRequest) behind(rt *Rates, prefill float64) float64 {
+	stay := float64(q.p.MeanOutput) * stepNS(rt, q.meanBatch, q.meanContext) * rt.DecodeScale
+	return q.meanBatch / stay * prefill * prefill / 2
 }
 
 // cached is the expected cached prompt tokens on replica i: the index's
@@ -259,13 +286,14 @@ func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	}
 	context := float64(rp.DecodeBlocks) * float64(q.bs)
 	step := stepNS(rt, batch, context)
-	life := q.meanBatch + (batch-q.meanBatch)*q.persist
-	lifeStep := stepNS(rt, life, q.meanContext+(context-q.meanContext)*q.persist)
+	life, share := q.life(batch)
+	lifeStep := stepNS(rt, life, q.meanContext+max(context-q.meanContext, 0)*share)
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	own := float64(rp.PrefillTokens)
+	prefill := compute*rt.Scale + iters*step*rt.DecodeScale
 	total := own*float64(rt.PrefillPerToken)*rt.Scale + own/float64(rt.MaxBatchedTokens)*step*rt.DecodeScale +
-		compute*rt.Scale + iters*step*rt.DecodeScale +
-		q.out*(lifeStep+grow)*rt.DecodeScale + batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale
+		prefill + q.out*(lifeStep+grow)*rt.DecodeScale + batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale +
+		q.behind(rt, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
