@@ -27,12 +27,16 @@ import "time"
 //     expected time to free.
 //   - Prefill: its uncached tokens after the cached ones (with the
 //     attention term), and the iterations that carry them.
-//   - Decode: its own output, output × (step + Δ).
+//   - Decode: its own output, output × (step + Δ), with the batch
+//     averaged over its decode: the router steers arrivals towards the
+//     lighter replicas, so a batch below the fleet's mean is soon at it,
+//     and one above drains as its sequences finish (kvRequest.life).
 //   - Others: the delay it imposes: its prefill stalls each of the B
-//     running decodes (B × its prefill compute), and its presence slows
-//     every iteration it shares with them (B × output × Δ: in steady state
-//     B others share each of its iterations, whether they are running now
-//     or arrive later).
+//     running decodes (B × its prefill compute); its presence slows every
+//     iteration it shares with the batch (that batch × output × Δ); and
+//     the requests that arrive while its prefill runs wait for it (λ ×
+//     prefill²/2, λ the fleet's per-replica arrival rate: the mean batch
+//     over the time a sequence stays in it, by Little's law).
 //   - Memory: with u the KV usage after admitting its blocks, above
 //     HighWater it evicts cached prefixes others would reuse ((u −
 //     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);
