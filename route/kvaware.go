@@ -123,12 +123,12 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			best, bestTotal, bestCached = i, total, k.Matched
 		}
 	}
+	first := -1
 	if prune {
-		// A good first candidate makes the bound bite: the session's
-		// replica, else the deepest match.
-		if i := q.first(rs); i >= 0 {
-			k, total := q.price(&rs[i], i)
-			consider(i, &k, total)
+		// A good first candidate makes the bound bite.
+		if first = q.first; first >= 0 {
+			k, total := q.price(&rs[first], first)
+			consider(first, &k, total)
 		}
 	}
 	for i := range rs {
@@ -136,7 +136,7 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 		if !rp.Healthy {
 			continue
 		}
-		if prune && i != r.Pinned && best >= 0 {
+		if prune && i != r.Pinned && best >= 0 && i != first {
 			if lb, m := q.bound(rp, i); lb > bestTotal*(1+1e-9) {
 				maxPruned = max(maxPruned, m)
 				if costs != nil {
@@ -149,7 +149,9 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 		if costs != nil {
 			costs = append(costs, k)
 		}
-		consider(i, &k, total)
+		if i != first {
+			consider(i, &k, total)
+		}
 	}
 	if best < 0 {
 		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs}

@@ -29,6 +29,11 @@ type kvRequest struct {
 	// replica, the least any replica's prefill can cost (bound).
 	compute0, computeDeep float64
 	deepMatch             float64
+	// decodeFloor is the least decode and decode slowdown of others the
+	// request can cost on a replica of rt, unscaled (bound).
+	decodeFloor float64
+	// first is the healthy replica a pruned scan prices first, or −1.
+	first int
 	// decodeLen is the request's decode in units of τ, the time a
 	// sequence stays in a batch (MeanOutput iterations): out/MeanOutput.
 	decodeLen float64
@@ -42,45 +47,63 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 	}
 	tokens := float64(max(r.Tokens, 0))
 	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2}
-	n := 0.0
+	// One pass: the fleet's means, the deepest match, and the likely
+	// cheapest replica (the least uncached tokens times the batch they
+	// would stall, plus the queue), which a pruned scan prices first.
+	n, least := 0.0, 0.0
+	q.first = -1
 	for i := range s.Replicas {
-		if rp := &s.Replicas[i]; rp.Healthy {
-			b, c := q.batch(rp, rp.Scraped && rp.LoadAge <= p.StaleAfter)
-			q.meanBatch, q.meanContext, n = q.meanBatch+b, q.meanContext+c, n+1
+		rp := &s.Replicas[i]
+		if !rp.Healthy {
+			continue
+		}
+		b, c := q.batch(rp, rp.Scraped && rp.LoadAge <= p.StaleAfter)
+		q.meanBatch, q.meanContext, n = q.meanBatch+b, q.meanContext+c, n+1
+		m := 0.0
+		if matchOf(r, i) > 0 {
+			m = q.matched(i)
+			q.deepMatch = max(q.deepMatch, m)
+		}
+		if key := float64(rp.PrefillTokens) + (tokens-m)*(1+b); q.first < 0 || key < least {
+			q.first, least = i, key
 		}
 	}
 	if n > 0 {
 		q.meanBatch, q.meanContext = q.meanBatch/n, q.meanContext/n
 	}
 	q.decodeLen = q.out / float64(p.MeanOutput)
-	for i, m := range r.Match[:min(len(r.Match), len(s.Replicas))] {
-		if m > 0 && s.Replicas[i].Healthy {
-			q.deepMatch = max(q.deepMatch, q.matched(i))
-		}
-	}
 	return q
 }
 
 // rates returns raw with defaults filled, from the cache when its shared
 // fields equal the last ones'.
 func (q *kvRequest) rates(raw *Rates) *Rates {
-	h, s, d := raw.Horizon, raw.Scale, raw.DecodeScale
-	if !q.haveRates || raw.PrefillPerToken != q.raw.PrefillPerToken || raw.AttnPerMPairs != q.raw.AttnPerMPairs ||
-		raw.DecodeStep != q.raw.DecodeStep || raw.DecodePerSeq != q.raw.DecodePerSeq ||
-		raw.DecodePerMTokens != q.raw.DecodePerMTokens || raw.MaxSeqs != q.raw.MaxSeqs ||
-		raw.MaxBatchedTokens != q.raw.MaxBatchedTokens {
-		q.raw, q.rt, q.haveRates = *raw, raw.WithDefaults(), true
-		q.compute0 = prefillNS(&q.rt, q.tokens, 0)
-		q.computeDeep = prefillNS(&q.rt, q.tokens-q.deepMatch, q.deepMatch)
+	if !q.haveRates || (raw.PrefillPerToken^q.raw.PrefillPerToken)|(raw.AttnPerMPairs^q.raw.AttnPerMPairs)|
+		(raw.DecodeStep^q.raw.DecodeStep)|(raw.DecodePerSeq^q.raw.DecodePerSeq)|
+		(raw.DecodePerMTokens^q.raw.DecodePerMTokens)|time.Duration(raw.MaxSeqs^q.raw.MaxSeqs)|
+		time.Duration(raw.MaxBatchedTokens^q.raw.MaxBatchedTokens) != 0 {
+		q.setRates(raw)
 	}
-	q.rt.Horizon, q.rt.Scale, q.rt.DecodeScale = h, 1, 1
-	if s > 0 {
-		q.rt.Scale = s
+	q.rt.Horizon, q.rt.Scale, q.rt.DecodeScale = raw.Horizon, 1, 1
+	if raw.Scale > 0 {
+		q.rt.Scale = raw.Scale
 	}
-	if d > 0 {
-		q.rt.DecodeScale = d
+	if raw.DecodeScale > 0 {
+		q.rt.DecodeScale = raw.DecodeScale
 	}
 	return &q.rt
+}
+
+// setRates fills the cache of rates from raw: once per Pick on a fleet of
+// one preset, so out of the inlined path.
+//
+//go:noinline
+func (q *kvRequest) setRates(raw *Rates) {
+	q.raw, q.rt, q.haveRates = *raw, raw.WithDefaults(), true
+	q.compute0 = prefillNS(&q.rt, q.tokens, 0)
+	q.computeDeep = prefillNS(&q.rt, q.tokens-q.deepMatch, q.deepMatch)
+	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
+	q.decodeFloor = q.out * (stepNS(&q.rt, q.meanBatch, q.meanContext) + grow + q.meanBatch*grow)
 }
 
 // price is the kv-aware cost model of one candidate (KVAware's doc says
@@ -267,53 +290,31 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 }
 
 // bound is a lower bound of price's total for replica i, and the tokens
-// its index entry matched: the prefill's compute as if the deepest match
-// of any replica were cached here (exact when nothing matches here), the
-// smaller of the two batch sizes and contexts price may use, and no queue
-// of others, seat wait or memory. Each term of price is at least its
-// counterpart here, so a candidate whose bound exceeds a priced one's
-// Total cannot win.
+// its index entry matched. It keeps the terms that tell replicas apart
+// cheaply: the router's own queue, the prefill's compute as if the
+// deepest match of any replica were cached here (exact when nothing
+// matches here), and the stall of the smaller of the two batch sizes
+// price may use; the decode it takes at its floor, the fleet's mean
+// batch (a replica's batch over a decode is never below it: see life),
+// which is the same for every replica of the same Rates. Each term of
+// price is at least its counterpart here (the others' queue, seat wait,
+// iterations, the arrivals' wait and memory only add), so a candidate
+// whose bound exceeds a priced one's Total cannot win.
 func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	rt := q.rates(&rp.Rates)
-	m, compute, iters := 0.0, q.compute0, math.Ceil(max(q.tokens, 1)/float64(rt.MaxBatchedTokens))
+	m, compute := 0.0, q.compute0
 	if matchOf(q.r, i) > 0 {
 		m, compute = q.matched(i), q.computeDeep
-		iters = math.Ceil(max(q.tokens-m, 1) / float64(rt.MaxBatchedTokens))
 	}
 	batch := float64(rp.Decoding)
 	if rp.Scraped {
 		batch = float64(min(rp.Running, rp.Decoding))
 	}
-	context := float64(rp.DecodeBlocks) * float64(q.bs)
-	step := stepNS(rt, batch, context)
-	life, share := q.life(batch)
-	lifeStep := stepNS(rt, life, q.meanContext+max(context-q.meanContext, 0)*share)
-	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
-	own := float64(rp.PrefillTokens)
-	prefill := compute*rt.Scale + iters*step*rt.DecodeScale
-	total := own*float64(rt.PrefillPerToken)*rt.Scale + own/float64(rt.MaxBatchedTokens)*step*rt.DecodeScale +
-		prefill + q.out*(lifeStep+grow)*rt.DecodeScale + batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale +
-		q.behind(rt, prefill)
+	total := (float64(rp.PrefillTokens)*float64(rt.PrefillPerToken)+compute*(1+batch))*rt.Scale + q.decodeFloor*rt.DecodeScale
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
 	return total, int(m)
-}
-
-// first is the candidate a pruned scan prices first: the session's
-// replica if healthy, else the healthy replica with the deepest match, or
-// −1.
-func (q *kvRequest) first(rs []Replica) int {
-	if p := q.r.Pinned; p >= 0 && p < len(rs) && rs[p].Healthy {
-		return p
-	}
-	best, deepest := -1, -1
-	for i, m := range q.r.Match[:min(len(q.r.Match), len(rs))] {
-		if m > deepest && rs[i].Healthy {
-			best, deepest = i, m
-		}
-	}
-	return best
 }
 
 // deepest is the most expected cached tokens over the healthy replicas
