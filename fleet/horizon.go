@@ -10,17 +10,19 @@ import (
 // its scraped prefix-cache counters.
 //
 // The model is deliberately simple: every prompt token the engine could not
-// find cached (queries − hits) is computed and stored, and once the cache is
-// full each stored token evicts the least recently used one. An untouched
-// block therefore survives about as long as it takes the engine to compute
-// a whole cache's worth of new tokens:
+// find cached (queries − hits) and every token it generates takes a block
+// slot, and once the cache is full each one evicts the least recently used
+// cached block. Blocks held by running requests are not in that LRU queue
+// (vLLM's free-block queue, vllm/v1/core/kv_cache_utils.py), so an
+// untouched block survives about as long as it takes the engine to
+// allocate the cache's free part anew:
 //
-//	Horizon ≈ capacity tokens / miss tokens per second
+//	Horizon ≈ capacity × (1 − KV usage) / (miss + generated tokens per second)
 //
-// (vLLM's LRU free-block queue, vllm/v1/core/kv_cache_utils.py). Before the
-// cache first fills this underestimates the horizon, which only makes the
-// policy more cautious about old prefixes. The miss rate is measured over
-// spans of at least Span and smoothed exponentially.
+// Before the cache first fills this underestimates the horizon, which only
+// makes the policy more cautious about old prefixes. The allocation rate
+// is measured over spans of at least Span and smoothed exponentially, as is
+// the free part.
 //
 // Its zero value is ready. It is a pure value (time comes from Load.At).
 type Churn struct {
@@ -33,8 +35,9 @@ type Churn struct {
 
 	ref      scrape.Load // counters at the start of the current span
 	haveRef  bool
-	rate     float64 // smoothed miss tokens per second
+	rate     float64 // smoothed allocated (miss and generated) tokens per second
 	capacity float64 // tokens, from the latest load
+	free     float64 // smoothed share of the capacity no request holds
 }
 
 // Observe takes one scrape. Loads without a timestamp are ignored; a counter
@@ -46,7 +49,8 @@ func (c *Churn) Observe(l scrape.Load) {
 	if l.NumBlocks > 0 && l.BlockSize > 0 {
 		c.capacity = float64(l.NumBlocks) * float64(l.BlockSize)
 	}
-	if !c.haveRef || l.PrefixQueries < c.ref.PrefixQueries || l.PrefixHits < c.ref.PrefixHits {
+	if !c.haveRef || l.PrefixQueries < c.ref.PrefixQueries || l.PrefixHits < c.ref.PrefixHits ||
+		l.GenerationTokens < c.ref.GenerationTokens {
 		c.ref, c.haveRef = l, true
 		return
 	}
@@ -59,15 +63,20 @@ func (c *Churn) Observe(l scrape.Load) {
 		return
 	}
 	misses := (l.PrefixQueries - c.ref.PrefixQueries) - (l.PrefixHits - c.ref.PrefixHits)
-	rate := max(misses, 0) / dt.Seconds()
+	rate := (max(misses, 0) + (l.GenerationTokens - c.ref.GenerationTokens)) / dt.Seconds()
+	free := 1 - min(max(l.KVUsage, 0), 1)
+	if l.KVUsage != l.KVUsage { // NaN: say nothing of it
+		free = 1
+	}
 	alpha := c.Alpha
 	if alpha <= 0 || alpha > 1 {
 		alpha = 0.3
 	}
 	if c.rate == 0 {
-		c.rate = rate
+		c.rate, c.free = rate, free
 	} else {
 		c.rate = (1-alpha)*c.rate + alpha*rate
+		c.free = (1-alpha)*c.free + alpha*free
 	}
 	c.ref = l
 }
@@ -78,12 +87,13 @@ func (c *Churn) Horizon() time.Duration {
 	if c.capacity <= 0 || c.rate <= 0 {
 		return 0
 	}
-	h := c.capacity / c.rate // seconds
+	h := c.capacity * c.free / c.rate // seconds
 	if h > (24 * time.Hour).Seconds() {
 		return 24 * time.Hour
 	}
 	return time.Duration(h * float64(time.Second))
 }
 
-// MissRate returns the smoothed rate of uncached prompt tokens, per second.
+// MissRate returns the smoothed rate of allocated tokens (uncached prompt
+// and generated), per second.
 func (c *Churn) MissRate() float64 { return c.rate }

@@ -44,6 +44,10 @@ type Load struct {
 	// PrefixQueries and PrefixHits are the engine's cumulative prefix-cache
 	// counters, in tokens: prompt tokens looked up, and those found cached.
 	PrefixQueries, PrefixHits float64
+	// GenerationTokens is the engine's cumulative count of generated
+	// tokens (vllm:generation_tokens_total, sglang:generation_tokens_total):
+	// their KV takes blocks from the cache as prompt misses do.
+	GenerationTokens float64
 	// At is when the scrape completed; Parse leaves it zero.
 	At time.Time
 }
@@ -59,6 +63,7 @@ const (
 	vllmCacheConfig = "vllm:cache_config_info"
 	vllmQueries     = "vllm:prefix_cache_queries"
 	vllmHits        = "vllm:prefix_cache_hits"
+	vllmGenerated   = "vllm:generation_tokens"
 
 	sglRunning     = "sglang:num_running_reqs"
 	sglWaiting     = "sglang:num_queue_reqs"
@@ -67,6 +72,7 @@ const (
 	sglMaxTokens   = "sglang:max_total_num_tokens"
 	sglPrompt      = "sglang:prompt_tokens"
 	sglCached      = "sglang:cached_tokens"
+	sglGenerated   = "sglang:generation_tokens"
 )
 
 // Parse reads one /metrics response in the Prometheus text format and
@@ -98,6 +104,7 @@ func Parse(r io.Reader) (Load, error) {
 	l.BlockSize, l.NumBlocks = s.geometry()
 	l.PrefixQueries = s.counter(vllmQueries) + s.counter(sglPrompt)
 	l.PrefixHits = s.counter(vllmHits) + s.counter(sglCached)
+	l.GenerationTokens = s.counter(vllmGenerated) + s.counter(sglGenerated)
 	return l, nil
 }
 
