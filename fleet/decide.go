@@ -33,6 +33,8 @@ type Request struct {
 // Scratch holds a decision's buffers. Keep one per goroutine: Decide then
 // allocates nothing but the ticket. After Decide it holds what the policy
 // saw and said: Snapshot, Request (Match, Age, Pinned) and its Costs.
+// Treat them as read-only (copy what you keep): the next Decide rewrites
+// only the replicas of Snapshot that changed since.
 type Scratch struct {
 	Snapshot route.Snapshot
 	Request  route.Request
@@ -40,6 +42,7 @@ type Scratch struct {
 	age      []time.Duration
 	costs    []route.Cost
 	ms       residency.MatchScratch
+	cache    snapCache
 }
 
 // Decide routes r at now: it takes a snapshot (replicas in exclude, and
@@ -51,13 +54,13 @@ type Scratch struct {
 // −1).
 func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (route.Decision, *Ticket) {
 	unit := f.tr.Unit(r.Chains)
-	f.Snapshot(&sc.Snapshot, now, unit)
 	snap := &sc.Snapshot
+	f.refresh(snap, &sc.cache, now, unit)
 	n := len(snap.Replicas)
-	f.excludeModel(r.Model, snap)
+	f.excludeModel(r.Model, snap, &sc.cache)
 	for _, i := range exclude {
 		if i >= 0 && i < n {
-			snap.Replicas[i].Healthy = false
+			sc.cache.force(snap, i)
 		}
 	}
 	sc.match, sc.age, sc.costs = fit(sc.match, n), fit(sc.age, n), fit(sc.costs, n)

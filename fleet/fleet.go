@@ -129,6 +129,9 @@ type Fleet struct {
 	mu   sync.RWMutex
 	reps []*replica
 	byID map[string]*replica
+	// vers are the replicas' versions (replica.ver), MaxReplicas of them
+	// side by side, so that a snapshot reads them in a few cache lines.
+	vers []atomic.Uint64
 
 	models modelTable
 	cal    calTotals // the calibrated replicas' scales, for priorScale
@@ -143,6 +146,10 @@ type Fleet struct {
 type replica struct {
 	id    string
 	index int // position in Fleet.reps
+	// ver is bumped after every change of what a snapshot reads of the
+	// replica (health, the router's counts, the published state), so that
+	// a Scratch rewrites only the replicas whose version moved (snapCache).
+	ver *atomic.Uint64
 
 	healthy atomic.Bool
 	// The router's own accounting, released by Ticket.Done.
@@ -199,7 +206,8 @@ func New(cfg Config) (*Fleet, error) {
 	if cfg.MaxReplicas > residency.MaxReplicasLimit {
 		return nil, fmt.Errorf("fleet: %d replicas > %d", cfg.MaxReplicas, residency.MaxReplicasLimit)
 	}
-	f := &Fleet{cfg: cfg, policy: cfg.Policy, byID: make(map[string]*replica), sessions: make(map[string]*session)}
+	f := &Fleet{cfg: cfg, policy: cfg.Policy, byID: make(map[string]*replica), sessions: make(map[string]*session),
+		vers: make([]atomic.Uint64, cfg.MaxReplicas)}
 	if f.policy == nil {
 		f.policy = route.KVAware{}
 	}
@@ -270,11 +278,12 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	if len(f.reps) >= f.cfg.MaxReplicas {
 		return fmt.Errorf("fleet: replica %q beyond MaxReplicas %d", rc.ID, f.cfg.MaxReplicas)
 	}
-	r := &replica{id: rc.ID, index: len(f.reps), cal: f.cfg.Calibration}
+	r := &replica{id: rc.ID, index: len(f.reps), ver: &f.vers[len(f.reps)], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.n = 0, 0
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
+	r.changed()
 	f.reps = append(f.reps, r)
 	f.byID[rc.ID] = r
 	f.models.set(r.index, rc.Models, len(rc.Models) > 0, true)
@@ -316,8 +325,8 @@ func (f *Fleet) At(id string) int {
 
 // SetHealthy sets a replica's health flag; unknown ids are ignored.
 func (f *Fleet) SetHealthy(id string, healthy bool) {
-	if r := f.lookup(id); r != nil {
-		r.healthy.Store(healthy)
+	if r := f.lookup(id); r != nil && r.healthy.Swap(healthy) != healthy {
+		r.changed()
 	}
 }
 
@@ -390,7 +399,12 @@ func (f *Fleet) updateLocked(r *replica) {
 		p.capTokens = r.load.NumBlocks * r.load.BlockSize
 	}
 	r.pub.Store(p)
+	r.changed()
 }
+
+// changed bumps r's version: call it after every change of what a
+// snapshot reads of r.
+func (r *replica) changed() { r.ver.Add(1) }
 
 // observeTTFT corrects r's rates from one request (see Calibrator).
 func (f *Fleet) observeTTFT(r *replica, predicted, observed time.Duration) {

@@ -71,6 +71,7 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 	r.inFlight.Add(1)
 	r.prefillTokens.Add(int64(c.PrefillTokens))
 	r.decodeTokens.Add(int64(c.Tokens))
+	r.changed()
 	if w := f.needs.Window; w > 0 && c.PrefillTokens > 0 {
 		r.mu.Lock()
 		r.recent.Add(now, w, int64(c.PrefillTokens), 0)
@@ -105,6 +106,7 @@ func (t *Ticket) FirstToken(now time.Time) {
 	}
 	t.r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
 	t.r.decoding.Add(1)
+	t.r.changed()
 	if t.claim.PredictedTTFT > 0 {
 		t.f.observeTTFT(t.r, t.claim.PredictedTTFT, now.Sub(t.sent))
 	}
@@ -135,6 +137,7 @@ func (t *Ticket) Done(u Usage, err error) {
 	}
 	r.decodeTokens.Add(-int64(t.claim.Tokens))
 	r.inFlight.Add(-1)
+	r.changed()
 	if err != nil {
 		r.failed.Add(1)
 		return
