@@ -49,7 +49,7 @@ func benchSnapshot(b *testing.B, n int, window, incremental bool) {
 	b.ReportAllocs()
 	for b.Loop() {
 		tk, _ := f.Acquire(ids[k%n], Claim{PrefillTokens: 100, Tokens: 200}, t0)
-		tk.Done(NoUsage, nil)
+		tk.Done(t0, NoUsage, nil)
 		k++
 		if incremental {
 			f.refresh(&s, &c, t0, 16)
@@ -74,7 +74,7 @@ func BenchmarkCommit(b *testing.B) {
 		now = now.Add(time.Millisecond)
 		_, tk := f.Decide(req, nil, now, &sc)
 		tk.FirstToken(now)
-		tk.Done(Usage{PromptTokens: 1000, CachedTokens: 512}, nil)
+		tk.Done(now, Usage{PromptTokens: 1000, CachedTokens: 512}, nil)
 	}
 }
 
@@ -107,7 +107,7 @@ func BenchmarkDecide(b *testing.B) {
 				req := &Request{ID: "r", Hash: uint64(k * 7919), Tokens: 1000, MaxTokens: 100, Chains: chains[k%len(chains)]}
 				_, tk := f.Decide(req, nil, now, &sc)
 				tk.FirstToken(now)
-				tk.Done(NoUsage, nil)
+				tk.Done(now, NoUsage, nil)
 				k++
 			}
 			for range chains {

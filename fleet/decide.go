@@ -26,7 +26,8 @@ type Request struct {
 	// engine block size of the fleet in token mode (BlockSizes).
 	Chains []residency.Chain
 	// TTFT says the time to first token will be observed (a streamed
-	// response), so that it can calibrate the chosen replica's rates.
+	// response), so that it can calibrate the chosen replica's rates, and
+	// so will the inter-token latency (Claim.Streamed).
 	TTFT bool
 }
 
@@ -102,6 +103,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	if r.TTFT && f.needs.Calibrate {
 		c.PredictedTTFT = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
 	}
+	c.Streamed = r.TTFT
 	tk := f.acquire(rep, c, now)
 	if r.Session != "" {
 		f.bind(r.Session, rep, now)

@@ -19,7 +19,6 @@ package fleet
 import (
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,8 +74,9 @@ type Config struct {
 	CacheBlocks int
 	// SessionTTL is how long an idle session stays bound; zero means 10 min.
 	SessionTTL time.Duration
-	// Calibration is the template of each replica's Calibrator (its tuning
-	// fields); the zero value uses the Calibrator defaults.
+	// Calibration is the template of each replica's two Calibrators (their
+	// tuning fields), for Scale and DecodeScale; the zero value uses the
+	// Calibrator defaults.
 	Calibration Calibrator
 	// OverlayTTL is the life of the precise mode's just-routed overlay;
 	// zero means residency.DefaultOverlayTTL.
@@ -124,6 +124,7 @@ type Fleet struct {
 	kind   route.IndexKind
 	tr     *residency.Tracker
 	seq    atomic.Uint64 // decisions made
+	preset route.Rates   // Config.Rates with route's defaults filled
 
 	// mu guards reps and byID; replica structs are never reallocated.
 	mu   sync.RWMutex
@@ -134,7 +135,9 @@ type Fleet struct {
 	vers []atomic.Uint64
 
 	models modelTable
-	cal    calTotals // the calibrated replicas' scales, for priorScale
+	// cal and dcal total the calibrated replicas' Scale and DecodeScale,
+	// for the uncalibrated ones' priors (priorScale).
+	cal, dcal calTotals
 
 	// smu guards sessions and lastSweep.
 	smu       sync.Mutex
@@ -154,21 +157,26 @@ type replica struct {
 	healthy atomic.Bool
 	// The router's own accounting, released by Ticket.Done.
 	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
+	// prefilled is the predicted time, at Scale 1, of the prefills that
+	// finished here (at their first token), in all: what lengthened the
+	// iterations of the requests decoding meanwhile (observeITL).
+	prefilled atomic.Int64
 	// Feedback totals, for the View (see view.Replica).
 	completed, failed                           atomic.Int64
 	promptTokens, actualCached, predictedCached atomic.Int64
 
-	// mu guards load, scraped, cal, churn, rates and recent.
+	// mu guards load, scraped, cal, dcal, churn, rates, recent and the
+	// shares.
 	mu      sync.Mutex
 	load    scrape.Load
 	scraped bool
-	cal     Calibrator
+	cal     Calibrator // Scale, from times to first token
+	dcal    Calibrator // DecodeScale, from inter-token latencies
 	churn   Churn
 	recent  window.Sums // recent prefill tokens (A)
-	rates   route.Rates // the preset corrected by cal and churn
-	// calLog is log(rates.Scale), counted in Fleet.cal when calIn.
-	calLog float64
-	calIn  bool
+	rates   route.Rates // the preset corrected by cal, dcal and churn
+	// calShare and dcalShare are r's contributions to Fleet.cal and dcal.
+	calShare, dcalShare share
 
 	// pub is what snapshots read of the state above, published anew on
 	// every change so that a snapshot takes no lock (except for recent).
@@ -183,9 +191,11 @@ type published struct {
 	kvUsage          float64
 	loadAt           time.Time
 	// capTokens is the KV capacity in tokens (zero: unknown).
-	capTokens  int
-	rates      route.Rates
-	calibrated bool // the Calibrator has observations
+	capTokens int
+	rates     route.Rates
+	// calibrated and dcalibrated say Scale and DecodeScale were learned
+	// (their Calibrators have observations).
+	calibrated, dcalibrated bool
 }
 
 // New returns a fleet of cfg.Replicas, all healthy and unscraped.
@@ -212,6 +222,7 @@ func New(cfg Config) (*Fleet, error) {
 		f.policy = route.KVAware{}
 	}
 	f.needs = route.NeedsOf(f.policy)
+	f.preset = cfg.Rates.WithDefaults()
 	f.kind = IndexKind(f.needs, cfg.Events)
 	f.tr = f.newTracker()
 	for _, r := range cfg.Replicas {
@@ -280,6 +291,7 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	}
 	r := &replica{id: rc.ID, index: len(f.reps), ver: &f.vers[len(f.reps)], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.n = 0, 0
+	r.dcal = r.cal
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
@@ -382,17 +394,16 @@ func (f *Fleet) BlockSizes() []int { return f.tr.BlockSizes() }
 // state; r.mu is held.
 func (f *Fleet) updateLocked(r *replica) {
 	r.rates = r.cal.Apply(f.cfg.Rates)
-	if calibrated := r.cal.Observations() > 0; calibrated || r.calIn {
-		l := math.Log(r.rates.Scale)
-		f.cal.update(r.calLog, r.calIn, l, calibrated)
-		r.calLog, r.calIn = l, calibrated
-	}
+	r.rates.DecodeScale = r.dcal.Scale()
+	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0
+	r.calShare.set(&f.cal, r.rates.Scale, calibrated)
+	r.dcalShare.set(&f.dcal, r.rates.DecodeScale, dcalibrated)
 	if h := r.churn.Horizon(); h > 0 {
 		r.rates.Horizon = h
 	}
 	p := &published{
 		scraped: r.scraped, running: r.load.Running, waiting: r.load.Waiting, kvUsage: r.load.KVUsage,
-		loadAt: r.load.At, rates: r.rates, calibrated: r.cal.Observations() > 0,
+		loadAt: r.load.At, rates: r.rates, calibrated: calibrated, dcalibrated: dcalibrated,
 		capTokens: f.cfg.CacheBlocks * f.cfg.BlockSize,
 	}
 	if r.scraped && r.load.NumBlocks > 0 && r.load.BlockSize > 0 {
@@ -405,11 +416,3 @@ func (f *Fleet) updateLocked(r *replica) {
 // changed bumps r's version: call it after every change of what a
 // snapshot reads of r.
 func (r *replica) changed() { r.ver.Add(1) }
-
-// observeTTFT corrects r's rates from one request (see Calibrator).
-func (f *Fleet) observeTTFT(r *replica, predicted, observed time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cal.Observe(predicted, observed)
-	f.updateLocked(r)
-}

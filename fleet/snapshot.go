@@ -16,7 +16,8 @@ import (
 // goroutine allocates nothing in steady state). LoadAge is now minus the
 // last scrape's time; IndexBlocks is what the tracker attributes to each
 // replica. A replica with no TTFT observation yet gets the geometric mean
-// of the others' learned scales (priorScale). Every replica is written
+// of the others' learned scales as its Scale (priorScale), and one with no
+// inter-token latency observation the same of DecodeScale. Every replica is written
 // afresh; Decide instead keeps its Scratch's snapshot and rewrites only
 // what changed since (see snapCache).
 func (f *Fleet) Snapshot(dst *route.Snapshot, now time.Time, unit int) {
@@ -24,7 +25,7 @@ func (f *Fleet) Snapshot(dst *route.Snapshot, now time.Time, unit int) {
 	d := divider(unit)
 	f.mu.RLock()
 	f.size(dst, unit)
-	prior := f.cal.prior(len(f.reps))
+	prior := f.priors(len(f.reps))
 	for i, r := range f.reps {
 		out := &dst.Replicas[i]
 		if p := f.fill(out, r, d, prior); p.scraped {
@@ -77,12 +78,14 @@ type snapCache struct {
 	f     *Fleet         // the fleet it was filled from; nil: none yet
 	unit  int            // the block size it was filled at
 	base  *route.Replica // &Snapshot.Replicas[0] when filled
-	prior float64        // the prior scale it was filled with
+	prior priors         // the priors it was filled with
 
 	ver    []uint64 // each replica's version when filled; zero: never
 	blocks []int    // each entry's IndexBlocks
-	uncal  []bool   // the entry's Scale is the prior (no TTFT observation)
-	loadAt []stamp  // the entry's last scrape, for LoadAge (scraped ones)
+	// uncal says which of the entry's scales are the prior: uncalScale,
+	// uncalDecode.
+	uncal  []uint8
+	loadAt []stamp // the entry's last scrape, for LoadAge (scraped ones)
 	// scraped lists the entries that were ever scraped (listed says which),
 	// whose LoadAge every fill sets.
 	scraped []int32
@@ -137,15 +140,12 @@ func (f *Fleet) refresh(dst *route.Snapshot, c *snapCache, now time.Time, unit i
 	f.size(dst, unit)
 	n := len(f.reps)
 	c.begin(f, dst, unit)
-	if prior := f.cal.prior(n); prior != c.prior {
+	if prior := f.priors(n); prior != c.prior {
+		moved := prior.moved(c.prior)
 		c.prior = prior
 		for i := range n {
-			switch {
-			case !c.uncal[i]:
-			case prior == 0: // back to the replica's own scale
-				c.ver[i] = 0
-			default:
-				dst.Replicas[i].Rates.Scale = prior
+			if u := c.uncal[i] & moved; u != 0 && !prior.apply(&dst.Replicas[i].Rates, u) {
+				c.ver[i] = 0 // back to the replica's own scale: refill
 			}
 		}
 	}
@@ -183,7 +183,7 @@ func (f *Fleet) refill(dst *route.Snapshot, c *snapCache, i int, v uint64, d div
 	if p.scraped && !c.listed[i] {
 		c.scraped, c.listed[i] = append(c.scraped, int32(i)), true
 	}
-	c.ver[i], c.blocks[i], c.uncal[i], c.loadAt[i] = v, 0, !p.calibrated, stampOf(p.loadAt)
+	c.ver[i], c.blocks[i], c.uncal[i], c.loadAt[i] = v, 0, p.uncal(), stampOf(p.loadAt)
 }
 
 // stamp is a time with, when Time.Sub between two such times is the plain
@@ -231,10 +231,10 @@ func (d divider) div(n int64) int64 {
 }
 
 // fill writes one replica's view in blocks of d tokens, but for what
-// depends on now (LoadAge, RecentPrefill) and IndexBlocks (zero); a replica
-// without a TTFT observation gets prior as its scale, when prior is not
-// zero. It returns the published state it read.
-func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior float64) *published {
+// depends on now (LoadAge, RecentPrefill) and IndexBlocks (zero); a scale
+// the replica has not learned is the prior, when that is not zero. It
+// returns the published state it read.
+func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *published {
 	*out = route.Replica{
 		ID:            r.id,
 		Healthy:       r.healthy.Load(),
@@ -249,15 +249,74 @@ func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior float64) *
 		out.Running, out.Waiting, out.KVUsage = p.running, p.waiting, p.kvUsage
 	}
 	out.CacheBlocks, out.Rates = int(d.div(int64(p.capTokens))), p.rates
-	if prior > 0 && !p.calibrated {
-		out.Rates.Scale = prior
-	}
+	prior.apply(&out.Rates, p.uncal())
 	return p
 }
 
-// calTotals sums the learned log scales of the calibrated replicas, so
-// that a snapshot gives the uncalibrated ones their mean (priorScale)
-// without a logarithm per replica. Without it, once one replica is
+// Which scales of a replica are not learned (published.uncal).
+const (
+	uncalScale uint8 = 1 << iota
+	uncalDecode
+)
+
+// uncal says which of p's scales are not learned.
+func (p *published) uncal() uint8 {
+	var u uint8
+	if !p.calibrated {
+		u |= uncalScale
+	}
+	if !p.dcalibrated {
+		u |= uncalDecode
+	}
+	return u
+}
+
+// priors are the scales a replica that has not learned its own takes
+// (priorScale); zero where there is none.
+type priors struct{ scale, decode float64 }
+
+// priors returns the priors of a fleet of n replicas.
+func (f *Fleet) priors(n int) priors {
+	return priors{scale: f.cal.prior(n), decode: f.dcal.prior(n)}
+}
+
+// moved says which of pr differ from old.
+func (pr priors) moved(old priors) uint8 {
+	var m uint8
+	if pr.scale != old.scale {
+		m |= uncalScale
+	}
+	if pr.decode != old.decode {
+		m |= uncalDecode
+	}
+	return m
+}
+
+// apply sets the scales of rt that uncal says are not learned to the
+// priors, and reports false when one of them has no prior (rt then keeps
+// the replica's own, which apply does not know).
+func (pr priors) apply(rt *route.Rates, uncal uint8) bool {
+	ok := true
+	if uncal&uncalScale != 0 {
+		if pr.scale > 0 {
+			rt.Scale = pr.scale
+		} else {
+			ok = false
+		}
+	}
+	if uncal&uncalDecode != 0 {
+		if pr.decode > 0 {
+			rt.DecodeScale = pr.decode
+		} else {
+			ok = false
+		}
+	}
+	return ok
+}
+
+// calTotals sums the learned log scales (Scale, or DecodeScale) of the
+// calibrated replicas, so that a snapshot gives the uncalibrated ones their
+// mean (priorScale) without a logarithm per replica. Without it, once one replica is
 // calibrated (say to 0.3: the engines are faster than the preset), every
 // uncalibrated one looks 3× slower and gets no traffic to calibrate on.
 // mu guards sum and n; mean and count are what snapshots read.
@@ -286,6 +345,23 @@ func (c *calTotals) update(old float64, in bool, now float64, calibrated bool) {
 		c.mean.Store(math.Float64bits(math.Exp(c.sum / float64(c.n))))
 	}
 	c.count.Store(int64(c.n))
+}
+
+// share is one replica's contribution to a calTotals.
+type share struct {
+	log float64 // log of the scale counted
+	in  bool    // counted
+}
+
+// set replaces s's contribution to t with log(scale) when calibrated, and
+// with none otherwise.
+func (s *share) set(t *calTotals, scale float64, calibrated bool) {
+	if !calibrated && !s.in {
+		return
+	}
+	l := math.Log(scale)
+	t.update(s.log, s.in, l, calibrated)
+	s.log, s.in = l, calibrated
 }
 
 // prior returns the scale uncalibrated replicas of a fleet of total take:

@@ -68,7 +68,7 @@ func TestIncrementalSnapshot(t *testing.T) {
 					j := rng.IntN(len(open))
 					open[j].FirstToken(now)
 					if rng.IntN(2) == 0 {
-						open[j].Done(Usage{PromptTokens: 100, CachedTokens: 10}, nil)
+						open[j].Done(now, Usage{PromptTokens: 100, CachedTokens: 10, CompletionTokens: 2 + rng.IntN(40)}, nil)
 						open = append(open[:j], open[j+1:]...)
 					}
 				case k < 5 && i%50 == 0:
@@ -132,7 +132,7 @@ func TestDecideAllocs(t *testing.T) {
 		now = now.Add(time.Millisecond)
 		_, tk := f.Decide(req, []int{3}, now, &sc)
 		tk.FirstToken(now.Add(time.Millisecond))
-		tk.Done(NoUsage, nil)
+		tk.Done(now, NoUsage, nil)
 	})
 	if allocs > 2 {
 		t.Errorf("Decide, FirstToken, Done: %v allocs, want ≤ 2 (the ticket, the rates)", allocs)

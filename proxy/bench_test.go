@@ -137,7 +137,7 @@ func BenchmarkDecide(b *testing.B) {
 				if !c.route(nil) {
 					b.Fatal("no replica chosen")
 				}
-				c.ticket.Done(fleet.NoUsage, nil)
+				c.ticket.Done(rt.now(), fleet.NoUsage, nil)
 				d := c.decide
 				rt.pool.Put(c)
 				return d

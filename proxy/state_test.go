@@ -115,7 +115,7 @@ func TestRecordLeavesOutPruned(t *testing.T) {
 	for k := range 3 * n { // load every replica differently
 		c := decide(t, rt, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, k))
 		if k%3 == 0 {
-			c.ticket.Done(fleet.NoUsage, nil)
+			c.ticket.Done(rt.now(), fleet.NoUsage, nil)
 		}
 	}
 	rec := rt.Decisions(1)[0]
