@@ -52,7 +52,7 @@ func sample() *literal {
 					Running: 3, Waiting: 1, KVUsage: 0.42, Scraped: true, LoadAge: 250 * time.Millisecond,
 					CacheBlocks: 4096, IndexBlocks: 1700, Sessions: 3,
 					Completed: 40, Failed: 1, PredictedCached: 30000, ActualCached: 28000, PromptTokens: 40000,
-					Scale: 1.1, Horizon: 90 * time.Second,
+					Scale: 1.1, DecodeScale: 1.3, Horizon: 90 * time.Second,
 					Events: &view.Events{Connected: true, LastEvent: 20 * time.Millisecond, Gaps: 1, Replays: 1},
 				},
 				{
@@ -61,7 +61,7 @@ func sample() *literal {
 					Running: 1, KVUsage: 0.91, Scraped: true, LoadAge: 1500 * time.Millisecond,
 					CacheBlocks: 4096, IndexBlocks: 3900, Sessions: 2,
 					Completed: 12, PredictedCached: 2000, ActualCached: 2500, PromptTokens: 10000,
-					Scale:  0.9,
+					Scale: 0.9, DecodeScale: 0.8,
 					Events: &view.Events{Connected: true, LastEvent: 8 * time.Second, Gaps: 4, Replays: 2, Resets: 1, Fallback: true},
 				},
 				{

@@ -68,6 +68,7 @@ type replicaJSON struct {
 	HitPredicted    *float64    `json:"hit_rate_predicted"`
 	HitActual       *float64    `json:"hit_rate_actual"`
 	Scale           float64     `json:"scale"`
+	DecodeScale     float64     `json:"decode_scale"`
 	HorizonMS       float64     `json:"horizon_ms"`
 	Events          *eventsJSON `json:"events,omitempty"`
 }
@@ -129,7 +130,7 @@ func replicaOf(r view.Replica) replicaJSON {
 		PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,
 		HitPredicted: ratio(r.PredictedCached, r.PromptTokens),
 		HitActual:    ratio(r.ActualCached, r.PromptTokens),
-		Scale:        r.Scale, HorizonMS: ms(r.Horizon),
+		Scale:        r.Scale, DecodeScale: r.DecodeScale, HorizonMS: ms(r.Horizon),
 	}
 	for _, m := range r.Models {
 		out.Models = append(out.Models, modelJSON{ID: m.ID, Parent: m.Parent})

@@ -7,10 +7,12 @@ import (
 	"kvrouter/route"
 )
 
-// Calibrator learns a replica's route.Rates.Scale from observed times to
-// first token: the exponentially weighted mean, in log space, of observed /
-// predicted. Working in log space makes over- and under-prediction by the
-// same factor weigh the same, and the mean is a geometric mean.
+// Calibrator learns one correction factor of a replica's route.Rates from
+// observed durations against predicted ones: Scale from times to first
+// token, DecodeScale from inter-token latencies (see Ticket). It is the
+// exponentially weighted mean, in log space, of observed / predicted.
+// Working in log space makes over- and under-prediction by the same factor
+// weigh the same, and the mean is a geometric mean.
 //
 // It is a small pure value with no clock and no lock, so the live fleet and
 // the simulator use the same code. Its zero value is ready: Scale 1, the
@@ -21,10 +23,16 @@ type Calibrator struct {
 	// observations are averaged plainly (weight max(Alpha, 1/n)), so the
 	// scale converges quickly from the preset.
 	Alpha float64
-	// Min and Max clamp both each observation's ratio and the learned scale;
-	// zero means 0.25 and 4. One wild TTFT (a GC pause, a cold start) moves
-	// the scale by at most a factor of Max^Alpha.
+	// Min and Max clamp both each observation's ratio and the learned
+	// scale; zero means 1/64 and 64 (DefaultMinScale, DefaultMaxScale).
 	Min, Max float64
+	// Jump clamps each observation's ratio, after the first, to within a
+	// factor Jump of the current scale; zero means 4. The first
+	// observation sets the scale wherever it lies in Min..Max; after that
+	// one wild observation (a GC pause, a cold start) moves the scale by at
+	// most a factor of Jump^Alpha (1.15 with the defaults), however wide
+	// Min..Max, while a real change is followed at that pace.
+	Jump float64
 	// MinPredicted ignores observations whose prediction is shorter, since
 	// their ratio is dominated by network and parsing time; zero means 1 ms.
 	MinPredicted time.Duration
@@ -47,6 +55,10 @@ func (c *Calibrator) Observe(predicted, observed time.Duration) float64 {
 	}
 	lo, hi := c.bounds()
 	ratio := min(max(float64(observed)/float64(predicted), lo), hi)
+	if c.n > 0 {
+		jump, cur := c.jump(), c.Scale()
+		ratio = min(max(ratio, cur/jump), cur*jump)
+	}
 	c.n++
 	w := max(c.alpha(), 1/float64(c.n))
 	c.logScale = (1-w)*c.logScale + w*math.Log(ratio)
@@ -76,16 +88,120 @@ func (c *Calibrator) alpha() float64 {
 	return 0.1
 }
 
+func (c *Calibrator) jump() float64 {
+	if c.Jump > 1 {
+		return c.Jump
+	}
+	return 4
+}
+
+// Defaults of Calibrator.Min and Max. The range is wide enough for
+// emulated engines that run faster than real time (kvrouter engine
+// --time-scale 0.05 is 20× faster than its preset) and for a replica far
+// slower than the preset (a larger model or an older GPU behind the same
+// preset); Jump, not the range, bounds what one observation can do.
+const (
+	DefaultMinScale = 1.0 / 64
+	DefaultMaxScale = 64
+)
+
 func (c *Calibrator) bounds() (lo, hi float64) {
 	lo, hi = c.Min, c.Max
 	if lo <= 0 {
-		lo = 0.25
+		lo = DefaultMinScale
 	}
 	if hi <= 0 {
-		hi = 4
+		hi = DefaultMaxScale
 	}
 	if hi < lo {
 		hi = lo
 	}
 	return lo, hi
 }
+
+// observeTTFT corrects r's Scale from one request's time to first token
+// (see Calibrator).
+func (f *Fleet) observeTTFT(r *replica, predicted, observed time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cal.Observe(predicted, observed)
+	f.updateLocked(r)
+}
+
+// observeITL corrects the replica's DecodeScale from a streamed request
+// that completed at now with usage u, batch being the replica's decode
+// batch then: its observed decode span, from first token to done, against
+// predictedITL times its output tokens but one. The batch it saw is the
+// mean of the batches at its first token and at its end, and its
+// sequences' context that many times its own mean context (prompt plus
+// half its output): the router sees neither the engine's iterations nor
+// the other sequences' lengths. The prefills that finished on the replica
+// meanwhile ran in the same iterations (chunked prefill) and lengthened
+// them: their predicted time, at the replica's learned Scale, is taken
+// off the observed span, so that DecodeScale corrects the decode side
+// alone, whatever the load. Requests of fewer than 2 output tokens have
+// no inter-token latency and are ignored, as are spans the Calibrator
+// finds too short to measure (MinPredicted).
+func (t *Ticket) observeITL(now time.Time, u Usage, batch int) {
+	first := t.first.Load()
+	if first == 0 || u.CompletionTokens < 2 {
+		return
+	}
+	span := now.Sub(t.sent) - time.Duration(first-1)
+	seqs := float64(t.batch0.Load()+int64(batch)) / 2
+	prompt := u.PromptTokens
+	if prompt <= 0 {
+		prompt = t.claim.PromptTokens
+	}
+	ctx := seqs * (float64(prompt) + float64(u.CompletionTokens)/2)
+	r := t.r
+	others := time.Duration(r.prefilled.Load() - t.work0.Load())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	predicted := predictedITL(r.rates, seqs, ctx) * time.Duration(u.CompletionTokens-1)
+	r.dcal.Observe(predicted, span-time.Duration(float64(others)*r.rates.Scale))
+	t.f.updateLocked(r)
+}
+
+// prefillTime is the cost model's time to prefill n tokens after c cached
+// ones at Scale 1: n×PrefillPerToken + n×(c+n/2)×AttnPerMPairs/1e6 (route,
+// Rates; rt with its defaults filled).
+func prefillTime(rt *route.Rates, n, c int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	pairs := float64(n) * (float64(max(c, 0)) + float64(n)/2)
+	return time.Duration(n)*rt.PrefillPerToken + time.Duration(pairs*float64(rt.AttnPerMPairs)/1e6)
+}
+
+// predictedITL is the cost model's inter-token latency at DecodeScale 1:
+// one decode iteration of batch sequences holding ctx tokens of context
+// in all, DecodeStep + batch×DecodePerSeq + ctx×DecodePerMTokens/1e6
+// (rt's figures, route's defaults for zero ones). It is the engine model's
+// iteration time when only decodes share the iteration (engine: the
+// step's duration, whose DecodeStep with the step overhead is
+// Rates.DecodeStep); prefill chunks scheduled beside them lengthen the
+// observed one, and observeITL takes their predicted time off.
+func predictedITL(rt route.Rates, batch, ctx float64) time.Duration {
+	rt = rt.WithDefaults()
+	return rt.DecodeStep + time.Duration(batch*float64(rt.DecodePerSeq)+ctx*float64(rt.DecodePerMTokens)/1e6)
+}
+
+// batch is r's decode batch at now as the router can tell: its own
+// requests past their first token, or, when a scrape younger than
+// freshLoad says the engine runs more than the router's own requests in
+// prefill can explain (other clients share it), the engine's running
+// count net of those.
+func (r *replica) batch(now time.Time) int {
+	own := int(r.decoding.Load())
+	p := r.pub.Load()
+	if !p.scraped || now.Sub(p.loadAt) > freshLoad {
+		return own
+	}
+	prefilling := int(r.inFlight.Load()) - own
+	return max(own, p.running-prefilling)
+}
+
+// freshLoad is the age up to which a scrape's running count is trusted
+// for a decode batch: a few scrape intervals (100 ms by default).
+const freshLoad = 500 * time.Millisecond

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -22,7 +23,9 @@ func TestCalibratorConverges(t *testing.T) {
 		{"twice as slow", Calibrator{}, 100 * time.Millisecond, 200 * time.Millisecond, 50, 2},
 		{"faster than predicted", Calibrator{}, 100 * time.Millisecond, 50 * time.Millisecond, 50, 0.5},
 		{"exact model", Calibrator{}, 80 * time.Millisecond, 80 * time.Millisecond, 10, 1},
-		{"clamped high", Calibrator{}, 10 * time.Millisecond, time.Second, 50, 4},
+		{"clamped high", Calibrator{}, 10 * time.Millisecond, time.Second, 50, 64},
+		{"clamped low", Calibrator{}, time.Second, 10 * time.Millisecond, 50, 1.0 / 64},
+		{"20x faster (--time-scale 0.05)", Calibrator{}, 100 * time.Millisecond, 5 * time.Millisecond, 50, 0.05},
 		{"clamped by custom max", Calibrator{Max: 1.5}, 10 * time.Millisecond, 20 * time.Millisecond, 50, 1.5},
 		{"tiny predictions ignored", Calibrator{}, 100 * time.Microsecond, 10 * time.Millisecond, 50, 1},
 		{"no observation", Calibrator{}, time.Second, time.Second, 0, 1},
@@ -50,7 +53,7 @@ func TestCalibratorTracksChange(t *testing.T) {
 	for range 100 {
 		c.Observe(100*time.Millisecond, 100*time.Millisecond)
 	}
-	c.Observe(100*time.Millisecond, 10*time.Second) // one outlier, clamped to 4
+	c.Observe(100*time.Millisecond, 10*time.Second) // one outlier, clamped to 4× the scale (Jump)
 	if got := c.Scale(); got > 1.15 {
 		t.Errorf("after one outlier: Scale %v, want <= 1.15 (4^0.1)", got)
 	}
@@ -82,7 +85,7 @@ func TestTicketCalibrates(t *testing.T) {
 			t.Fatalf("no predicted TTFT in the claim")
 		}
 		tk.FirstToken(now.Add(pred * 3 / 2))
-		tk.Done(NoUsage, nil)
+		tk.Done(now, NoUsage, nil)
 		want = 1.5
 	}
 	var s route.Snapshot
@@ -125,6 +128,61 @@ func TestChurnHorizon(t *testing.T) {
 			}
 			if got := c.Horizon(); got != tt.want {
 				t.Errorf("Horizon = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestTicketCalibratesDecode: a streamed request that completed with at
+// least 2 output tokens calibrates its replica's DecodeScale with its
+// decode span against predictedITL (batch: the replica's decoding
+// requests; context: batch × prompt plus half the output), net of the
+// prefills that finished there meanwhile; the uncalibrated replicas take
+// the calibrated one's scale (priorScale); a request not streamed, with
+// one output token, or failed, does not calibrate.
+func TestTicketCalibratesDecode(t *testing.T) {
+	preset := route.Rates{DecodeStep: 10 * time.Millisecond, DecodePerSeq: 100 * time.Microsecond,
+		DecodePerMTokens: 50 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
+	pred := predictedITL(preset, 1, 1000+50) // 10 ms + 0.1 ms + 1050 × 50 ns
+	if want := 10*time.Millisecond + 100*time.Microsecond + 52500*time.Nanosecond; pred != want {
+		t.Fatalf("predictedITL = %v, want %v", pred, want)
+	}
+	tests := []struct {
+		name   string
+		claim  Claim
+		tokens int
+		err    error
+		other  int           // prefill tokens of another request that finished meanwhile
+		want   float64       // DecodeScale of replica a after
+		span   time.Duration // observed decode span, before the other's prefill
+	}{
+		{"streamed", Claim{Streamed: true, PromptTokens: 1000}, 101, nil, 0, 1.5, 150 * pred},
+		{"prefill meanwhile is not decode", Claim{Streamed: true, PromptTokens: 1000}, 101, nil, 2000, 1.5, 150 * pred},
+		{"not streamed", Claim{PromptTokens: 1000}, 101, nil, 0, 1, 150 * pred},
+		{"one token", Claim{Streamed: true, PromptTokens: 1000}, 1, nil, 0, 1, 150 * pred},
+		{"failed", Claim{Streamed: true, PromptTokens: 1000}, 101, errors.New("cut"), 0, 1, 150 * pred},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFleet(t, Config{Rates: preset})
+			tk, _ := f.Acquire(a, tt.claim, t0)
+			first := t0.Add(time.Second)
+			tk.FirstToken(first)
+			span := tt.span
+			if tt.other > 0 { // its prefill ran in tk's iterations
+				o, _ := f.Acquire(a, Claim{PrefillTokens: tt.other}, first)
+				o.FirstToken(first.Add(time.Millisecond))
+				o.Done(first.Add(time.Millisecond), NoUsage, errors.New("leaves no decode"))
+				span += time.Duration(tt.other) * preset.PrefillPerToken
+				span += time.Duration(float64(tt.other) * float64(tt.other) / 2 * float64(route.DefaultAttnPerMPairs) / 1e6)
+			}
+			tk.Done(first.Add(span), Usage{PromptTokens: 1000, CachedTokens: 0, CompletionTokens: tt.tokens}, tt.err)
+			var s route.Snapshot
+			f.Snapshot(&s, first, 0)
+			for i, r := range s.Replicas { // b and c take a's as their prior
+				if math.Abs(r.Rates.DecodeScale-tt.want) > 1e-3 {
+					t.Errorf("replica %d: DecodeScale %v, want %v", i, r.Rates.DecodeScale, tt.want)
+				}
 			}
 		})
 	}

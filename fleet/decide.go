@@ -26,13 +26,16 @@ type Request struct {
 	// engine block size of the fleet in token mode (BlockSizes).
 	Chains []residency.Chain
 	// TTFT says the time to first token will be observed (a streamed
-	// response), so that it can calibrate the chosen replica's rates.
+	// response), so that it can calibrate the chosen replica's rates, and
+	// so will the inter-token latency (Claim.Streamed).
 	TTFT bool
 }
 
 // Scratch holds a decision's buffers. Keep one per goroutine: Decide then
 // allocates nothing but the ticket. After Decide it holds what the policy
 // saw and said: Snapshot, Request (Match, Age, Pinned) and its Costs.
+// Treat them as read-only (copy what you keep): the next Decide rewrites
+// only the replicas of Snapshot that changed since.
 type Scratch struct {
 	Snapshot route.Snapshot
 	Request  route.Request
@@ -40,6 +43,7 @@ type Scratch struct {
 	age      []time.Duration
 	costs    []route.Cost
 	ms       residency.MatchScratch
+	cache    snapCache
 }
 
 // Decide routes r at now: it takes a snapshot (replicas in exclude, and
@@ -51,13 +55,13 @@ type Scratch struct {
 // −1).
 func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (route.Decision, *Ticket) {
 	unit := f.tr.Unit(r.Chains)
-	f.Snapshot(&sc.Snapshot, now, unit)
 	snap := &sc.Snapshot
+	f.refresh(snap, &sc.cache, now, unit)
 	n := len(snap.Replicas)
-	f.excludeModel(r.Model, snap)
+	f.excludeModel(r.Model, snap, &sc.cache)
 	for _, i := range exclude {
 		if i >= 0 && i < n {
-			snap.Replicas[i].Healthy = false
+			sc.cache.force(snap, i)
 		}
 	}
 	sc.match, sc.age, sc.costs = fit(sc.match, n), fit(sc.age, n), fit(sc.costs, n)
@@ -99,6 +103,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	if r.TTFT && f.needs.Calibrate {
 		c.PredictedTTFT = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
 	}
+	c.Streamed = r.TTFT
 	tk := f.acquire(rep, c, now)
 	if r.Session != "" {
 		f.bind(r.Session, rep, now)

@@ -19,7 +19,6 @@ package fleet
 import (
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,8 +74,9 @@ type Config struct {
 	CacheBlocks int
 	// SessionTTL is how long an idle session stays bound; zero means 10 min.
 	SessionTTL time.Duration
-	// Calibration is the template of each replica's Calibrator (its tuning
-	// fields); the zero value uses the Calibrator defaults.
+	// Calibration is the template of each replica's two Calibrators (their
+	// tuning fields), for Scale and DecodeScale; the zero value uses the
+	// Calibrator defaults.
 	Calibration Calibrator
 	// OverlayTTL is the life of the precise mode's just-routed overlay;
 	// zero means residency.DefaultOverlayTTL.
@@ -124,14 +124,20 @@ type Fleet struct {
 	kind   route.IndexKind
 	tr     *residency.Tracker
 	seq    atomic.Uint64 // decisions made
+	preset route.Rates   // Config.Rates with route's defaults filled
 
 	// mu guards reps and byID; replica structs are never reallocated.
 	mu   sync.RWMutex
 	reps []*replica
 	byID map[string]*replica
+	// vers are the replicas' versions (replica.ver), MaxReplicas of them
+	// side by side, so that a snapshot reads them in a few cache lines.
+	vers []atomic.Uint64
 
 	models modelTable
-	cal    calTotals // the calibrated replicas' scales, for priorScale
+	// cal and dcal total the calibrated replicas' Scale and DecodeScale,
+	// for the uncalibrated ones' priors (priorScale).
+	cal, dcal calTotals
 
 	// smu guards sessions and lastSweep.
 	smu       sync.Mutex
@@ -143,25 +149,34 @@ type Fleet struct {
 type replica struct {
 	id    string
 	index int // position in Fleet.reps
+	// ver is bumped after every change of what a snapshot reads of the
+	// replica (health, the router's counts, the published state), so that
+	// a Scratch rewrites only the replicas whose version moved (snapCache).
+	ver *atomic.Uint64
 
 	healthy atomic.Bool
 	// The router's own accounting, released by Ticket.Done.
 	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
+	// prefilled is the predicted time, at Scale 1, of the prefills that
+	// finished here (at their first token), in all: what lengthened the
+	// iterations of the requests decoding meanwhile (observeITL).
+	prefilled atomic.Int64
 	// Feedback totals, for the View (see view.Replica).
 	completed, failed                           atomic.Int64
 	promptTokens, actualCached, predictedCached atomic.Int64
 
-	// mu guards load, scraped, cal, churn, rates and recent.
+	// mu guards load, scraped, cal, dcal, churn, rates, recent and the
+	// shares.
 	mu      sync.Mutex
 	load    scrape.Load
 	scraped bool
-	cal     Calibrator
+	cal     Calibrator // Scale, from times to first token
+	dcal    Calibrator // DecodeScale, from inter-token latencies
 	churn   Churn
 	recent  window.Sums // recent prefill tokens (A)
-	rates   route.Rates // the preset corrected by cal and churn
-	// calLog is log(rates.Scale), counted in Fleet.cal when calIn.
-	calLog float64
-	calIn  bool
+	rates   route.Rates // the preset corrected by cal, dcal and churn
+	// calShare and dcalShare are r's contributions to Fleet.cal and dcal.
+	calShare, dcalShare share
 
 	// pub is what snapshots read of the state above, published anew on
 	// every change so that a snapshot takes no lock (except for recent).
@@ -176,9 +191,11 @@ type published struct {
 	kvUsage          float64
 	loadAt           time.Time
 	// capTokens is the KV capacity in tokens (zero: unknown).
-	capTokens  int
-	rates      route.Rates
-	calibrated bool // the Calibrator has observations
+	capTokens int
+	rates     route.Rates
+	// calibrated and dcalibrated say Scale and DecodeScale were learned
+	// (their Calibrators have observations).
+	calibrated, dcalibrated bool
 }
 
 // New returns a fleet of cfg.Replicas, all healthy and unscraped.
@@ -199,11 +216,13 @@ func New(cfg Config) (*Fleet, error) {
 	if cfg.MaxReplicas > residency.MaxReplicasLimit {
 		return nil, fmt.Errorf("fleet: %d replicas > %d", cfg.MaxReplicas, residency.MaxReplicasLimit)
 	}
-	f := &Fleet{cfg: cfg, policy: cfg.Policy, byID: make(map[string]*replica), sessions: make(map[string]*session)}
+	f := &Fleet{cfg: cfg, policy: cfg.Policy, byID: make(map[string]*replica), sessions: make(map[string]*session),
+		vers: make([]atomic.Uint64, cfg.MaxReplicas)}
 	if f.policy == nil {
 		f.policy = route.KVAware{}
 	}
 	f.needs = route.NeedsOf(f.policy)
+	f.preset = cfg.Rates.WithDefaults()
 	f.kind = IndexKind(f.needs, cfg.Events)
 	f.tr = f.newTracker()
 	for _, r := range cfg.Replicas {
@@ -270,11 +289,13 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	if len(f.reps) >= f.cfg.MaxReplicas {
 		return fmt.Errorf("fleet: replica %q beyond MaxReplicas %d", rc.ID, f.cfg.MaxReplicas)
 	}
-	r := &replica{id: rc.ID, index: len(f.reps), cal: f.cfg.Calibration}
+	r := &replica{id: rc.ID, index: len(f.reps), ver: &f.vers[len(f.reps)], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.n = 0, 0
+	r.dcal = r.cal
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
+	r.changed()
 	f.reps = append(f.reps, r)
 	f.byID[rc.ID] = r
 	f.models.set(r.index, rc.Models, len(rc.Models) > 0, true)
@@ -316,8 +337,8 @@ func (f *Fleet) At(id string) int {
 
 // SetHealthy sets a replica's health flag; unknown ids are ignored.
 func (f *Fleet) SetHealthy(id string, healthy bool) {
-	if r := f.lookup(id); r != nil {
-		r.healthy.Store(healthy)
+	if r := f.lookup(id); r != nil && r.healthy.Swap(healthy) != healthy {
+		r.changed()
 	}
 }
 
@@ -373,29 +394,25 @@ func (f *Fleet) BlockSizes() []int { return f.tr.BlockSizes() }
 // state; r.mu is held.
 func (f *Fleet) updateLocked(r *replica) {
 	r.rates = r.cal.Apply(f.cfg.Rates)
-	if calibrated := r.cal.Observations() > 0; calibrated || r.calIn {
-		l := math.Log(r.rates.Scale)
-		f.cal.update(r.calLog, r.calIn, l, calibrated)
-		r.calLog, r.calIn = l, calibrated
-	}
+	r.rates.DecodeScale = r.dcal.Scale()
+	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0
+	r.calShare.set(&f.cal, r.rates.Scale, calibrated)
+	r.dcalShare.set(&f.dcal, r.rates.DecodeScale, dcalibrated)
 	if h := r.churn.Horizon(); h > 0 {
 		r.rates.Horizon = h
 	}
 	p := &published{
 		scraped: r.scraped, running: r.load.Running, waiting: r.load.Waiting, kvUsage: r.load.KVUsage,
-		loadAt: r.load.At, rates: r.rates, calibrated: r.cal.Observations() > 0,
+		loadAt: r.load.At, rates: r.rates, calibrated: calibrated, dcalibrated: dcalibrated,
 		capTokens: f.cfg.CacheBlocks * f.cfg.BlockSize,
 	}
 	if r.scraped && r.load.NumBlocks > 0 && r.load.BlockSize > 0 {
 		p.capTokens = r.load.NumBlocks * r.load.BlockSize
 	}
 	r.pub.Store(p)
+	r.changed()
 }
 
-// observeTTFT corrects r's rates from one request (see Calibrator).
-func (f *Fleet) observeTTFT(r *replica, predicted, observed time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cal.Observe(predicted, observed)
-	f.updateLocked(r)
-}
+// changed bumps r's version: call it after every change of what a
+// snapshot reads of r.
+func (r *replica) changed() { r.ver.Add(1) }

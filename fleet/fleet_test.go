@@ -69,12 +69,12 @@ func TestTicketPaths(t *testing.T) {
 		name string
 		run  func(tk *Ticket)
 	}{
-		{"success", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(ok, nil) }},
-		{"error before first token", func(tk *Ticket) { tk.Done(NoUsage, errors.New("502")) }},
-		{"cancel while decoding", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(NoUsage, errors.New("canceled")) }},
-		{"done twice", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(ok, nil); tk.Done(ok, nil) }},
-		{"first token twice then done", func(tk *Ticket) { tk.FirstToken(t0); tk.FirstToken(t0); tk.Done(ok, nil) }},
-		{"first token after done", func(tk *Ticket) { tk.Done(ok, nil); tk.FirstToken(t0); tk.Done(ok, nil) }},
+		{"success", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(t0, ok, nil) }},
+		{"error before first token", func(tk *Ticket) { tk.Done(t0, NoUsage, errors.New("502")) }},
+		{"cancel while decoding", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(t0, NoUsage, errors.New("canceled")) }},
+		{"done twice", func(tk *Ticket) { tk.FirstToken(t0); tk.Done(t0, ok, nil); tk.Done(t0, ok, nil) }},
+		{"first token twice then done", func(tk *Ticket) { tk.FirstToken(t0); tk.FirstToken(t0); tk.Done(t0, ok, nil) }},
+		{"first token after done", func(tk *Ticket) { tk.Done(t0, ok, nil); tk.FirstToken(t0); tk.Done(t0, ok, nil) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,11 +102,11 @@ func TestFirstTokenMovesPrefillToDecoding(t *testing.T) {
 	if got, want := countsOf(f, 0), (counts{2, 50, 1, 15}); got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
-	t1.Done(NoUsage, nil)
-	t2.Done(NoUsage, nil)
+	t1.Done(t0, NoUsage, nil)
+	t2.Done(t0, NoUsage, nil)
 	var nilTicket *Ticket
 	nilTicket.FirstToken(t0) // must not panic
-	nilTicket.Done(NoUsage, nil)
+	nilTicket.Done(t0, NoUsage, nil)
 	if _, err := f.Acquire("http://nowhere", Claim{}, t0); !errors.Is(err, ErrUnknownReplica) {
 		t.Errorf("Acquire unknown: err %v, want ErrUnknownReplica", err)
 	}
@@ -130,7 +130,7 @@ func TestDecideCommitsAndPins(t *testing.T) {
 		t.Errorf("pin of unknown session = %d, want -1", got)
 	}
 	tk.FirstToken(t0)
-	tk.Done(Usage{PromptTokens: -1, CachedTokens: 600}, nil)
+	tk.Done(t0, Usage{PromptTokens: -1, CachedTokens: 600}, nil)
 	v := f.View(t0)
 	rv := v.Replicas[2]
 	if rv.PredictedCached != 0 || rv.ActualCached != 0 || rv.PromptTokens != 0 || rv.Completed != 1 || rv.Sessions != 1 || v.Sessions != 1 {
@@ -140,8 +140,8 @@ func TestDecideCommitsAndPins(t *testing.T) {
 	if got := sc.Request.Pinned; got != 2 {
 		t.Errorf("second turn: Pinned = %d, want 2", got)
 	}
-	tk2.Done(Usage{PromptTokens: 2000, CachedTokens: 700}, nil)
-	tk2.Done(Usage{PromptTokens: 1, CachedTokens: 1}, nil) // only the first call counts
+	tk2.Done(t0, Usage{PromptTokens: 2000, CachedTokens: 700}, nil)
+	tk2.Done(t0, Usage{PromptTokens: 1, CachedTokens: 1}, nil) // only the first call counts
 	// The router estimated 1000 prompt tokens and predicted 640 cached;
 	// the engine counted 2000: the prediction is 1280 of the engine's.
 	if rv := f.View(t0).Replicas[2]; rv.PromptTokens != 2000 || rv.ActualCached != 700 || rv.PredictedCached != 1280 {
@@ -165,7 +165,7 @@ func TestDecideExcludes(t *testing.T) {
 		if d.Replica != 1 {
 			t.Fatalf("request %d went to %d with 0 and 2 excluded", i, d.Replica)
 		}
-		tk.Done(NoUsage, nil)
+		tk.Done(t0, NoUsage, nil)
 	}
 }
 
@@ -201,7 +201,7 @@ func TestSessions(t *testing.T) {
 	}
 	var sc Scratch
 	d, tk := f.Decide(&Request{ID: "x", Session: "s2"}, nil, now, &sc)
-	tk.Done(NoUsage, nil)
+	tk.Done(t0, NoUsage, nil)
 	f.SetHealthy(b, true)
 	if got := f.pin("s2", snap(now), now); got != d.Replica || d.Replica == 1 {
 		t.Errorf("after re-bind: pin = %d, want %d (not 1)", got, d.Replica)
@@ -237,7 +237,7 @@ func TestSnapshotContents(t *testing.T) {
 	var s route.Snapshot
 	now := t0.Add(7 * time.Second)
 	f.Snapshot(&s, now, 16)
-	rates := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1}
+	rates := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1, DecodeScale: 1}
 	want := route.Snapshot{BlockSize: 16, Replicas: []route.Replica{
 		{ID: a, Healthy: true, Running: 4, Waiting: 2, KVUsage: 0.5, Scraped: true, LoadAge: 7 * time.Second,
 			InFlight: 2, PrefillTokens: 1000, Decoding: 1, DecodeBlocks: 83, RecentPrefill: 1200,
@@ -254,8 +254,8 @@ func TestSnapshotContents(t *testing.T) {
 	if got := s.Replicas[0].RecentPrefill; got != 200 {
 		t.Errorf("RecentPrefill after 11 s = %d, want 200", got)
 	}
-	t1.Done(NoUsage, nil)
-	t2.Done(NoUsage, nil)
+	t1.Done(t0, NoUsage, nil)
+	t2.Done(t0, NoUsage, nil)
 
 	allocs := testing.AllocsPerRun(100, func() { f.Snapshot(&s, now, 16) })
 	if allocs != 0 {
@@ -322,8 +322,8 @@ func TestConcurrent(t *testing.T) {
 					tk.FirstToken(now.Add(10 * time.Millisecond))
 				}
 				f.SetLoad(tk.Replica(), scrape.Load{Running: i, At: now})
-				tk.Done(Usage{PromptTokens: 100, CachedTokens: i % 50}, nil)
-				tk.Done(NoUsage, errors.New("again"))
+				tk.Done(now, Usage{PromptTokens: 100, CachedTokens: i % 50}, nil)
+				tk.Done(now, NoUsage, errors.New("again"))
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -137,19 +138,30 @@ func (f *Fleet) ModelKey(model string) (base, lora string) {
 	return model, ""
 }
 
-// excludeModel marks unhealthy, in snap, the replicas known not to serve
-// model.
-func (f *Fleet) excludeModel(model string, snap *route.Snapshot) {
+// excludeModel marks unhealthy, in snap (through c, which restores them
+// at the next fill), the replicas known not to serve model. It walks the
+// bitsets a word at a time: most words serve it whole.
+func (f *Fleet) excludeModel(model string, snap *route.Snapshot, c *snapCache) {
 	s := f.models.cur.Load()
 	if model == "" || s == nil {
 		return
 	}
 	serves := s.serves[model]
-	for i := range snap.Replicas {
-		w, bit := i/64, uint64(1)<<(i%64)
-		if w < len(s.unknown) && s.unknown[w]&bit != 0 || w < len(serves) && serves[w]&bit != 0 {
-			continue
+	n := len(snap.Replicas)
+	for w := 0; w*64 < n; w++ {
+		var keep uint64
+		if w < len(s.unknown) {
+			keep |= s.unknown[w]
 		}
-		snap.Replicas[i].Healthy = false
+		if w < len(serves) {
+			keep |= serves[w]
+		}
+		drop := ^keep
+		if rest := n - w*64; rest < 64 {
+			drop &= 1<<rest - 1
+		}
+		for ; drop != 0; drop &= drop - 1 {
+			c.force(snap, w*64+bits.TrailingZeros64(drop))
+		}
 	}
 }

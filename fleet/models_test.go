@@ -20,7 +20,7 @@ func TestDecideOnlyWhereServed(t *testing.T) {
 		for i := range 30 {
 			d, tk := f.Decide(&Request{ID: fmt.Sprint(model, i), Model: model}, nil, t0, &sc)
 			got[d.Replica]++
-			tk.Done(NoUsage, nil)
+			tk.Done(t0, NoUsage, nil)
 		}
 		return got
 	}
@@ -71,5 +71,5 @@ func TestSessionFollowsModel(t *testing.T) {
 	if sc.Request.Pinned != -1 || d.Replica != 1 {
 		t.Errorf("pinned %d, chose %d; want -1 and 1", sc.Request.Pinned, d.Replica)
 	}
-	tk.Done(NoUsage, nil)
+	tk.Done(t0, NoUsage, nil)
 }

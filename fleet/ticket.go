@@ -22,6 +22,11 @@ type Claim struct {
 	// the observed one calibrates the replica's rates against (FirstToken);
 	// zero means it is not observed.
 	PredictedTTFT time.Duration
+	// Streamed says the response streams, so that its first token and its
+	// end are seen when the engine makes them: the time between, over the
+	// output tokens, is its inter-token latency, which calibrates the
+	// replica's DecodeScale (Done).
+	Streamed bool
 }
 
 // Usage is what the engine reported of a finished request; a field is −1
@@ -31,10 +36,12 @@ type Usage struct {
 	PromptTokens int
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens.
 	CachedTokens int
+	// CompletionTokens is usage.completion_tokens: the output tokens.
+	CompletionTokens int
 }
 
 // NoUsage is a Usage that reports nothing.
-var NoUsage = Usage{PromptTokens: -1, CachedTokens: -1}
+var NoUsage = Usage{PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1}
 
 // Ticket is one request's hold on a replica's accounting. Call FirstToken
 // when the first output token arrives and Done exactly once on every path
@@ -47,6 +54,12 @@ type Ticket struct {
 	sent  time.Time // when the replica was chosen
 	// state is ticketPrefill, ticketDecoding or ticketDone.
 	state atomic.Uint32
+	// prefill is the claim's predicted prefill time at Scale 1.
+	prefill time.Duration
+	// For a streamed claim, FirstToken stores the replica's decode batch
+	// (batch0) and prefilled total (work0) then, and the time from sent to
+	// it plus 1 ns (first; zero: not yet), for Done's inter-token latency.
+	batch0, work0, first atomic.Int64
 }
 
 // Ticket states.
@@ -71,12 +84,13 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 	r.inFlight.Add(1)
 	r.prefillTokens.Add(int64(c.PrefillTokens))
 	r.decodeTokens.Add(int64(c.Tokens))
+	r.changed()
 	if w := f.needs.Window; w > 0 && c.PrefillTokens > 0 {
 		r.mu.Lock()
 		r.recent.Add(now, w, int64(c.PrefillTokens), 0)
 		r.mu.Unlock()
 	}
-	return &Ticket{f: f, r: r, claim: c, sent: now}
+	return &Ticket{f: f, r: r, claim: c, sent: now, prefill: prefillTime(&f.preset, c.PrefillTokens, c.PredictedCached)}
 }
 
 // Replica returns the id of the ticket's replica.
@@ -105,15 +119,24 @@ func (t *Ticket) FirstToken(now time.Time) {
 	}
 	t.r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
 	t.r.decoding.Add(1)
+	t.r.changed()
+	work := t.r.prefilled.Add(int64(t.prefill))
+	if t.claim.Streamed {
+		t.batch0.Store(int64(t.r.batch(now)))
+		t.work0.Store(work)
+		t.first.Store(int64(max(now.Sub(t.sent), 0)) + 1)
+	}
 	if t.claim.PredictedTTFT > 0 {
 		t.f.observeTTFT(t.r, t.claim.PredictedTTFT, now.Sub(t.sent))
 	}
 }
 
-// Done releases the request's accounting. u is the engine's usage (fields
-// −1 when unknown); err is nil for a request that completed. Only the
-// first call counts.
-func (t *Ticket) Done(u Usage, err error) {
+// Done releases the request's accounting at now. u is the engine's usage
+// (fields −1 when unknown); err is nil for a request that completed. A
+// streamed request that completed with at least 2 output tokens
+// calibrates the replica's DecodeScale with its inter-token latency (see
+// observeITL). Only the first call counts.
+func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	if t == nil {
 		return
 	}
@@ -128,18 +151,24 @@ func (t *Ticket) Done(u Usage, err error) {
 		}
 	}
 	r := t.r
+	batch := 0
 	if prev == ticketPrefill {
 		r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
 	} else {
+		batch = r.batch(now) // with this request
 		r.decoding.Add(-1)
 	}
 	r.decodeTokens.Add(-int64(t.claim.Tokens))
 	r.inFlight.Add(-1)
+	r.changed()
 	if err != nil {
 		r.failed.Add(1)
 		return
 	}
 	r.completed.Add(1)
+	if prev == ticketDecoding {
+		t.observeITL(now, u, batch)
+	}
 	if u.CachedTokens >= 0 && u.PromptTokens > 0 {
 		r.promptTokens.Add(int64(u.PromptTokens))
 		r.actualCached.Add(int64(u.CachedTokens))

@@ -36,6 +36,7 @@ func (f *Fleet) View(now time.Time) view.Fleet {
 			ActualCached:    r.actualCached.Load(),
 			PredictedCached: r.predictedCached.Load(),
 			Scale:           p.Rates.Scale,
+			DecodeScale:     p.Rates.DecodeScale,
 			Horizon:         p.Rates.Horizon,
 		}
 		if bs > 0 {

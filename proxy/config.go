@@ -62,8 +62,9 @@ type Config struct {
 	// --time-scale, the demo): every duration of the preset's rates is
 	// multiplied by it, so that the cost model's predicted times are wall
 	// times of these engines from the start. 1 for real engines; zero
-	// means 1. TTFT calibration (Rates.Scale, clamped to 0.25..4) then
-	// only corrects what remains.
+	// means 1. Calibration (Rates.Scale from TTFTs, Rates.DecodeScale
+	// from inter-token latencies, each within 1/64..64) then only
+	// corrects what remains.
 	TimeScale float64 `yaml:"time-scale"`
 	// CacheBlocks is each replica's KV capacity in blocks when its metrics do
 	// not report one; zero means the preset's.

@@ -249,9 +249,9 @@ func inflight(rt *Router, i int) int {
 
 // TestViewCapacityAndCalibration: the index share of each replica follows
 // the capacity its engine reports (cache_config_info), streamed requests
-// calibrate the replica's rates against observed TTFTs (the emulator runs
-// 100× faster than its preset, so the scale falls below 1), and the view
-// carries predicted and actual cached tokens.
+// calibrate the replica's rates against observed TTFTs and inter-token
+// latencies (the emulator runs 100× faster than its preset, so both scales
+// fall below 1), and the view carries predicted and actual cached tokens.
 func TestViewCapacityAndCalibration(t *testing.T) {
 	s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.01, KVBlocks: 512}, "127.0.0.1:0")
 	if err != nil {
@@ -275,7 +275,7 @@ func TestViewCapacityAndCalibration(t *testing.T) {
 	// it, and the HTTP path's few milliseconds (tens under -race on a busy
 	// machine) cannot hide the difference.
 	for i := range 6 {
-		req := `{"model":"m","stream":true,"max_tokens":3,"messages":[{"role":"system","content":"` + words(5, 600) +
+		req := `{"model":"m","stream":true,"max_tokens":30,"messages":[{"role":"system","content":"` + words(5, 600) +
 			`"},{"role":"user","content":"` + words(100+i, 1500) + `"}]}`
 		if resp, body := do(t, "POST", url+"/v1/chat/completions", req, "X-Session-ID", "one"); resp.StatusCode != 200 {
 			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
@@ -296,8 +296,8 @@ func TestViewCapacityAndCalibration(t *testing.T) {
 	if r.PredictedCached <= 0 || r.ActualCached <= 0 {
 		t.Errorf("predicted %d actual %d cached tokens, want both > 0", r.PredictedCached, r.ActualCached)
 	}
-	if r.Scale >= 1 {
-		t.Errorf("calibration scale %.3f, want < 1 for an engine faster than its preset", r.Scale)
+	if r.Scale >= 1 || r.DecodeScale >= 1 {
+		t.Errorf("calibration scales %.3f and %.3f (decode), want < 1 for an engine faster than its preset", r.Scale, r.DecodeScale)
 	}
 	if rec := rt.Decisions(1)[0]; rec.PredictedTTFTMS <= 0 {
 		t.Errorf("record predicted TTFT %.3f ms, want > 0", rec.PredictedTTFTMS)

@@ -38,7 +38,8 @@ func (c *call) finish(ctx context.Context) {
 	c.outcome = c.outcomeOf(ctx)
 	if c.tapped {
 		if c.tap.hasUsage {
-			c.usage = fleet.Usage{PromptTokens: c.tap.usage.PromptTokens, CachedTokens: c.tap.usage.cached()}
+			c.usage = fleet.Usage{PromptTokens: c.tap.usage.PromptTokens, CachedTokens: c.tap.usage.cached(),
+				CompletionTokens: c.tap.usage.completion()}
 		}
 		if !c.tap.first.IsZero() {
 			c.ttft = c.tap.first.Sub(c.start)
@@ -72,24 +73,24 @@ func (c *call) outcomeOf(ctx context.Context) string {
 	return view.OutcomeOK
 }
 
-// settle releases the ticket, feeds health and records the metrics of a
-// call that reached a replica.
+// settle releases the ticket at the call's end, feeds health and records
+// the metrics of a call that reached a replica.
 func (c *call) settle() {
 	rt := c.rt
 	switch c.outcome {
 	case view.OutcomeOK:
-		c.ticket.Done(c.usage, nil)
+		c.ticket.Done(c.end, c.usage, nil)
 		rt.st.reportSuccess(c.replica)
 	case view.OutcomeCanceled: // not the replica's fault
-		c.ticket.Done(fleet.NoUsage, nil)
+		c.ticket.Done(c.end, fleet.NoUsage, nil)
 	case view.OutcomeUpstreamError:
-		c.ticket.Done(fleet.NoUsage, errUpstreamFailed)
+		c.ticket.Done(c.end, fleet.NoUsage, errUpstreamFailed)
 		rt.st.reportFailure(c.replica)
 		if c.tapped && c.tap.cut {
 			rt.m.errors.WithLabelValues(codeStreamCut).Inc()
 		}
 	default:
-		c.ticket.Done(fleet.NoUsage, errRouterAnswered)
+		c.ticket.Done(c.end, fleet.NoUsage, errRouterAnswered)
 		if c.errCode == "upstream_unreachable" {
 			rt.st.reportFailure(c.replica)
 		}

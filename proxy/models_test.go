@@ -116,7 +116,7 @@ func TestLoRAPrecise(t *testing.T) {
 	// seconds: check that the keys the router routes an adapter's request
 	// by are those the engine's events put in the precise index.
 	c := decide(t, rt, fmt.Sprintf(`{"model":"sql-lora","prompt":"%s"}`, text))
-	defer c.ticket.Done(fleet.NoUsage, nil)
+	defer c.ticket.Done(rt.now(), fleet.NoUsage, nil)
 	hs := c.freq.Chains[0].Hashes
 	if len(hs) == 0 || !rt.st.fleet.Tracker().Precise().Has(0, hs[len(hs)-1]) {
 		t.Errorf("the precise index lacks the adapter request's last block (of %d)", len(hs))

@@ -94,7 +94,7 @@ func (lr *liveReplay) play(t *testing.T, s sim.Step) (*call, bool) {
 	case sim.StepDone:
 		c := lr.calls[s.ReqID]
 		delete(lr.calls, s.ReqID)
-		c.usage, c.outcome = s.Usage, view.OutcomeOK
+		c.usage, c.outcome, c.end = s.Usage, view.OutcomeOK, lr.now
 		if s.Failed {
 			c.outcome = view.OutcomeUpstreamError
 		}

@@ -112,8 +112,8 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 }
 
 // scaleRates returns r with every duration multiplied by timeScale (wall
-// seconds per engine second; zero or 1 leaves r as it is). Horizon and
-// Scale are learned, not the preset's, and stay. A zero duration (route's
+// seconds per engine second; zero or 1 leaves r as it is). Horizon,
+// Scale and DecodeScale are learned, not the preset's, and stay. A zero duration (route's
 // default) stays zero: engine.Config.Rates fills every field.
 func scaleRates(r route.Rates, timeScale float64) route.Rates {
 	if timeScale <= 0 || timeScale == 1 {
@@ -129,6 +129,7 @@ func scaleRates(r route.Rates, timeScale float64) route.Rates {
 	r.AttnPerMPairs = scale(r.AttnPerMPairs)
 	r.DecodeStep = scale(r.DecodeStep)
 	r.DecodePerSeq = scale(r.DecodePerSeq)
+	r.DecodePerMTokens = scale(r.DecodePerMTokens)
 	return r
 }
 

@@ -19,7 +19,8 @@ import (
 
 func TestScaleRates(t *testing.T) {
 	base := route.Rates{PrefillPerToken: 40 * time.Microsecond, AttnPerMPairs: 1300 * time.Microsecond,
-		DecodeStep: 15 * time.Millisecond, DecodePerSeq: 100 * time.Microsecond, MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5}
+		DecodeStep: 15 * time.Millisecond, DecodePerSeq: 100 * time.Microsecond, DecodePerMTokens: 56 * time.Millisecond,
+		MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5, DecodeScale: 1.2}
 	tests := []struct {
 		name  string
 		in    route.Rates
@@ -29,9 +30,11 @@ func TestScaleRates(t *testing.T) {
 		{"zero means real time", base, 0, base},
 		{"real time", base, 1, base},
 		{"ten times faster", base, 0.1, route.Rates{PrefillPerToken: 4 * time.Microsecond, AttnPerMPairs: 130 * time.Microsecond,
-			DecodeStep: 1500 * time.Microsecond, DecodePerSeq: 10 * time.Microsecond, MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5}},
+			DecodeStep: 1500 * time.Microsecond, DecodePerSeq: 10 * time.Microsecond, DecodePerMTokens: 5600 * time.Microsecond,
+			MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5, DecodeScale: 1.2}},
 		{"slower", base, 2, route.Rates{PrefillPerToken: 80 * time.Microsecond, AttnPerMPairs: 2600 * time.Microsecond,
-			DecodeStep: 30 * time.Millisecond, DecodePerSeq: 200 * time.Microsecond, MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5}},
+			DecodeStep: 30 * time.Millisecond, DecodePerSeq: 200 * time.Microsecond, DecodePerMTokens: 112 * time.Millisecond,
+			MaxSeqs: 256, Horizon: time.Minute, Scale: 1.5, DecodeScale: 1.2}},
 		{"never rounds to route's default", route.Rates{PrefillPerToken: 3, DecodeStep: 1}, 0.01,
 			route.Rates{PrefillPerToken: 1, DecodeStep: 1}},
 	}
@@ -112,7 +115,7 @@ func TestRecordLeavesOutPruned(t *testing.T) {
 	for k := range 3 * n { // load every replica differently
 		c := decide(t, rt, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, k))
 		if k%3 == 0 {
-			c.ticket.Done(fleet.NoUsage, nil)
+			c.ticket.Done(rt.now(), fleet.NoUsage, nil)
 		}
 	}
 	rec := rt.Decisions(1)[0]

@@ -9,8 +9,8 @@ import (
 
 // usage is the OpenAI usage object, as much of it as the router reads.
 type usage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokens        int  `json:"prompt_tokens"`
+	CompletionTokens    *int `json:"completion_tokens"`
 	PromptTokensDetails *struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
@@ -23,6 +23,15 @@ func (u *usage) cached() int {
 		return -1
 	}
 	return u.PromptTokensDetails.CachedTokens
+}
+
+// completion returns usage.completion_tokens, or -1 when the engine did
+// not report it.
+func (u *usage) completion() int {
+	if u.CompletionTokens == nil {
+		return -1
+	}
+	return *u.CompletionTokens
 }
 
 // usageBody is a chunk or a whole non-streaming response: the router reads

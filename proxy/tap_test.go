@@ -32,23 +32,24 @@ func TestTap(t *testing.T) {
 		want       string
 		cached     int
 		prompt     int
+		completion int
 	}{
-		{"sse keeps usage when not stripping", chunk1 + chunk2 + usageOnly + done, true, false, chunk1 + chunk2 + usageOnly + done, 64, 100},
-		{"sse strips usage-only chunk and null usage", chunk1 + chunk2 + usageOnly + done, true, true, bare1 + bare2 + done, 64, 100},
-		{"sse without usage", chunk1 + done, true, true, bare1 + done, -1, -1},
-		{"null usage with spaces", "data: {\"a\": 1, \"usage\" : null }\r\n\r\n" + done, true, true, "data: {\"a\": 1 }\r\n\r\n" + done, -1, -1},
+		{"sse keeps usage when not stripping", chunk1 + chunk2 + usageOnly + done, true, false, chunk1 + chunk2 + usageOnly + done, 64, 100, 2},
+		{"sse strips usage-only chunk and null usage", chunk1 + chunk2 + usageOnly + done, true, true, bare1 + bare2 + done, 64, 100, 2},
+		{"sse without usage", chunk1 + done, true, true, bare1 + done, -1, -1, -1},
+		{"null usage with spaces", "data: {\"a\": 1, \"usage\" : null }\r\n\r\n" + done, true, true, "data: {\"a\": 1 }\r\n\r\n" + done, -1, -1, -1},
 		{"null usage only as the last member", "data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n" + done, true, true,
-			"data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n" + done, -1, -1},
-		{"cut after a partial event", chunk1 + "data: {\"x\"", true, true, bare1 + "data: {\"x\"\n\n" + cut, -1, -1},
-		{"cut before done", chunk1 + chunk2, true, false, chunk1 + chunk2 + cut, -1, -1},
-		{"cut before the usage chunk", chunk1, true, true, bare1 + cut, -1, -1},
-		{"finish reason ends it without done", bare1 + finish, true, false, bare1 + finish, -1, -1},
+			"data: {\"usage\":null,\"a\":1}\n\n" + "data: {\"a\":\"x,\\\"usage\\\":null\"}\n\n" + done, -1, -1, -1},
+		{"cut after a partial event", chunk1 + "data: {\"x\"", true, true, bare1 + "data: {\"x\"\n\n" + cut, -1, -1, -1},
+		{"cut before done", chunk1 + chunk2, true, false, chunk1 + chunk2 + cut, -1, -1, -1},
+		{"cut before the usage chunk", chunk1, true, true, bare1 + cut, -1, -1, -1},
+		{"finish reason ends it without done", bare1 + finish, true, false, bare1 + finish, -1, -1, -1},
 		{"null finish reason does not", "data: {\"choices\":[{\"finish_reason\":null}]}\n\n", true, false,
-			"data: {\"choices\":[{\"finish_reason\":null}]}\n\n" + cut, -1, -1},
-		{"crlf events", "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", true, false, "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", -1, -1},
+			"data: {\"choices\":[{\"finish_reason\":null}]}\n\n" + cut, -1, -1, -1},
+		{"crlf events", "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", true, false, "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", -1, -1, -1},
 		{"json body", `{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, false, false,
-			`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, 3, 7},
-		{"json without details", `{"usage":{"prompt_tokens":7}}`, false, false, `{"usage":{"prompt_tokens":7}}`, -1, 7},
+			`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}}`, 3, 7, 1},
+		{"json without details", `{"usage":{"prompt_tokens":7}}`, false, false, `{"usage":{"prompt_tokens":7}}`, -1, 7, -1},
 	}
 	readers := map[string]func(string) io.Reader{
 		"whole":   func(s string) io.Reader { return strings.NewReader(s) },
@@ -66,12 +67,15 @@ func TestTap(t *testing.T) {
 				if string(got) != tc.want {
 					t.Errorf("got %q, want %q", got, tc.want)
 				}
-				cached, prompt := -1, -1
+				cached, prompt, completion := -1, -1, -1
 				if tp.hasUsage {
-					cached, prompt = tp.usage.cached(), tp.usage.PromptTokens
+					cached, prompt, completion = tp.usage.cached(), tp.usage.PromptTokens, tp.usage.completion()
 				}
 				if cached != tc.cached || prompt != tc.prompt {
 					t.Errorf("got cached %d prompt %d, want %d %d", cached, prompt, tc.cached, tc.prompt)
+				}
+				if completion != tc.completion {
+					t.Errorf("got completion tokens %d, want %d", completion, tc.completion)
 				}
 				if tp.first.IsZero() {
 					t.Error("first byte time not recorded")

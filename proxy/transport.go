@@ -32,7 +32,7 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 		rt.m.retries.WithLabelValues(rt.names[failed]).Inc()
 		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.names[failed], "err", errString(resp, err))
 		c.failed = append(c.failed, failed)
-		c.ticket.Done(fleet.NoUsage, errRetried)
+		c.ticket.Done(rt.now(), fleet.NoUsage, errRetried)
 		c.ticket = nil
 		if !c.repick() {
 			return resp, err

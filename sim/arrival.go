@@ -40,7 +40,7 @@ func (r *runner) onArrival(j int) {
 	// A replica that does not serve the model answers 404, as an engine
 	// does: an error the policy caused.
 	if !rp.alive || rp.model != jb.model || rp.eng.Add(r.now, er) != nil {
-		tk.Done(fleet.NoUsage, errEngineRefused)
+		tk.Done(at(r.now), fleet.NoUsage, errEngineRefused)
 		r.trace(Step{Kind: StepDone, Replica: i, ReqID: jb.id, Usage: fleet.NoUsage, Failed: true})
 		r.reject(j, i, d.Reason, rejectEngine)
 		return

@@ -42,7 +42,7 @@ func (r *runner) kill(i int) {
 		f := &r.flights[j]
 		if f.active && int(f.rep) == i {
 			f.active = false
-			f.ticket.Done(fleet.NoUsage, errKilled)
+			f.ticket.Done(at(r.now), fleet.NoUsage, errKilled)
 			r.trace(Step{Kind: StepDone, Replica: i, ReqID: r.jobs[j].id, Usage: fleet.NoUsage, Failed: true})
 			r.live--
 			delete(r.byID, r.jobs[j].id)

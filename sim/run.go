@@ -263,8 +263,8 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 		return
 	}
 	f := &r.flights[j]
-	u := fleet.Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens}
-	f.ticket.Done(u, nil)
+	u := fleet.Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, CompletionTokens: ev.OutputTokens}
+	f.ticket.Done(at(ev.At), u, nil)
 	r.trace(Step{Kind: StepDone, Replica: i, ReqID: ev.Req, Usage: u})
 	f.active = false
 	delete(r.byID, ev.Req)

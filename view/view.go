@@ -76,10 +76,11 @@ type Replica struct {
 	// unknown.
 	PromptTokens, ActualCached, PredictedCached int64
 	// Scale is the learned TTFT correction factor (1: the cost model was
-	// right; zero: unknown); Horizon the estimated eviction horizon (zero:
+	// right; zero: unknown), DecodeScale the learned inter-token latency
+	// one (the same); Horizon the estimated eviction horizon (zero:
 	// unknown).
-	Scale   float64
-	Horizon time.Duration
+	Scale, DecodeScale float64
+	Horizon            time.Duration
 	// Events is the replica's KV-event stream; nil when the router does
 	// not consume KV events.
 	Events *Events
