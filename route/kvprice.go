@@ -28,6 +28,8 @@ type kvRequest struct {
 	// computeDeep that of the prompt after the deepest match of any
 	// replica, the least any replica's prefill can cost (bound).
 	compute0, computeDeep float64
+	// iters0 is the iterations a prefill of the whole prompt takes with rt.
+	iters0 float64
 	deepMatch             float64
 	// decodeFloor is the least decode and decode slowdown of others the
 	// request can cost on a replica of rt, unscaled (bound).
@@ -102,6 +104,7 @@ func (q *kvRequest) setRates(raw *Rates) {
 	q.raw, q.rt, q.haveRates = *raw, raw.WithDefaults(), true
 	q.compute0 = prefillNS(&q.rt, q.tokens, 0)
 	q.computeDeep = prefillNS(&q.rt, q.tokens-q.deepMatch, q.deepMatch)
+	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
 	q.decodeFloor = q.out * (stepNS(&q.rt, q.meanBatch, q.meanContext) + grow + q.meanBatch*grow)
 }
@@ -293,24 +296,27 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 // its index entry matched. It keeps the terms that tell replicas apart
 // cheaply: the router's own queue, the prefill's compute as if the
 // deepest match of any replica were cached here (exact when nothing
-// matches here), and the stall of the smaller of the two batch sizes
-// price may use; the decode it takes at its floor, the fleet's mean
-// batch (a replica's batch over a decode is never below it: see life),
-// which is the same for every replica of the same Rates. Each term of
-// price is at least its counterpart here (the others' queue, seat wait,
-// iterations, the arrivals' wait and memory only add), so a candidate
-// whose bound exceeds a priced one's Total cannot win.
+// matches here), in at least one iteration of the lesser of the two batch
+// sizes price may use, its stall of that batch and the wait of the
+// arrivals behind it; the decode it takes at its floor, the fleet's mean
+// batch (a replica's batch over a decode is never below it: see life).
+// Each term of price is at least its counterpart here (the others'
+// queue, seat wait, context and memory only add), so a candidate whose
+// bound exceeds a priced one's Total cannot win.
 func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	rt := q.rates(&rp.Rates)
-	m, compute := 0.0, q.compute0
+	m, compute, iters := 0.0, q.compute0, q.iters0
 	if matchOf(q.r, i) > 0 {
-		m, compute = q.matched(i), q.computeDeep
+		m, compute, iters = q.matched(i), q.computeDeep, 1
 	}
 	batch := float64(rp.Decoding)
 	if rp.Scraped {
 		batch = float64(min(rp.Running, rp.Decoding))
 	}
-	total := (float64(rp.PrefillTokens)*float64(rt.PrefillPerToken)+compute*(1+batch))*rt.Scale + q.decodeFloor*rt.DecodeScale
+	prefill := compute * rt.Scale
+	step := float64(rt.DecodeStep) + batch*float64(rt.DecodePerSeq)
+	total := (float64(rp.PrefillTokens)*float64(rt.PrefillPerToken)+compute*batch)*rt.Scale + prefill +
+		(q.decodeFloor+iters*step)*rt.DecodeScale + q.behind(rt, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
