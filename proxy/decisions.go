@@ -24,7 +24,7 @@ func appendCandidates(out []view.Candidate, costs []route.Cost, names []string) 
 		out = append(out, view.Candidate{
 			Replica: name, Matched: c.Matched,
 			WaitMS: ms(c.Wait), PrefillMS: ms(c.Prefill), DecodeMS: ms(c.Decode),
-			OthersMS: ms(c.Others), MemoryMS: ms(c.Memory), TotalMS: ms(c.Total),
+			OthersMS: ms(c.Others), MemoryMS: ms(c.Memory), TotalMS: ms(c.Total), Score: c.Score,
 		})
 	}
 	return out

@@ -349,19 +349,25 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 
 // summary is the X-Kvrouter-Decision value.
 func (c *call) summary() string {
-	total := time.Duration(0)
+	var chosen route.Cost
 	for _, k := range c.dec.Costs {
 		if k.Replica == c.replica {
-			total = k.Total
+			chosen = k
 		}
 	}
 	b := append(c.hdr[:0], "reason="...)
 	b = append(b, c.dec.Reason...)
 	b = append(b, "; predicted-cached="...)
 	b = strconv.AppendInt(b, int64(c.dec.Matched), 10)
-	b = append(b, "; cost="...)
-	b = strconv.AppendFloat(b, ms(total), 'f', 3, 64)
-	b = append(b, "ms; session="...)
+	if chosen.Total == 0 && chosen.Score != 0 {
+		b = append(b, "; score="...)
+		b = strconv.AppendFloat(b, chosen.Score, 'g', 6, 64)
+	} else {
+		b = append(b, "; cost="...)
+		b = strconv.AppendFloat(b, ms(chosen.Total), 'f', 3, 64)
+		b = append(b, "ms"...)
+	}
+	b = append(b, "; session="...)
 	b = append(b, c.sessionSrc...)
 	b = append(b, "; id="...)
 	b = append(b, c.id...)

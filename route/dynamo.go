@@ -1,7 +1,5 @@
 package route
 
-import "time"
-
 // DynamoKV emulates NVIDIA Dynamo's KV router.
 //
 // Source: Dynamo (lib/llm/src/kv_router/scheduler.rs, v0.4–0.5,
@@ -17,7 +15,7 @@ import "time"
 // sequences' blocks Replica.DecodeBlocks (the router's own tracker, no scrape
 // delay, as Dynamo's); overlap is Request.Match from a precise index; cached
 // blocks are Replica.IndexBlocks; the final random tie-break is the lowest
-// tieKey of Request.Hash. Cost.Total is the cost in blocks (1 ns = 1 block).
+// tieKey of Request.Hash. Cost.Score is the cost in blocks.
 type DynamoKV struct {
 	// OverlapWeight is overlap_score_weight; zero means 1.0.
 	OverlapWeight float64
@@ -44,7 +42,7 @@ func (p DynamoKV) Pick(r *Request, s *Snapshot) Decision {
 		pre := float64(rp.PrefillTokens+r.Tokens)/float64(bs) - float64(matchOf(r, i))
 		cost := w*max(pre, 0) + float64(rp.DecodeBlocks+reqBlocks)
 		if costs != nil {
-			costs = append(costs, Cost{Replica: i, Matched: min(matchOf(r, i)*bs, r.Tokens), Total: time.Duration(cost)})
+			costs = append(costs, Cost{Replica: i, Matched: min(matchOf(r, i)*bs, r.Tokens), Score: cost})
 		}
 		if best < 0 || cost < bestCost || cost == bestCost && dynamoTie(r, s, i, best) {
 			best, bestCost = i, cost

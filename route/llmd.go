@@ -18,7 +18,7 @@ import "time"
 // scraped, used however stale (llm-d does not discount them); the prefix
 // score is Match/Blocks, Match and Blocks both counted in the index's
 // 64-token blocks (Needs.BlockTokens); the random tie-break is the lowest
-// tieKey of Request.Hash. Cost.Total is −score × 1e6 (1 ns = 1e-6 points).
+// tieKey of Request.Hash. Cost.Score is −score.
 type LLMD struct {
 	// QueueWeight, KVWeight and PrefixWeight weigh the three scorers; zero
 	// means llm-d's defaults 2, 2 and 3.
@@ -64,7 +64,7 @@ func (p LLMD) Pick(r *Request, s *Snapshot) Decision {
 			q = float64(maxQ-rp.Waiting) / float64(maxQ-minQ)
 		}
 		score := wq*q + wk*(1-min(max(rp.KVUsage, 0), 1)) + wp*ratioOf(r, i)
-		c.offer(i, -score*1e6, matchOf(r, i)*bs)
+		c.offer(i, -score, matchOf(r, i)*bs)
 	}
 	return c.decision(ReasonScore, matchOf(r, c.best)*bs)
 }

@@ -111,3 +111,31 @@ func TestMooncake(t *testing.T) {
 		{name: "queue outweighs the cached prefix", snap: queued(5000), req: rq(1024, 60, 0), want: 1, wantReason: ReasonLeastTTFT},
 	})
 }
+
+// TestScoresAreNotTimes: a policy that ranks by a score records it as
+// Cost.Score and leaves the time terms zero; one that prices in time
+// (preble-e2, mooncake, kv-aware) records Total.
+func TestScoresAreNotTimes(t *testing.T) {
+	snap := Snapshot{Replicas: []Replica{withMetrics(3, 2, 1, 0.5), withMetrics(1, 1, 0, 0.2)}}
+	for _, tc := range []struct {
+		name  string
+		timed bool
+	}{{"least-loaded", false}, {"power-of-two", false}, {"llm-d", false}, {"dynamo-kv", false},
+		{"aibrix-prefix", false}, {"preble-e2", true}, {"mooncake", true}, {"kv-aware", true}} {
+		p, err := New(tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rq(1024, 32, 0)
+		r.Costs = make([]Cost, 0, 4)
+		d := p.Pick(r, &snap)
+		if len(d.Costs) == 0 {
+			t.Fatalf("%s: no costs recorded", tc.name)
+		}
+		for _, k := range d.Costs {
+			if timed := k.Total != 0; timed != tc.timed || (!tc.timed && (k.Wait != 0 || k.Prefill != 0)) {
+				t.Errorf("%s: candidate %+v, want timed %v", tc.name, k, tc.timed)
+			}
+		}
+	}
+}

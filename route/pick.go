@@ -139,12 +139,14 @@ func costsFor(r *Request, n int) []Cost {
 
 // chooser keeps the best candidate seen so far: the lowest key, ties broken
 // by tieKey of the request hash (deterministic, no random source). It also
-// records each candidate's key as Cost.Total when costs is non-nil.
+// records each candidate's key when costs is non-nil: as Cost.Total in ns
+// if timed, else as Cost.Score.
 type chooser struct {
 	best  int
 	key   float64
 	hash  uint64
 	costs []Cost
+	timed bool
 }
 
 // newChooser starts an empty choice for request r over n replicas.
@@ -155,7 +157,11 @@ func newChooser(r *Request, n int) chooser {
 // offer proposes replica i with key (lower is better) and records it.
 func (c *chooser) offer(i int, key float64, matched int) {
 	if c.costs != nil {
-		c.costs = append(c.costs, Cost{Replica: i, Matched: matched, Total: time.Duration(key)})
+		k := Cost{Replica: i, Matched: matched, Score: key}
+		if c.timed {
+			k = Cost{Replica: i, Matched: matched, Total: time.Duration(key)}
+		}
+		c.costs = append(c.costs, k)
 	}
 	c.consider(i, key)
 }

@@ -1,7 +1,5 @@
 package route
 
-import "time"
-
 // PowerOfTwo draws two distinct healthy replicas from Request.Hash and sends
 // the request to the one with fewer requests in flight (Replica.InFlight);
 // on a tie, the first drawn. With one healthy replica it is that one.
@@ -26,9 +24,9 @@ func (PowerOfTwo) Pick(r *Request, s *Snapshot) Decision {
 	i, j := nthHealthy(s, a), nthHealthy(s, b)
 	costs := costsFor(r, len(s.Replicas))
 	if costs != nil {
-		costs = append(costs, Cost{Replica: i, Total: time.Duration(s.Replicas[i].InFlight)})
+		costs = append(costs, Cost{Replica: i, Score: float64(s.Replicas[i].InFlight)})
 		if j != i {
-			costs = append(costs, Cost{Replica: j, Total: time.Duration(s.Replicas[j].InFlight)})
+			costs = append(costs, Cost{Replica: j, Score: float64(s.Replicas[j].InFlight)})
 		}
 	}
 	if s.Replicas[j].InFlight < s.Replicas[i].InFlight {

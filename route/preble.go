@@ -77,6 +77,7 @@ func (p PrebleE2) Pick(r *Request, s *Snapshot) Decision {
 	}
 	matched := min(deepest*bs, r.Tokens)
 	c := newChooser(r, len(s.Replicas))
+	c.timed = true // loads and prefills in ns
 	if r.Tokens-matched < matched {
 		for i := range s.Replicas {
 			if rp := &s.Replicas[i]; rp.Healthy && matchOf(r, i) == deepest {

@@ -152,9 +152,12 @@ type Cost struct {
 	// Memory is the expected cost of evictions and preemption under KV
 	// pressure.
 	Memory time.Duration
-	// Total is what the policy minimised (or, for score-based peers, the
-	// negated score expressed as-is).
+	// Total is what the policy minimised, for a policy that prices in time.
 	Total time.Duration
+	// Score is what a policy that ranks by a score rather than a time
+	// minimised (an in-flight count, blocks, a negated weighted score);
+	// Total and the other terms are then zero.
+	Score float64
 	// Pruned says the candidate was not priced in full: a lower bound of
 	// its Total, kept in Total, already exceeded a cheaper candidate's, so
 	// it could not win. Matched is then the tokens its index entry matched

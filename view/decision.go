@@ -96,6 +96,9 @@ type Candidate struct {
 	OthersMS  float64 `json:"others_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
 	TotalMS   float64 `json:"total_ms"`
+	// Score is what a policy that ranks by a score rather than a time
+	// minimised (its time terms are then zero); absent for kv-aware.
+	Score float64 `json:"score,omitempty"`
 }
 
 // MS converts d to milliseconds.

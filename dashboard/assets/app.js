@@ -164,7 +164,7 @@ function costs(d) {
         el("td", { class: "num" }, costMS(c.wait_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
         el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.others_ms)),
         el("td", { class: "num" }, costMS(c.memory_ms)),
-        el("td", { class: "num" }, costMS(c.total_ms))))));
+        el("td", { class: "num" }, c.score !== undefined && !c.total_ms ? `score ${c.score}` : costMS(c.total_ms))))));
   if (!d.pruned_candidates) return table;
   return el("div", {}, table, el("div", { class: "muted pruned" },
     `+ ${int(d.pruned_candidates)} more candidates pruned: a lower bound of their cost already exceeded the chosen one's`));
