@@ -29,8 +29,8 @@ type kvRequest struct {
 	// replica, the least any replica's prefill can cost (bound).
 	compute0, computeDeep float64
 	// iters0 is the iterations a prefill of the whole prompt takes with rt.
-	iters0 float64
-	deepMatch             float64
+	iters0    float64
+	deepMatch float64
 	// decodeFloor is the least decode and decode slowdown of others the
 	// request can cost on a replica of rt, unscaled (bound).
 	decodeFloor float64
