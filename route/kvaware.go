@@ -4,16 +4,18 @@ import "time"
 
 // KVAware is kvrouter's default policy. It prices every candidate replica
 // in one unit, time, and sends the request where the fleet's total latency
-// grows least: the request's own time from arrival to its last token, plus
-// the delay it imposes on the requests already running on that replica.
-// Minimising that sum (the marginal cost of the request to the fleet,
-// rather than its own time to first token) is what keeps a replica that
-// holds a prefix from drawing every request that shares it: its growing
-// batch slows every one of its decodes, and each new prefill stalls them
-// all.
+// grows least. A user waits twice, for the first token and for the last,
+// so a request's latency is counted as its time to first token plus its
+// time to last token; the policy minimises the sum of that over the fleet:
+// the request's own, plus what it adds to the requests on that replica.
+// Pricing the whole request and its cost to the others (rather than its
+// own time to first token) is what keeps a replica that holds a prefix
+// from drawing every request that shares it: its growing batch slows
+// every one of its decodes, and each new prefill stalls them all.
 //
-// For replica i, with B its running sequences and K their KV context in
-// tokens, one decode iteration takes step = DecodeStep + B×DecodePerSeq +
+// For replica i, with B its sequences (every request the router has in
+// flight there, or the engine's Running when fresh and more) and K their
+// KV context in tokens, one decode iteration takes step = DecodeStep + B×DecodePerSeq +
 // K×DecodePerMTokens, and one more sequence like this request adds
 // Δ = DecodePerSeq + (prompt + output/2)×DecodePerMTokens to it. Then:
 //
@@ -32,20 +34,23 @@ import "time"
 //     lighter replicas, so a batch below the fleet's mean is soon at it,
 //     and one above drains as its sequences finish (kvRequest.life).
 //   - Others: the delay it imposes: its prefill stalls each of the B
-//     running decodes (B × its prefill compute); its presence slows every
-//     iteration it shares with the batch (that batch × output × Δ); and
-//     the requests that arrive while its prefill runs wait for it (λ ×
-//     prefill²/2, λ the fleet's per-replica arrival rate: the mean batch
-//     over the time a sequence stays in it, by Little's law).
+//     running decodes (B × its prefill compute), which their last tokens
+//     feel; its presence slows every iteration it shares with the batch
+//     (that batch × output × Δ); and the requests that arrive while its
+//     prefill runs wait for it (λ × prefill²/2, λ the fleet's per-replica
+//     arrival rate: the mean batch over the time a sequence stays in it,
+//     by Little's law), for their first token and so for their last.
 //   - Memory: with u the KV usage after admitting its blocks, above
 //     HighWater it evicts cached prefixes others would reuse ((u −
 //     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);
 //     above 1 a running sequence is preempted and recomputed.
 //
-// Wait, Prefill and the prefill stall are times to first token and scale
-// with Rates.Scale; Decode, the decode slowdown and the decode iterations
-// inside Wait and Prefill scale with Rates.DecodeScale. Wait + Prefill is
-// the predicted time to first token (Needs.Calibrate).
+// Total = 2 × (Wait + Prefill) + Decode + Others + Memory, Others
+// counting the arrivals' wait twice too: a time to first token is part of
+// both latencies. Wait, Prefill and the prefill stall are prefill work and
+// scale with Rates.Scale; Decode, the decode slowdown and the decode
+// iterations inside Wait and Prefill scale with Rates.DecodeScale. Wait +
+// Prefill is the predicted time to first token (Needs.Calibrate).
 //
 // The behaviours of design.md §3 fall out of these terms, each covered by
 // a test in kvaware_test.go: a session's replica holds its blocks, so its

@@ -37,10 +37,22 @@ func TestKVAwareSessionAffinity(t *testing.T) {
 		{name: "pin alone does not beat a shorter queue", snap: Snapshot{Replicas: []Replica{idle(), queued(200)}},
 			req: pinned(1, 1024), want: 0, wantReason: ReasonLeastCost},
 	})
-	// PinBonus, when set, is an explicit bonus of that much time.
-	d := KVAware{PinBonus: 10 * time.Millisecond}.Pick(pinned(1, 1024), &Snapshot{Replicas: []Replica{idle(), queued(200)}})
-	if d.Replica != 1 {
-		t.Errorf("PinBonus 10ms vs an 8 ms queue: got %d, want 1", d.Replica)
+	// PinBonus, when set, is an explicit bonus of that much time: just
+	// more than the pinned replica's extra cost wins it the request, just
+	// less does not.
+	snap := Snapshot{Replicas: []Replica{idle(), queued(200)}}
+	r := pinned(1, 1024)
+	r.Costs = make([]Cost, 0, 2)
+	d := KVAware{}.Pick(r, &snap)
+	extra := d.Costs[1].Total - d.Costs[0].Total
+	if extra <= 0 {
+		t.Fatalf("setup: the queued pinned replica should cost more, got %+v", d.Costs)
+	}
+	if d := (KVAware{PinBonus: extra + time.Millisecond}).Pick(pinned(1, 1024), &snap); d.Replica != 1 {
+		t.Errorf("PinBonus %v vs %v more: got %d, want 1", extra+time.Millisecond, extra, d.Replica)
+	}
+	if d := (KVAware{PinBonus: extra - time.Millisecond}).Pick(pinned(1, 1024), &snap); d.Replica != 0 {
+		t.Errorf("PinBonus %v vs %v more: got %d, want 0", extra-time.Millisecond, extra, d.Replica)
 	}
 }
 
@@ -61,7 +73,7 @@ func TestKVAwareShortPrefixDiscounted(t *testing.T) {
 
 func TestKVAwareDecaysOldEntries(t *testing.T) {
 	horizon := Rates{Horizon: 5 * time.Minute}
-	a, b := idle(), queued(200) // b: 8 ms of queue
+	a, b := queued(200), queued(200) // equally loaded
 	a.Rates, b.Rates = horizon, horizon
 	snap := Snapshot{Replicas: []Replica{a, b}}
 	r := rq(1024, 32, 32)
@@ -75,7 +87,8 @@ func TestKVAwareDecaysOldEntries(t *testing.T) {
 		t.Errorf("predicted cached: got %d, want 512", d.Matched)
 	}
 	// Without a horizon nothing decays: both hold 512 tokens, a is idle.
-	snap.Replicas[0].Rates, snap.Replicas[1].Rates = Rates{}, Rates{}
+	snap.Replicas[0] = idle()
+	snap.Replicas[1].Rates = Rates{}
 	if d := (KVAware{}).Pick(r, &snap); d.Replica != 0 {
 		t.Errorf("no horizon: got %d, want 0", d.Replica)
 	}
@@ -167,7 +180,7 @@ func TestKVAwareScaleAndRates(t *testing.T) {
 		DecodeStep: DefaultDecodeStep, DecodePerSeq: DefaultDecodePerSeq, MaxSeqs: DefaultMaxSeqs, Scale: 1}
 	r := rq(3000, 100, 100)
 	r.Costs = make([]Cost, 0, 2)
-	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{queued(700), explicit}})
+	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{idle(), explicit}})
 	d.Costs[1].Replica = 0
 	if d.Costs[0].Prefill != d.Costs[1].Prefill || d.Costs[0].Decode != d.Costs[1].Decode {
 		t.Errorf("zero vs explicit default rates: got %+v and %+v, want equal prefill and decode", d.Costs[0], d.Costs[1])
@@ -188,8 +201,10 @@ func TestKVAwareCostsRecorded(t *testing.T) {
 		t.Fatalf("got costs %+v, want entries for healthy replicas 0 and 2", d.Costs)
 	}
 	for _, c := range d.Costs {
-		if d := c.Total - (c.Wait + c.Prefill + c.Decode + c.Others + c.Memory); d < -2 || d > 2 {
-			t.Errorf("replica %d: Total %v, want the sum of its terms", c.Replica, c.Total)
+		// The time to first token counts twice: once on its own, once as
+		// part of the time to the last token.
+		if d := c.Total - (2*(c.Wait+c.Prefill) + c.Decode + c.Others + c.Memory); d < -3 || d > 3 {
+			t.Errorf("replica %d: Total %v, want 2 × (Wait + Prefill) + Decode + Others + Memory", c.Replica, c.Total)
 		}
 		if c.Replica == d.Replica && c.Matched != d.Matched {
 			t.Errorf("chosen replica's Matched %d, Decision.Matched %d: want equal", c.Matched, d.Matched)

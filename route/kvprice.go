@@ -151,10 +151,10 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	// Others: the stall of the running decodes, the slowdown of the
 	// sequences that share its iterations, and the wait of the requests
 	// that arrive during its prefill.
-	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + q.behind(rt, prefill)
+	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + 2*q.behind(rt, prefill)
 
 	memory := q.memory(rp, rt, fresh, uncached) * rt.Scale
-	total := wait + prefill + decode + others + memory
+	total := 2*(wait+prefill) + decode + others + memory
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
@@ -215,14 +215,17 @@ func (q *kvRequest) matched(i int) float64 {
 	return min(float64(matchOf(q.r, i)*q.bs), q.tokens)
 }
 
-// batch is the replica's running sequences and their KV context in
-// tokens: the engine's Running and used KV when fresh (at least the
-// router's own footprint), else the router's own decoding requests and
-// footprint.
+// batch is the replica's sequences, the batch a request sent there
+// joins, and their KV context in tokens: every request the router has in
+// flight there (those still in prefill run beside it too, and a burst
+// routed since the last scrape is in no scraped figure), or the engine's
+// Running when fresh metrics show more (other clients'); the context is
+// the router's own footprint, or the engine's used KV when fresh and
+// more.
 func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
-	n, context = float64(rp.Decoding), float64(rp.DecodeBlocks)*float64(q.bs)
+	n, context = float64(rp.InFlight), float64(rp.DecodeBlocks)*float64(q.bs)
 	if fresh {
-		n = float64(rp.Running)
+		n = max(n, float64(rp.Running))
 		if rp.CacheBlocks > 0 {
 			context = max(context, rp.KVUsage*float64(rp.CacheBlocks)*float64(q.bs))
 		}
@@ -296,8 +299,8 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 // its index entry matched. It keeps the terms that tell replicas apart
 // cheaply: the router's own queue, the prefill's compute as if the
 // deepest match of any replica were cached here (exact when nothing
-// matches here), in at least one iteration of the lesser of the two batch
-// sizes price may use, its stall of that batch and the wait of the
+// matches here), in at least one iteration of the router's own in-flight
+// batch (the least price may use), its stall of that batch and the wait of the
 // arrivals behind it; the decode it takes at its floor, the fleet's mean
 // batch (a replica's batch over a decode is never below it: see life).
 // Each term of price is at least its counterpart here (the others'
@@ -309,14 +312,11 @@ func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	if matchOf(q.r, i) > 0 {
 		m, compute, iters = q.matched(i), q.computeDeep, 1
 	}
-	batch := float64(rp.Decoding)
-	if rp.Scraped {
-		batch = float64(min(rp.Running, rp.Decoding))
-	}
+	batch := float64(rp.InFlight)
 	prefill := compute * rt.Scale
 	step := float64(rt.DecodeStep) + batch*float64(rt.DecodePerSeq)
-	total := (float64(rp.PrefillTokens)*float64(rt.PrefillPerToken)+compute*batch)*rt.Scale + prefill +
-		(q.decodeFloor+iters*step)*rt.DecodeScale + q.behind(rt, prefill)
+	total := (2*float64(rp.PrefillTokens)*float64(rt.PrefillPerToken)+compute*batch)*rt.Scale + 2*prefill +
+		(q.decodeFloor+2*iters*step)*rt.DecodeScale + 2*q.behind(rt, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
