@@ -31,6 +31,8 @@ type kvRequest struct {
 	// iters0 is the iterations a prefill of the whole prompt takes with rt.
 	iters0    float64
 	deepMatch float64
+	// arrivals is λ at DecodeScale 1 for rt, per ns (behind).
+	arrivals float64
 	// decodeFloor is the least decode and decode slowdown of others the
 	// request can cost on a replica of rt, unscaled (bound).
 	decodeFloor float64
@@ -106,7 +108,9 @@ func (q *kvRequest) setRates(raw *Rates) {
 	q.computeDeep = prefillNS(&q.rt, q.tokens-q.deepMatch, q.deepMatch)
 	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
-	q.decodeFloor = q.out * (stepNS(&q.rt, q.meanBatch, q.meanContext) + grow + q.meanBatch*grow)
+	meanStep := stepNS(&q.rt, q.meanBatch, q.meanContext)
+	q.decodeFloor = q.out * (meanStep + grow + q.meanBatch*grow)
+	q.arrivals = q.meanBatch / (float64(q.p.MeanOutput) * meanStep)
 }
 
 // price is the kv-aware cost model of one candidate (KVAware's doc says
@@ -195,8 +199,7 @@ func (q *kvRequest) life(batch float64) (life, share float64) {
 // the time a sequence stays in it, MeanOutput iterations of the mean
 // batch.
 func (q *kvRequest) behind(rt *Rates, prefill float64) float64 {
-	stay := float64(q.p.MeanOutput) * stepNS(rt, q.meanBatch, q.meanContext) * rt.DecodeScale
-	return q.meanBatch / stay * prefill * prefill / 2
+	return q.arrivals / rt.DecodeScale * prefill * prefill / 2
 }
 
 // cached is the expected cached prompt tokens on replica i: the index's
