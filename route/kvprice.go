@@ -329,11 +329,17 @@ func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 // deepest is the most expected cached tokens over the healthy replicas
 // whose match exceeds floor tokens (for the reason, when some were
 // pruned).
+//
+// Only whether one caches more than floor, and a whole block, matters to
+// the reason, so it stops at the first that does.
 func (q *kvRequest) deepest(rs []Replica, floor int) int {
 	most := 0
 	for i := range q.r.Match[:min(len(q.r.Match), len(rs))] {
 		if rp := &rs[i]; rp.Healthy && int(q.matched(i)) > floor {
 			most = max(most, int(q.cached(rp, i, q.rates(&rp.Rates))))
+			if most > floor && most >= q.bs {
+				break
+			}
 		}
 	}
 	return most
