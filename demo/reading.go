@@ -113,7 +113,7 @@ func (r *Result) skew() string {
 			fmt.Fprintf(&b, " and left %d of %d idle", idle, len(p.Report.PerReplica))
 		}
 		fmt.Fprintf(&b, ": it sends a request where its prefix (the shared system prompt, then the conversation's history) "+
-			"is cached unless the queue there is predicted to cost more than prefilling the prompt elsewhere, "+
+			"is cached unless its queue and batch there are predicted to cost the fleet more than prefilling the prompt elsewhere, "+
 			"which it found for %d of %d requests (reason \"replicate\"). ", p.Report.Reasons["replicate"], decided)
 		return b.String()
 	}
