@@ -156,3 +156,24 @@ func TestResidentShape(t *testing.T) {
 		}
 	}
 }
+
+// TestKVAwareIgnoresNaNUsage: a scrape that says NaN of its KV usage
+// neither makes a replica free nor poisons the choice: kv-aware prices it
+// on its own counts, as if the engine had said nothing.
+func TestKVAwareIgnoresNaNUsage(t *testing.T) {
+	nan := decoding(20)
+	nan.KVUsage, nan.CacheBlocks = math.NaN(), 28000
+	light := decoding(2)
+	light.CacheBlocks = 28000
+	r := rq(2048)
+	r.Costs = make([]Cost, 0, 2)
+	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{nan, light}})
+	if d.Replica != 1 {
+		t.Errorf("got %d, want the lightly loaded replica 1", d.Replica)
+	}
+	for _, k := range d.Costs {
+		if k.Total <= 0 || k.Memory < 0 {
+			t.Errorf("candidate %+v: want finite, positive terms", k)
+		}
+	}
+}

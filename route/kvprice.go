@@ -230,7 +230,9 @@ func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
 	if fresh {
 		n = max(n, float64(rp.Running))
 		if rp.CacheBlocks > 0 {
-			context = max(context, rp.KVUsage*float64(rp.CacheBlocks)*float64(q.bs))
+			if u := rp.KVUsage; u > 0 { // not NaN
+				context = max(context, u*float64(rp.CacheBlocks)*float64(q.bs))
+			}
 		}
 	}
 	return n, context
@@ -273,14 +275,16 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 	need := (uncached + q.out) / bs
 	capacity, after := float64(rp.CacheBlocks), 0.0
 	if capacity <= 0 {
-		if !fresh || rp.KVUsage <= hw {
+		if !fresh || !(rp.KVUsage > hw) { // NaN says nothing
 			return 0
 		}
 		capacity, after = 1, rp.KVUsage
 	} else {
 		used := float64(rp.DecodeBlocks)
 		if fresh {
-			used = max(used, rp.KVUsage*capacity)
+			if u := rp.KVUsage; u > 0 { // not NaN
+				used = max(used, u*capacity)
+			}
 		}
 		after = used + need
 		if after <= hw*capacity {
