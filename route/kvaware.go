@@ -128,12 +128,14 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			best, bestTotal, bestCached = i, total, k.Matched
 		}
 	}
-	first := -1
+	first, firstCost := -1, Cost{}
 	if prune {
-		// A good first candidate makes the bound bite.
+		// A good first candidate makes the bound bite; it is priced once,
+		// and recorded in its place in the scan.
 		if first = q.first; first >= 0 {
-			k, total := q.price(&rs[first], first)
-			consider(first, &k, total)
+			var total float64
+			firstCost, total = q.price(&rs[first], first)
+			consider(first, &firstCost, total)
 		}
 	}
 	for i := range rs {
@@ -141,7 +143,13 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 		if !rp.Healthy {
 			continue
 		}
-		if prune && i != r.Pinned && best >= 0 && i != first {
+		if i == first {
+			if costs != nil {
+				costs = append(costs, firstCost)
+			}
+			continue
+		}
+		if prune && i != r.Pinned && best >= 0 {
 			if lb, m := q.bound(rp, i); lb > bestTotal*(1+1e-9) {
 				maxPruned = max(maxPruned, m)
 				if costs != nil {
@@ -154,9 +162,7 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 		if costs != nil {
 			costs = append(costs, k)
 		}
-		if i != first {
-			consider(i, &k, total)
-		}
+		consider(i, &k, total)
 	}
 	if best < 0 {
 		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs}
