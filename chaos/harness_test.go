@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,6 +17,10 @@ import (
 	"testing"
 	"time"
 )
+
+// long runs the long versions of the tests (the soak for 10 minutes, the
+// fuzz-like floods for longer); CI runs the short ones.
+var long = flag.Bool("chaos.long", false, "run the long chaos tests (10-minute soak, longer floods)")
 
 // bin is the kvrouter binary the tests run as real processes, built once
 // by TestMain without the race detector (the processes are the system under
