@@ -52,7 +52,9 @@ type Scratch struct {
 // commits the choice: the replica is charged (prefill = prompt − predicted
 // cached tokens), the session bound to it and the blocks touched. The
 // ticket is nil when the policy rejected the request (Decision.Replica
-// −1).
+// −1), or admission control found the fleet saturated for it (Reason
+// route.ReasonSaturated: the caller queues it or rejects it; see
+// Admission).
 func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (route.Decision, *Ticket) {
 	unit := f.tr.Unit(r.Chains)
 	snap := &sc.Snapshot
@@ -63,6 +65,9 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 		if i >= 0 && i < n {
 			sc.cache.force(snap, i)
 		}
+	}
+	if f.cfg.Admission.saturated(snap, r.Tokens) {
+		return route.Decision{Replica: -1, Reason: route.ReasonSaturated}, nil
 	}
 	sc.match, sc.age, sc.costs = fit(sc.match, n), fit(sc.age, n), fit(sc.costs, n)
 	t := f.indexTime(now)

@@ -84,6 +84,14 @@ type Config struct {
 	// Start is time zero of the residency index's clock (index time is
 	// now − Start).
 	Start time.Time
+
+	// Admission is admission control (Decide answers ReasonSaturated when
+	// no replica can take a request in time); the zero value is off.
+	Admission Admission
+	// OnRelease, when set, is called after a ticket frees load on a replica
+	// (its first token ends its prefill, or it is done), so that a queue of
+	// requests waiting for a replica can try again. It must not block.
+	OnRelease func()
 }
 
 // Replica is one replica of Config.

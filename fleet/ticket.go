@@ -120,6 +120,7 @@ func (t *Ticket) FirstToken(now time.Time) {
 	t.r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
 	t.r.decoding.Add(1)
 	t.r.changed()
+	t.f.released()
 	work := t.r.prefilled.Add(int64(t.prefill))
 	if t.claim.Streamed {
 		t.batch0.Store(int64(t.r.batch(now)))
@@ -161,6 +162,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	r.decodeTokens.Add(-int64(t.claim.Tokens))
 	r.inFlight.Add(-1)
 	r.changed()
+	t.f.released()
 	if err != nil {
 		r.failed.Add(1)
 		return

@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"kvrouter/fleet"
 	"kvrouter/hashing"
 	"kvrouter/residency"
 	"kvrouter/route"
@@ -88,6 +89,17 @@ type Config struct {
 	// Tokenizers maps a model name to its tokenizer (a directory or
 	// "remote"), overriding Tokenizer for that model.
 	Tokenizers map[string]string `yaml:"tokenizers"`
+
+	// Admission control (fleet.Admission). MaxWait is the predicted wait
+	// before its prefill starts past which a replica takes no more
+	// requests: when every replica is past it, a request waits in the
+	// router's queue (the X-Priority header's highest first, then the
+	// oldest) for up to QueueTimeout, and MaxQueue of them at most; past
+	// those limits it gets 429 with Retry-After. Zero MaxWait turns it
+	// off; zero MaxQueue and QueueTimeout mean fleet's defaults.
+	MaxWait      time.Duration `yaml:"max-wait"`
+	MaxQueue     int           `yaml:"max-queue"`
+	QueueTimeout time.Duration `yaml:"queue-timeout"`
 }
 
 // policyName is Policy, or the default.
@@ -168,6 +180,9 @@ func DefaultConfig() Config {
 		Preset:         DefaultPreset,
 		Retries:        DefaultRetries,
 		LogLevel:       DefaultLogLevel,
+		MaxWait:        fleet.DefaultMaxWait,
+		MaxQueue:       fleet.DefaultMaxQueue,
+		QueueTimeout:   fleet.DefaultQueueTimeout,
 	}
 }
 
@@ -319,6 +334,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Retries < 0 {
 		errs = append(errs, fmt.Errorf("retries: must not be negative, got %d", c.Retries))
+	}
+	if c.MaxWait < 0 || c.MaxQueue < 0 || c.QueueTimeout < 0 {
+		errs = append(errs, fmt.Errorf("max-wait, max-queue, queue-timeout: must not be negative, got %s, %d, %s", c.MaxWait, c.MaxQueue, c.QueueTimeout))
 	}
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)

@@ -65,10 +65,12 @@ type call struct {
 	ticket     *fleet.Ticket
 	tapped     bool // tap wraps the response body
 	status     int
-	errCode    string // router error code, if the router answered
-	routed     bool   // a completion routed by the policy (not a pass-through)
-	rec        uint64 // the decision record's sequence number; 0: none
-	index      string // the chosen replica's residency feed
+	errCode    string          // router error code, if the router answered
+	routed     bool            // a completion routed by the policy (not a pass-through)
+	priority   int             // HeaderPriority
+	ctx        context.Context // the request's, while it is routed
+	rec        uint64          // the decision record's sequence number; 0: none
+	index      string          // the chosen replica's residency feed
 
 	scratch // reused across requests
 	tap     tap
@@ -153,6 +155,11 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		body, c.strip = c.inj, true
 	}
 	c.sessionOf(r, p)
+	if c.priority, ok = priorityOf(r); !ok {
+		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
+		return
+	}
+	c.ctx = r.Context()
 	if !c.route(w) {
 		return
 	}
@@ -298,9 +305,13 @@ func (c *call) route(w http.ResponseWriter) bool {
 // recorded.
 func (c *call) pick(w http.ResponseWriter) bool {
 	rt := c.rt
-	t0 := rt.now()
-	c.dec, c.ticket = rt.st.fleet.Decide(&c.freq, c.failed, t0, &c.sc)
-	c.decide += rt.now().Sub(t0)
+	t0 := c.decideNow()
+	if c.ticket == nil && c.dec.Reason == route.ReasonSaturated && w != nil {
+		var ok bool
+		if t0, ok = c.queue(c.ctx, w, c.priority); !ok {
+			return false
+		}
+	}
 	if c.ticket == nil {
 		if w != nil {
 			writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica can take the request")
@@ -315,6 +326,14 @@ func (c *call) pick(w http.ResponseWriter) bool {
 	rt.m.decide.Observe(c.decide.Seconds())
 	c.record()
 	return true
+}
+
+// decideNow lets the fleet decide the call now and returns when.
+func (c *call) decideNow() time.Time {
+	t0 := c.rt.now()
+	c.dec, c.ticket = c.rt.st.fleet.Decide(&c.freq, c.failed, t0, &c.sc)
+	c.decide += c.rt.now().Sub(t0)
+	return t0
 }
 
 // rewrite points the outgoing request at the call's replica.

@@ -65,7 +65,8 @@ type Router struct {
 	rp         *httputil.ReverseProxy
 	models     modelsCache
 	st         *state
-	pool       sync.Pool // *call
+	adm        *admission // nil: admission control off
+	pool       sync.Pool  // *call
 	now        func() time.Time
 	start      time.Time // the router's start: time zero of the residency index
 }
@@ -121,7 +122,14 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	rt.m = m
 	rt.decisions = newRing(cfg.Decisions, rt.names)
-	st, err := newState(&rt.cfg, rt.names, rt.policy, rt.upstream, rt.log, rt.now, rt.start)
+	if rt.adm, err = newAdmission(cfg.admission(), reg); err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
+	var onRelease func()
+	if rt.adm != nil {
+		onRelease = rt.adm.wake
+	}
+	st, err := newState(&rt.cfg, rt.names, rt.policy, rt.upstream, rt.log, rt.now, rt.start, onRelease)
 	if err != nil {
 		return nil, err
 	}

@@ -42,8 +42,8 @@ type state struct {
 
 // newState builds the router's state for cfg, whose backends are named
 // names, over upstream, with policy, on the clock now whose reading at the
-// router's start is start.
-func newState(cfg *Config, names []string, policy route.Policy, upstream http.RoundTripper, log *slog.Logger, now func() time.Time, start time.Time) (*state, error) {
+// router's start is start; onRelease is the fleet's Config.OnRelease.
+func newState(cfg *Config, names []string, policy route.Policy, upstream http.RoundTripper, log *slog.Logger, now func() time.Time, start time.Time, onRelease func()) (*state, error) {
 	ecfg, err := engine.Preset(cfg.Preset)
 	if err != nil {
 		return nil, fmt.Errorf("preset: %w", err)
@@ -76,6 +76,8 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		CacheBlocks: cacheBlocks,
 		SessionTTL:  cfg.SessionTTL,
 		Start:       start,
+		Admission:   cfg.admission(),
+		OnRelease:   onRelease,
 	})
 	if err != nil {
 		return nil, err

@@ -145,25 +145,32 @@ func (s *Summary) add(r *Run) CellSummary {
 	return cs
 }
 
-// stand ranks the policies of r on m.
+// stand ranks the policies of r on m. A policy that rejected more
+// requests than another ranks after it whatever its figure, so that no
+// policy looks better by shedding load (admission control rejects what
+// the fleet cannot take in time; the latencies are over what completed).
 func stand(r *Run, m Metric) *Standing {
 	st := &Standing{Ranks: map[string]int{}, Ratios: map[string]float64{}}
 	var names []string
 	var vals []float64
+	var rejs []int
 	for i := range r.Policies {
 		if p := &r.Policies[i]; p.Completed > 0 {
-			names, vals = append(names, p.Policy), append(vals, m.value(p))
+			names, vals, rejs = append(names, p.Policy), append(vals, m.value(p)), append(rejs, p.Rejected)
 		}
 	}
-	better := func(a, b float64) bool {
-		if m.Higher {
-			return a > b
+	better := func(i, j int) bool {
+		if rejs[i] != rejs[j] {
+			return rejs[i] < rejs[j]
 		}
-		return a < b
+		if m.Higher {
+			return vals[i] > vals[j]
+		}
+		return vals[i] < vals[j]
 	}
 	best, second := -1, -1
-	for i, v := range vals {
-		if best < 0 || better(v, vals[best]) {
+	for i := range vals {
+		if best < 0 || better(i, best) {
 			best = i
 		}
 	}
@@ -173,8 +180,8 @@ func stand(r *Run, m Metric) *Standing {
 	st.Winner, st.Best = names[best], vals[best]
 	for i, v := range vals {
 		rank := 1
-		for _, u := range vals {
-			if better(u, v) {
+		for j := range vals {
+			if better(j, i) {
 				rank++
 			}
 		}
@@ -183,10 +190,11 @@ func stand(r *Run, m Metric) *Standing {
 		if v != st.Best {
 			st.Ratios[names[i]] = round6(ratio(v, st.Best))
 		}
+		tied := !better(best, i)
 		switch {
-		case v == st.Best && i != best:
+		case tied && i != best:
 			st.Tied = append(st.Tied, names[i])
-		case v != st.Best && (second < 0 || better(v, vals[second])):
+		case !tied && (second < 0 || better(i, second)):
 			second = i
 		}
 	}

@@ -130,3 +130,22 @@ func TestWriteBoardHTML(t *testing.T) {
 		t.Errorf("page loads an external resource: %q", m)
 	}
 }
+
+// TestBoardSheddingRanksLast: a policy that rejected requests ranks after
+// every policy that rejected fewer, however good the latencies of what it
+// completed.
+func TestBoardSheddingRanksLast(t *testing.T) {
+	ms := func(n float64) Millis { return Millis(n * 1e6) }
+	shed := result("shed", 8, ms(50), ms(20), ms(500), 0.9)
+	shed.Rejected = 2
+	run := Run{Params: []Param{{"workload", "unique"}, {"load", "2"}}, Policies: []Result{
+		shed, result("a", 10, ms(100), ms(50), ms(1000), 0.5), result("b", 10, ms(200), ms(60), ms(900), 0.5),
+	}}
+	st := NewBoard([]Run{run}, "a").Summary.Cells[0].Metrics["ttft_p99"]
+	want := &Standing{Winner: "a", Best: 100, RunnerUp: "b",
+		Ranks:  map[string]int{"a": 1, "b": 2, "shed": 3},
+		Ratios: map[string]float64{"a": 1, "b": 2, "shed": 0.5}}
+	if diff := cmp.Diff(want, st); diff != "" {
+		t.Errorf("ttft p99 (-want +got):\n%s", diff)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"kvrouter/engine"
 	"kvrouter/fleet"
 	"kvrouter/report"
+	"kvrouter/route"
 )
 
 // Errors a ticket is released with.
@@ -23,15 +24,27 @@ func (r *runner) onArrival(j int) {
 			r.q.push(event{at: r.jobs[r.next].at, kind: evArrival, idx: int32(r.next)})
 		}
 	}
+	if !r.dispatch(j) {
+		r.enqueue(j)
+	}
+}
+
+// dispatch routes job j through the fleet and hands it to the chosen
+// engine; admission control may queue it instead (enqueue). It reports
+// false when the fleet was saturated for it.
+func (r *runner) dispatch(j int) bool {
 	jb := &r.jobs[j]
 	r.chains[0].Tokens, r.chains[0].Hashes = r.cfg.Preset.BlockSize, jb.hashes
 	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
 		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true}
 	d, tk := r.fl.Decide(&r.freq, nil, at(r.now), &r.sc)
 	r.traceArrival(j, d)
+	if tk == nil && d.Reason == route.ReasonSaturated {
+		return false
+	}
 	if tk == nil {
 		r.reject(j, -1, d.Reason, rejectPolicy)
-		return
+		return true
 	}
 	i := d.Replica
 	rp := &r.reps[i]
@@ -43,7 +56,7 @@ func (r *runner) onArrival(j int) {
 		tk.Done(at(r.now), fleet.NoUsage, errEngineRefused)
 		r.trace(Step{Kind: StepDone, Replica: i, ReqID: jb.id, Usage: fleet.NoUsage, Failed: true})
 		r.reject(j, i, d.Reason, rejectEngine)
-		return
+		return true
 	}
 	r.flights[j] = flight{rep: int32(i), ticket: tk, predicted: min(d.Matched, jb.prompt), reason: d.Reason, active: true}
 	r.byID[jb.id] = int32(j)
@@ -51,6 +64,7 @@ func (r *runner) onArrival(j int) {
 	if rp.wake < 0 {
 		r.step(i)
 	}
+	return true
 }
 
 // reject records job j as not served: rejected by the policy, refused by

@@ -57,6 +57,11 @@ type runner struct {
 	byID    map[string]int32
 	live    int // requests in flight anywhere
 
+	// wait is admission control's queue of jobs no replica could take;
+	// released says a ticket freed load since the queue was last tried.
+	wait     *fleet.Queue[int32]
+	released bool
+
 	kvq   []kvEvent // delayed KV events, FIFO (due times are monotonic)
 	kvq0  int
 	fleet int // next fleet event
@@ -90,13 +95,16 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 		BlockSize:   cfg.Preset.BlockSize,
 		CacheBlocks: cfg.Preset.NumBlocks,
 		Start:       epoch,
+		Admission:   cfg.Admission,
 	}
+	r := &runner{cfg: cfg, jobs: jobs, name: name, wait: fleet.NewQueue[int32](cfg.Admission.Capacity()),
+		byID: make(map[string]int32, len(jobs)), flights: make([]flight, len(jobs)), ereq: make([]engine.Request, len(jobs))}
+	fc.OnRelease = func() { r.released = true }
 	fl, err := fleet.New(fc)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", name, err)
 	}
-	r := &runner{cfg: cfg, jobs: jobs, name: name, fl: fl,
-		byID: make(map[string]int32, len(jobs)), flights: make([]flight, len(jobs)), ereq: make([]engine.Request, len(jobs))}
+	r.fl = fl
 	for range cfg.Replicas {
 		if err := r.addReplica(); err != nil {
 			return nil, err
@@ -164,7 +172,11 @@ func (r *runner) run() {
 		case evArrival:
 			r.onArrival(int(ev.idx))
 		}
+		if r.released {
+			r.admitQueued()
+		}
 	}
+	r.rejectQueued()
 	r.res.end = r.now
 }
 
@@ -180,7 +192,7 @@ func (r *runner) canceled() bool {
 
 // busy reports whether anything but ticks is still to happen.
 func (r *runner) busy() bool {
-	return r.next < len(r.jobs) || r.live > 0 || r.kvq0 < len(r.kvq) || r.fleet < len(r.cfg.fleet)
+	return r.next < len(r.jobs) || r.live > 0 || r.kvq0 < len(r.kvq) || r.fleet < len(r.cfg.fleet) || r.wait.Len() > 0
 }
 
 // onScrape gives the fleet every live engine's metrics, as the live
@@ -195,6 +207,9 @@ func (r *runner) onScrape() {
 			r.trace(Step{Kind: StepScrape, Replica: i, Load: l})
 		}
 	}
+	// The engines' queues the scrape shows may have shrunk: the queued
+	// jobs try again, as the live router's queue does on its tick.
+	r.released = r.released || r.wait.Len() > 0
 	if r.busy() {
 		r.q.push(event{at: r.now + r.fl.ScrapeInterval(r.cfg.ScrapeInterval), kind: evScrape})
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"kvrouter/engine"
+	"kvrouter/fleet"
 	"kvrouter/report"
 	"kvrouter/residency"
 	"kvrouter/route"
@@ -97,6 +98,12 @@ type Config struct {
 	Mode string
 	// SLO is the goodput target; zero fields are derived (see SLO).
 	SLO SLO
+	// Admission is the router's admission control, as the live router's
+	// (fleet.Admission): a request no replica can take within MaxWait
+	// waits in the router's queue, and one that finds it full, or waits
+	// past its timeout, is rejected (reported as such: a policy that sheds
+	// load shows its rejections). The zero value is off.
+	Admission fleet.Admission
 	// Progress, if set, is called now and then with the requests finished
 	// by the policy running and the requests of the run.
 	Progress func(policy string, done, total int)

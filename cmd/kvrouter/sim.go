@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"kvrouter/engine"
+	"kvrouter/fleet"
 	"kvrouter/report"
 	"kvrouter/route"
 	"kvrouter/sim"
@@ -61,6 +62,8 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	mode := fs.String("mode", sim.ModeApproximate, "index of kv-aware: approximate or precise")
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
+	adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout}
+	admissionFlags(fs, &adm.MaxWait, &adm.MaxQueue, &adm.QueueTimeout)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -82,7 +85,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	base := sim.Config{
 		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
-		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Cancel: ctx.Done(),
+		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(),
 	}
 	runs, err := runCells(cells(base, ws, loads), stderr)
 	if err != nil {
@@ -93,6 +96,14 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		out = boardWriters(report.NewBoard(runs, route.Default))
 	}
 	return out.write(stdout, *htmlOut, *asJSON)
+}
+
+// admissionFlags binds the admission-control flags, which serve and sim
+// share (fleet.Admission), with the values they point to as defaults.
+func admissionFlags(fs *flag.FlagSet, maxWait *time.Duration, maxQueue *int, timeout *time.Duration) {
+	fs.DurationVar(maxWait, "max-wait", *maxWait, "admission control: a request that no replica can start within this predicted wait is held in the router's queue until one can (0: off)")
+	fs.IntVar(maxQueue, "max-queue", *maxQueue, "admission control: requests the router's queue holds; past it the lowest priority is rejected with 429")
+	fs.DurationVar(timeout, "queue-timeout", *timeout, "admission control: longest wait in the router's queue before a 429")
 }
 
 // policyNames parses --policies.

@@ -1,0 +1,227 @@
+package fleet
+
+import (
+	"container/heap"
+	"sync"
+	"time"
+
+	"kvrouter/route"
+)
+
+// Admission is admission control: when no replica that could serve a
+// request can start its prefill within MaxWait (route.Backlog), the fleet
+// is saturated for it, and Decide answers route.ReasonSaturated instead
+// of routing it. The caller then holds it in a Queue, where it waits for
+// a replica to free (Config.OnRelease) and is decided again, or rejects
+// it. Sending it anyway would only queue it inside an engine, bound to
+// that replica whichever frees first; holding it in the router keeps the
+// choice open until one does.
+type Admission struct {
+	// MaxWait is the longest predicted wait before a request's prefill
+	// starts (route.Backlog) that a replica may have and still take it;
+	// zero means admission control is off.
+	MaxWait time.Duration
+	// MeanOutput is the output length, in tokens, Backlog assumes of the
+	// requests holding the seats of a full replica; zero means 256.
+	MeanOutput int
+	// StaleAfter is the age beyond which an engine's scraped load no
+	// longer counts in Backlog; zero means route's kv-aware default (2 s).
+	StaleAfter time.Duration
+	// MaxQueue is how many requests the caller's Queue holds; zero means
+	// DefaultMaxQueue.
+	MaxQueue int
+	// QueueTimeout is the longest a request waits in the queue before it
+	// is rejected; zero means DefaultQueueTimeout.
+	QueueTimeout time.Duration
+}
+
+// Defaults of the live router's and the simulator's admission control
+// (Admission's zero value is off).
+const (
+	// DefaultMaxWait is the predicted wait past which a replica takes no
+	// more requests: far above any healthy queue, so that only a fleet
+	// that cannot keep up queues in the router.
+	DefaultMaxWait = 30 * time.Second
+	// DefaultMaxQueue is the queue's capacity.
+	DefaultMaxQueue = 1024
+	// DefaultQueueTimeout is the longest wait in the queue.
+	DefaultQueueTimeout = 30 * time.Second
+)
+
+// Capacity returns MaxQueue, or its default.
+func (a *Admission) Capacity() int {
+	if a.MaxQueue > 0 {
+		return a.MaxQueue
+	}
+	return DefaultMaxQueue
+}
+
+// Timeout returns QueueTimeout, or its default.
+func (a *Admission) Timeout() time.Duration {
+	if a.QueueTimeout > 0 {
+		return a.QueueTimeout
+	}
+	return DefaultQueueTimeout
+}
+
+// released calls Config.OnRelease.
+func (f *Fleet) released() {
+	if h := f.cfg.OnRelease; h != nil {
+		h()
+	}
+}
+
+// saturated reports whether every healthy replica of snap has a backlog
+// above MaxWait for a request of tokens prompt tokens. A fleet with no
+// healthy replica is not saturated (the policy says there is none). It
+// stops at the first replica that can take the request.
+func (a *Admission) saturated(snap *route.Snapshot, tokens int) bool {
+	if a.MaxWait <= 0 {
+		return false
+	}
+	any := false
+	for i := range snap.Replicas {
+		rp := &snap.Replicas[i]
+		if !rp.Healthy {
+			continue
+		}
+		if a.Backlog(rp, tokens) <= a.MaxWait {
+			return false
+		}
+		any = true
+	}
+	return any
+}
+
+// Backlog is route.Backlog of a request of tokens prompt tokens on rp,
+// with a's MeanOutput and StaleAfter.
+func (a *Admission) Backlog(rp *route.Replica, tokens int) time.Duration {
+	out, stale := a.MeanOutput, a.StaleAfter
+	if out <= 0 {
+		out = 256
+	}
+	if stale <= 0 {
+		stale = 2 * time.Second
+	}
+	return route.Backlog(rp, tokens, out, stale)
+}
+
+// Queue holds requests waiting for a replica while the fleet is
+// saturated: the highest Priority first, then the first queued; at most
+// its capacity. The live router queues its waiting requests' handles, the
+// simulator its jobs. Its methods are safe for concurrent use.
+type Queue[T any] struct {
+	mu  sync.Mutex
+	cap int
+	h   entries[T]
+	seq uint64
+}
+
+// Entry is one queued request. Since is when it was first queued; an
+// entry popped and pushed again keeps its place among equal priorities.
+type Entry[T any] struct {
+	Value    T
+	Priority int
+	Since    time.Time
+	seq      uint64
+	index    int // in the heap; −1 when not queued
+}
+
+// NewQueue returns an empty queue holding at most capacity entries
+// (at least 1).
+func NewQueue[T any](capacity int) *Queue[T] {
+	return &Queue[T]{cap: max(capacity, 1)}
+}
+
+// Push queues e. When the queue is full, e displaces the last entry (the
+// lowest priority, queued last) if it outranks it; out is the entry left
+// out, that one or e itself, nil when there was room.
+func (q *Queue[T]) Push(e *Entry[T]) (out *Entry[T]) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.seq == 0 {
+		q.seq++
+		e.seq = q.seq
+	}
+	if len(q.h) >= q.cap {
+		last := q.h.last()
+		if !q.h.before(e, q.h[last]) {
+			e.index = -1
+			return e
+		}
+		out = q.h[last]
+		heap.Remove(&q.h, last)
+	}
+	heap.Push(&q.h, e)
+	return out
+}
+
+// Pop removes and returns the first entry, nil when the queue is empty.
+func (q *Queue[T]) Pop() *Entry[T] {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.h) == 0 {
+		return nil
+	}
+	return heap.Pop(&q.h).(*Entry[T])
+}
+
+// Remove takes e out of the queue and reports whether it was in it.
+func (q *Queue[T]) Remove(e *Entry[T]) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.index < 0 || e.index >= len(q.h) || q.h[e.index] != e {
+		return false
+	}
+	heap.Remove(&q.h, e.index)
+	return true
+}
+
+// Len returns how many entries are queued.
+func (q *Queue[T]) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.h)
+}
+
+// entries is a heap of entries, first the highest priority then the
+// lowest seq.
+type entries[T any] []*Entry[T]
+
+func (h entries[T]) before(a, b *Entry[T]) bool {
+	if a.Priority != b.Priority {
+		return a.Priority > b.Priority
+	}
+	return a.seq < b.seq
+}
+
+// last returns the index of the entry every other one comes before.
+func (h entries[T]) last() int {
+	k := 0
+	for i := range h {
+		if h.before(h[k], h[i]) {
+			k = i
+		}
+	}
+	return k
+}
+
+func (h entries[T]) Len() int           { return len(h) }
+func (h entries[T]) Less(i, j int) bool { return h.before(h[i], h[j]) }
+func (h entries[T]) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *entries[T]) Push(x any) {
+	e := x.(*Entry[T])
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *entries[T]) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	e.index = -1
+	*h = old[:len(old)-1]
+	return e
+}

@@ -1,0 +1,42 @@
+package route
+
+import "time"
+
+// ReasonSaturated is the reason of a request that no replica can take
+// without a wait above the admission limit (package fleet's Admission):
+// it is held in the router's queue, or rejected, rather than routed.
+const ReasonSaturated = "saturated"
+
+// Backlog is how long a request of tokens prompt tokens sent to rp now
+// would wait before its prefill starts, whatever the policy: the prefill
+// queued ahead of it, and, when every seat (MaxSeqs) is taken, the wait
+// for one to free. Admission control compares it with its limit.
+//
+// The queue is the router's own not-yet-started prefill, or the engine's
+// waiting requests when its metrics are fresh (scraped within staleAfter)
+// and show more, each counted at the mean of the router's own (at tokens
+// when it has none). A seat frees every meanOutput × step(MaxSeqs) /
+// MaxSeqs on average, step at the nominal context of a sequence.
+func Backlog(rp *Replica, tokens, meanOutput int, staleAfter time.Duration) time.Duration {
+	rt := rp.Rates.WithDefaults()
+	fresh := rp.Scraped && rp.LoadAge <= staleAfter
+	queued := rp.PrefillTokens
+	own := max(rp.InFlight-rp.Decoding, 0)
+	if extra := rp.Waiting - own; fresh && extra > 0 {
+		per := tokens
+		if own > 0 {
+			per = rp.PrefillTokens / own
+		}
+		queued += extra * per
+	}
+	wait := time.Duration(float64(time.Duration(queued)*rt.PrefillPerToken) * rt.Scale)
+	occupied := rp.InFlight
+	if fresh {
+		occupied = max(occupied, rp.Running+rp.Waiting)
+	}
+	if over := occupied - rt.MaxSeqs + 1; over > 0 {
+		seat := float64(time.Duration(meanOutput)*rt.stepTime(rt.MaxSeqs)) / float64(rt.MaxSeqs)
+		wait += time.Duration(float64(over) * seat * rt.DecodeScale)
+	}
+	return wait
+}
