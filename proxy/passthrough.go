@@ -27,14 +27,14 @@ func newPassList(prefixes []string) passList {
 // "/" matches the paths below it; any other matches itself and the paths
 // below it ("/tokenize" matches "/tokenize/x", not "/tokenizex"). Paths
 // that are not clean, or that hide a separator or a dot segment in
-// percent-encoding, never pass (unless every path does): the replica
-// could resolve them to a path the list does not allow.
+// percent-encoding (or are encoded twice), never pass (unless every path
+// does): a replica could resolve them to a path the list does not allow.
 func (l passList) allows(r *http.Request) bool {
 	if l.all {
 		return true
 	}
 	p := r.URL.Path
-	if p == "" || path.Clean(p) != p || strings.ContainsRune(p, '\\') || hidesSeparator(r.URL.EscapedPath()) {
+	if p == "" || path.Clean(p) != p || strings.ContainsAny(p, "\\%") || hidesSeparator(r.URL.EscapedPath()) {
 		return false
 	}
 	for _, pre := range l.prefixes {
