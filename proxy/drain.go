@@ -203,7 +203,20 @@ func (t *tracked) FlushError() error {
 	if t.cut {
 		return nil
 	}
-	return http.NewResponseController(t.w).Flush()
+	return flush(t.w)
+}
+
+// flush flushes w without allocating (the server's writer flushes
+// itself; others go through http.ResponseController).
+func flush(w http.ResponseWriter) error {
+	switch f := w.(type) {
+	case interface{ FlushError() error }:
+		return f.FlushError()
+	case http.Flusher:
+		f.Flush()
+		return nil
+	}
+	return http.NewResponseController(w).Flush()
 }
 
 // Unwrap returns the server's ResponseWriter, for http.ResponseController.
