@@ -37,6 +37,7 @@ type tracked struct {
 	n     int     // body bytes written, up to len(tail)
 	cut   bool    // the drain ended the request: the handler's writes go nowhere
 	early bool    // cut before any status: answered 503 when the handler returns
+	why   string  // the cut's reason, for that 503
 	done  bool    // the handler returned
 }
 
@@ -113,7 +114,7 @@ func (t *tracked) end(event []byte, why string) bool {
 	t.cut = true
 	switch {
 	case !t.wrote:
-		t.early = true
+		t.early, t.why = true, why
 	case t.sse:
 		if t.n > 0 && !eventClosed(t.tail[3-t.n:]) {
 			t.w.Write(eventEnd)
@@ -143,7 +144,9 @@ func (t *tracked) finish() {
 	for k := range h {
 		delete(h, k)
 	}
-	writeUnavailable(t.w, time.Second, "the router is shutting down")
+	h.Set("Retry-After", "1")
+	h.Set("Connection", "close")
+	writeError(t.w, http.StatusServiceUnavailable, errUnavailable, codeShuttingDown, t.why)
 }
 
 // Header implements http.ResponseWriter.
