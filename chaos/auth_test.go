@@ -113,6 +113,15 @@ func (r *relay) got(path string) int {
 	return n
 }
 
+// startRouterAdmin runs a router as startRouter does, with its admin
+// surface (/metrics, /ui, /debug/decisions, /readyz) on a free loopback
+// address, and returns it with that surface's URL.
+func startRouterAdmin(t *testing.T, engines []*proc, args ...string) (*proc, string) {
+	t.Helper()
+	addr := freeAddr(t)
+	return startRouter(t, engines, append([]string{"--admin-listen", addr}, args...)...), "http://" + addr
+}
+
 // writeFile writes s to a new file in dir and returns its path.
 func writeFile(t *testing.T, dir, name, s string) string {
 	t.Helper()
