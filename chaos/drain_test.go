@@ -119,9 +119,11 @@ func TestDrainFinishesStreams(t *testing.T) {
 	started, results := streams(t, rt.URL(), n, tokens)
 	<-started
 	rt.Signal(syscall.SIGTERM)
-	if d := pollStatus(t, admin+"/readyz", http.StatusServiceUnavailable, 2*time.Second); d > time.Second {
+	d := pollStatus(t, admin+"/readyz", http.StatusServiceUnavailable, 2*time.Second)
+	if d > time.Second {
 		t.Errorf("/readyz turned 503 %v after SIGTERM, want at once", d)
 	}
+	t.Logf("/readyz 503 %v after SIGTERM", d)
 	pollStatus(t, rt.URL()+"/health", 0, 2*time.Second) // the API port takes no new connection
 	res := within(t, results, 70*time.Second)
 	complete := 0
@@ -160,9 +162,11 @@ func TestDrainTimeoutCutsStreams(t *testing.T) {
 	sent := time.Now()
 	rt.Signal(syscall.SIGTERM)
 	res := within(t, results, 15*time.Second)
-	if d := time.Since(sent); d > 8*time.Second {
+	d := time.Since(sent)
+	if d > 8*time.Second {
 		t.Errorf("streams ended %v after SIGTERM, want about the 1 s drain timeout", d)
 	}
+	t.Logf("%d streams ended %v after SIGTERM", len(res), d)
 	for i, s := range res {
 		var e struct {
 			Error struct{ Message, Type, Code string }
