@@ -34,12 +34,12 @@ type Keys struct {
 func ReadKeys(path string) (*Keys, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("keys: %w", err)
+		return nil, err
 	}
 	defer f.Close()
 	k, err := parseKeys(io.LimitReader(f, maxKeyFileBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("keys %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return k, nil
 }

@@ -39,11 +39,11 @@ func runServe(ctx context.Context, args []string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg, Logger: log})
+	tlsCfg, err := proxy.ServerTLS(cfg)
 	if err != nil {
 		return err
 	}
-	tlsCfg, err := proxy.ServerTLS(cfg)
+	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg, Logger: log})
 	if err != nil {
 		return err
 	}
