@@ -20,9 +20,9 @@ import (
 
 // stack starts n emulated replicas publishing KV events and a kv-aware
 // router in front of them in precise mode (token mode through the
-// replicas' /tokenize), and serves the router's own handler, whose /ui is
-// the dashboard. It returns the router's URL.
-func stack(t *testing.T, n int) string {
+// replicas' /tokenize), and serves the router's API and its admin surface,
+// whose /ui is the dashboard. It returns the two URLs.
+func stack(t *testing.T, n int) (api, admin string) {
 	t.Helper()
 	cfg := proxy.DefaultConfig()
 	cfg.Policy = "kv-aware"
@@ -53,7 +53,9 @@ func stack(t *testing.T, n int) string {
 	})
 	srv := httptest.NewServer(rt.Handler())
 	t.Cleanup(srv.Close)
-	return srv.URL
+	adm := httptest.NewServer(rt.AdminHandler())
+	t.Cleanup(adm.Close)
+	return srv.URL, adm.URL
 }
 
 // chat sends one chat completion in session and fails the test unless it
@@ -79,9 +81,9 @@ func chat(t *testing.T, url, session, prompt string) {
 
 func TestBrowserLiveRouter(t *testing.T) {
 	const n = 3
-	url := stack(t, n)
+	url, admin := stack(t, n)
 	ctx, con := dashboard.StartBrowser(t)
-	run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(url+"/ui?refresh=100"))
+	run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(admin+"/ui?refresh=100"))
 	rows := run(t, ctx, 10*time.Second, "replica rows",
 		chromedp.Poll[int](fmt.Sprintf(`document.querySelectorAll('#replicas tbody tr[data-replica]').length === %d && %d`, n, n)))
 	if rows != n {

@@ -37,8 +37,9 @@ func startReplicas(t *testing.T, n int) []*emulator.Server {
 	return out
 }
 
-// startRouter runs a kvrouter with policy in front of reps.
-func startRouter(t *testing.T, policy string, reps []*emulator.Server) string {
+// startRouter runs a kvrouter with policy in front of reps and returns
+// the URLs of its API and of its admin surface (/metrics).
+func startRouter(t *testing.T, policy string, reps []*emulator.Server) (api, admin string) {
 	t.Helper()
 	cfg := proxy.DefaultConfig()
 	cfg.Policy = policy
@@ -54,12 +55,14 @@ func startRouter(t *testing.T, policy string, reps []*emulator.Server) string {
 	done := make(chan error, 1)
 	go func() { done <- rt.Run(ctx) }()
 	srv := httptest.NewServer(rt.Handler())
+	adm := httptest.NewServer(rt.AdminHandler())
 	t.Cleanup(func() {
 		srv.Close()
+		adm.Close()
 		cancel()
 		<-done
 	})
-	return srv.URL
+	return srv.URL, adm.URL
 }
 
 // chats is a small conversational workload: sessions of turns, each turn
@@ -107,7 +110,7 @@ func TestReplayMatchesEngine(t *testing.T) {
 			reps := startReplicas(t, tc.replicas)
 			target := reps[0].URL()
 			if tc.router {
-				target = startRouter(t, "kv-aware", reps)
+				target, _ = startRouter(t, "kv-aware", reps)
 			}
 			reqs := chats(4, 4)
 			res, err := Run(context.Background(), Config{Target: target, Requests: reqs, TimeScale: testScale, Duration: 30 * time.Second})
@@ -197,7 +200,7 @@ func TestTextModePredictsReplay(t *testing.T) {
 	hit := map[string]float64{}
 	for _, policy := range []string{"kv-aware", "round-robin"} {
 		reps := startReplicas(t, 4)
-		url := startRouter(t, policy, reps)
+		url, admin := startRouter(t, policy, reps)
 		res, err := Run(context.Background(), Config{Target: url, Requests: w.Requests, TimeScale: testScale, Duration: 60 * time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -205,7 +208,7 @@ func TestTextModePredictsReplay(t *testing.T) {
 		if tot := res.Totals(); tot.OK != len(w.Requests) {
 			t.Fatalf("%s: completed %d of %d requests; errors %v", policy, tot.OK, len(w.Requests), tot.Errors)
 		}
-		predicted, actual, prompt := routerTotals(t, url)
+		predicted, actual, prompt := routerTotals(t, admin)
 		hit[policy] = actual / prompt
 		t.Logf("%s: predicted %.0f, actual %.0f cached of %.0f prompt tokens", policy, predicted, actual, prompt)
 		if policy == "kv-aware" && (actual == 0 || math.Abs(predicted-actual) > 0.1*actual) {

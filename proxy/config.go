@@ -100,6 +100,40 @@ type Config struct {
 	MaxWait      time.Duration `yaml:"max-wait"`
 	MaxQueue     int           `yaml:"max-queue"`
 	QueueTimeout time.Duration `yaml:"queue-timeout"`
+
+	// Safety surface (issue 13): drain, authentication, TLS, the admin
+	// listener, what passes through and what decision records show.
+
+	// DrainTimeout is how long the requests in flight at SIGTERM may run
+	// on before the rest are ended (a streamed one with an SSE error
+	// event); zero means they are ended at once.
+	DrainTimeout time.Duration `yaml:"drain-timeout"`
+	// APIKeys is a file of the keys a client must send as "Authorization:
+	// Bearer KEY" on the API port (format: ReadKeys); empty means no
+	// authentication.
+	APIKeys string `yaml:"api-keys"`
+	// AdminListen is the address of the admin surface (/ui, /debug/*,
+	// /metrics, /livez, /readyz), host:port; empty means none.
+	AdminListen string `yaml:"admin-listen"`
+	// AdminAPIKeys is a file of the keys the admin surface asks for (as a
+	// bearer token, or the password of HTTP basic authentication, for
+	// browsers); empty means the admin surface asks for none.
+	AdminAPIKeys string `yaml:"admin-api-keys"`
+	// TLSCert and TLSKey are PEM files of the listeners' certificate
+	// (chain) and private key; both empty means plain HTTP.
+	TLSCert string `yaml:"tls-cert"`
+	TLSKey  string `yaml:"tls-key"`
+	// BackendCA is a PEM file of the certificate authorities https://
+	// backends are verified against; empty means the system's roots.
+	BackendCA string `yaml:"backend-ca"`
+	// PassThrough are the path prefixes of requests other than the routed
+	// ones that are forwarded to a replica ("/v1/audio/" matches below it,
+	// "/tokenize" matches itself and below; "/" matches every path).
+	// Empty means none: every other path is answered 404.
+	PassThrough []string `yaml:"pass-through"`
+	// DebugShowIDs shows session ids (and the OpenAI user values they may
+	// come from) verbatim in decision records; false shows a keyed hash.
+	DebugShowIDs bool `yaml:"debug-show-ids"`
 }
 
 // policyName is Policy, or the default.
@@ -162,6 +196,19 @@ const (
 	DefaultPreset         = "llama3-8b-h100"
 	DefaultRetries        = 2
 	DefaultLogLevel       = "info"
+
+	// DefaultDrainTimeout is how long in-flight requests may finish after
+	// SIGTERM.
+	DefaultDrainTimeout = 60 * time.Second
+	// DefaultAdminListen keeps the admin surface on loopback: reachable
+	// from the host (a sidecar, an operator's browser), not the network.
+	DefaultAdminListen = "127.0.0.1:9091"
+	// DefaultPassThrough are the paths an OpenAI (or vLLM) client uses
+	// besides the routed ones; the engines' admin paths (/sleep,
+	// /collective_rpc, /v1/load_lora_adapter, /reset_prefix_cache, ...)
+	// are not among them.
+	DefaultPassThrough = "/v1/models,/v1/embeddings,/v1/audio/,/v1/responses,/v1/score,/v1/rerank,/v2/rerank,/rerank,/score," +
+		"/pooling,/classify,/tokenize,/detokenize,/version"
 )
 
 // DefaultConfig returns the configuration used where nothing else is said.
@@ -183,6 +230,10 @@ func DefaultConfig() Config {
 		MaxWait:        fleet.DefaultMaxWait,
 		MaxQueue:       fleet.DefaultMaxQueue,
 		QueueTimeout:   fleet.DefaultQueueTimeout,
+
+		DrainTimeout: DefaultDrainTimeout,
+		AdminListen:  DefaultAdminListen,
+		PassThrough:  strings.Split(DefaultPassThrough, ","),
 	}
 }
 
@@ -342,6 +393,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.validateKV()...)
+	errs = append(errs, c.validateSurface()...)
 	return errors.Join(errs...)
 }
 

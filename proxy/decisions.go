@@ -86,6 +86,7 @@ type ring struct {
 	seqs  []uint64       // the sequence number of the record in each slot
 	n     uint64         // records ever begun
 	names []string       // replica URLs by index
+	idKey []byte         // session ids are shown hashed with it; nil: verbatim
 }
 
 func newRing(size int, names []string) *ring {
@@ -139,6 +140,9 @@ func (r *ring) last(n int) []view.Decision {
 	for k := range n {
 		i := (r.n - 1 - uint64(k)) % uint64(len(r.recs))
 		out[k] = r.recs[i]
+		if out[k].SessionSource != SessionContent { // the router's own key shows nothing a client sent
+			out[k].Session = shownID(r.idKey, out[k].Session)
+		}
 		out[k].Candidates = appendCandidates(make([]view.Candidate, 0, len(r.costs[i])), r.costs[i], r.names)
 		if len(out[k].Failed) > 0 {
 			out[k].Failed = slices.Clone(out[k].Failed)

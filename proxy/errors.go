@@ -50,3 +50,30 @@ func writeUnavailable(w http.ResponseWriter, retryAfter time.Duration, msg strin
 	w.Header().Set("Retry-After", strconv.Itoa(s))
 	writeError(w, http.StatusServiceUnavailable, errUnavailable, "no_healthy_replica", msg)
 }
+
+// Error codes of the router's own surface: unknown paths, wrong methods,
+// keys and shutdown.
+const (
+	codeUnknownURL       = "unknown_url"
+	codeMethodNotAllowed = "method_not_allowed"
+	codeInvalidKey       = "invalid_api_key"
+	codeShuttingDown     = "server_shutting_down"
+)
+
+// writeNotFound answers 404 in OpenAI's words for a path the router does
+// not serve (or does not pass through).
+func writeNotFound(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusNotFound, errInvalidRequest, codeUnknownURL,
+		"Invalid URL ("+r.Method+" "+r.URL.Path+")")
+}
+
+// methodNotAllowed returns a handler answering 405 with an Allow header,
+// in JSON, for a path served under other methods.
+func methodNotAllowed(count func(code string), allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		count(codeMethodNotAllowed)
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, errInvalidRequest, codeMethodNotAllowed,
+			"Method "+r.Method+" is not allowed on "+r.URL.Path+" (allowed: "+allow+")")
+	}
+}

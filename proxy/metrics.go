@@ -21,6 +21,10 @@ type metrics struct {
 	actual    *prometheus.CounterVec   // replica
 	prompt    *prometheus.CounterVec   // replica
 	decide    prometheus.Histogram
+
+	// Safety surface (issue 13).
+	adminErrors *prometheus.CounterVec // code: the admin surface's errors
+	draining    prometheus.Gauge       // 1 from SIGTERM on
 }
 
 // latencyBuckets span 1 ms to ~65 s.
@@ -69,6 +73,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.errors, m.retries, m.ttft, m.e2e, m.predicted, m.actual, m.prompt, m.decide} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+
+	m.adminErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_admin_errors_total",
+		Help: "Admin-surface requests answered with an error (a missing or wrong admin key, an unknown path), by error code.",
+	}, []string{"code"})
+	m.draining = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvrouter_draining",
+		Help: "1 once the router drains (SIGTERM): unready, finishing the requests in flight; else 0.",
+	})
+	for _, c := range []prometheus.Collector{m.adminErrors, m.draining} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -121,9 +121,15 @@ func (e *statusError) Error() string {
 	return e.url + "/v1/models: " + http.StatusText(e.status)
 }
 
-// servePassThrough forwards any other route to a healthy replica, with the
-// same retry rule as completions.
+// servePassThrough forwards any other route Config.PassThrough allows to
+// a healthy replica, with the same retry rule as completions; others get
+// a JSON 404 and never reach a replica.
 func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
+	if !rt.sf.pass.allows(r) {
+		rt.countAPI(codeUnknownURL)
+		writeNotFound(w, r)
+		return
+	}
 	c := rt.newCall(r, false)
 	defer c.finish(r.Context())
 	body, ok := c.readBody(w, r)

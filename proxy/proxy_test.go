@@ -99,7 +99,16 @@ func startRouter(t *testing.T, policy string, mod func(*Config), backends ...str
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(rt.Handler())
+	// One test server carries both surfaces, as many tests read /metrics
+	// or /ui next to the API (TestSurfacesApart: Handler alone serves
+	// neither).
+	mux := http.NewServeMux()
+	mux.Handle("/", rt.Handler())
+	admin := rt.AdminHandler()
+	for _, p := range []string{"/metrics", "/ui/", "/debug/"} {
+		mux.Handle(p, admin)
+	}
+	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return rt, srv.URL
 }
@@ -288,7 +297,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 func TestSessionSource(t *testing.T) {
 	up := newFake(t, 0)
-	rt, url := startRouter(t, "session-hash", nil, up.URL)
+	// Verbatim ids: this test reads which session was taken, not how it
+	// is shown (TestDecisionIDsHashed).
+	rt, url := startRouter(t, "session-hash", func(c *Config) { c.DebugShowIDs = true }, up.URL)
 	convo := func(user string, turns int) string {
 		msgs := `{"role":"system","content":"be brief"},{"role":"user","content":"first question"}`
 		for i := 1; i < turns; i++ {

@@ -19,9 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"kvrouter/dashboard"
 	"kvrouter/kvevents"
 	"kvrouter/route"
 )
@@ -69,6 +67,8 @@ type Router struct {
 	pool       sync.Pool  // *call
 	now        func() time.Time
 	start      time.Time // the router's start: time zero of the residency index
+	sf         surface   // keys, pass-through list, id hashing
+	live       liveSet   // API requests in flight, for the drain
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -96,8 +96,17 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	} else if rt.policyName == "" {
 		rt.policyName = fmt.Sprintf("%T", rt.policy)
 	}
+	sf, err := newSurface(&rt.cfg)
+	if err != nil {
+		return nil, err
+	}
+	rt.sf = sf
 	if rt.upstream == nil {
-		rt.upstream = newTransport()
+		t := newTransport()
+		if err := trustBackendCA(t, cfg.BackendCA); err != nil {
+			return nil, err
+		}
+		rt.upstream = t
 	}
 	for _, b := range cfg.Backends {
 		u, err := url.Parse(b.URL)
@@ -129,6 +138,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if rt.adm != nil {
 		onRelease = rt.adm.wake
 	}
+	rt.decisions.idKey = rt.sf.idKey
 	st, err := newState(&rt.cfg, rt.names, rt.policy, rt.upstream, rt.log, rt.now, rt.start, onRelease)
 	if err != nil {
 		return nil, err
@@ -182,23 +192,22 @@ func (rt *Router) Replicas() []string { return append([]string(nil), rt.names...
 // Policy returns the name of the routing policy.
 func (rt *Router) Policy() string { return rt.policyName }
 
-// Handler returns the router's HTTP handler: the OpenAI routes, /v1/models,
-// /debug/decisions, /metrics, /health, the dashboard at /ui (package
-// dashboard; /ui redirects to /ui/) and a pass-through for everything
-// else.
+// Handler returns the API surface: the OpenAI routes, /v1/models, the
+// probes /health, /livez and /readyz, and a pass-through to a replica for
+// the paths Config.PassThrough allows; any other path is a JSON 404, a
+// wrong method a JSON 405. With Config.APIKeys every path but the probes
+// asks for a key. The dashboard, /debug and /metrics are on AdminHandler.
 func (rt *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", rt.serveCompletion)
-	mux.HandleFunc("POST /v1/completions", rt.serveCompletion)
-	mux.HandleFunc("GET /v1/models", rt.serveModels)
-	mux.HandleFunc("GET /debug/decisions", rt.serveDecisions)
-	mux.HandleFunc("GET /health", rt.serveHealth)
-	mux.Handle("/ui/", dashboard.New(dashSource{rt}))
-	if rt.gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(rt.gatherer, promhttp.HandlerOpts{}))
-	}
+	count := rt.countAPI
+	handle(mux, http.MethodPost, "/v1/chat/completions", rt.serveCompletion, count)
+	handle(mux, http.MethodPost, "/v1/completions", rt.serveCompletion, count)
+	handle(mux, http.MethodGet, "/v1/models", rt.serveModels, count)
+	handle(mux, http.MethodGet, "/health", rt.serveHealth, count)
+	handle(mux, http.MethodGet, "/livez", rt.serveLive, count)
+	handle(mux, http.MethodGet, "/readyz", rt.serveReady, count)
 	mux.HandleFunc("/", rt.servePassThrough)
-	return mux
+	return rt.live.track(&gate{keys: rt.sf.apiKeys, strip: true, count: count, next: mux})
 }
 
 // Run runs the background loops (metrics scrapes, health probes, and in

@@ -72,7 +72,46 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	admissionFlags(fs, &cfg.MaxWait, &cfg.MaxQueue, &cfg.QueueTimeout)
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer,
 		"token mode: a directory with the model's tokenizer.json and tokenizer_config.json, or \"remote\" to ask a healthy replica's /tokenize; empty: text mode (per model: YAML key tokenizers: {model: dir})")
+
+	// Safety surface: drain, authentication, TLS, admin listener.
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout,
+		"on SIGTERM/SIGINT, how long requests in flight may finish before the rest are ended with an error (exit code 1 then)")
+	fs.StringVar(&cfg.APIKeys, "api-keys", cfg.APIKeys,
+		"file of API keys clients must send as \"Authorization: Bearer KEY\" (one per line, optionally \"KEY NAME\"; # comments); empty: no authentication")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen,
+		"address of the admin surface (/ui, /debug/decisions, /metrics, /livez, /readyz); empty: none")
+	fs.StringVar(&cfg.AdminAPIKeys, "admin-api-keys", cfg.AdminAPIKeys,
+		"file of the keys the admin surface asks for (bearer token, or basic-auth password in a browser); empty: none asked")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) of the listeners; with --tls-key, they serve HTTPS")
+	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key of --tls-cert")
+	fs.StringVar(&cfg.BackendCA, "backend-ca", cfg.BackendCA, "PEM certificate authorities https:// backends are verified against; empty: the system's")
+	fs.Var(&pathList{list: &cfg.PassThrough}, "pass-through",
+		"comma-separated path prefixes forwarded to a replica besides the routed ones (\"/\": every path; empty: none); others get 404")
+	fs.BoolVar(&cfg.DebugShowIDs, "debug-show-ids", cfg.DebugShowIDs,
+		"show session ids and user values verbatim in /debug/decisions and the dashboard (default: a keyed hash)")
 	return bl
+}
+
+// pathList is the --pass-through flag: comma-separated paths, replacing
+// the list it had.
+type pathList struct{ list *[]string }
+
+func (p *pathList) String() string {
+	if p.list == nil {
+		return ""
+	}
+	return strings.Join(*p.list, ",")
+}
+
+// Set replaces the list; an empty value empties it.
+func (p *pathList) Set(s string) error {
+	*p.list = []string{}
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			*p.list = append(*p.list, f)
+		}
+	}
+	return nil
 }
 
 // envName is the environment variable that sets flag name.

@@ -20,19 +20,22 @@ const version = "dev"
 type command struct {
 	summary string
 	run     func(ctx context.Context, args []string) error
+	// signals: the command handles SIGINT and SIGTERM itself (serve
+	// drains); else its context ends at the first one.
+	signals bool
 }
 
 func commands() map[string]command {
 	return map[string]command{
-		"serve": {"run the router in front of replicas", runServe},
-		"sim":   {"simulate a fleet under several routing policies, side by side", runSim},
-		"version": {"print the version", func(context.Context, []string) error {
+		"serve": {summary: "run the router in front of replicas", run: runServe, signals: true},
+		"sim":   {summary: "simulate a fleet under several routing policies, side by side", run: runSim},
+		"version": {summary: "print the version", run: func(context.Context, []string) error {
 			fmt.Println("kvrouter", version)
 			return nil
 		}},
-		"engine": {"run an emulated vLLM-compatible replica", runEngine},
-		"demo":   {"show the policies side by side on an in-process emulated fleet", runDemo},
-		"replay": {"replay a workload against an OpenAI-compatible endpoint and measure it", runReplay},
+		"engine": {summary: "run an emulated vLLM-compatible replica", run: runEngine},
+		"demo":   {summary: "show the policies side by side on an in-process emulated fleet", run: runDemo},
+		"replay": {summary: "replay a workload against an OpenAI-compatible endpoint and measure it", run: runReplay},
 	}
 }
 
@@ -51,7 +54,10 @@ func main() {
 		usage(cmds)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := context.Background(), func() {}
+	if !c.signals {
+		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	}
 	err := c.run(ctx, os.Args[2:])
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
