@@ -71,6 +71,20 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer,
 		"token mode: a directory with the model's tokenizer.json and tokenizer_config.json, or \"remote\" to ask a healthy replica's /tokenize; empty: text mode (per model: YAML key tokenizers: {model: dir})")
+
+	// KV-event input limits.
+	fs.StringVar(&cfg.KVEventsAllow, "kv-events-allow", cfg.KVEventsAllow,
+		"peers besides each backend's own host allowed to publish on --kv-events-bind, comma-separated: CIDRs, IPs, host names, or * for any")
+	fs.Int64Var(&cfg.KVEventsMaxMessageBytes, "kv-events-max-message-bytes", cfg.KVEventsMaxMessageBytes,
+		"largest KV-event or replay message, bytes, checked before it is read (a larger claim closes the connection)")
+	fs.Int64Var(&cfg.KVEventsMaxReplayBytes, "kv-events-max-replay-bytes", cfg.KVEventsMaxReplayBytes, "largest replay, payload bytes")
+	fs.IntVar(&cfg.KVEventsMaxConns, "kv-events-max-conns", cfg.KVEventsMaxConns, "most open connections on --kv-events-bind")
+	fs.DurationVar(&cfg.KVEventsHandshakeTimeout, "kv-events-handshake-timeout", cfg.KVEventsHandshakeTimeout,
+		"longest a KV-event connection's connect and ZMTP handshake may take")
+	fs.DurationVar(&cfg.KVEventsReadTimeout, "kv-events-read-timeout", cfg.KVEventsReadTimeout,
+		"longest one KV-event message may take to arrive once started")
+	fs.Uint64Var(&cfg.KVEventsMaxSeqJump, "kv-events-max-seq-jump", cfg.KVEventsMaxSeqJump,
+		"largest KV-event sequence gap taken as lost batches (a batch further ahead is not applied unless the next continues from it)")
 	return bl
 }
 
