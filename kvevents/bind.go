@@ -68,17 +68,17 @@ func (l *listener) run(ctx context.Context) {
 func (l *listener) admit(nc net.Conn) bool {
 	s := l.s
 	if ip, ok := remoteIP(nc.RemoteAddr()); ok && !s.peers.allowed(ip) && !s.hostKnown(ip) {
-		nc.Close()
 		s.rej.add(s.cfg.Logger, RejectPeer, 1, "kv events: connection from a host that is no backend's; add it to --kv-events-allow if it publishes for one",
 			"peer", nc.RemoteAddr().String())
+		nc.Close()
 		return false
 	}
 	select {
 	case l.slots <- struct{}{}:
 	default:
-		nc.Close()
 		s.rej.add(s.cfg.Logger, RejectConns, 1, "kv events: bind socket full; connection refused",
 			"peer", nc.RemoteAddr().String(), "max_conns", s.cfg.MaxConns)
+		nc.Close()
 		return false
 	}
 	l.mu.Lock()
