@@ -130,10 +130,7 @@ func (l *listener) serve(ctx context.Context, nc net.Conn) {
 			bound = g
 			g.bind()
 		}
-		select {
-		case g.in <- m:
-		default: // a full queue: seen as a gap, replayed later
-		}
+		g.offer(m)
 	}
 }
 

@@ -72,9 +72,7 @@ func (s *Subscriber) session(ctx context.Context, g *ingester) bool {
 			s.rej.add(g.log, RejectTopic, 1, "kv events: topic names another replica", "endpoint", g.rep.Endpoint, "topic", m.topic)
 			continue
 		}
-		select {
-		case g.in <- m:
-		case <-ctx.Done():
+		if !g.push(ctx, m) {
 			return true
 		}
 	}

@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"kvrouter/residency"
 	"kvrouter/zmtp"
 )
 
@@ -228,4 +230,32 @@ func pubReady() []byte {
 	body := append([]byte("\x05READY\x0bSocket-Type"), binary.BigEndian.AppendUint32(nil, 3)...)
 	body = append(body, "PUB"...)
 	return append([]byte{0x04, byte(len(body))}, body...)
+}
+
+// TestQueueBounds: a replica's queue holds at most QueueLen messages and
+// MaxQueueBytes of payload; what does not fit is dropped and counted, and
+// the bytes are released as the ingester takes messages.
+func TestQueueBounds(t *testing.T) {
+	cfg := Config{QueueLen: 3, MaxQueueBytes: 100, Logger: slog.New(slog.DiscardHandler), Now: func() time.Duration { return 0 },
+		Index: residency.New(residency.Config{MaxReplicas: 1, DefaultCapacity: 16})}
+	var rej rejects
+	g := newIngester(Replica{ID: 0}, &cfg, &rej)
+	g.offer(message{payload: make([]byte, 60)})
+	g.offer(message{payload: make([]byte, 60)}) // 120 bytes > 100
+	if got := rej.n[RejectQueue].Load(); got != 1 {
+		t.Fatalf("drops %d after a message past the byte limit, want 1", got)
+	}
+	g.offer(message{payload: make([]byte, 10)})
+	g.offer(message{payload: make([]byte, 10)})
+	g.offer(message{payload: make([]byte, 10)}) // a 4th message > QueueLen
+	if got, q := rej.n[RejectQueue].Load(), g.queued.Load(); got != 2 || q != 80 {
+		t.Fatalf("drops %d, queued %d bytes; want 2 and 80", got, q)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go g.run(ctx)
+	eventually(t, "the ingester to take the 3 messages", func() bool { return g.c.batches.Load() == 3 })
+	if q := g.queued.Load(); q != 0 {
+		t.Errorf("queued %d bytes after draining, want 0", q)
+	}
 }

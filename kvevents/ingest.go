@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +63,8 @@ type ingester struct {
 	hasBase bool
 	jump    uint64 // an implausible seq seen (more than MaxSeqJump ahead), not yet trusted
 	hasJump bool
+
+	queued atomic.Int64 // payload bytes in in, at most Config.MaxQueueBytes
 }
 
 func newIngester(rep Replica, cfg *Config, rej *rejects) *ingester {
@@ -83,6 +86,7 @@ func (g *ingester) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case m := <-g.in:
+			g.queued.Add(-int64(len(m.payload)))
 			g.handle(ctx, m)
 		}
 	}
@@ -148,6 +152,50 @@ func (g *ingester) replayFailed(err error) {
 	if ok {
 		g.rej.add(g.log, r, 1, "kv events: replay refused", "endpoint", g.rep.Replay, "err", err)
 	}
+}
+
+// offer queues m without waiting (bind mode: one engine's connection
+// must not hold up the socket's others). A message that finds the queue
+// full, in messages or in bytes (Config.MaxQueueBytes), is dropped and
+// counted: a gap, replayed later.
+func (g *ingester) offer(m message) {
+	if !g.reserve(m) {
+		return
+	}
+	select {
+	case g.in <- m:
+	default:
+		g.queued.Add(-int64(len(m.payload)))
+		g.rej.add(g.log, RejectQueue, 1, "kv events: replica queue full; message dropped", "seq", m.seq, "queue_len", g.cfg.QueueLen)
+	}
+}
+
+// push queues m, waiting while the queue is full in messages (connect
+// mode: back-pressure on the engine's own connection); a message past
+// Config.MaxQueueBytes is dropped and counted. It reports false if ctx
+// ended.
+func (g *ingester) push(ctx context.Context, m message) bool {
+	if !g.reserve(m) {
+		return true
+	}
+	select {
+	case g.in <- m:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reserve counts m's payload into the queue's bytes if it fits.
+func (g *ingester) reserve(m message) bool {
+	n := int64(len(m.payload))
+	if g.queued.Add(n) > g.cfg.MaxQueueBytes && n > 0 {
+		g.queued.Add(-n)
+		g.rej.add(g.log, RejectQueue, 1, "kv events: replica queue over its byte limit; message dropped", "seq", m.seq,
+			"max_queue_bytes", g.cfg.MaxQueueBytes)
+		return false
+	}
+	return true
 }
 
 // bind notes a connection now carrying the replica's events.

@@ -60,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer, sub *Subscriber, label func(replica i
 		blocks:       d("kv_event_blocks", "Engine blocks the router knows the replica holds.", l),
 		unmatched:    d("kv_event_unmatched_total", "Bind-mode messages whose topic matched no replica.", nil),
 		rejected: d("kv_events_rejected_total", "KV-event input refused or not trusted, by reason: peer, conns, handshake, size, timeout, "+
-			"protocol (connections closed), malformed, topic, unknown_topic, seq_jump (messages), unknown_removal (blocks).", []string{"reason"}),
+			"protocol (connections closed), malformed, topic, unknown_topic, seq_jump, queue (messages), unknown_removal (blocks).", []string{"reason"}),
 	}
 	if err := reg.Register(m); err != nil {
 		return nil, err

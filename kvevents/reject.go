@@ -54,13 +54,17 @@ const (
 	// RejectUnknownRemoval is a removed block the replica never stored
 	// (per block): it changes nothing.
 	RejectUnknownRemoval
+	// RejectQueue is a message dropped because its replica's queue was
+	// full (Config.QueueLen messages, in bind mode) or held
+	// Config.MaxQueueBytes: seen as a gap, replayed later.
+	RejectQueue
 	numReasons
 )
 
 // String is the reason's metric label.
 func (r Reason) String() string {
 	return [...]string{"peer", "conns", "handshake", "size", "timeout", "protocol", "malformed",
-		"topic", "unknown_topic", "seq_jump", "unknown_removal"}[r]
+		"topic", "unknown_topic", "seq_jump", "unknown_removal", "queue"}[r]
 }
 
 // rejectLogEvery is the least time between two warnings of one reason;

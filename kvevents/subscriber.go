@@ -92,6 +92,10 @@ type Config struct {
 	// MaxReplayBytes bounds the payload bytes of one replay. Zero means
 	// 256 MiB.
 	MaxReplayBytes int64
+	// MaxQueueBytes bounds the payload bytes queued for one replica
+	// (besides QueueLen messages); a message past it is dropped, a gap.
+	// Zero means 64 MiB.
+	MaxQueueBytes int64
 	// MaxConns bounds the bind socket's open connections (one goroutine
 	// each); more are closed at once. Zero means 256.
 	MaxConns int
@@ -190,6 +194,7 @@ func (s *Subscriber) configure(cfg Config) error {
 	}
 	cfg.MaxMessageBytes = cmp0(cfg.MaxMessageBytes, 16<<20)
 	cfg.MaxReplayBytes = cmp0(cfg.MaxReplayBytes, 256<<20)
+	cfg.MaxQueueBytes = cmp0(cfg.MaxQueueBytes, 64<<20)
 	cfg.MaxConns = cmp0(cfg.MaxConns, 256)
 	cfg.HandshakeTimeout = cmp0(cfg.HandshakeTimeout, 5*time.Second)
 	cfg.ReadTimeout = cmp0(cfg.ReadTimeout, 30*time.Second)

@@ -103,6 +103,10 @@ type Config struct {
 	// KVEventsMaxReplayBytes bounds the payload of one replay. Zero means
 	// 256 MiB.
 	KVEventsMaxReplayBytes int64 `yaml:"kv-events-max-replay-bytes"`
+	// KVEventsMaxQueueBytes bounds the KV-event bytes queued for one
+	// replica; past it messages are dropped (a gap, replayed). Zero means
+	// 64 MiB.
+	KVEventsMaxQueueBytes int64 `yaml:"kv-events-max-queue-bytes"`
 	// KVEventsMaxConns bounds the open connections on KVEventsBind. Zero
 	// means 256.
 	KVEventsMaxConns int `yaml:"kv-events-max-conns"`
@@ -199,6 +203,7 @@ func DefaultConfig() Config {
 
 		KVEventsMaxMessageBytes:  16 << 20,
 		KVEventsMaxReplayBytes:   256 << 20,
+		KVEventsMaxQueueBytes:    64 << 20,
 		KVEventsMaxConns:         256,
 		KVEventsHandshakeTimeout: 5 * time.Second,
 		KVEventsReadTimeout:      30 * time.Second,

@@ -56,7 +56,7 @@ func startPrecise(cfg *Config, names []string, fl *fleet.Fleet, log *slog.Logger
 		Index: fl.Tracker().Precise(), Replicas: reps, Bind: cfg.KVEventsBind,
 		Now: func() time.Duration { return now().Sub(start) }, Logger: log,
 		Allow: splitList(cfg.KVEventsAllow), MaxMessageBytes: cfg.KVEventsMaxMessageBytes,
-		MaxReplayBytes: cfg.KVEventsMaxReplayBytes, MaxConns: cfg.KVEventsMaxConns,
+		MaxReplayBytes: cfg.KVEventsMaxReplayBytes, MaxQueueBytes: cfg.KVEventsMaxQueueBytes, MaxConns: cfg.KVEventsMaxConns,
 		HandshakeTimeout: cfg.KVEventsHandshakeTimeout, ReadTimeout: cfg.KVEventsReadTimeout,
 		MaxSeqJump: cfg.KVEventsMaxSeqJump,
 	})

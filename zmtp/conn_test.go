@@ -216,6 +216,7 @@ func TestSplitEndpoint(t *testing.T) {
 	for in, want := range map[string]string{
 		"tcp://127.0.0.1:5557": "tcp 127.0.0.1:5557",
 		"tcp://*:5557":         "tcp :5557",
+		"tcp://127.0.0.1:*":    "tcp 127.0.0.1:0",
 		"tcp://[::1]:5557":     "tcp [::1]:5557",
 		"ipc:///tmp/kv.sock":   "unix /tmp/kv.sock",
 		"inproc://x":           "error",

@@ -199,10 +199,17 @@ func Listen(endpoint string) (net.Listener, error) {
 // splitEndpoint maps a ZMQ endpoint to a Go network and address.
 func splitEndpoint(endpoint string) (network, addr string, err error) {
 	if rest, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
-		if h, p, ok := strings.Cut(rest, ":"); ok && h == "*" {
-			rest = ":" + p
+		host, port, err := net.SplitHostPort(rest)
+		if err != nil {
+			return "", "", fmt.Errorf("zmtp: endpoint %q: %w", endpoint, err)
 		}
-		return "tcp", rest, nil
+		if host == "*" {
+			host = ""
+		}
+		if port == "*" {
+			port = "0"
+		}
+		return "tcp", net.JoinHostPort(host, port), nil
 	}
 	if rest, ok := strings.CutPrefix(endpoint, "ipc://"); ok && rest != "" {
 		return "unix", rest, nil

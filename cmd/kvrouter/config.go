@@ -78,6 +78,8 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.Int64Var(&cfg.KVEventsMaxMessageBytes, "kv-events-max-message-bytes", cfg.KVEventsMaxMessageBytes,
 		"largest KV-event or replay message, bytes, checked before it is read (a larger claim closes the connection)")
 	fs.Int64Var(&cfg.KVEventsMaxReplayBytes, "kv-events-max-replay-bytes", cfg.KVEventsMaxReplayBytes, "largest replay, payload bytes")
+	fs.Int64Var(&cfg.KVEventsMaxQueueBytes, "kv-events-max-queue-bytes", cfg.KVEventsMaxQueueBytes,
+		"most KV-event bytes queued per replica; past it messages are dropped (a gap, replayed)")
 	fs.IntVar(&cfg.KVEventsMaxConns, "kv-events-max-conns", cfg.KVEventsMaxConns, "most open connections on --kv-events-bind")
 	fs.DurationVar(&cfg.KVEventsHandshakeTimeout, "kv-events-handshake-timeout", cfg.KVEventsHandshakeTimeout,
 		"longest a KV-event connection's connect and ZMTP handshake may take")
