@@ -138,6 +138,15 @@ func exercise(t *testing.T, rt *proc) {
 	}
 }
 
+// attacks is how many times each attack is repeated: 10, or 1,000 with
+// -chaos.long.
+func attacks() int {
+	if *long {
+		return 1000
+	}
+	return 10
+}
+
 // attack writes b to a new connection to addr and waits up to 5 s for
 // the router to close it.
 func attack(t *testing.T, addr string, b []byte) {
@@ -167,24 +176,29 @@ func TestKVEventsHugeFrameBind(t *testing.T) {
 	had := warm(t, rt, e, 0)
 	exercise(t, rt)
 	before := rt.RSS()
-	attack(t, bind, greeting74())
-	attack(t, bind, pubHandshakeHuge())
+	n := attacks()
+	for range n {
+		attack(t, bind, greeting74())
+		attack(t, bind, pubHandshakeHuge())
+	}
 	if !rt.Alive() {
 		t.Fatalf("router died; log:\n%s", rt.Log())
 	}
 	waitReady(t, rt.URL(), "/health", 5*time.Second)
-	if grew := rt.RSS() - before; grew > rssSlack {
+	after := rt.RSS()
+	t.Logf("RSS %d -> %d bytes over %d attacks of each kind", before, after, n)
+	if grew := after - before; grew > rssSlack {
 		t.Errorf("RSS grew %d bytes under the attack, want < %d", grew, rssSlack)
 	}
-	if got := rejected(t, rt, "size"); got != 2 {
-		t.Errorf("size rejections %v, want 2", got)
+	if got := rejected(t, rt, "size"); got != float64(2*n) {
+		t.Errorf("size rejections %v, want %d", got, 2*n)
 	}
 	warm(t, rt, e, had) // the engine's stream still arrives
 }
 
 // TestKVEventsHugeFramePublisher: a fake publisher behind kv= claiming
 // 2^40 bytes (in its READY, then in a message) is refused on every
-// reconnect; the router stays up, its RSS unchanged.
+// reconnect, with backoff; the router stays up, its RSS unchanged.
 func TestKVEventsHugeFramePublisher(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -224,11 +238,17 @@ func TestKVEventsHugeFramePublisher(t *testing.T) {
 	exercise(t, rt)
 	before := rt.RSS()
 	close(armed)
-	poll(t, "4 refused frames", func() bool { return rejected(t, rt, "size") >= 4 })
+	n := 4.0 // redialled with doubling backoff: 4 take 1.5 s, 12 about 40 s
+	if *long {
+		n = 12
+	}
+	poll(t, "refused frames", func() bool { return rejected(t, rt, "size") >= n })
 	if !rt.Alive() {
 		t.Fatalf("router died; log:\n%s", rt.Log())
 	}
-	if grew := rt.RSS() - before; grew > rssSlack {
+	after := rt.RSS()
+	t.Logf("RSS %d -> %d bytes over %v refused frames", before, after, n)
+	if grew := after - before; grew > rssSlack {
 		t.Errorf("RSS grew %d bytes under the attack, want < %d", grew, rssSlack)
 	}
 	if got := metric(t, rt.URL(), fmt.Sprintf("kvrouter_kv_events_connected{replica=%q}", e.URL())); got != 0 {

@@ -11,7 +11,8 @@ import (
 // connect owns replica g's SUB connection in connect mode: it dials the
 // engine's PUB endpoint, forwards messages to g in order, and on a lost
 // connection tells g (continuity is then unknown) and dials again, with
-// doubling backoff.
+// backoff doubling until a connection carries a message (a publisher
+// refused for its frames is not redialled in a tight loop).
 func (s *Subscriber) connect(ctx context.Context, g *ingester) {
 	backoff := s.cfg.MinBackoff
 	for ctx.Err() == nil {
@@ -30,8 +31,8 @@ func (s *Subscriber) connect(ctx context.Context, g *ingester) {
 }
 
 // session dials once and reads until the connection or ctx ends; it
-// reports whether the connection was established.
-func (s *Subscriber) session(ctx context.Context, g *ingester) bool {
+// reports whether the connection carried a valid message.
+func (s *Subscriber) session(ctx context.Context, g *ingester) (delivered bool) {
 	c, err := zmtp.Dial(ctx, g.rep.Endpoint, zmtp.Sub, s.cfg.limits())
 	if err == nil {
 		if err = c.Subscribe(""); err != nil {
@@ -60,7 +61,7 @@ func (s *Subscriber) session(ctx context.Context, g *ingester) bool {
 			} else if ctx.Err() == nil {
 				g.log.Warn("kv events: connection lost", "endpoint", g.rep.Endpoint, "err", err)
 			}
-			return true
+			return delivered
 		}
 		m, ok := parseMsg(frames)
 		if !ok {
@@ -73,8 +74,9 @@ func (s *Subscriber) session(ctx context.Context, g *ingester) bool {
 			continue
 		}
 		if !g.push(ctx, m) {
-			return true
+			return delivered
 		}
+		delivered = true
 	}
 }
 

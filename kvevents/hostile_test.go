@@ -259,3 +259,26 @@ func TestQueueBounds(t *testing.T) {
 		t.Errorf("queued %d bytes after draining, want 0", q)
 	}
 }
+
+// TestConnectForeignTopic: a publisher behind one replica's kv= whose
+// topic names another configured replica is refused: it would poison the
+// other's index, or its own under the other's name. A topic naming no
+// configured replica (an engine's pod address) is accepted.
+func TestConnectForeignTopic(t *testing.T) {
+	p := newTestPub(t, "kv@10.0.0.2:8000@m", false, false)
+	q := newTestPub(t, "kv@10.9.9.9:8000@m", false, false)
+	sub, idx := startSub(t, Config{Replicas: []Replica{
+		{ID: 0, Model: "m", Endpoint: p.pubAddr, Addr: "10.0.0.1:8000"},
+		{ID: 1, Model: "m", Endpoint: q.pubAddr, Addr: "10.0.0.2:8000"},
+	}})
+	p.waitSubscribed()
+	q.waitSubscribed()
+	p.send(0, chainedBatch(t, 0), false)
+	q.send(0, chainedBatch(t, 0), false)
+	eventually(t, "the refusal and the accepted batch", func() bool {
+		return sub.Rejected(RejectTopic) == 1 && idx.Blocks(1) == 1
+	})
+	if idx.Blocks(0) != 0 {
+		t.Errorf("replica 0 has %d blocks from a topic naming replica 1", idx.Blocks(0))
+	}
+}
