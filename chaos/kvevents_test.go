@@ -84,7 +84,13 @@ func blocks(t *testing.T, rt *proc, replica string) float64 {
 // poll waits up to 15 s for cond.
 func poll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	pollFor(t, what, 15*time.Second, cond)
+}
+
+// pollFor waits up to within for cond.
+func pollFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -242,7 +248,7 @@ func TestKVEventsHugeFramePublisher(t *testing.T) {
 	if *long {
 		n = 12
 	}
-	poll(t, "refused frames", func() bool { return rejected(t, rt, "size") >= n })
+	pollFor(t, "refused frames", 90*time.Second, func() bool { return rejected(t, rt, "size") >= n })
 	if !rt.Alive() {
 		t.Fatalf("router died; log:\n%s", rt.Log())
 	}
