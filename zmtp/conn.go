@@ -15,7 +15,7 @@
 // headers could cap sizes but fix neither of the other two, and a patch
 // carried in the repo would touch zmq4's socket, connection and reader
 // code. The subset needed here (greeting, READY, frames, subscription) is
-// about 300 lines, and every limit is checked before the memory it guards
+// some 400 lines, and every limit is checked before the memory it guards
 // is allocated: a frame's body is read into a buffer grown as bytes
 // arrive, never sized from the header.
 //

@@ -24,15 +24,6 @@ const (
 	Router Type = "ROUTER"
 )
 
-// peers lists the socket types each local type may talk to (ZMTP 3.0,
-// "Socket types").
-var peers = map[Type][]Type{
-	Sub:    {Pub, "XPUB"},
-	Pub:    {Sub, "XSUB"},
-	Dealer: {Router, Dealer, "REP"},
-	Router: {Dealer, "REQ", Router},
-}
-
 // greetingBytes is a ZMTP greeting's length: signature (10), version (2),
 // mechanism (20), as-server (1), filler (31).
 const greetingBytes = 64
@@ -141,11 +132,18 @@ func parseReady(body []byte) (Type, error) {
 	return t, nil
 }
 
+// compatible reports whether a local socket of type local may talk to a
+// peer of type peer (ZMTP 3.0, "Socket types").
 func compatible(local, peer Type) bool {
-	for _, p := range peers[local] {
-		if p == peer {
-			return true
-		}
+	switch local {
+	case Sub:
+		return peer == Pub || peer == "XPUB"
+	case Pub:
+		return peer == Sub || peer == "XSUB"
+	case Dealer:
+		return peer == Router || peer == Dealer || peer == "REP"
+	case Router:
+		return peer == Dealer || peer == "REQ" || peer == Router
 	}
 	return false
 }
