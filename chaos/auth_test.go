@@ -89,7 +89,10 @@ func (r *relay) pipe(c net.Conn) {
 	<-done
 }
 
-var requestLine = regexp.MustCompile(`(?m)^([A-Z]+) (/\S*) HTTP/1\.[01]\r$`)
+// requestLine matches a request line. Not anchored at a line start: on a
+// kept-alive connection a request follows the previous one's body, which
+// need not end in a newline.
+var requestLine = regexp.MustCompile(`\b([A-Z]+) (/\S*) HTTP/1\.[01]\r\n`)
 
 // requests returns the request lines ("POST /tokenize") the engine got.
 func (r *relay) requests() []string {
@@ -113,14 +116,6 @@ func (r *relay) got(path string) int {
 	return n
 }
 
-// startRouterAdmin runs a router as startRouter does, with its admin
-// surface (/metrics, /ui, /debug/decisions, /readyz) on a free loopback
-// address, and returns it with that surface's URL.
-func startRouterAdmin(t *testing.T, engines []*proc, args ...string) (*proc, string) {
-	t.Helper()
-	addr := freeAddr(t)
-	return startRouter(t, engines, append([]string{"--admin-listen", addr}, args...)...), "http://" + addr
-}
 
 // writeFile writes s to a new file in dir and returns its path.
 func writeFile(t *testing.T, dir, name, s string) string {

@@ -114,7 +114,8 @@ func TestDrainFinishesStreams(t *testing.T) {
 	t.Parallel()
 	const n, tokens = 20, 300 // 300 tokens at 20 in a batch: ~30 s at --time-scale 10
 	engine := startEngine(t, "--time-scale", "10")
-	rt, admin := startRouterAdmin(t, []*proc{engine}, "--drain-timeout", "60s")
+	rt := startRouter(t, []*proc{engine}, "--drain-timeout", "60s")
+	admin := rt.AdminURL()
 	waitReady(t, rt.URL(), "/readyz", 10*time.Second)
 	started, results := streams(t, rt.URL(), n, tokens)
 	<-started

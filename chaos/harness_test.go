@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,9 @@ type proc struct {
 	t    *testing.T
 	cmd  *exec.Cmd
 	addr string // host:port it serves HTTP on
+	// admin is a router's admin listener (/metrics, /ui, /debug/*),
+	// host:port; empty for an engine, or a router started without one.
+	admin string
 	out  *syncBuffer
 	done chan struct{}
 	err  error // the process's exit error, once done is closed
@@ -57,6 +61,14 @@ type proc struct {
 
 // URL returns the process's base URL.
 func (p *proc) URL() string { return "http://" + p.addr }
+
+// AdminURL returns a router's admin base URL (its /metrics, /ui, /debug).
+func (p *proc) AdminURL() string {
+	if p.admin == "" {
+		p.t.Fatal("the router was started without an admin listener")
+	}
+	return "http://" + p.admin
+}
 
 // Log returns what the process wrote to stderr and stdout so far.
 func (p *proc) Log() string { return p.out.String() }
@@ -154,13 +166,26 @@ func startEngine(t *testing.T, args ...string) *proc {
 }
 
 // startRouter runs a router (`kvrouter serve`) in front of engines, with
-// extra args.
+// extra args, and its admin listener on a free address unless args give
+// --admin-listen.
 func startRouter(t *testing.T, engines []*proc, args ...string) *proc {
 	a := []string{"serve", "--health-interval", "100ms", "--scrape-interval", "100ms"}
 	for _, e := range engines {
 		a = append(a, "--backend", e.URL())
 	}
-	return start(t, append(a, args...)...)
+	admin := ""
+	if !slices.Contains(args, "--admin-listen") {
+		admin = freeAddr(t)
+		a = append(a, "--admin-listen", admin)
+	}
+	for i, v := range args {
+		if v == "--admin-listen" && i+1 < len(args) {
+			admin = args[i+1]
+		}
+	}
+	p := start(t, append(a, args...)...)
+	p.admin = admin
+	return p
 }
 
 // waitReady waits until url answers 200 at path.

@@ -49,6 +49,7 @@ func (b block) offGPU() bool { return b.media != 0 && b.media&gpuBit == 0 }
 // applied counts what applying a batch did.
 type applied struct {
 	events, stored, removed, orphans, resets int
+	unknown                                  int // removed blocks the chain did not hold (on that medium)
 }
 
 func newChain(replica int, model string, idx *residency.Index, now func() time.Duration) *chain {
@@ -173,6 +174,7 @@ func (c *chain) removed(e *Event, n *applied) {
 		k := ekey(h, e.Group)
 		old, ok := c.blocks[k]
 		if !ok || old.media&bit == 0 {
+			n.unknown++
 			continue
 		}
 		b := old

@@ -3,20 +3,16 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
-	"net"
-	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"kvrouter/zmtp"
 )
 
-// connect owns replica g's SUB socket in connect mode: it dials the
+// connect owns replica g's SUB connection in connect mode: it dials the
 // engine's PUB endpoint, forwards messages to g in order, and on a lost
 // connection tells g (continuity is then unknown) and dials again, with
-// doubling backoff. It reconnects in its own loop rather than with zmq4's
-// WithAutomaticReconnect, which races with Close.
+// backoff doubling until a connection carries a message (a publisher
+// refused for its frames is not redialled in a tight loop).
 func (s *Subscriber) connect(ctx context.Context, g *ingester) {
 	backoff := s.cfg.MinBackoff
 	for ctx.Err() == nil {
@@ -35,107 +31,77 @@ func (s *Subscriber) connect(ctx context.Context, g *ingester) {
 }
 
 // session dials once and reads until the connection or ctx ends; it
-// reports whether the dial succeeded.
-func (s *Subscriber) session(ctx context.Context, g *ingester) bool {
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout))
-	defer sub.Close()
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		return false
-	}
-	if err := sub.Dial(g.rep.Endpoint); err != nil {
-		g.log.Debug("kv events: dial", "endpoint", g.rep.Endpoint, "err", err)
-		return false
-	}
-	g.c.connected.Store(true)
-	g.log.Info("kv events: connected", "endpoint", g.rep.Endpoint)
-	defer func() {
-		g.c.connected.Store(false)
-		select {
-		case g.in <- message{lost: true}:
-		case <-ctx.Done():
+// reports whether the connection carried a valid message.
+func (s *Subscriber) session(ctx context.Context, g *ingester) (delivered bool) {
+	c, err := zmtp.Dial(ctx, g.rep.Endpoint, zmtp.Sub, s.cfg.limits())
+	if err == nil {
+		if err = c.Subscribe(""); err != nil {
+			c.Close()
 		}
-	}()
+	}
+	if err != nil {
+		if r, ok := readReason(err); ok {
+			s.rej.add(g.log, r, 1, "kv events: publisher refused", "endpoint", g.rep.Endpoint, "err", err)
+		} else {
+			g.log.Debug("kv events: dial", "endpoint", g.rep.Endpoint, "err", err)
+		}
+		return false
+	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	defer c.Close()
+	g.bind()
+	g.log.Info("kv events: connected", "endpoint", g.rep.Endpoint)
+	defer g.unbind(ctx)
 	for {
-		m, err := sub.Recv()
+		frames, err := c.Recv()
 		if err != nil {
-			if ctx.Err() == nil {
+			if r, ok := readReason(err); ok && ctx.Err() == nil {
+				s.rej.add(g.log, r, 1, "kv events: publisher connection closed", "endpoint", g.rep.Endpoint, "err", err)
+			} else if ctx.Err() == nil {
 				g.log.Warn("kv events: connection lost", "endpoint", g.rep.Endpoint, "err", err)
 			}
-			return true
+			return delivered
 		}
-		msg, ok := parseMsg(m)
+		m, ok := parseMsg(frames)
 		if !ok {
 			g.c.decodeErrors.Add(1)
+			s.rej.add(g.log, RejectMalformed, 1, "kv events: message is not [topic, seq, payload]", "endpoint", g.rep.Endpoint)
 			continue
 		}
-		select {
-		case g.in <- msg:
-		case <-ctx.Done():
-			return true
+		if s.namesOther(m.topic, g) {
+			s.rej.add(g.log, RejectTopic, 1, "kv events: topic names another replica", "endpoint", g.rep.Endpoint, "topic", m.topic)
+			continue
 		}
+		if !g.push(ctx, m) {
+			return delivered
+		}
+		delivered = true
 	}
+}
+
+// namesOther reports whether topic names a replica other than g (by its
+// Addr): an engine publishing for another replica would poison its index.
+// A topic naming no configured replica is accepted (an engine's topic
+// often carries its pod address, not its service URL).
+func (s *Subscriber) namesOther(topic string, g *ingester) bool {
+	addr, _, ok := ParseTopic(topic)
+	if !ok || addr == g.rep.Addr {
+		return false
+	}
+	o, ok := s.byAnyAddr[addr]
+	return ok && o != g
 }
 
 // parseMsg reads a live message [topic, seq (8 bytes big-endian), payload].
-func parseMsg(m zmq4.Msg) (message, bool) {
-	if len(m.Frames) != 3 || len(m.Frames[1]) != 8 {
+func parseMsg(f [][]byte) (message, bool) {
+	if len(f) != 3 || len(f[1]) != 8 {
 		return message{}, false
 	}
 	return message{
-		topic:   string(m.Frames[0]),
-		seq:     binary.BigEndian.Uint64(m.Frames[1]),
-		payload: m.Frames[2],
+		topic:   string(f[0]),
+		seq:     binary.BigEndian.Uint64(f[1]),
+		payload: f[2],
 		at:      time.Now(),
 	}, true
-}
-
-// listener is the bind-mode SUB socket engines dial into.
-type listener struct {
-	sub       zmq4.Socket
-	addr      string // dialable endpoint
-	dispatch  func(message) bool
-	unmatched atomic.Uint64
-}
-
-func listen(ctx context.Context, endpoint string, dispatch func(message) bool) (*listener, error) {
-	sub := zmq4.NewSub(ctx)
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		sub.Close()
-		return nil, fmt.Errorf("kvevents: subscribe: %w", err)
-	}
-	if err := sub.Listen(endpoint); err != nil {
-		sub.Close()
-		return nil, fmt.Errorf("kvevents: bind %s: %w", endpoint, err)
-	}
-	return &listener{sub: sub, addr: dialable(endpoint, sub.Addr()), dispatch: dispatch}, nil
-}
-
-// run reads the bound socket until ctx ends. Errors from one engine's
-// connection (it went away) do not stop it.
-func (l *listener) run(ctx context.Context) {
-	for ctx.Err() == nil {
-		m, err := l.sub.Recv()
-		if err != nil {
-			continue
-		}
-		msg, ok := parseMsg(m)
-		if !ok || !l.dispatch(msg) {
-			l.unmatched.Add(1)
-		}
-	}
-}
-
-func (l *listener) close() { l.sub.Close() }
-
-// dialable turns a bound endpoint into one a local peer can dial.
-func dialable(endpoint string, addr net.Addr) string {
-	tcp, ok := addr.(*net.TCPAddr)
-	if !ok || !strings.HasPrefix(endpoint, "tcp://") {
-		return endpoint
-	}
-	host := "127.0.0.1"
-	if !tcp.IP.IsUnspecified() {
-		host = tcp.IP.String()
-	}
-	return "tcp://" + net.JoinHostPort(host, fmt.Sprint(tcp.Port))
 }

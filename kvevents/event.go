@@ -14,6 +14,14 @@
 // not by the engine's hashes, so that no engine hash algorithm or seed needs
 // to match: a request tokenized by the router matches the engine's blocks.
 // Engine hashes are mapped to router hashes per replica, for BlockRemoved.
+//
+// Every event socket is untrusted. Connections are package zmtp's (frame
+// sizes bounded before allocation, handshake and read deadlines); the
+// bind socket admits only replicas' hosts and Config.Allow, serves each
+// connection in its own bounded goroutine, and accepts a message only for
+// a replica its sender may publish for; implausible sequence jumps and
+// removals of unknown blocks change nothing. Each refusal is counted by
+// Reason (Subscriber.Rejected, kvrouter_kv_events_rejected_total).
 package kvevents
 
 // Kind is the type of an Event.

@@ -2,7 +2,10 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net/netip"
+	"sync/atomic"
 	"time"
 )
 
@@ -45,6 +48,8 @@ type ingester struct {
 	log   *slog.Logger
 	in    chan message
 	c     counters
+	rej   *rejects
+	hosts []netip.Addr // bind mode: the addresses its engine may publish from
 	ch    *chain
 	dec   *Decoder
 	batch Batch
@@ -56,12 +61,17 @@ type ingester struct {
 	hasLast bool
 	base    uint64 // the publisher's baseline: the first seq seen from it
 	hasBase bool
+	jump    uint64 // an implausible seq seen (more than MaxSeqJump ahead), not yet trusted
+	hasJump bool
+
+	queued atomic.Int64 // payload bytes in in, at most Config.MaxQueueBytes
 }
 
-func newIngester(rep Replica, cfg *Config) *ingester {
+func newIngester(rep Replica, cfg *Config, rej *rejects) *ingester {
 	return &ingester{
 		rep: rep,
 		cfg: cfg,
+		rej: rej,
 		log: cfg.Logger.With("replica", rep.ID),
 		in:  make(chan message, cfg.QueueLen),
 		ch:  newChain(rep.ID, rep.Model, cfg.Index, cfg.Now),
@@ -76,6 +86,7 @@ func (g *ingester) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case m := <-g.in:
+			g.queued.Add(-int64(len(m.payload)))
 			g.handle(ctx, m)
 		}
 	}
@@ -90,6 +101,9 @@ func (g *ingester) handle(ctx context.Context, m message) {
 		if _, model, ok := ParseTopic(m.topic); ok {
 			g.ch.setModel(model)
 		}
+	}
+	if g.implausible(m) {
+		return
 	}
 	if g.hasLast && m.seq <= g.last {
 		g.log.Info("kv events: publisher restarted", "seq", m.seq, "last", g.last)
@@ -109,9 +123,103 @@ func (g *ingester) handle(ctx context.Context, m message) {
 	}
 }
 
+// implausible reports whether m jumps more than MaxSeqJump past the
+// expected seq, and so is not applied: a forged or corrupt number must
+// not make the replica reset or distrust its real publisher. Only if the
+// next message continues from m's seq is the publisher believed to be
+// there: the stream is then resynchronised (replay, else a reset).
+func (g *ingester) implausible(m message) bool {
+	if !g.known || m.seq <= g.next || m.seq-g.next <= g.cfg.MaxSeqJump {
+		g.hasJump = false
+		return false
+	}
+	if g.hasJump && m.seq == g.jump+1 {
+		g.hasJump = false
+		g.known, g.hasLast = false, false
+		return false
+	}
+	g.jump, g.hasJump = m.seq, true
+	g.rej.add(g.log, RejectSeqJump, 1, "kv events: sequence jump not trusted", "seq", m.seq, "expected", g.next)
+	return true
+}
+
+// replayFailed counts a replay refused for its size or framing.
+func (g *ingester) replayFailed(err error) {
+	r, ok := readReason(err)
+	if errors.Is(err, errReplayTooLarge) {
+		r, ok = RejectSize, true
+	}
+	if ok {
+		g.rej.add(g.log, r, 1, "kv events: replay refused", "endpoint", g.rep.Replay, "err", err)
+	}
+}
+
+// offer queues m without waiting (bind mode: one engine's connection
+// must not hold up the socket's others). A message that finds the queue
+// full, in messages or in bytes (Config.MaxQueueBytes), is dropped and
+// counted: a gap, replayed later.
+func (g *ingester) offer(m message) {
+	if !g.reserve(m) {
+		return
+	}
+	select {
+	case g.in <- m:
+	default:
+		g.queued.Add(-int64(len(m.payload)))
+		g.rej.add(g.log, RejectQueue, 1, "kv events: replica queue full; message dropped", "seq", m.seq, "queue_len", g.cfg.QueueLen)
+	}
+}
+
+// push queues m, waiting while the queue is full in messages (connect
+// mode: back-pressure on the engine's own connection); a message past
+// Config.MaxQueueBytes is dropped and counted. It reports false if ctx
+// ended.
+func (g *ingester) push(ctx context.Context, m message) bool {
+	if !g.reserve(m) {
+		return true
+	}
+	select {
+	case g.in <- m:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reserve counts m's payload into the queue's bytes if it fits.
+func (g *ingester) reserve(m message) bool {
+	n := int64(len(m.payload))
+	if g.queued.Add(n) > g.cfg.MaxQueueBytes && n > 0 {
+		g.queued.Add(-n)
+		g.rej.add(g.log, RejectQueue, 1, "kv events: replica queue over its byte limit; message dropped", "seq", m.seq,
+			"max_queue_bytes", g.cfg.MaxQueueBytes)
+		return false
+	}
+	return true
+}
+
+// bind notes a connection now carrying the replica's events.
+func (g *ingester) bind() {
+	g.c.conns.Add(1)
+	g.c.connected.Store(true)
+}
+
+// unbind notes the end of a connection that carried the replica's events
+// (bind or connect): continuity is unknown from here on.
+func (g *ingester) unbind(ctx context.Context) {
+	if g.c.conns.Add(-1) <= 0 {
+		g.c.connected.Store(false)
+	}
+	select {
+	case g.in <- message{lost: true}:
+	case <-ctx.Done():
+	}
+}
+
 // fill handles a gap [next, m.seq).
 func (g *ingester) fill(ctx context.Context, m message) {
-	msgs, err := replay(ctx, g.rep.Replay, g.next, g.cfg.ReplayTimeout)
+	msgs, err := replay(ctx, g.rep.Replay, g.next, g.cfg)
+	g.replayFailed(err)
 	if err == nil && len(msgs) > 0 && msgs[0].seq <= g.next {
 		g.c.replays.Add(1)
 		g.applyRun(msgs)
@@ -134,7 +242,8 @@ func (g *ingester) resync(ctx context.Context, m message) {
 		g.apply(m.seq, m.payload, m.at)
 		return
 	}
-	msgs, err := replay(ctx, g.rep.Replay, 0, g.cfg.ReplayTimeout)
+	msgs, err := replay(ctx, g.rep.Replay, 0, g.cfg)
+	g.replayFailed(err)
 	ok := err == nil && len(msgs) > 0 && msgs[0].seq <= m.seq
 	switch {
 	case ok && (!g.hasBase || msgs[0].seq <= g.base): // history from the baseline: rebuild
@@ -194,7 +303,11 @@ func (g *ingester) apply(seq uint64, payload []byte, at time.Time) {
 		g.log.Debug("kv events: undecodable batch", "seq", seq, "err", err)
 		return
 	}
-	g.c.count(g.ch.apply(&g.batch))
+	n := g.ch.apply(&g.batch)
+	g.c.count(n)
+	if n.unknown > 0 {
+		g.rej.add(g.log, RejectUnknownRemoval, n.unknown, "kv events: removal of blocks never stored", "seq", seq, "blocks", n.unknown)
+	}
 	g.c.blocks.Store(int64(g.ch.Len()))
 	g.c.offloaded.Store(int64(g.ch.offloaded))
 	g.c.blockSize.Store(int64(g.ch.blockSize))

@@ -16,6 +16,7 @@ type Metrics struct {
 
 	events, stored, removed, batches, gaps, replays, resets, orphans, decodeErrors *prometheus.Desc
 	connected, stale, lastEventAge, blocks, unmatched                              *prometheus.Desc
+	rejected                                                                       *prometheus.Desc
 }
 
 // NewMetrics registers the metrics of sub on reg:
@@ -28,7 +29,9 @@ type Metrics struct {
 // (-1 before the first event), kvrouter_kv_event_blocks (engine blocks
 // known), all labelled by replica, and
 // kvrouter_kv_event_unmatched_total (bind-mode messages of unknown
-// topics). label names a replica in the replica label (the router uses its
+// topics) and kvrouter_kv_events_rejected_total{reason} (connections,
+// messages and blocks refused or not trusted, by Reason: a fixed set of
+// labels, every one exported from the start). label names a replica in the replica label (the router uses its
 // URL); nil means its ID in decimal. A replica whose label is "" is
 // left out.
 func NewMetrics(reg prometheus.Registerer, sub *Subscriber, label func(replica int) string) (*Metrics, error) {
@@ -56,6 +59,8 @@ func NewMetrics(reg prometheus.Registerer, sub *Subscriber, label func(replica i
 		lastEventAge: d("kv_events_last_event_age_seconds", "Seconds since the last event batch; -1 before the first.", l),
 		blocks:       d("kv_event_blocks", "Engine blocks the router knows the replica holds.", l),
 		unmatched:    d("kv_event_unmatched_total", "Bind-mode messages whose topic matched no replica.", nil),
+		rejected: d("kv_events_rejected_total", "KV-event input refused or not trusted, by reason: peer, conns, handshake, size, timeout, "+
+			"protocol (connections closed), malformed, topic, unknown_topic, seq_jump, queue (messages), unknown_removal (blocks).", []string{"reason"}),
 	}
 	if err := reg.Register(m); err != nil {
 		return nil, err
@@ -66,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer, sub *Subscriber, label func(replica i
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.events, m.stored, m.removed, m.batches, m.gaps, m.replays, m.resets,
-		m.orphans, m.decodeErrors, m.connected, m.stale, m.lastEventAge, m.blocks, m.unmatched} {
+		m.orphans, m.decodeErrors, m.connected, m.stale, m.lastEventAge, m.blocks, m.unmatched, m.rejected} {
 		ch <- d
 	}
 }
@@ -104,6 +109,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(m.blocks, float64(s.Blocks), r)
 	}
 	ch <- prometheus.MustNewConstMetric(m.unmatched, prometheus.CounterValue, float64(m.sub.Unmatched()))
+	for r := range numReasons {
+		counter(m.rejected, m.sub.Rejected(r), r.String())
+	}
 }
 
 var _ prometheus.Collector = (*Metrics)(nil)

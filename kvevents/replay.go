@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"kvrouter/zmtp"
 )
 
 // EndSeq is the sequence number of the replay end marker (vLLM's
@@ -27,41 +27,56 @@ type replayed struct {
 	payload []byte
 }
 
+// errReplayTooLarge is a replay whose batches add up to more than
+// Config.MaxReplayBytes.
+var errReplayTooLarge = errors.New("replay too large")
+
 // replay asks the engine's ROUTER socket at endpoint for the buffered
 // batches with seq >= start, as vLLM's ZmqEventPublisher serves them: the
 // DEALER sends ["", start (8 bytes big-endian)] and reads ["", topic, seq,
 // payload] (vLLM >= 0.26) or ["", seq, payload] (older vLLM, SGLang)
 // until the end marker seq EndSeq. The whole exchange is bounded by
-// timeout. A fresh DEALER per request: a restarted engine needs a new
-// connection anyway, and replays are rare.
-func replay(ctx context.Context, endpoint string, start uint64, timeout time.Duration) ([]replayed, error) {
+// cfg.ReplayTimeout, each message by cfg.MaxMessageBytes (checked before
+// it is read) and all of them by cfg.MaxReplayBytes. A fresh DEALER per
+// request: a restarted engine needs a new connection anyway, and replays
+// are rare.
+func replay(ctx context.Context, endpoint string, start uint64, cfg *Config) ([]replayed, error) {
 	if endpoint == "" {
 		return nil, errNoReplay
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
 	defer cancel()
-	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout), zmq4.WithTimeout(timeout))
-	defer d.Close()
-	if err := d.Dial(endpoint); err != nil {
+	lim := cfg.limits()
+	lim.HandshakeTimeout = min(lim.HandshakeTimeout, cfg.ReplayTimeout)
+	d, err := zmtp.Dial(ctx, endpoint, zmtp.Dealer, lim)
+	if err != nil {
 		return nil, fmt.Errorf("replay %s: %w", endpoint, err)
 	}
+	defer d.Close()
+	stop := context.AfterFunc(ctx, func() { d.Close() })
+	defer stop()
+	d.SetDeadline(time.Now().Add(cfg.ReplayTimeout))
 	var s [8]byte
 	binary.BigEndian.PutUint64(s[:], start)
-	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, s[:])); err != nil {
+	if err := d.Send([]byte{}, s[:]); err != nil {
 		return nil, fmt.Errorf("replay %s: send: %w", endpoint, err)
 	}
 	var out []replayed
+	var total int64
 	for {
-		m, err := d.Recv()
+		f, err := d.Recv()
 		if err != nil {
 			return out, fmt.Errorf("replay %s: after %d batches: %w", endpoint, len(out), err)
 		}
-		seq, payload, err := replyFrames(m.Frames)
+		seq, payload, err := replyFrames(f)
 		if err != nil {
 			return out, fmt.Errorf("replay %s: %w", endpoint, err)
 		}
 		if seq == EndSeq {
 			return out, nil
+		}
+		if total += int64(len(payload)); total > cfg.MaxReplayBytes {
+			return out, fmt.Errorf("replay %s: %w: more than %d bytes", endpoint, errReplayTooLarge, cfg.MaxReplayBytes)
 		}
 		if len(out) >= maxReplay {
 			return out, fmt.Errorf("replay %s: more than %d batches", endpoint, maxReplay)

@@ -10,10 +10,9 @@ import (
 type Status struct {
 	// Replica is the residency replica id.
 	Replica int
-	// Connected is true while the SUB socket is connected to the engine
-	// (connect mode), or, in bind mode, once the engine's first message
-	// arrived on the listening socket (zmq4 does not tell which peer a
-	// message came from, nor when one leaves).
+	// Connected is true while the SUB connection to the engine is up
+	// (connect mode), or, in bind mode, while a connection that delivered
+	// one of the replica's messages is open.
 	Connected bool
 	// LastEvent is when the last batch arrived (zero if none).
 	LastEvent time.Time
@@ -65,6 +64,7 @@ func (s Status) Healthy() bool { return s.Connected && !s.Stale }
 // read concurrently.
 type counters struct {
 	connected atomic.Bool
+	conns     atomic.Int32 // open connections bound to the replica
 	lastEvent atomic.Int64 // unix nanoseconds of the last batch, 0 if none
 	expected  atomic.Int64 // unix nanoseconds of the oldest unanswered Expect, 0 if none
 

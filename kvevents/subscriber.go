@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"kvrouter/residency"
+	"kvrouter/zmtp"
 )
 
 // Replica is one engine whose events a Subscriber follows.
@@ -70,35 +72,93 @@ type Config struct {
 	// Logger receives connection and reset notes; nil means
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Limits on hostile input. Every socket is untrusted: a peer can
+	// claim any frame size, stall, or forge topics and batches.
+
+	// Allow lists the peers, besides each bind-mode replica's own host
+	// (the host of its Addr, resolved at Start), that may publish on the
+	// bind socket: CIDRs ("10.0.0.0/8"), IP addresses or host names
+	// (resolved at Start), or "*" for any peer. A connection from another
+	// host is closed at once; a message for a replica whose host is not
+	// the sender's, and that Allow does not admit, is refused. Empty
+	// means each replica's own host only.
+	Allow []string
+	// MaxMessageBytes bounds one message (its frames together) from a
+	// publisher or a replay socket, checked on each frame header before
+	// the frame is read; a larger claim closes the connection. Zero
+	// means 16 MiB.
+	MaxMessageBytes int64
+	// MaxReplayBytes bounds the payload bytes of one replay. Zero means
+	// 256 MiB.
+	MaxReplayBytes int64
+	// MaxQueueBytes bounds the payload bytes queued for one replica
+	// (besides QueueLen messages); a message past it is dropped, a gap.
+	// Zero means 64 MiB.
+	MaxQueueBytes int64
+	// MaxConns bounds the bind socket's open connections (one goroutine
+	// each); more are closed at once. Zero means 256.
+	MaxConns int
+	// HandshakeTimeout bounds a connection's TCP connect (connect mode)
+	// and ZMTP greeting and READY exchange. Zero means 5 s.
+	HandshakeTimeout time.Duration
+	// ReadTimeout bounds the reading of one message once its first byte
+	// arrived (the wait between messages is not bounded: an idle engine
+	// publishes nothing). Zero means 30 s.
+	ReadTimeout time.Duration
+	// MaxSeqJump is the largest sequence gap taken as lost batches. A
+	// batch further ahead is not applied and not trusted as the
+	// publisher's new position unless the next batch continues from it
+	// (then the replica resynchronises by replay). Zero means 1,000,000
+	// (vLLM buffers 10,000 batches for replay).
+	MaxSeqJump uint64
 }
+
+// limits are the ZMTP limits of every connection.
+func (c *Config) limits() zmtp.Limits {
+	return zmtp.Limits{MaxMessageBytes: c.MaxMessageBytes, MaxFrames: maxFrames,
+		HandshakeTimeout: c.HandshakeTimeout, ReadTimeout: c.ReadTimeout}
+}
+
+// maxFrames bounds a message's frames: live messages have 3, replay
+// replies 4 (with the empty delimiter).
+const maxFrames = 8
 
 // Subscriber follows the KV events of a set of replicas into the index:
 // one goroutine per replica applies its batches in order; in connect mode
-// one more per replica owns its SUB socket; in bind mode one goroutine
-// reads the shared SUB socket and dispatches by topic.
+// one more per replica owns its SUB connection; in bind mode one goroutine
+// accepts engines' connections and one per connection reads it and
+// dispatches by topic. Every connection is a zmtp.Conn: sizes are bounded
+// before allocation, handshakes and messages by deadlines, and bind-mode
+// peers by their address (Config.Allow).
 type Subscriber struct {
-	cfg    Config
-	reps   []*ingester
-	byID   map[int]*ingester
-	byAddr map[string]*ingester
-	bind   *listener // nil without Config.Bind
-	start  time.Time
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed atomic.Bool
+	cfg       Config
+	reps      []*ingester
+	byID      map[int]*ingester
+	byAddr    map[string]*ingester // bind-mode replicas by Addr
+	byAnyAddr map[string]*ingester // every replica with an Addr
+	hosts     map[netip.Addr]bool  // every bind-mode replica's host addresses
+	peers     peers                // Config.Allow
+	rej       rejects
+	bind      *listener // nil without Config.Bind
+	start     time.Time
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closed    atomic.Bool
 }
 
 // Start validates cfg, binds Config.Bind if set, and starts following
 // every replica until Close.
 func Start(cfg Config) (*Subscriber, error) {
-	s := &Subscriber{byID: map[int]*ingester{}, byAddr: map[string]*ingester{}, start: time.Now()}
+	s := &Subscriber{byID: map[int]*ingester{}, byAddr: map[string]*ingester{}, byAnyAddr: map[string]*ingester{},
+		hosts: map[netip.Addr]bool{}, start: time.Now()}
 	if err := s.configure(cfg); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	if s.cfg.Bind != "" {
-		l, err := listen(ctx, s.cfg.Bind, s.dispatch)
+		l, err := s.listen(s.cfg.Bind)
 		if err != nil {
 			cancel()
 			return nil, err
@@ -132,7 +192,19 @@ func (s *Subscriber) configure(cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.MaxMessageBytes = cmp0(cfg.MaxMessageBytes, 16<<20)
+	cfg.MaxReplayBytes = cmp0(cfg.MaxReplayBytes, 256<<20)
+	cfg.MaxQueueBytes = cmp0(cfg.MaxQueueBytes, 64<<20)
+	cfg.MaxConns = cmp0(cfg.MaxConns, 256)
+	cfg.HandshakeTimeout = cmp0(cfg.HandshakeTimeout, 5*time.Second)
+	cfg.ReadTimeout = cmp0(cfg.ReadTimeout, 30*time.Second)
+	cfg.MaxSeqJump = cmp0(cfg.MaxSeqJump, 1_000_000)
 	s.cfg = cfg
+	p, err := parsePeers(cfg.Allow)
+	if err != nil {
+		return err
+	}
+	s.peers = p
 	for _, r := range cfg.Replicas {
 		if _, dup := s.byID[r.ID]; dup {
 			return fmt.Errorf("kvevents: replica %d listed twice", r.ID)
@@ -140,17 +212,37 @@ func (s *Subscriber) configure(cfg Config) error {
 		if r.Endpoint == "" && (cfg.Bind == "" || r.Addr == "") {
 			return fmt.Errorf("kvevents: replica %d has no endpoint and no bind address to be matched on", r.ID)
 		}
-		g := newIngester(r, &s.cfg)
+		g := newIngester(r, &s.cfg, &s.rej)
 		s.reps = append(s.reps, g)
 		s.byID[r.ID] = g
+		if r.Addr != "" {
+			s.byAnyAddr[r.Addr] = g
+		}
 		if r.Endpoint == "" {
 			s.byAddr[r.Addr] = g
+			s.resolveHost(g)
 		}
 	}
 	return nil
 }
 
-func cmp0(d, def time.Duration) time.Duration {
+// resolveHost learns the addresses bind-mode replica g's engine may
+// publish from: its Addr's host.
+func (s *Subscriber) resolveHost(g *ingester) {
+	addrs, err := hostAddrs(g.rep.Addr)
+	if err != nil || len(addrs) == 0 {
+		g.log.Warn("kv events: replica host does not resolve; only --kv-events-allow peers can publish for it", "addr", g.rep.Addr, "err", err)
+	}
+	g.hosts = addrs
+	for _, a := range addrs {
+		s.hosts[a] = true
+	}
+}
+
+// hostKnown reports whether ip is some bind-mode replica's host.
+func (s *Subscriber) hostKnown(ip netip.Addr) bool { return s.hosts[ip] }
+
+func cmp0[T int | int64 | uint64 | time.Duration](d, def T) T {
 	if d <= 0 {
 		return def
 	}
@@ -226,22 +318,6 @@ func (s *Subscriber) Unmatched() uint64 {
 		return 0
 	}
 	return s.bind.unmatched.Load()
-}
-
-// dispatch routes a bind-mode message to its replica by topic; a full
-// queue drops it (a gap, replayed later).
-func (s *Subscriber) dispatch(m message) bool {
-	addr, _, ok := ParseTopic(m.topic)
-	g := s.byAddr[addr]
-	if !ok || g == nil {
-		return false
-	}
-	g.c.connected.Store(true)
-	select {
-	case g.in <- m:
-	default:
-	}
-	return true
 }
 
 // ParseTopic splits a vLLM topic "kv@<host>:<port>@<model>" into its

@@ -134,6 +134,38 @@ type Config struct {
 	// DebugShowIDs shows session ids (and the OpenAI user values they may
 	// come from) verbatim in decision records; false shows a keyed hash.
 	DebugShowIDs bool `yaml:"debug-show-ids"`
+
+	// KV-event input limits (issue 13: hostile KV-event sockets).
+
+	// KVEventsAllow lists, comma-separated, the peers besides each
+	// backend's own host (its URL's host) that may publish on
+	// KVEventsBind: CIDRs ("10.0.0.0/8"), IP addresses, host names, or
+	// "*" for any. Empty means each backend's own host only.
+	KVEventsAllow string `yaml:"kv-events-allow"`
+	// KVEventsMaxMessageBytes bounds one KV-event or replay message,
+	// checked on each frame header before the frame is read; a larger
+	// claim closes the connection. Zero means 16 MiB.
+	KVEventsMaxMessageBytes int64 `yaml:"kv-events-max-message-bytes"`
+	// KVEventsMaxReplayBytes bounds the payload of one replay. Zero means
+	// 256 MiB.
+	KVEventsMaxReplayBytes int64 `yaml:"kv-events-max-replay-bytes"`
+	// KVEventsMaxQueueBytes bounds the KV-event bytes queued for one
+	// replica; past it messages are dropped (a gap, replayed). Zero means
+	// 64 MiB.
+	KVEventsMaxQueueBytes int64 `yaml:"kv-events-max-queue-bytes"`
+	// KVEventsMaxConns bounds the open connections on KVEventsBind. Zero
+	// means 256.
+	KVEventsMaxConns int `yaml:"kv-events-max-conns"`
+	// KVEventsHandshakeTimeout bounds a KV-event connection's connect and
+	// ZMTP handshake. Zero means 5 s.
+	KVEventsHandshakeTimeout time.Duration `yaml:"kv-events-handshake-timeout"`
+	// KVEventsReadTimeout bounds the reading of one KV-event message once
+	// its first byte arrived. Zero means 30 s.
+	KVEventsReadTimeout time.Duration `yaml:"kv-events-read-timeout"`
+	// KVEventsMaxSeqJump is the largest sequence gap taken as lost
+	// batches; a batch further ahead is not applied unless the next one
+	// continues from it. Zero means 1,000,000.
+	KVEventsMaxSeqJump uint64 `yaml:"kv-events-max-seq-jump"`
 }
 
 // policyName is Policy, or the default.
@@ -234,6 +266,14 @@ func DefaultConfig() Config {
 		DrainTimeout: DefaultDrainTimeout,
 		AdminListen:  DefaultAdminListen,
 		PassThrough:  strings.Split(DefaultPassThrough, ","),
+
+		KVEventsMaxMessageBytes:  16 << 20,
+		KVEventsMaxReplayBytes:   256 << 20,
+		KVEventsMaxQueueBytes:    64 << 20,
+		KVEventsMaxConns:         256,
+		KVEventsHandshakeTimeout: 5 * time.Second,
+		KVEventsReadTimeout:      30 * time.Second,
+		KVEventsMaxSeqJump:       1_000_000,
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strings"
 	"time"
 
 	"kvrouter/fleet"
@@ -54,6 +55,10 @@ func startPrecise(cfg *Config, names []string, fl *fleet.Fleet, log *slog.Logger
 	sub, err := kvevents.Start(kvevents.Config{
 		Index: fl.Tracker().Precise(), Replicas: reps, Bind: cfg.KVEventsBind,
 		Now: func() time.Duration { return now().Sub(start) }, Logger: log,
+		Allow: splitList(cfg.KVEventsAllow), MaxMessageBytes: cfg.KVEventsMaxMessageBytes,
+		MaxReplayBytes: cfg.KVEventsMaxReplayBytes, MaxQueueBytes: cfg.KVEventsMaxQueueBytes, MaxConns: cfg.KVEventsMaxConns,
+		HandshakeTimeout: cfg.KVEventsHandshakeTimeout, ReadTimeout: cfg.KVEventsReadTimeout,
+		MaxSeqJump: cfg.KVEventsMaxSeqJump,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv events: %w", err)
@@ -61,6 +66,17 @@ func startPrecise(cfg *Config, names []string, fl *fleet.Fleet, log *slog.Logger
 	p.sub = sub
 	fl.Tracker().SetFeed(sub)
 	return p, nil
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // watch follows every replica's stream until ctx is done, then closes the

@@ -367,8 +367,8 @@ func TestPreciseFallbackDeadEndpoint(t *testing.T) {
 			series++
 		}
 	}
-	if series != 2*13+1 {
-		t.Errorf("%d kv-event series, want %d (13 per replica, and unmatched)", series, 2*13+1)
+	if want := 2*13 + 1 + 12; series != want {
+		t.Errorf("%d kv-event series, want %d (13 per replica, unmatched, 12 rejection reasons)", series, want)
 	}
 	seen := map[string]bool{}
 	for k := 0; k < 40 && len(seen) < 2; k++ {

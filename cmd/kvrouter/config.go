@@ -89,6 +89,22 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"comma-separated path prefixes forwarded to a replica besides the routed ones (\"/\": every path; empty: none); others get 404")
 	fs.BoolVar(&cfg.DebugShowIDs, "debug-show-ids", cfg.DebugShowIDs,
 		"show session ids and user values verbatim in /debug/decisions and the dashboard (default: a keyed hash)")
+
+	// KV-event input limits.
+	fs.StringVar(&cfg.KVEventsAllow, "kv-events-allow", cfg.KVEventsAllow,
+		"peers besides each backend's own host allowed to publish on --kv-events-bind, comma-separated: CIDRs, IPs, host names, or * for any")
+	fs.Int64Var(&cfg.KVEventsMaxMessageBytes, "kv-events-max-message-bytes", cfg.KVEventsMaxMessageBytes,
+		"largest KV-event or replay message, bytes, checked before it is read (a larger claim closes the connection)")
+	fs.Int64Var(&cfg.KVEventsMaxReplayBytes, "kv-events-max-replay-bytes", cfg.KVEventsMaxReplayBytes, "largest replay, payload bytes")
+	fs.Int64Var(&cfg.KVEventsMaxQueueBytes, "kv-events-max-queue-bytes", cfg.KVEventsMaxQueueBytes,
+		"most KV-event bytes queued per replica; past it messages are dropped (a gap, replayed)")
+	fs.IntVar(&cfg.KVEventsMaxConns, "kv-events-max-conns", cfg.KVEventsMaxConns, "most open connections on --kv-events-bind")
+	fs.DurationVar(&cfg.KVEventsHandshakeTimeout, "kv-events-handshake-timeout", cfg.KVEventsHandshakeTimeout,
+		"longest a KV-event connection's connect and ZMTP handshake may take")
+	fs.DurationVar(&cfg.KVEventsReadTimeout, "kv-events-read-timeout", cfg.KVEventsReadTimeout,
+		"longest one KV-event message may take to arrive once started")
+	fs.Uint64Var(&cfg.KVEventsMaxSeqJump, "kv-events-max-seq-jump", cfg.KVEventsMaxSeqJump,
+		"largest KV-event sequence gap taken as lost batches (a batch further ahead is not applied unless the next continues from it)")
 	return bl
 }
 

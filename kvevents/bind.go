@@ -1,0 +1,194 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kvrouter/zmtp"
+)
+
+// listener is the bind-mode socket engines dial into. One goroutine
+// accepts and only accepts: a peer that is not allowed, or one beyond
+// Config.MaxConns, is closed at once; every other connection gets its own
+// goroutine for the handshake (bounded by Config.HandshakeTimeout) and
+// its messages, so no peer can hold up another's connect.
+type listener struct {
+	s         *Subscriber
+	ln        net.Listener
+	addr      string        // dialable endpoint
+	slots     chan struct{} // one per open connection, up to MaxConns
+	unmatched atomic.Uint64
+
+	mu    sync.Mutex // guards conns
+	conns map[net.Conn]struct{}
+}
+
+func (s *Subscriber) listen(endpoint string) (*listener, error) {
+	ln, err := zmtp.Listen(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: bind %s: %w", endpoint, err)
+	}
+	return &listener{s: s, ln: ln, addr: dialable(endpoint, ln.Addr()),
+		slots: make(chan struct{}, s.cfg.MaxConns), conns: map[net.Conn]struct{}{}}, nil
+}
+
+// run accepts until the listener closes. Accept errors other than a
+// closed listener (e.g. out of file descriptors) back off briefly, as
+// net/http's Server does.
+func (l *listener) run(ctx context.Context) {
+	var backoff time.Duration
+	for {
+		nc, err := l.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			l.s.cfg.Logger.Warn("kv events: accept", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if l.admit(nc) {
+			l.s.wg.Go(func() { l.serve(ctx, nc) })
+		}
+	}
+}
+
+// admit takes a connection slot for nc if its peer may publish at all;
+// otherwise it closes nc and counts why.
+func (l *listener) admit(nc net.Conn) bool {
+	s := l.s
+	if ip, ok := remoteIP(nc.RemoteAddr()); ok && !s.peers.allowed(ip) && !s.hostKnown(ip) {
+		s.rej.add(s.cfg.Logger, RejectPeer, 1, "kv events: connection from a host that is no backend's; add it to --kv-events-allow if it publishes for one",
+			"peer", nc.RemoteAddr().String())
+		nc.Close()
+		return false
+	}
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		s.rej.add(s.cfg.Logger, RejectConns, 1, "kv events: bind socket full; connection refused",
+			"peer", nc.RemoteAddr().String(), "max_conns", s.cfg.MaxConns)
+		nc.Close()
+		return false
+	}
+	l.mu.Lock()
+	l.conns[nc] = struct{}{}
+	l.mu.Unlock()
+	return true
+}
+
+// serve runs one engine connection: the handshake, then its messages,
+// each routed by topic to a replica the peer may publish for. The first
+// accepted message binds the connection to its replica; when a bound
+// connection ends, its replica's continuity is unknown.
+func (l *listener) serve(ctx context.Context, nc net.Conn) {
+	s := l.s
+	defer l.drop(nc)
+	peer := nc.RemoteAddr().String()
+	c, err := zmtp.Handshake(nc, zmtp.Sub, s.cfg.limits())
+	if err == nil {
+		err = c.Subscribe("")
+	}
+	if err != nil {
+		l.ended(err, peer)
+		return
+	}
+	ip, hasIP := remoteIP(nc.RemoteAddr())
+	var bound *ingester
+	defer func() {
+		if bound != nil {
+			bound.unbind(ctx)
+		}
+	}()
+	for {
+		frames, err := c.Recv()
+		if err != nil {
+			l.ended(err, peer)
+			return
+		}
+		m, ok := parseMsg(frames)
+		if !ok {
+			s.rej.add(s.cfg.Logger, RejectMalformed, 1, "kv events: message is not [topic, seq, payload]", "peer", peer, "frames", len(frames))
+			continue
+		}
+		g, why := l.route(m.topic, ip, hasIP, bound)
+		if g == nil {
+			s.rej.add(s.cfg.Logger, why, 1, "kv events: message refused", "peer", peer, "topic", m.topic)
+			continue
+		}
+		if bound == nil {
+			bound = g
+			g.bind()
+		}
+		g.offer(m)
+	}
+}
+
+// route returns the replica a message of topic from ip goes to, or nil
+// and why not.
+func (l *listener) route(topic string, ip netip.Addr, hasIP bool, bound *ingester) (*ingester, Reason) {
+	addr, _, ok := ParseTopic(topic)
+	g := l.s.byAddr[addr]
+	if !ok || g == nil {
+		l.unmatched.Add(1)
+		return nil, RejectUnknownTopic
+	}
+	if bound != nil && g != bound {
+		return nil, RejectTopic
+	}
+	if hasIP && !l.s.peers.allowed(ip) && !slices.Contains(g.hosts, ip) {
+		return nil, RejectTopic
+	}
+	return g, 0
+}
+
+// ended counts the error that ended a connection if it was the peer's
+// fault.
+func (l *listener) ended(err error, peer string) {
+	if r, ok := readReason(err); ok {
+		l.s.rej.add(l.s.cfg.Logger, r, 1, "kv events: connection closed", "peer", peer, "err", err)
+	}
+}
+
+// drop closes nc and frees its slot.
+func (l *listener) drop(nc net.Conn) {
+	nc.Close()
+	l.mu.Lock()
+	delete(l.conns, nc)
+	l.mu.Unlock()
+	<-l.slots
+}
+
+// close stops accepting and closes every connection; their goroutines
+// then end.
+func (l *listener) close() {
+	l.ln.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for nc := range l.conns {
+		nc.Close()
+	}
+}
+
+// dialable turns a bound endpoint into one a local peer can dial.
+func dialable(endpoint string, addr net.Addr) string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok || !strings.HasPrefix(endpoint, "tcp://") {
+		return endpoint
+	}
+	host := "127.0.0.1"
+	if !tcp.IP.IsUnspecified() {
+		host = tcp.IP.String()
+	}
+	return "tcp://" + net.JoinHostPort(host, fmt.Sprint(tcp.Port))
+}
