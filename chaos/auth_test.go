@@ -116,7 +116,6 @@ func (r *relay) got(path string) int {
 	return n
 }
 
-
 // writeFile writes s to a new file in dir and returns its path.
 func writeFile(t *testing.T, dir, name, s string) string {
 	t.Helper()

@@ -54,9 +54,9 @@ type proc struct {
 	// admin is a router's admin listener (/metrics, /ui, /debug/*),
 	// host:port; empty for an engine, or a router started without one.
 	admin string
-	out  *syncBuffer
-	done chan struct{}
-	err  error // the process's exit error, once done is closed
+	out   *syncBuffer
+	done  chan struct{}
+	err   error // the process's exit error, once done is closed
 }
 
 // URL returns the process's base URL.
