@@ -119,13 +119,38 @@ func (c *Calibrator) bounds() (lo, hi float64) {
 	return lo, hi
 }
 
-// observeTTFT corrects r's Scale from one request's time to first token
-// (see Calibrator).
-func (f *Fleet) observeTTFT(r *replica, predicted, observed time.Duration) {
+// observeTTFT corrects the replica's Scale from a request that completed
+// with usage u: its time to first token against the one predicted for
+// the prefill the engine did (predictedTTFT). It runs at Done rather than
+// at the first token because only the usage says what the engine had
+// cached: Scale corrects how fast the replica computes, and a cache hit
+// the index mispredicted is no measure of that (it is the residency
+// model's error; taken as speed, a replica whose cache the approximate
+// index over-predicts learns a Scale many times its own and is shunned).
+func (t *Ticket) observeTTFT(u Usage) {
+	first := t.first.Load()
+	if t.claim.PredictedTTFT <= 0 || first == 0 {
+		return
+	}
+	r := t.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.cal.Observe(predicted, observed)
-	f.updateLocked(r)
+	r.cal.Observe(t.predictedTTFT(u), time.Duration(first-1))
+	t.f.updateLocked(r)
+}
+
+// predictedTTFT is the claim's predicted time to first token at Scale 1
+// with the engine's cached tokens, from its usage, in place of the
+// predicted ones (both in the router's units of the prompt): the
+// prediction's prefill compute swapped for that of the prefill the engine
+// did. Without cached tokens in the usage it is the prediction.
+func (t *Ticket) predictedTTFT(u Usage) time.Duration {
+	c := &t.claim
+	if u.CachedTokens < 0 || u.PromptTokens <= 0 || c.PromptTokens <= 0 {
+		return c.PredictedTTFT
+	}
+	cached := int(int64(min(u.CachedTokens, u.PromptTokens)) * int64(c.PromptTokens) / int64(u.PromptTokens))
+	return max(c.PredictedTTFT-t.prefill+prefillTime(&t.f.preset, c.PromptTokens-cached, cached), 0)
 }
 
 // observeITL corrects the replica's DecodeScale from a streamed request

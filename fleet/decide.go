@@ -109,6 +109,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		c.PredictedTTFT = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
 	}
 	c.Streamed = r.TTFT
+	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
 	tk := f.acquire(rep, c, now)
 	if r.Session != "" {
 		f.bind(r.Session, rep, now)

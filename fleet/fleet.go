@@ -180,6 +180,7 @@ type replica struct {
 	scraped bool
 	cal     Calibrator // Scale, from times to first token
 	dcal    Calibrator // DecodeScale, from inter-token latencies
+	hits    hitTally   // HitScale, from the engines' cached tokens
 	churn   Churn
 	recent  window.Sums // recent prefill tokens (A)
 	rates   route.Rates // the preset corrected by cal, dcal and churn
@@ -403,6 +404,7 @@ func (f *Fleet) BlockSizes() []int { return f.tr.BlockSizes() }
 func (f *Fleet) updateLocked(r *replica) {
 	r.rates = r.cal.Apply(f.cfg.Rates)
 	r.rates.DecodeScale = r.dcal.Scale()
+	r.rates.HitScale = r.hits.scale()
 	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0
 	r.calShare.set(&f.cal, r.rates.Scale, calibrated)
 	r.dcalShare.set(&f.dcal, r.rates.DecodeScale, dcalibrated)

@@ -120,7 +120,7 @@ func TestDecideCommitsAndPins(t *testing.T) {
 	if d.Replica != 2 || tk == nil {
 		t.Fatalf("decision %+v, ticket %v: want replica 2 and a ticket", d, tk)
 	}
-	if got, want := tk.Claim(), (Claim{PrefillTokens: 360, Tokens: 1100, PredictedCached: 640, PromptTokens: 1000}); got != want {
+	if got, want := tk.Claim(), (Claim{PrefillTokens: 360, Tokens: 1100, PredictedCached: 640, PromptTokens: 1000, HitScale: 1}); got != want {
 		t.Errorf("claim %+v, want %+v", got, want)
 	}
 	if got := f.pin("conv-1", &sc.Snapshot, t0); got != 2 {
@@ -237,7 +237,7 @@ func TestSnapshotContents(t *testing.T) {
 	var s route.Snapshot
 	now := t0.Add(7 * time.Second)
 	f.Snapshot(&s, now, 16)
-	rates := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1, DecodeScale: 1}
+	rates := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1, DecodeScale: 1, HitScale: 1}
 	want := route.Snapshot{BlockSize: 16, Replicas: []route.Replica{
 		{ID: a, Healthy: true, Running: 4, Waiting: 2, KVUsage: 0.5, Scraped: true, LoadAge: 7 * time.Second,
 			InFlight: 2, PrefillTokens: 1000, Decoding: 1, DecodeBlocks: 83, RecentPrefill: 1200,

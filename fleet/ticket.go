@@ -22,6 +22,9 @@ type Claim struct {
 	// the observed one calibrates the replica's rates against (FirstToken);
 	// zero means it is not observed.
 	PredictedTTFT time.Duration
+	// HitScale is the replica's Rates.HitScale the prediction was made
+	// with (zero: 1), which the engine's cached tokens correct.
+	HitScale float64
 	// Streamed says the response streams, so that its first token and its
 	// end are seen when the engine makes them: the time between, over the
 	// output tokens, is its inter-token latency, which calibrates the
@@ -111,8 +114,8 @@ func (t *Ticket) Claim() Claim {
 
 // FirstToken records that prefill finished at now: the request's prefill
 // tokens leave PrefillTokens, it counts as Decoding, and when the claim
-// carries a predicted TTFT the time since the decision calibrates the
-// replica's rates. Later calls do nothing.
+// carries a predicted TTFT the time since the decision is kept for Done
+// to calibrate the replica's rates with. Later calls do nothing.
 func (t *Ticket) FirstToken(now time.Time) {
 	if t == nil || !t.state.CompareAndSwap(ticketPrefill, ticketDecoding) {
 		return
@@ -122,13 +125,10 @@ func (t *Ticket) FirstToken(now time.Time) {
 	t.r.changed()
 	t.f.released()
 	work := t.r.prefilled.Add(int64(t.prefill))
-	if t.claim.Streamed {
+	if t.claim.Streamed || t.claim.PredictedTTFT > 0 {
 		t.batch0.Store(int64(t.r.batch(now)))
 		t.work0.Store(work)
 		t.first.Store(int64(max(now.Sub(t.sent), 0)) + 1)
-	}
-	if t.claim.PredictedTTFT > 0 {
-		t.f.observeTTFT(t.r, t.claim.PredictedTTFT, now.Sub(t.sent))
 	}
 }
 
@@ -169,12 +169,15 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.completed.Add(1)
 	if prev == ticketDecoding {
+		t.observeTTFT(u)
 		t.observeITL(now, u, batch)
 	}
 	if u.CachedTokens >= 0 && u.PromptTokens > 0 {
+		predicted := t.claim.PredictedOf(u.PromptTokens)
 		r.promptTokens.Add(int64(u.PromptTokens))
 		r.actualCached.Add(int64(u.CachedTokens))
-		r.predictedCached.Add(int64(t.claim.PredictedOf(u.PromptTokens)))
+		r.predictedCached.Add(int64(predicted))
+		t.observeHits(predicted, u.CachedTokens)
 	}
 }
 

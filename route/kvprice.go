@@ -88,7 +88,10 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 		time.Duration(raw.MaxBatchedTokens^q.raw.MaxBatchedTokens) != 0 {
 		q.setRates(raw)
 	}
-	q.rt.Horizon, q.rt.Scale, q.rt.DecodeScale = raw.Horizon, 1, 1
+	q.rt.Horizon, q.rt.Scale, q.rt.DecodeScale, q.rt.HitScale = raw.Horizon, 1, 1, 1
+	if raw.HitScale > 0 {
+		q.rt.HitScale = raw.HitScale
+	}
 	if raw.Scale > 0 {
 		q.rt.Scale = raw.Scale
 	}
@@ -210,7 +213,7 @@ func (q *kvRequest) cached(rp *Replica, i int, rt *Rates) float64 {
 		return 0
 	}
 	capacity := float64(rp.CacheBlocks) * float64(q.bs)
-	return math.Floor(resident(ageOf(q.r, i), rt.Horizon, capacity, q.tokens) * m)
+	return math.Floor(min(resident(ageOf(q.r, i), rt.Horizon, capacity, q.tokens)*rt.HitScale, 1) * m)
 }
 
 // matched is the prompt tokens the index matched on replica i.

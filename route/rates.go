@@ -62,6 +62,9 @@ func (r Rates) WithDefaults() Rates {
 	if r.Scale <= 0 {
 		r.Scale = 1
 	}
+	if r.HitScale <= 0 {
+		r.HitScale = 1
+	}
 	return r
 }
 

@@ -89,6 +89,10 @@ type Rates struct {
 	// inter-token latencies: observed / predicted, learned online; zero
 	// means 1.
 	DecodeScale float64
+	// HitScale corrects the expected cached tokens (the index's match
+	// times the residency model) from the engine's reported ones: actual /
+	// predicted, learned online; zero means 1.
+	HitScale float64
 }
 
 // Snapshot is the fleet as the policy sees it. It is read-only; Pick must not

@@ -1,0 +1,53 @@
+package fleet
+
+// hitTally learns a replica's Rates.HitScale: the engine's cached tokens
+// over the ones the policy expected, both summed with exponentially
+// decaying weights (about the last hitMemory requests). The expected
+// ones are taken at HitScale 1 (the prediction over the scale it was made
+// with), so that the tally learns the whole correction, not a correction
+// of itself. It is a ratio of sums, not a mean of ratios: a request
+// expected to hit 6,000 tokens that found none weighs as much as it
+// missed, and one expected to hit nothing says nothing.
+type hitTally struct {
+	expected, actual float64
+}
+
+// hitMemory is the requests the tally remembers, about.
+const hitMemory = 32
+
+// Bounds of HitScale: never more than double what the model expects, and
+// at least a twentieth (a replica is never believed to cache nothing).
+const (
+	minHitScale = 0.05
+	maxHitScale = 2
+)
+
+// observe adds one request that expected expected cached tokens at
+// HitScale 1 and found actual.
+func (h *hitTally) observe(expected, actual float64) {
+	const keep = 1 - 1.0/hitMemory
+	h.expected = h.expected*keep + expected
+	h.actual = h.actual*keep + actual
+}
+
+// scale is the learned HitScale: 1 until a request expected a hit.
+func (h *hitTally) scale() float64 {
+	if h.expected <= 0 {
+		return 1
+	}
+	return min(max(h.actual/h.expected, minHitScale), maxHitScale)
+}
+
+// observeHits corrects the replica's HitScale from one completed request:
+// predicted cached tokens (in the engine's tokens) against the engine's.
+func (t *Ticket) observeHits(predicted, actual int) {
+	scale := t.claim.HitScale
+	if scale <= 0 {
+		scale = 1
+	}
+	r := t.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hits.observe(float64(predicted)/scale, float64(actual))
+	t.f.updateLocked(r)
+}
