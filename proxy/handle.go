@@ -202,17 +202,17 @@ func (c *call) sessionOf(r *http.Request, p *prefix.Prompt) {
 // readBody reads the whole body once into the call's buffer, answering
 // 413 past the limit (at once when the declared Content-Length is past
 // it) and 408 when the body does not arrive within the body timeout
-// (NewServer). The buffer grows as bytes arrive, never to the declared
-// length: a client that declares 8 MB and sends 1 KB costs about 1 KB.
+// (NewServer). The buffer grows as bytes arrive (readGrowing), never to
+// the declared length: a client that declares 8 MB and sends 1 KB costs
+// about 1 KB.
 func (c *call) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	limit := c.rt.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		c.tooLarge(w, limit)
 		return nil, false
 	}
-	buf := bytes.NewBuffer(c.body[:0])
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	c.body = buf.Bytes()
+	var err error
+	c.body, err = readGrowing(http.MaxBytesReader(w, r.Body, limit), c.body[:0], r.ContentLength)
 	if err == nil {
 		return c.body, true
 	}
@@ -228,6 +228,31 @@ func (c *call) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "body_read_error", "reading request body: "+err.Error())
 	}
 	return nil, false
+}
+
+// readGrowing appends what r yields to buf until EOF, doubling the buffer
+// whenever it is full, from 4 KiB: it is at most twice what has arrived.
+// A doubling never goes past declared+1 bytes (declared > 0, a body's
+// Content-Length, one more to see EOF without growing again), so that a
+// body of the length it declares ends in a buffer its own size.
+func readGrowing(r io.Reader, buf []byte, declared int64) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			n := max(2*cap(buf), 4<<10)
+			if declared > 0 && int64(n) > declared+1 && declared+1 > int64(len(buf)) {
+				n = int(declared + 1)
+			}
+			buf = append(make([]byte, 0, n), buf...)
+		}
+		m, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		switch {
+		case err == io.EOF:
+			return buf, nil
+		case err != nil:
+			return buf, err
+		}
+	}
 }
 
 func (c *call) tooLarge(w http.ResponseWriter, limit int64) {

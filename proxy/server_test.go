@@ -327,3 +327,27 @@ func TestLongSessionIDHashed(t *testing.T) {
 		}
 	}
 }
+
+func TestReadGrowing(t *testing.T) {
+	tests := []struct {
+		name           string
+		body, declared int64
+		maxCap         int
+	}{
+		{"declares 8 MB, sends 1 KB", 1 << 10, 8 << 20, 4 << 10},
+		{"sends what it declares", 3<<20 + 5, 3<<20 + 5, 3<<20 + 6},
+		{"declares nothing", 3 << 20, -1, 4 << 20},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := io.LimitReader(strings.NewReader(strings.Repeat("x", int(tc.body))), tc.body)
+			b, err := readGrowing(r, nil, tc.declared)
+			if err != nil || int64(len(b)) != tc.body {
+				t.Fatalf("read %d bytes, %v; want %d", len(b), err, tc.body)
+			}
+			if cap(b) > tc.maxCap {
+				t.Errorf("buffer of %d bytes for a body of %d, want at most %d", cap(b), tc.body, tc.maxCap)
+			}
+		})
+	}
+}
