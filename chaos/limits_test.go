@@ -32,15 +32,8 @@ const (
 // /metrics; zero when absent.
 func metric(t *testing.T, url, series string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+	for line := range strings.Lines(scrape(t, url)) {
+		if v, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatalf("%s: %v", series, err)
@@ -51,17 +44,32 @@ func metric(t *testing.T, url, series string) float64 {
 	return 0
 }
 
-// metricSum returns the sum of every series of name at url's /metrics.
-func metricSum(t *testing.T, url, name string) float64 {
+// scrape returns url's /metrics, on a connection closed after it (so that
+// the router is left holding none of the test's).
+func scrape(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Close = true
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// metricSum returns the sum of every series of name at url's /metrics.
+func metricSum(t *testing.T, url, name string) float64 {
+	t.Helper()
 	sum := 0.0
-	for line := range strings.Lines(string(b)) {
+	for line := range strings.Lines(scrape(t, url)) {
 		if rest, ok := strings.CutPrefix(line, name); ok && (rest[0] == '{' || rest[0] == ' ') {
 			f, err := strconv.ParseFloat(strings.TrimSpace(rest[strings.LastIndexByte(rest, ' ')+1:]), 64)
 			if err != nil {
