@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -349,5 +351,37 @@ func TestReadGrowing(t *testing.T) {
 				t.Errorf("buffer of %d bytes for a body of %d, want at most %d", cap(b), tc.body, tc.maxCap)
 			}
 		})
+	}
+}
+
+func TestPrefixes(t *testing.T) {
+	var ps Prefixes
+	if err := ps.Set("10.0.0.0/8, 192.168.1.7,::1"); err != nil {
+		t.Fatal(err)
+	}
+	for addr, want := range map[string]bool{"10.1.2.3": true, "::ffff:10.1.2.3": true, "192.168.1.7": true,
+		"192.168.1.8": false, "::1": true, "11.0.0.1": false} {
+		if got := ps.Contains(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("Contains(%s) = %v, want %v", addr, got, want)
+		}
+	}
+	if got := ps.String(); got != "10.0.0.0/8,192.168.1.7/32,::1/128" {
+		t.Errorf("String() = %q", got)
+	}
+	if err := ps.Set("10.0.0.0/33"); err == nil {
+		t.Error("Set(10.0.0.0/33): no error")
+	}
+	for _, doc := range []string{"trusted-proxies: [10.0.0.0/8, 192.168.1.7]\n", "trusted-proxies: 10.0.0.0/8,192.168.1.7\n"} {
+		path := t.TempDir() + "/c.yaml"
+		if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg := DefaultConfig()
+		if err := ReadConfigFile(path, &cfg); err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if got := cfg.TrustedProxies.String(); got != "10.0.0.0/8,192.168.1.7/32" {
+			t.Errorf("%q: got %q", doc, got)
+		}
 	}
 }
