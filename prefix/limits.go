@@ -45,8 +45,9 @@ const (
 	HardMaxDepth = 10000
 )
 
-// NoLimits has every limit off (nesting still bounded by HardMaxDepth).
-var NoLimits = Limits{Messages: -1, Parts: -1, Depth: -1, Tools: -1, Prompts: -1}
+// NoLimits returns Limits with every limit off (nesting still bounded by
+// HardMaxDepth).
+func NoLimits() Limits { return Limits{Messages: -1, Parts: -1, Depth: -1, Tools: -1, Prompts: -1} }
 
 // ErrLimit is matched (errors.Is) by every limit error; each limit has
 // its own sentinel as well.

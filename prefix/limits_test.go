@@ -64,7 +64,7 @@ func TestLimits(t *testing.T) {
 				if err != nil {
 					t.Fatalf("got %v, want no error", err)
 				}
-				if want, _ := NoLimits.Parse(tc.body); !cmp.Equal(p, want) {
+				if want, _ := NoLimits().Parse(tc.body); !cmp.Equal(p, want) {
 					t.Fatalf("under limits %+v, without %+v", p, want)
 				}
 				return
@@ -72,7 +72,7 @@ func TestLimits(t *testing.T) {
 			if !errors.Is(err, tc.want) || !errors.Is(err, ErrLimit) || errors.Is(err, ErrMalformed) || p != nil {
 				t.Fatalf("got %v, want %v (an ErrLimit, not ErrMalformed)", err, tc.want)
 			}
-			if _, err := NoLimits.Parse(tc.body); err != nil {
+			if _, err := NoLimits().Parse(tc.body); err != nil {
 				t.Fatalf("without limits: %v", err)
 			}
 		})
@@ -90,7 +90,7 @@ func TestLimitsDefaults(t *testing.T) {
 	if _, err := Parse(nested(DefaultMaxDepth - 2)); !errors.Is(err, ErrTooDeep) {
 		t.Fatalf("Parse past the default depth: got %v, want ErrTooDeep", err)
 	}
-	if _, err := NoLimits.Parse(nested(HardMaxDepth)); !errors.Is(err, ErrTooDeep) {
+	if _, err := NoLimits().Parse(nested(HardMaxDepth)); !errors.Is(err, ErrTooDeep) {
 		t.Fatalf("NoLimits past HardMaxDepth: got %v, want ErrTooDeep", err)
 	}
 }
@@ -192,7 +192,7 @@ func FuzzParseLimits(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, msgs, parts, depth, tools, prompts uint8) {
 		lim := Limits{Messages: int(msgs) + 1, Parts: int(parts) + 1, Depth: int(depth) + 1, Tools: int(tools) + 1, Prompts: int(prompts) + 1}
 		got, err := lim.Parse(body)
-		want, wantErr := NoLimits.Parse(body)
+		want, wantErr := NoLimits().Parse(body)
 		if wantErr != nil {
 			if err == nil {
 				t.Fatalf("parsed under limits, but not without: %v", wantErr)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -154,3 +155,9 @@ func (ps Prefixes) MarshalYAML() (any, error) {
 	}
 	return s, nil
 }
+
+var (
+	_ flag.Value       = (*Prefixes)(nil)
+	_ yaml.Unmarshaler = (*Prefixes)(nil)
+	_ yaml.Marshaler   = Prefixes(nil)
+)

@@ -156,3 +156,5 @@ func served(ctx context.Context) {
 		mark.Store(false)
 	}
 }
+
+var _ io.ReadCloser = (*deadlineBody)(nil)
