@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -21,22 +22,31 @@ func (c *Config) parseLimits() prefix.Limits {
 	}
 }
 
-// validateLimits checks the limits, timeouts and trusted proxies.
+// validateLimits checks the limits and timeouts.
 func (c *Config) validateLimits() []error {
 	var errs []error
 	for _, v := range []struct {
 		name string
-		v    int64
+		v    int
 	}{
-		{"max-sessions", int64(c.MaxSessions)},
-		{"max-header-bytes", int64(c.MaxHeaderBytes)},
-		{"max-headers", int64(c.MaxHeaders)},
-		{"read-header-timeout", int64(c.ReadHeaderTimeout)},
-		{"body-timeout", int64(c.BodyTimeout)},
-		{"idle-timeout", int64(c.IdleTimeout)},
+		{"max-sessions", c.MaxSessions},
+		{"max-header-bytes", c.MaxHeaderBytes},
+		{"max-headers", c.MaxHeaders},
 	} {
 		if v.v < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", v.name, v.v))
+		}
+	}
+	for _, v := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"read-header-timeout", c.ReadHeaderTimeout},
+		{"body-timeout", c.BodyTimeout},
+		{"idle-timeout", c.IdleTimeout},
+	} {
+		if v.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %s", v.name, v.v))
 		}
 	}
 	return errs
