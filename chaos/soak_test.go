@@ -28,14 +28,14 @@ type soakSample struct {
 }
 
 // sample reads p's RSS, open FDs (/proc/<pid>/fd), and goroutines and
-// bound sessions (its /metrics).
-func sample(t *testing.T, p *proc, at time.Duration) soakSample {
+// bound sessions (its /metrics on the admin surface at admin).
+func sample(t *testing.T, p *proc, admin string, at time.Duration) soakSample {
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return soakSample{at: at, rss: p.RSS(), fds: len(fds),
-		goroutines: int(metric(t, p.URL(), "go_goroutines")), sess: int(metric(t, p.URL(), "kvrouter_sessions"))}
+		goroutines: int(metric(t, admin, "go_goroutines")), sess: int(metric(t, admin, "kvrouter_sessions"))}
 }
 
 // Soak load and bounds.
@@ -78,9 +78,9 @@ func TestSoak(t *testing.T) {
 	for range soakEngines {
 		engines = append(engines, startEngine(t, "--time-scale", "0.01"))
 	}
-	rt := startRouter(t, engines, "--max-sessions", fmt.Sprint(soakMaxSessions))
+	rt, admin := startRouterAdmin(t, engines, "--max-sessions", fmt.Sprint(soakMaxSessions))
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
-	idle := sample(t, rt, 0)
+	idle := sample(t, rt, admin, 0)
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: soakClients}}
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -108,24 +108,25 @@ func TestSoak(t *testing.T) {
 	for tick := time.NewTicker(max(d/30, time.Second)); ctx.Err() == nil; {
 		select {
 		case <-tick.C:
-			samples = append(samples, sample(t, rt, time.Since(start)))
+			samples = append(samples, sample(t, rt, admin, time.Since(start)))
 		case <-ctx.Done():
 		}
 	}
 	wg.Wait()
 	took := time.Since(start)
 	client.CloseIdleConnections()
+	http.DefaultClient.CloseIdleConnections() // the harness's readiness probes
 	settled := idle
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if clientConns(t, rt) == 0 {
-			settled = sample(t, rt, time.Since(start))
+			settled = sample(t, rt, admin, time.Since(start))
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the router holds %d client connections 10 s after the clients closed theirs", clientConns(t, rt))
 		}
 	}
-	evicted := metric(t, rt.URL(), "kvrouter_sessions_evicted_total")
+	evicted := metric(t, admin, "kvrouter_sessions_evicted_total")
 	checkSoak(t, samples, idle, settled, soakFigures{
 		took: took, done: done.Load(), failed: failed.Load(), evicted: evicted,
 	})

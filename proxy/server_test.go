@@ -21,8 +21,9 @@ import (
 )
 
 // serveLimited runs a Router in front of backends on a real listener with
-// the server of NewServer, and returns it and its URL.
-func serveLimited(t *testing.T, mod func(*Config), backends ...string) (*Router, string) {
+// the server of NewServer, and its admin surface, and returns it and the
+// URLs of both.
+func serveLimited(t *testing.T, mod func(*Config), backends ...string) (rt *Router, url, admin string) {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Policy = "round-robin"
@@ -36,6 +37,8 @@ func serveLimited(t *testing.T, mod func(*Config), backends ...string) (*Router,
 	if err != nil {
 		t.Fatal(err)
 	}
+	adm := httptest.NewServer(rt.AdminHandler())
+	t.Cleanup(adm.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -43,10 +46,11 @@ func serveLimited(t *testing.T, mod func(*Config), backends ...string) (*Router,
 	srv := rt.NewServer()
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	return rt, "http://" + ln.Addr().String()
+	return rt, "http://" + ln.Addr().String(), adm.URL
 }
 
-// metricValue reads the first sample of name from url's /metrics whose
+// metricValue reads the first sample of name from the admin surface's
+// /metrics at url whose
 // labels include labels (name=value pairs); zero when absent.
 func metricValue(t *testing.T, url, name string, labels ...string) float64 {
 	t.Helper()
@@ -86,7 +90,7 @@ func errorCode(body string) string {
 
 func TestParseLimitsAnswered(t *testing.T) {
 	up := newFake(t, 0)
-	_, url := serveLimited(t, func(c *Config) {
+	_, url, admin := serveLimited(t, func(c *Config) {
 		c.MaxMessages, c.MaxContentParts, c.MaxJSONDepth, c.MaxTools, c.MaxPrompts = 2, 2, 8, 1, 2
 	}, up.URL)
 	tests := []struct{ name, body, code string }{
@@ -102,7 +106,7 @@ func TestParseLimitsAnswered(t *testing.T) {
 			if resp.StatusCode != http.StatusBadRequest || errorCode(body) != tc.code {
 				t.Fatalf("got %d %s, want 400 with code %s", resp.StatusCode, body, tc.code)
 			}
-			if got := metricValue(t, url, "kvrouter_errors_total", "code", tc.code); got != 1 {
+			if got := metricValue(t, admin, "kvrouter_errors_total", "code", tc.code); got != 1 {
 				t.Errorf("kvrouter_errors_total{code=%q} = %v, want 1", tc.code, got)
 			}
 		})
@@ -134,7 +138,7 @@ func rawRequest(t *testing.T, url, req string) (net.Conn, *bufio.Reader) {
 
 func TestHeaderLimits(t *testing.T) {
 	up := newFake(t, 0)
-	_, url := serveLimited(t, func(c *Config) { c.MaxHeaderBytes, c.MaxHeaders = 128<<10, 50 }, up.URL)
+	_, url, admin := serveLimited(t, func(c *Config) { c.MaxHeaderBytes, c.MaxHeaders = 128<<10, 50 }, up.URL)
 
 	// 10,000 header fields, within the byte limit: 431 too_many_headers.
 	var h strings.Builder
@@ -151,7 +155,7 @@ func TestHeaderLimits(t *testing.T) {
 		t.Errorf("10,000 headers: got %d %s, want 431 too_many_headers", resp.StatusCode, b)
 	}
 	c.Close()
-	if got := metricValue(t, url, "kvrouter_errors_total", "code", "too_many_headers"); got != 1 {
+	if got := metricValue(t, admin, "kvrouter_errors_total", "code", "too_many_headers"); got != 1 {
 		t.Errorf("kvrouter_errors_total{code=too_many_headers} = %v, want 1", got)
 	}
 
@@ -165,7 +169,7 @@ func TestHeaderLimits(t *testing.T) {
 		t.Errorf("1 MiB header: got %d, want 431", resp.StatusCode)
 	}
 	eventually(t, "the 1 MiB header counted", func() bool {
-		return metricValue(t, url, "kvrouter_header_rejected_total") == 1
+		return metricValue(t, admin, "kvrouter_header_rejected_total") == 1
 	})
 	if n := len(up.received()); n != 0 {
 		t.Errorf("the replica got %d requests, want 0", n)
@@ -194,7 +198,7 @@ func slowUpstream(t *testing.T, n int, gap time.Duration) *httptest.Server {
 
 func TestBodyTimeout(t *testing.T) {
 	up := slowUpstream(t, 6, 100*time.Millisecond)
-	_, url := serveLimited(t, func(c *Config) { c.BodyTimeout = 300 * time.Millisecond }, up.URL)
+	_, url, admin := serveLimited(t, func(c *Config) { c.BodyTimeout = 300 * time.Millisecond }, up.URL)
 
 	// A body that does not arrive: 408 body_timeout, connection closed.
 	start := time.Now()
@@ -214,7 +218,7 @@ func TestBodyTimeout(t *testing.T) {
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Errorf("after 408: read %v, want EOF (connection closed)", err)
 	}
-	if got := metricValue(t, url, "kvrouter_errors_total", "code", "body_timeout"); got != 1 {
+	if got := metricValue(t, admin, "kvrouter_errors_total", "code", "body_timeout"); got != 1 {
 		t.Errorf("kvrouter_errors_total{code=body_timeout} = %v, want 1", got)
 	}
 
@@ -227,7 +231,7 @@ func TestBodyTimeout(t *testing.T) {
 
 func TestIdleTimeout(t *testing.T) {
 	up := newFake(t, 0)
-	_, url := serveLimited(t, func(c *Config) { c.IdleTimeout = 200 * time.Millisecond }, up.URL)
+	_, url, _ := serveLimited(t, func(c *Config) { c.IdleTimeout = 200 * time.Millisecond }, up.URL)
 	c, br := rawRequest(t, url, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	resp, err := http.ReadResponse(br, nil)
@@ -286,7 +290,7 @@ func TestForwardedHeaders(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newHeaderEcho(t)
-			_, url := serveLimited(t, func(c *Config) {
+			_, url, _ := serveLimited(t, func(c *Config) {
 				if err := c.TrustedProxies.Set(tc.trusted); err != nil {
 					t.Fatal(err)
 				}
@@ -309,7 +313,8 @@ func TestForwardedHeaders(t *testing.T) {
 
 func TestLongSessionIDHashed(t *testing.T) {
 	up := newFake(t, 0)
-	rt, url := serveLimited(t, nil, up.URL)
+	// With ids shown, the records show the session id as the router keeps it.
+	rt, url, _ := serveLimited(t, func(c *Config) { c.DebugShowIDs = true }, up.URL)
 	long := strings.Repeat("u", 100<<10)
 	for _, req := range []struct{ body, header string }{
 		{`{"model":"m","user":"` + long + `","messages":[{"role":"user","content":"x"}]}`, ""},
