@@ -27,23 +27,6 @@ const (
 	maxHeapGrowth = 100 << 20
 )
 
-// metric returns the value of series (a name with its labels, as
-// /metrics writes it, e.g. `kvrouter_errors_total{code="x"}`) at url's
-// /metrics; zero when absent.
-func metric(t *testing.T, url, series string) float64 {
-	t.Helper()
-	for line := range strings.Lines(scrape(t, url)) {
-		if v, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", series, err)
-			}
-			return f
-		}
-	}
-	return 0
-}
-
 // scrape returns url's /metrics, on a connection closed after it (so that
 // the router is left holding none of the test's).
 func scrape(t *testing.T, url string) string {
@@ -115,9 +98,9 @@ func peakRSS(p *proc, f func()) int64 {
 	return max(peak.Load(), p.RSS())
 }
 
-// warm sends a few ordinary requests, so that the baseline RSS includes a
+// warmUp sends a few ordinary requests, so that the baseline RSS includes a
 // router that has served.
-func warm(t *testing.T, url string) {
+func warmUp(t *testing.T, url string) {
 	t.Helper()
 	for i := range 5 {
 		resp, err := post(context.Background(), t, url, "/v1/chat/completions", chat(fmt.Sprint("warm up ", i), 4, false))
@@ -137,9 +120,9 @@ func warm(t *testing.T, url string) {
 // is answered 400 too_many_messages and the RSS stays within 100 MB of
 // where it was.
 func TestEmptyMessagesBounded(t *testing.T) {
-	rt, admin := startRouterAdmin(t, []*proc{startEngine(t, "--time-scale", "0.01")})
+	rt := startRouter(t, []*proc{startEngine(t, "--time-scale", "0.01")})
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
-	warm(t, rt.URL())
+	warmUp(t, rt.URL())
 	body := emptyMessages(proxy.DefaultMaxBodyBytes)
 	rounds := 3
 	if *long {
@@ -171,7 +154,7 @@ func TestEmptyMessagesBounded(t *testing.T) {
 	if peak-base > maxRSSGrowth {
 		t.Errorf("RSS grew by %d MB, want at most %d MB", (peak-base)>>20, maxRSSGrowth>>20)
 	}
-	if got := metric(t, admin, `kvrouter_errors_total{code="too_many_messages"}`); got != float64(3*rounds) {
+	if got := metric(t, rt.AdminURL(), `kvrouter_errors_total{code="too_many_messages"}`); got != float64(3*rounds) {
 		t.Errorf("kvrouter_errors_total{code=too_many_messages} = %v, want %d", got, 3*rounds)
 	}
 }
@@ -348,7 +331,7 @@ func awaitClosed(conns []net.Conn, within time.Duration) (open int, last time.Du
 // TestIdleConnectionsClosed: 0 of 2,000 idle keep-alive connections were
 // closed. Now each is closed after --idle-timeout.
 func TestIdleConnectionsClosed(t *testing.T) {
-	rt, _ := startRouterAdmin(t, []*proc{startEngine(t, "--time-scale", "0.01")}, "--idle-timeout", "1s")
+	rt := startRouter(t, []*proc{startEngine(t, "--time-scale", "0.01")}, "--idle-timeout", "1s")
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	const n = 2000
 	conns := dialN(t, rt.URL(), n)
@@ -382,7 +365,7 @@ func TestIdleConnectionsClosed(t *testing.T) {
 // open after 60 s. Now each gets 408 body_timeout and is closed after
 // --body-timeout.
 func TestSlowBodyConnectionsClosed(t *testing.T) {
-	rt, admin := startRouterAdmin(t, []*proc{startEngine(t, "--time-scale", "0.01")}, "--body-timeout", "1s")
+	rt := startRouter(t, []*proc{startEngine(t, "--time-scale", "0.01")}, "--body-timeout", "1s")
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	const n = 2000
 	conns := dialN(t, rt.URL(), n)
@@ -415,7 +398,7 @@ func TestSlowBodyConnectionsClosed(t *testing.T) {
 	if timedOut.Load() != n || open.Load() != 0 {
 		t.Errorf("%d of %d answered 408 body_timeout and %d left open, want all answered and closed", timedOut.Load(), n, open.Load())
 	}
-	if got := metric(t, admin, `kvrouter_errors_total{code="body_timeout"}`); got != n {
+	if got := metric(t, rt.AdminURL(), `kvrouter_errors_total{code="body_timeout"}`); got != n {
 		t.Errorf("kvrouter_errors_total{code=body_timeout} = %v, want %d", got, n)
 	}
 }
@@ -425,9 +408,9 @@ func TestSlowBodyConnectionsClosed(t *testing.T) {
 // the decision records). Now long ids are kept as a fixed-size hash: 150
 // requests (400 with -chaos.long) grow the RSS by less than 100 MB.
 func TestLongSessionIDsBounded(t *testing.T) {
-	rt, admin := startRouterAdmin(t, []*proc{startEngine(t, "--time-scale", "0.01")})
+	rt := startRouter(t, []*proc{startEngine(t, "--time-scale", "0.01")})
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
-	warm(t, rt.URL())
+	warmUp(t, rt.URL())
 	const size = 900 << 10
 	n := 150 // 205 MB of ids before
 	if *long {
@@ -457,7 +440,7 @@ func TestLongSessionIDsBounded(t *testing.T) {
 		}
 		wg.Wait()
 	})
-	sessions := metric(t, admin, "kvrouter_sessions")
+	sessions := metric(t, rt.AdminURL(), "kvrouter_sessions")
 	t.Logf("%d requests with %d KB session ids: RSS %d MB before, peak %d MB (+%d MB); %v sessions bound",
 		n, size>>10, base>>20, peak>>20, (peak-base)>>20, sessions)
 	if peak-base > maxRSSGrowth {
@@ -471,7 +454,7 @@ func TestLongSessionIDsBounded(t *testing.T) {
 // TestHugeHeadersRejected: a 1 MiB header and 10,000 headers were
 // accepted and forwarded. Now both get 431 and are counted.
 func TestHugeHeadersRejected(t *testing.T) {
-	rt, admin := startRouterAdmin(t, []*proc{startEngine(t, "--time-scale", "0.01")})
+	rt := startRouter(t, []*proc{startEngine(t, "--time-scale", "0.01")})
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	var many strings.Builder
 	for range 10000 {
@@ -503,16 +486,16 @@ func TestHugeHeadersRejected(t *testing.T) {
 	// net/http closes the connection of a header too large some 500 ms
 	// after its answer; the count follows the close.
 	deadline := time.Now().Add(5 * time.Second)
-	for metric(t, admin, "kvrouter_header_rejected_total") != 1 {
+	for metric(t, rt.AdminURL(), "kvrouter_header_rejected_total") != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("kvrouter_header_rejected_total = %v, want 1 (the 1 MiB header)", metric(t, admin, "kvrouter_header_rejected_total"))
+			t.Fatalf("kvrouter_header_rejected_total = %v, want 1 (the 1 MiB header)", metric(t, rt.AdminURL(), "kvrouter_header_rejected_total"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := metric(t, admin, `kvrouter_errors_total{code="too_many_headers"}`); got != 1 {
+	if got := metric(t, rt.AdminURL(), `kvrouter_errors_total{code="too_many_headers"}`); got != 1 {
 		t.Errorf("kvrouter_errors_total{code=too_many_headers} = %v, want 1", got)
 	}
-	if got := metricSum(t, admin, "kvrouter_requests_total"); got != 0 {
+	if got := metricSum(t, rt.AdminURL(), "kvrouter_requests_total"); got != 0 {
 		t.Errorf("requests routed: %v, want 0", got)
 	}
 }

@@ -78,7 +78,8 @@ func TestSoak(t *testing.T) {
 	for range soakEngines {
 		engines = append(engines, startEngine(t, "--time-scale", "0.01"))
 	}
-	rt, admin := startRouterAdmin(t, engines, "--max-sessions", fmt.Sprint(soakMaxSessions))
+	rt := startRouter(t, engines, "--max-sessions", fmt.Sprint(soakMaxSessions))
+	admin := rt.AdminURL()
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	idle := sample(t, rt, admin, 0)
 
