@@ -64,7 +64,8 @@ func (rt *Router) guard(h http.Handler) http.Handler {
 		}
 		if r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
-			if rc.SetReadDeadline(rt.now().Add(bodyTimeout)) == nil {
+			// A wall-clock deadline, whatever clock the router decides on.
+			if rc.SetReadDeadline(time.Now().Add(bodyTimeout)) == nil {
 				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
 			}
 		}
