@@ -74,6 +74,9 @@ type Config struct {
 	CacheBlocks int
 	// SessionTTL is how long an idle session stays bound; zero means 10 min.
 	SessionTTL time.Duration
+	// MaxSessions is the most sessions bound at once, the least recently
+	// bound dropped past it; zero means DefaultMaxSessions.
+	MaxSessions int
 	// Calibration is the template of each replica's two Calibrators (their
 	// tuning fields), for Scale and DecodeScale; the zero value uses the
 	// Calibrator defaults.
@@ -149,7 +152,7 @@ type Fleet struct {
 
 	// smu guards sessions and lastSweep.
 	smu       sync.Mutex
-	sessions  map[string]*session
+	sessions  sessionTable
 	lastSweep time.Time
 }
 
@@ -210,8 +213,8 @@ type published struct {
 // New returns a fleet of cfg.Replicas, all healthy and unscraped.
 // Duplicate or empty ids are an error.
 func New(cfg Config) (*Fleet, error) {
-	if cfg.BlockSize < 0 || cfg.CacheBlocks < 0 || cfg.SessionTTL < 0 || cfg.MaxReplicas < 0 {
-		return nil, errors.New("fleet: negative BlockSize, CacheBlocks, SessionTTL or MaxReplicas")
+	if cfg.BlockSize < 0 || cfg.CacheBlocks < 0 || cfg.SessionTTL < 0 || cfg.MaxReplicas < 0 || cfg.MaxSessions < 0 {
+		return nil, errors.New("fleet: negative BlockSize, CacheBlocks, SessionTTL, MaxReplicas or MaxSessions")
 	}
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = DefaultBlockSize
@@ -225,7 +228,7 @@ func New(cfg Config) (*Fleet, error) {
 	if cfg.MaxReplicas > residency.MaxReplicasLimit {
 		return nil, fmt.Errorf("fleet: %d replicas > %d", cfg.MaxReplicas, residency.MaxReplicasLimit)
 	}
-	f := &Fleet{cfg: cfg, policy: cfg.Policy, byID: make(map[string]*replica), sessions: make(map[string]*session),
+	f := &Fleet{cfg: cfg, policy: cfg.Policy, byID: make(map[string]*replica), sessions: newSessionTable(cfg.MaxSessions),
 		vers: make([]atomic.Uint64, cfg.MaxReplicas)}
 	if f.policy == nil {
 		f.policy = route.KVAware{}

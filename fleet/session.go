@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -8,10 +10,116 @@ import (
 	"kvrouter/route"
 )
 
-// session is one conversation's binding.
+// Bounds of the session table.
+const (
+	// DefaultMaxSessions is how many sessions stay bound when
+	// Config.MaxSessions is zero: about 20 MB of table at most.
+	DefaultMaxSessions = 100_000
+	// MaxSessionIDBytes is the longest session id kept as it is; a longer
+	// one is keyed by its hash (SessionKey), so that a client's id costs at
+	// most this much memory however long it is.
+	MaxSessionIDBytes = 64
+)
+
+// SessionKey returns the key a session id is bound under: the id itself
+// up to MaxSessionIDBytes, else "sha256:" and 22 characters of base64
+// (the first 128 bits of its SHA-256), a fixed size, collision-resistant
+// so that one client cannot take over another's session by choosing an
+// id.
+func SessionKey(id string) string {
+	if len(id) <= MaxSessionIDBytes {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "sha256:" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// session is one conversation's binding, an element of its table's
+// recency list.
 type session struct {
-	r    *replica
-	last time.Time // last bind
+	key        string
+	r          *replica
+	last       time.Time // last bind
+	prev, next *session  // toward the most, the least recently bound
+}
+
+// sessionTable is the bound sessions: a map by key and a list by recency
+// of binding (every bind moves its session to the front), so that the
+// least recently bound is evicted first when the table is full and the
+// expired ones are swept from the back. The zero value is not usable: see
+// newSessionTable. Fleet.smu guards it.
+type sessionTable struct {
+	byKey map[string]*session
+	// head and tail are the most and least recently bound; nil when empty.
+	head, tail *session
+	max        int
+	evicted    int64 // sessions dropped to make room, in all
+}
+
+func newSessionTable(max int) sessionTable {
+	if max <= 0 {
+		max = DefaultMaxSessions
+	}
+	return sessionTable{byKey: make(map[string]*session), max: max}
+}
+
+// unlink takes s out of the recency list.
+func (t *sessionTable) unlink(s *session) {
+	if s.prev != nil {
+		s.prev.next = s.next
+	} else {
+		t.head = s.next
+	}
+	if s.next != nil {
+		s.next.prev = s.prev
+	} else {
+		t.tail = s.prev
+	}
+	s.prev, s.next = nil, nil
+}
+
+// pushFront makes s the most recently bound.
+func (t *sessionTable) pushFront(s *session) {
+	s.next = t.head
+	if t.head != nil {
+		t.head.prev = s
+	}
+	t.head = s
+	if t.tail == nil {
+		t.tail = s
+	}
+}
+
+// remove drops s.
+func (t *sessionTable) remove(s *session) {
+	t.unlink(s)
+	delete(t.byKey, s.key)
+}
+
+// bind binds key to r at now, as the most recently bound, evicting the
+// least recently bound session if the table is full.
+func (t *sessionTable) bind(key string, r *replica, now time.Time) {
+	if s, ok := t.byKey[key]; ok {
+		s.r, s.last = r, now
+		t.unlink(s)
+		t.pushFront(s)
+		return
+	}
+	if len(t.byKey) >= t.max {
+		t.remove(t.tail)
+		t.evicted++
+	}
+	s := &session{key: key, r: r, last: now}
+	t.byKey[key] = s
+	t.pushFront(s)
+}
+
+// sweep drops the sessions bound longer than ttl before now, from the
+// back of the list, where the oldest are.
+func (t *sessionTable) sweep(now time.Time, ttl time.Duration) {
+	for t.tail != nil && now.Sub(t.tail.last) > ttl {
+		t.remove(t.tail)
+	}
 }
 
 // sessionHash is route.Request.Session of a session id: a hash, never
@@ -25,28 +133,17 @@ func sessionHash(id string) uint64 {
 
 // bind binds session to r (re-binding it if it was elsewhere) and marks it
 // used at now. Expired sessions are swept here, at most twice per
-// SessionTTL, in one pass.
+// SessionTTL, from the least recently bound; past Config.MaxSessions the
+// least recently bound is dropped.
 func (f *Fleet) bind(sessionID string, r *replica, now time.Time) {
+	key := SessionKey(sessionID)
 	f.smu.Lock()
 	defer f.smu.Unlock()
-	if s, ok := f.sessions[sessionID]; ok {
-		s.r, s.last = r, now
-	} else {
-		f.sessions[sessionID] = &session{r: r, last: now}
-	}
+	f.sessions.bind(key, r, now)
 	if now.Sub(f.lastSweep) > f.cfg.SessionTTL/2 {
-		f.sweepLocked(now)
+		f.sessions.sweep(now, f.cfg.SessionTTL)
+		f.lastSweep = now
 	}
-}
-
-// sweepLocked drops every expired session; smu is held.
-func (f *Fleet) sweepLocked(now time.Time) {
-	for k, s := range f.sessions {
-		if now.Sub(s.last) > f.cfg.SessionTTL {
-			delete(f.sessions, k)
-		}
-	}
-	f.lastSweep = now
 }
 
 // pin returns the index in s of the replica session is bound to, for
@@ -58,14 +155,15 @@ func (f *Fleet) pin(sessionID string, s *route.Snapshot, now time.Time) int {
 	if sessionID == "" {
 		return -1
 	}
+	key := SessionKey(sessionID)
 	f.smu.Lock()
 	defer f.smu.Unlock()
-	ss, ok := f.sessions[sessionID]
+	ss, ok := f.sessions.byKey[key]
 	if !ok {
 		return -1
 	}
 	if now.Sub(ss.last) > f.cfg.SessionTTL {
-		delete(f.sessions, sessionID)
+		f.sessions.remove(ss)
 		return -1
 	}
 	i := ss.r.index
@@ -80,7 +178,15 @@ func (f *Fleet) pin(sessionID string, s *route.Snapshot, now time.Time) int {
 func (f *Fleet) Sessions() int {
 	f.smu.Lock()
 	defer f.smu.Unlock()
-	return len(f.sessions)
+	return len(f.sessions.byKey)
+}
+
+// SessionsEvicted returns how many sessions were dropped, in all, to keep
+// the table within Config.MaxSessions (expired ones not counted).
+func (f *Fleet) SessionsEvicted() int64 {
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	return f.sessions.evicted
 }
 
 // sessionCounts returns the bound sessions per replica index.
@@ -88,7 +194,7 @@ func (f *Fleet) sessionCounts(n int) []int {
 	f.smu.Lock()
 	defer f.smu.Unlock()
 	counts := make([]int, n)
-	for _, s := range f.sessions {
+	for _, s := range f.sessions.byKey {
 		if s.r.index < n {
 			counts[s.r.index]++
 		}

@@ -68,19 +68,25 @@ var (
 	ErrNoPrompt = errors.New("request has neither messages nor prompt")
 )
 
-// Parse reads an OpenAI chat or completions request body. It returns an
-// error wrapping ErrMalformed, ErrNoModel or ErrNoPrompt when the body
-// cannot be routed.
+// Parse reads an OpenAI chat or completions request body under the
+// default Limits. It returns an error wrapping ErrMalformed, ErrNoModel or
+// ErrNoPrompt when the body cannot be routed, and one wrapping ErrLimit
+// when it is past a limit (see Limits.Parse).
 //
 // It reads the body in one pass (see scanner) and copies every string it
 // keeps, so the Prompt does not alias body. A "null" field
 // counts as absent.
 func Parse(body []byte) (*Prompt, error) {
-	s := scanner{b: body}
+	return parse(body, Limits{}.resolved())
+}
+
+// parse is Parse under the resolved limits lim.
+func parse(body []byte, lim Limits) (*Prompt, error) {
+	s := scanner{b: body, lim: lim}
 	p := &Prompt{}
 	var f fields
 	if err := s.request(p, &f); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+		return nil, malformed("", err)
 	}
 	if p.Model == "" {
 		return nil, ErrNoModel
@@ -100,14 +106,23 @@ func Parse(body []byte) (*Prompt, error) {
 			return nil, fmt.Errorf("%w: messages is empty", ErrNoPrompt)
 		}
 	case f.promptAt > 0:
-		s.i = f.promptAt
+		s.i, s.depth = f.promptAt, 1
 		if err := s.prompt(p); err != nil {
-			return nil, fmt.Errorf("%w: prompt: %v", ErrMalformed, err)
+			return nil, malformed("prompt: ", err)
 		}
 	default:
 		return nil, ErrNoPrompt
 	}
 	return p, nil
+}
+
+// malformed wraps a scanner error in ErrMalformed, unless it is a limit
+// error, returned as it is (with what, a prefix for its message).
+func malformed(what string, err error) error {
+	if errors.Is(err, ErrLimit) {
+		return fmt.Errorf("%s%w", what, err)
+	}
+	return fmt.Errorf("%w: %s%v", ErrMalformed, what, err)
 }
 
 // fields holds what request reads before Parse interprets it.
@@ -123,6 +138,10 @@ func (s *scanner) request(p *Prompt, f *fields) error {
 	if err := s.enter('{'); err != nil {
 		return err
 	}
+	if err := s.down(); err != nil {
+		return err
+	}
+	defer s.up()
 	for n := 0; ; n++ {
 		more, err := s.more('}', n)
 		if err != nil {
@@ -160,7 +179,7 @@ func (s *scanner) requestField(p *Prompt, f *fields) error {
 		f.promptAt = s.i
 		err = s.skip()
 	case "tools":
-		p.Tools, err = s.raw()
+		p.Tools, err = s.tools()
 	case "user":
 		p.User, err = s.text("user")
 	case "stream":
@@ -198,6 +217,10 @@ func (s *scanner) streamOptions(p *Prompt) error {
 	if s.ws() != '{' {
 		return s.typeErr("stream_options", "an object")
 	}
+	if err := s.down(); err != nil {
+		return err
+	}
+	defer s.up()
 	s.i++
 	for n := 0; ; n++ {
 		more, err := s.more('}', n)
@@ -224,26 +247,37 @@ func (s *scanner) streamOptions(p *Prompt) error {
 
 // messages reads "messages": an array of message objects, or null (absent).
 func (s *scanner) messages(p *Prompt) error {
-	p.Chat, p.Messages = false, nil
+	p.Chat = false
 	if null, err := s.null(); null || err != nil {
+		p.Messages = nil
 		return err
 	}
 	if s.ws() != '[' {
 		return s.typeErr("messages", "an array")
 	}
+	if err := s.down(); err != nil {
+		return err
+	}
+	defer s.up()
 	s.i++
-	p.Chat = true
-	p.Messages = make([]Message, 0, 8)
+	// A repeated "messages" field reuses the array of the one before.
+	p.Chat, s.parts, p.Messages = true, 0, p.Messages[:0]
+	if p.Messages == nil {
+		p.Messages = make([]Message, 0, 8)
+	}
 	for n := 0; ; n++ {
 		more, err := s.more(']', n)
 		if err != nil || !more {
 			return err
 		}
+		if n >= s.lim.Messages {
+			return s.limitErr(ErrTooManyMessages, s.lim.Messages)
+		}
 		var m Message
 		if err := s.message(&m); err != nil {
 			return fmt.Errorf("message %d: %w", n, err)
 		}
-		p.Messages = append(p.Messages, m)
+		p.Messages = appendDoubling(p.Messages, m)
 	}
 }
 
@@ -255,6 +289,10 @@ func (s *scanner) message(m *Message) error {
 	if s.ws() != '{' {
 		return s.typeErr("message", "an object")
 	}
+	if err := s.down(); err != nil {
+		return err
+	}
+	defer s.up()
 	s.i++
 	for n := 0; ; n++ {
 		more, err := s.more('}', n)
@@ -291,6 +329,10 @@ func (s *scanner) content() (string, error) {
 	if s.ws() != '[' {
 		return s.text("content")
 	}
+	if err := s.down(); err != nil {
+		return "", err
+	}
+	defer s.up()
 	s.i++
 	var buf []byte
 	for n := 0; ; n++ {
@@ -300,6 +342,9 @@ func (s *scanner) content() (string, error) {
 		}
 		if !more {
 			return unsafe.String(unsafe.SliceData(buf), len(buf)), nil
+		}
+		if s.parts++; s.parts > s.lim.Parts {
+			return "", s.limitErr(ErrTooManyParts, s.lim.Parts)
 		}
 		if n > 0 {
 			buf = append(buf, '\n')
@@ -321,6 +366,10 @@ func (s *scanner) part(buf []byte) ([]byte, error) {
 	if s.ws() != '{' {
 		return buf, s.typeErr("content part", "an object")
 	}
+	if err := s.down(); err != nil {
+		return buf, err
+	}
+	defer s.up()
 	s.i++
 	isText, textAt := false, 0
 	for n := 0; ; n++ {
@@ -406,16 +455,16 @@ func (s *scanner) prompt(p *Prompt) error {
 	case c == ']':
 		return errors.New("empty array")
 	case c == '"':
-		return s.each(func() error {
+		return s.eachUpTo(s.lim.Prompts, ErrTooManyPrompts, func() error {
 			if s.ws() != '"' {
 				return s.typeErr("prompt", want)
 			}
 			t, err := s.text("prompt")
-			p.Prompts = append(p.Prompts, t)
+			p.Prompts = appendDoubling(p.Prompts, t)
 			return err
 		})
 	case c == '[':
-		return s.each(func() error {
+		return s.eachUpTo(s.lim.Prompts, ErrTooManyPrompts, func() error {
 			if s.ws() != '[' {
 				return s.typeErr("prompt", want)
 			}
@@ -423,17 +472,17 @@ func (s *scanner) prompt(p *Prompt) error {
 			ids := []uint32{}
 			err := s.each(func() error {
 				id, err := s.tokenID()
-				ids = append(ids, id)
+				ids = appendDoubling(ids, id)
 				return err
 			})
-			p.PromptIDs = append(p.PromptIDs, ids)
+			p.PromptIDs = appendDoubling(p.PromptIDs, ids)
 			return err
 		})
 	default:
 		var ids []uint32
 		err := s.each(func() error {
 			id, err := s.tokenID()
-			ids = append(ids, id)
+			ids = appendDoubling(ids, id)
 			return err
 		})
 		p.PromptIDs = [][]uint32{ids}
@@ -443,10 +492,23 @@ func (s *scanner) prompt(p *Prompt) error {
 
 // each calls f for every element of the array whose '[' was consumed.
 func (s *scanner) each(f func() error) error {
+	return s.eachUpTo(math.MaxInt, nil, f)
+}
+
+// eachUpTo is each for an array of at most limit elements, failing with
+// sentinel (a limit error) at the first element past it.
+func (s *scanner) eachUpTo(limit int, sentinel error, f func() error) error {
+	if err := s.down(); err != nil {
+		return err
+	}
+	defer s.up()
 	for n := 0; ; n++ {
 		more, err := s.more(']', n)
 		if err != nil || !more {
 			return err
+		}
+		if n >= limit {
+			return s.limitErr(sentinel, limit)
 		}
 		if err := f(); err != nil {
 			return err
@@ -461,4 +523,14 @@ func (s *scanner) tokenID() (uint32, error) {
 		err = s.typeErr("token id", "an integer in [0, 2^32)")
 	}
 	return uint32(v), err
+}
+
+// appendDoubling appends v to s, doubling its capacity when it is full:
+// append grows a large slice by a quarter at a time, which allocates about
+// five times its final size in all; doubling allocates twice.
+func appendDoubling[T any](s []T, v T) []T {
+	if len(s) == cap(s) {
+		s = append(make([]T, 0, max(2*len(s), 4)), s...)
+	}
+	return append(s, v)
 }

@@ -197,7 +197,7 @@ func errClass(err error) string {
 // checkSame fails if Parse and parseStd disagree on body.
 func checkSame(t *testing.T, body []byte) {
 	t.Helper()
-	got, gotErr := Parse(body)
+	got, gotErr := NoLimits().Parse(body)
 	want, wantErr := parseStd(body)
 	if errClass(gotErr) != errClass(wantErr) {
 		t.Fatalf("%q: Parse error %v, encoding/json %v", body, gotErr, wantErr)

@@ -22,13 +22,12 @@ import (
 type scanner struct {
 	b     []byte
 	i     int
-	esc   bool // the last string str read held an escape
-	depth int
+	esc   bool     // the last string str read held an escape
+	depth int      // objects and arrays open at s.i
+	lim   Limits   // resolved
+	parts int      // content parts read, for Limits.Parts
 	key   [32]byte // scratch for object keys
 }
-
-// maxDepth bounds the nesting of skipped values, as encoding/json does.
-const maxDepth = 10000
 
 // errType marks a value of the wrong JSON type for its field.
 var errType = errors.New("wrong type")
@@ -287,10 +286,10 @@ func (s *scanner) skip() error {
 
 // skipContainer consumes an object or an array.
 func (s *scanner) skipContainer(open byte) error {
-	if s.depth++; s.depth > maxDepth {
-		return fmt.Errorf("offset %d: nested more than %d deep", s.i, maxDepth)
+	if err := s.down(); err != nil {
+		return err
 	}
-	defer func() { s.depth-- }()
+	defer s.up()
 	s.i++
 	end := byte(']')
 	if open == '{' {

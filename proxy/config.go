@@ -17,6 +17,7 @@ import (
 
 	"kvrouter/fleet"
 	"kvrouter/hashing"
+	"kvrouter/prefix"
 	"kvrouter/residency"
 	"kvrouter/route"
 )
@@ -166,6 +167,58 @@ type Config struct {
 	// batches; a batch further ahead is not applied unless the next one
 	// continues from it. Zero means 1,000,000.
 	KVEventsMaxSeqJump uint64 `yaml:"kv-events-max-seq-jump"`
+
+	// Limits: bounded memory per request and per client, server-side
+	// timeouts, headers (issue 13). Every zero means the Default… below.
+
+	// MaxMessages is the most chat messages a request may carry (400
+	// too_many_messages past it); zero means DefaultMaxMessages, negative
+	// no limit.
+	MaxMessages int `yaml:"max-messages"`
+	// MaxContentParts is the most content parts of a request's messages
+	// together (400 too_many_content_parts); zero means
+	// DefaultMaxContentParts, negative no limit.
+	MaxContentParts int `yaml:"max-content-parts"`
+	// MaxJSONDepth is the deepest nesting of objects and arrays in a
+	// request body, the body's own object counting 1 (400
+	// nesting_too_deep); zero means DefaultMaxJSONDepth, negative
+	// prefix.HardMaxDepth.
+	MaxJSONDepth int `yaml:"max-json-depth"`
+	// MaxTools is the most entries of a request's "tools" (400
+	// too_many_tools); zero means DefaultMaxTools, negative no limit.
+	MaxTools int `yaml:"max-tools"`
+	// MaxPrompts is the most prompts of a completions batch (400
+	// too_many_prompts); zero means DefaultMaxPrompts, negative no limit.
+	MaxPrompts int `yaml:"max-prompts"`
+	// MaxSessions is the most sessions bound to a replica at once, the
+	// least recently used dropped past it; zero means
+	// fleet.DefaultMaxSessions. Session ids longer than
+	// fleet.MaxSessionIDBytes are kept as a hash.
+	MaxSessions int `yaml:"max-sessions"`
+	// MaxHeaderBytes caps a request's header (request line included), in
+	// bytes; larger ones get 431 from the server. Zero means
+	// DefaultMaxHeaderBytes.
+	MaxHeaderBytes int `yaml:"max-header-bytes"`
+	// MaxHeaders is the most header fields a request may carry (431
+	// too_many_headers); zero means DefaultMaxHeaders.
+	MaxHeaders int `yaml:"max-headers"`
+	// ReadHeaderTimeout is how long a client has to send a request's
+	// header, from its first byte; zero means DefaultReadHeaderTimeout.
+	ReadHeaderTimeout time.Duration `yaml:"read-header-timeout"`
+	// BodyTimeout is how long a client has to send a request's body, from
+	// the end of its header (408 body_timeout); zero means
+	// DefaultBodyTimeout. It does not bound the response: streams run as
+	// long as they last.
+	BodyTimeout time.Duration `yaml:"body-timeout"`
+	// IdleTimeout is how long a keep-alive connection may wait for its
+	// next request before the router closes it; zero means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration `yaml:"idle-timeout"`
+	// TrustedProxies are the peers (CIDR prefixes) whose X-Forwarded-For,
+	// X-Forwarded-*, and X-Real-IP headers are passed on (the peer's
+	// address appended to X-Forwarded-For); from any other peer they are
+	// dropped and X-Forwarded-For is the peer alone. Empty means none.
+	TrustedProxies Prefixes `yaml:"trusted-proxies"`
 }
 
 // policyName is Policy, or the default.
@@ -241,6 +294,19 @@ const (
 	// are not among them.
 	DefaultPassThrough = "/v1/models,/v1/embeddings,/v1/audio/,/v1/responses,/v1/score,/v1/rerank,/v2/rerank,/rerank,/score," +
 		"/pooling,/classify,/tokenize,/detokenize,/version"
+
+	// Limits (issue 13).
+	DefaultMaxMessages       = prefix.DefaultMaxMessages
+	DefaultMaxContentParts   = prefix.DefaultMaxParts
+	DefaultMaxJSONDepth      = prefix.DefaultMaxDepth
+	DefaultMaxTools          = prefix.DefaultMaxTools
+	DefaultMaxPrompts        = prefix.DefaultMaxPrompts
+	DefaultMaxSessions       = fleet.DefaultMaxSessions
+	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultMaxHeaders        = 100
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultBodyTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 90 * time.Second
 )
 
 // DefaultConfig returns the configuration used where nothing else is said.
@@ -274,6 +340,18 @@ func DefaultConfig() Config {
 		KVEventsHandshakeTimeout: 5 * time.Second,
 		KVEventsReadTimeout:      30 * time.Second,
 		KVEventsMaxSeqJump:       1_000_000,
+
+		MaxMessages:       DefaultMaxMessages,
+		MaxContentParts:   DefaultMaxContentParts,
+		MaxJSONDepth:      DefaultMaxJSONDepth,
+		MaxTools:          DefaultMaxTools,
+		MaxPrompts:        DefaultMaxPrompts,
+		MaxSessions:       DefaultMaxSessions,
+		MaxHeaderBytes:    DefaultMaxHeaderBytes,
+		MaxHeaders:        DefaultMaxHeaders,
+		ReadHeaderTimeout: DefaultReadHeaderTimeout,
+		BodyTimeout:       DefaultBodyTimeout,
+		IdleTimeout:       DefaultIdleTimeout,
 	}
 }
 
@@ -434,6 +512,7 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.validateKV()...)
 	errs = append(errs, c.validateSurface()...)
+	errs = append(errs, c.validateLimits()...)
 	return errors.Join(errs...)
 }
 

@@ -8,7 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -93,10 +96,22 @@ type scratch struct {
 	hdr  []byte
 }
 
-// reset empties the buffers, keeping their capacity.
+// keepBytes is the largest body buffer a pooled call keeps for the next
+// request: one large body does not hold its memory for good.
+const keepBytes = 1 << 20
+
+// reset empties the buffers, keeping their capacity up to keepBytes.
 func (s scratch) reset() scratch {
-	s.body, s.inj, s.hdr = s.body[:0], s.inj[:0], s.hdr[:0]
+	s.body, s.inj, s.hdr = keep(s.body), keep(s.inj), s.hdr[:0]
 	return s
+}
+
+// keep returns b emptied, or nil if it is larger than keepBytes.
+func keep(b []byte) []byte {
+	if cap(b) > keepBytes {
+		return nil
+	}
+	return b[:0]
 }
 
 // reqBody is the pooled request body sent upstream. It notes when the
@@ -144,7 +159,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := prefix.Parse(body)
+	p, err := rt.cfg.parseLimits().Parse(body)
 	if err != nil {
 		c.parseError(w, err)
 		return
@@ -169,13 +184,15 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 }
 
 // sessionOf finds the request's session id: the configured header, else
-// the OpenAI user field, else a key of the conversation's own content.
+// the OpenAI user field, else a key of the conversation's own content. An
+// id longer than fleet.MaxSessionIDBytes is kept as its hash
+// (fleet.SessionKey), so that its size is bounded wherever it is kept.
 func (c *call) sessionOf(r *http.Request, p *prefix.Prompt) {
 	switch {
 	case r.Header.Get(c.rt.cfg.SessionHeader) != "":
-		c.session, c.sessionSrc = r.Header.Get(c.rt.cfg.SessionHeader), SessionHeader
+		c.session, c.sessionSrc = fleet.SessionKey(r.Header.Get(c.rt.cfg.SessionHeader)), SessionHeader
 	case p.User != "":
-		c.session, c.sessionSrc = p.User, SessionUser
+		c.session, c.sessionSrc = fleet.SessionKey(p.User), SessionUser
 	default:
 		var b [24]byte
 		c.session, c.sessionSrc = string(strconv.AppendUint(append(b[:0], "conv-"...), p.ConversationKey(), 16)), SessionContent
@@ -183,29 +200,59 @@ func (c *call) sessionOf(r *http.Request, p *prefix.Prompt) {
 }
 
 // readBody reads the whole body once into the call's buffer, answering
-// 413 past the limit.
+// 413 past the limit (at once when the declared Content-Length is past
+// it) and 408 when the body does not arrive within the body timeout
+// (NewServer). The buffer grows as bytes arrive (readGrowing), never to
+// the declared length: a client that declares 8 MB and sends 1 KB costs
+// about 1 KB.
 func (c *call) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	limit := c.rt.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		c.tooLarge(w, limit)
 		return nil, false
 	}
-	if r.ContentLength > 0 && int64(cap(c.body)) < r.ContentLength+1 {
-		c.body = make([]byte, 0, r.ContentLength+1)
-	}
-	buf := bytes.NewBuffer(c.body[:0])
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	c.body = buf.Bytes()
+	var err error
+	c.body, err = readGrowing(http.MaxBytesReader(w, r.Body, limit), c.body[:0], r.ContentLength)
 	if err == nil {
 		return c.body, true
 	}
 	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
+	switch {
+	case errors.As(err, &tooBig):
 		c.tooLarge(w, tooBig.Limit)
-	} else {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		w.Header().Set("Connection", "close")
+		c.fail(w, http.StatusRequestTimeout, errInvalidRequest, "body_timeout",
+			fmt.Sprintf("request body not received within %s", c.rt.cfg.bodyTimeout()))
+	default:
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "body_read_error", "reading request body: "+err.Error())
 	}
 	return nil, false
+}
+
+// readGrowing appends what r yields to buf until EOF, doubling the buffer
+// whenever it is full, from 4 KiB: it is at most twice what has arrived.
+// A doubling never goes past declared+1 bytes (declared > 0, a body's
+// Content-Length, one more to see EOF without growing again), so that a
+// body of the length it declares ends in a buffer its own size.
+func readGrowing(r io.Reader, buf []byte, declared int64) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			n := max(2*cap(buf), 4<<10)
+			if declared > 0 && int64(n) > declared+1 && declared+1 > int64(len(buf)) {
+				n = int(declared + 1)
+			}
+			buf = append(make([]byte, 0, n), buf...)
+		}
+		m, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		switch {
+		case err == io.EOF:
+			return buf, nil
+		case err != nil:
+			return buf, err
+		}
+	}
 }
 
 func (c *call) tooLarge(w http.ResponseWriter, limit int64) {
@@ -215,6 +262,7 @@ func (c *call) tooLarge(w http.ResponseWriter, limit int64) {
 
 func (c *call) parseError(w http.ResponseWriter, err error) {
 	switch {
+	case c.limitError(w, err):
 	case errors.Is(err, prefix.ErrNoModel):
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "missing_model", "you must provide a model parameter")
 	case errors.Is(err, prefix.ErrNoPrompt):
@@ -343,8 +391,45 @@ func (rt *Router) rewrite(pr *httputil.ProxyRequest) {
 		return
 	}
 	pr.SetURL(rt.urls[c.replica])
-	pr.SetXForwarded()
+	rt.setForwarded(pr)
 	pr.Out.Header.Del("Accept-Encoding") // bytes pass through uncompressed
+}
+
+// setForwarded sets the X-Forwarded-* headers. From a peer in
+// TrustedProxies, the client's X-Forwarded-For is kept and the peer
+// appended, its X-Forwarded-Host, X-Forwarded-Proto, other X-Forwarded-*
+// and X-Real-IP pass on; from any other peer, those are dropped and
+// X-Forwarded-For, -Host and -Proto are the router's own (the peer's
+// address, the requested host, http or https). ReverseProxy has already
+// removed X-Forwarded-For, -Host, -Proto and Forwarded from pr.Out.
+func (rt *Router) setForwarded(pr *httputil.ProxyRequest) {
+	in, out := pr.In.Header, pr.Out.Header
+	if !rt.trusted(pr.In.RemoteAddr) {
+		for k := range out {
+			if strings.HasPrefix(k, "X-Forwarded-") || k == "X-Real-Ip" {
+				delete(out, k)
+			}
+		}
+		pr.SetXForwarded()
+		return
+	}
+	out["X-Forwarded-For"] = in["X-Forwarded-For"]
+	pr.SetXForwarded()
+	for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v := in[k]; len(v) > 0 {
+			out[k] = v
+		}
+	}
+}
+
+// trusted reports whether the peer at remoteAddr (host:port) is in
+// TrustedProxies.
+func (rt *Router) trusted(remoteAddr string) bool {
+	if len(rt.cfg.TrustedProxies) == 0 {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	return err == nil && rt.cfg.TrustedProxies.Contains(ap.Addr())
 }
 
 // modifyResponse stamps the routing headers and wraps the body in a tap.

@@ -25,6 +25,12 @@ type metrics struct {
 	// Safety surface (issue 13).
 	adminErrors *prometheus.CounterVec // code: the admin surface's errors
 	draining    prometheus.Gauge       // 1 from SIGTERM on
+
+	// Limits (issue 13). Requests the handlers reject for a limit are
+	// counted in errors by their code (too_many_messages, body_timeout,
+	// too_many_headers, request_too_large, ...); these are the
+	// rejections no handler sees.
+	headerRejected prometheus.Counter
 }
 
 // latencyBuckets span 1 ms to ~65 s.
@@ -91,6 +97,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 	}
+
+	// Limits (issue 13).
+	m.headerRejected = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvrouter_header_rejected_total",
+		Help: "Connections the server closed while reading a request header, before any handler: a header over --max-header-bytes (answered 431), a malformed request (400), or one not complete within --read-header-timeout.",
+	})
+	if err := reg.Register(m.headerRejected); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -101,6 +116,9 @@ type fleetCollector struct {
 	fl                          *fleet.Fleet
 	now                         func() time.Time
 	inflight, healthy, idxBlock *prometheus.Desc
+
+	// Limits (issue 13).
+	sessions, evicted *prometheus.Desc
 }
 
 func newFleetCollector(fl *fleet.Fleet, now func() time.Time) *fleetCollector {
@@ -111,6 +129,9 @@ func newFleetCollector(fl *fleet.Fleet, now func() time.Time) *fleetCollector {
 		inflight: prometheus.NewDesc("kvrouter_inflight", "Requests the router has in flight on the replica.", l, nil),
 		healthy:  prometheus.NewDesc("kvrouter_replica_healthy", "1 when the replica gets traffic, 0 when it is unhealthy.", l, nil),
 		idxBlock: prometheus.NewDesc("kvrouter_index_blocks", "Prefix blocks the residency index attributes to the replica.", l, nil),
+
+		sessions: prometheus.NewDesc("kvrouter_sessions", "Sessions bound to a replica (at most --max-sessions).", nil, nil),
+		evicted:  prometheus.NewDesc("kvrouter_sessions_evicted_total", "Sessions dropped, least recently used first, to stay within --max-sessions.", nil, nil),
 	}
 }
 
@@ -119,6 +140,8 @@ func (fc *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- fc.inflight
 	ch <- fc.healthy
 	ch <- fc.idxBlock
+	ch <- fc.sessions
+	ch <- fc.evicted
 }
 
 // Collect implements prometheus.Collector.
@@ -134,4 +157,6 @@ func (fc *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(fc.healthy, prometheus.GaugeValue, h, r.ID)
 		ch <- prometheus.MustNewConstMetric(fc.idxBlock, prometheus.GaugeValue, float64(r.IndexBlocks), r.ID)
 	}
+	ch <- prometheus.MustNewConstMetric(fc.sessions, prometheus.GaugeValue, float64(fc.fl.Sessions()))
+	ch <- prometheus.MustNewConstMetric(fc.evicted, prometheus.CounterValue, float64(fc.fl.SessionsEvicted()))
 }

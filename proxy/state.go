@@ -75,6 +75,7 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		Rates:       scaleRates(ecfg.Rates(), cfg.TimeScale),
 		CacheBlocks: cacheBlocks,
 		SessionTTL:  cfg.SessionTTL,
+		MaxSessions: cfg.MaxSessions,
 		Start:       start,
 		Admission:   cfg.admission(),
 		OnRelease:   onRelease,

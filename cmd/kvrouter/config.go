@@ -105,6 +105,20 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"longest one KV-event message may take to arrive once started")
 	fs.Uint64Var(&cfg.KVEventsMaxSeqJump, "kv-events-max-seq-jump", cfg.KVEventsMaxSeqJump,
 		"largest KV-event sequence gap taken as lost batches (a batch further ahead is not applied unless the next continues from it)")
+
+	// Limits (issue 13): bounded memory per request and client, server timeouts, headers.
+	fs.IntVar(&cfg.MaxMessages, "max-messages", cfg.MaxMessages, "most chat messages in a request (400 too_many_messages; negative: no limit)")
+	fs.IntVar(&cfg.MaxContentParts, "max-content-parts", cfg.MaxContentParts, "most content parts over a request's messages (400 too_many_content_parts; negative: no limit)")
+	fs.IntVar(&cfg.MaxJSONDepth, "max-json-depth", cfg.MaxJSONDepth, "deepest nesting of objects and arrays in a request body, the body counting 1 (400 nesting_too_deep)")
+	fs.IntVar(&cfg.MaxTools, "max-tools", cfg.MaxTools, "most tools in a request (400 too_many_tools; negative: no limit)")
+	fs.IntVar(&cfg.MaxPrompts, "max-prompts", cfg.MaxPrompts, "most prompts in a completions batch (400 too_many_prompts; negative: no limit)")
+	fs.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most sessions bound to replicas at once, least recently used dropped past it")
+	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", cfg.MaxHeaderBytes, "largest request header, bytes (431)")
+	fs.IntVar(&cfg.MaxHeaders, "max-headers", cfg.MaxHeaders, "most header fields in a request (431 too_many_headers)")
+	fs.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", cfg.ReadHeaderTimeout, "time a client has to send a request header (connection closed)")
+	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "time a client has to send a request body after its header (408 body_timeout); responses are not bounded by it")
+	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "time an idle keep-alive connection stays open")
+	fs.Var(&cfg.TrustedProxies, "trusted-proxies", "comma-separated CIDR prefixes of proxies whose X-Forwarded-* and X-Real-IP are passed on (X-Forwarded-For appended); from other peers they are dropped")
 	return bl
 }
 

@@ -51,7 +51,7 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: rt.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := rt.NewServer()
 	srv.TLSConfig = tlsCfg
 	admin, adminLn, err := adminServer(cfg, rt, tlsCfg, log)
 	if err != nil {
