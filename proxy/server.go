@@ -19,11 +19,22 @@ import (
 // ReadTimeout or WriteTimeout: they would cut long streams. Serve it on a
 // listener of the caller's (its Addr is Config.Listen).
 func (rt *Router) NewServer() *http.Server {
+	return rt.server(rt.cfg.Listen, rt.Handler())
+}
+
+// NewAdminServer is NewServer for AdminHandler on AdminListen: the same
+// limits and timeouts.
+func (rt *Router) NewAdminServer() *http.Server {
+	return rt.server(rt.cfg.AdminListen, rt.AdminHandler())
+}
+
+// server returns an http.Server for h on addr with the client limits.
+func (rt *Router) server(addr string, h http.Handler) *http.Server {
 	c := &rt.cfg
 	conns := &connWatch{rejected: rt.m.headerRejected}
 	return &http.Server{
-		Addr:              c.Listen,
-		Handler:           rt.guard(rt.Handler()),
+		Addr:              addr,
+		Handler:           rt.guard(h),
 		MaxHeaderBytes:    or(c.MaxHeaderBytes, DefaultMaxHeaderBytes),
 		ReadHeaderTimeout: or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout),
 		IdleTimeout:       or(c.IdleTimeout, DefaultIdleTimeout),

@@ -114,7 +114,7 @@ func adminServer(cfg proxy.Config, rt *proxy.Router, tlsCfg *tls.Config, log *sl
 	if cfg.AdminAPIKeys == "" && !isLoopback(ln.Addr()) {
 		log.Warn("admin surface reachable beyond this host without a key: set --admin-api-keys", "admin_listen", ln.Addr().String())
 	}
-	admin := &http.Server{Handler: rt.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	admin := rt.NewAdminServer()
 	admin.TLSConfig = tlsCfg
 	return admin, ln, nil
 }
