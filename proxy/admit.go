@@ -184,11 +184,12 @@ func (c *call) saturated(w http.ResponseWriter, code, msg string) bool {
 	return false
 }
 
-// priorityOf parses the request's HeaderPriority: zero when absent.
+// priorityOf parses the request's HeaderPriority: when absent, its API
+// key's default (ReadKeys), else zero.
 func priorityOf(r *http.Request) (int, bool) {
 	v := r.Header.Get(HeaderPriority)
 	if v == "" {
-		return 0, true
+		return keyPriority(r.Context()), true
 	}
 	p, err := strconv.Atoi(v)
 	if err != nil || p < -maxPriority || p > maxPriority {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -142,6 +144,37 @@ func TestAdmissionQueueTimeout(t *testing.T) {
 	}
 	if bad := send(t, url, longChat(2, 100, 2), HeaderPriority, "high"); bad.status != http.StatusBadRequest {
 		t.Errorf("X-Priority: high: status %d, want 400", bad.status)
+	}
+	if a := <-first; a.status != http.StatusOK {
+		t.Errorf("first request: status %d", a.status)
+	}
+}
+
+// TestAdmissionKeyPriority: an API key's priority=N is the default
+// priority of its requests: a key marked priority=-1 is sheddable when
+// every replica is saturated, unless the request sets X-Priority itself.
+func TestAdmissionKeyPriority(t *testing.T) {
+	reps := replicas(t, 1, 1)
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("sk-online online\nsk-batch batch priority=-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rt, url := startRouter(t, "kv-aware", func(c *Config) {
+		c.MaxWait, c.APIKeys = 50*time.Millisecond, keys
+	}, urls(reps)...)
+	runRouter(t, rt)
+	first := make(chan admitted, 1)
+	go func() { first <- send(t, url, longChat(0, 16000, 2), "Authorization", "Bearer sk-online") }()
+	for rt.st.fleet.View(time.Now()).Replicas[0].InFlight == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	shed := send(t, url, longChat(1, 16000, 2), "Authorization", "Bearer sk-batch")
+	kept := send(t, url, longChat(2, 100, 2), "Authorization", "Bearer sk-batch", HeaderPriority, "1")
+	if shed.status != http.StatusTooManyRequests || !strings.Contains(shed.body, `"queue_sheddable"`) {
+		t.Errorf("a priority=-1 key when saturated: status %d %s; want 429 queue_sheddable", shed.status, shed.body)
+	}
+	if kept.status != http.StatusOK {
+		t.Errorf("the same key with X-Priority: 1: status %d %s; want it queued, then 200", kept.status, kept.body)
 	}
 	if a := <-first; a.status != http.StatusOK {
 		t.Errorf("first request: status %d", a.status)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -25,11 +26,15 @@ const (
 type Keys struct {
 	sums  [][sha256.Size]byte
 	names []string // the key's name in the file, else "key-<line>"
+	prios []int    // the key's default X-Priority (priority=N), else 0
 }
 
 // ReadKeys reads a key file: one key per line, optionally followed by
-// white space and a name for logs (e.g. "sk-3f9a... team-a"); blank
-// lines and lines starting with # are skipped. The file must hold at
+// white space and a name for logs (e.g. "sk-3f9a... team-a"), then
+// optionally by "priority=N", the admission priority of the key's
+// requests that do not send HeaderPriority (e.g. "sk-7c1e... batch
+// priority=-1" makes a key's traffic sheddable); blank lines and lines
+// starting with # are skipped. The file must hold at
 // least one key, at most 10,000, in at most 1 MiB.
 func ReadKeys(path string) (*Keys, error) {
 	f, err := os.Open(path)
@@ -59,8 +64,16 @@ func parseKeys(r io.Reader) (*Keys, error) {
 		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
 			continue
 		}
+		prio := 0
+		if v, ok := strings.CutPrefix(f[len(f)-1], "priority="); ok && len(f) > 1 {
+			p, err := strconv.Atoi(v)
+			if err != nil || p < -maxPriority || p > maxPriority {
+				return nil, fmt.Errorf("line %d: priority %q: want an integer within ±%d", line, v, maxPriority)
+			}
+			prio, f = p, f[:len(f)-1]
+		}
 		if len(f) > 2 {
-			return nil, fmt.Errorf("line %d: want KEY [NAME], got %d fields", line, len(f))
+			return nil, fmt.Errorf("line %d: want KEY [NAME] [priority=N], got %d fields", line, len(f))
 		}
 		if len(k.sums) == maxKeys {
 			return nil, fmt.Errorf("more than %d keys", maxKeys)
@@ -71,6 +84,7 @@ func parseKeys(r io.Reader) (*Keys, error) {
 		}
 		k.sums = append(k.sums, sha256.Sum256([]byte(f[0])))
 		k.names = append(k.names, name)
+		k.prios = append(k.prios, prio)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -84,9 +98,9 @@ func parseKeys(r io.Reader) (*Keys, error) {
 // Len returns the number of keys.
 func (k *Keys) Len() int { return len(k.sums) }
 
-// match returns the name of the key whose digest is that of key, or "".
+// match returns the index of the key whose digest is that of key, or −1.
 // Every digest is compared, in constant time, whatever matches.
-func (k *Keys) match(key string) string {
+func (k *Keys) match(key string) int {
 	sum := sha256.Sum256([]byte(key))
 	found := -1
 	for i := range k.sums {
@@ -94,10 +108,7 @@ func (k *Keys) match(key string) string {
 			found = i
 		}
 	}
-	if found < 0 {
-		return ""
-	}
-	return k.names[found]
+	return found
 }
 
 // presented returns the key a request carries: the bearer token of its
@@ -116,15 +127,28 @@ func presented(r *http.Request, basic bool) string {
 	return ""
 }
 
-// keyNameKey is the context key of the name of the key a request
-// authenticated with.
+// keyNameKey is the context key of the key a request authenticated
+// with: a keyInfo.
 type keyNameKey struct{}
+
+// keyInfo is the name and default priority of a request's key.
+type keyInfo struct {
+	name     string
+	priority int
+}
 
 // KeyName returns the name of the API key the request carrying ctx
 // authenticated with, or "" when keys are not checked.
 func KeyName(ctx context.Context) string {
-	s, _ := ctx.Value(keyNameKey{}).(string)
-	return s
+	k, _ := ctx.Value(keyNameKey{}).(keyInfo)
+	return k.name
+}
+
+// keyPriority returns the default priority of the API key the request
+// carrying ctx authenticated with (zero without keys).
+func keyPriority(ctx context.Context) int {
+	k, _ := ctx.Value(keyNameKey{}).(keyInfo)
+	return k.priority
 }
 
 // gate asks for a key on every request but probes (/livez, /readyz,
@@ -148,18 +172,19 @@ func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := presented(r, g.basic)
-	name := ""
+	i := -1
 	if key != "" {
-		name = g.keys.match(key)
+		i = g.keys.match(key)
 	}
-	if name == "" {
+	if i < 0 {
 		g.reject(w, key == "")
 		return
 	}
 	if g.strip {
 		r.Header.Del("Authorization")
 	}
-	g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyNameKey{}, name)))
+	info := keyInfo{name: g.keys.names[i], priority: g.keys.prios[i]}
+	g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyNameKey{}, info)))
 }
 
 func (g *gate) reject(w http.ResponseWriter, missing bool) {

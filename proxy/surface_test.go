@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -355,6 +356,9 @@ func TestReadKeys(t *testing.T) {
 		{"keys, names, comments", []string{"# c", "k1", "", "k2 name", "\tk3  "}, 3},
 		{"no keys", []string{"# only a comment"}, -1},
 		{"three fields", []string{"k1 name extra"}, -1},
+		{"priorities", []string{"k1 batch priority=-1", "k2 priority=5"}, 2},
+		{"bad priority", []string{"k1 name priority=high"}, -1},
+		{"priority out of range", []string{"k1 priority=2000"}, -1},
 	} {
 		k, err := ReadKeys(keyFile(t, tc.lines...))
 		switch {
@@ -366,9 +370,15 @@ func TestReadKeys(t *testing.T) {
 			t.Errorf("%s: got %d keys, want %d", tc.name, k.Len(), tc.n)
 		}
 	}
-	k, _ := ReadKeys(keyFile(t, "k1", "k2 ops"))
-	if k.match("k2") != "ops" || k.match("k1") != "key-1" || k.match("k3") != "" || k.match("") != "" {
-		t.Errorf("match: k2 %q, k1 %q, k3 %q; want ops, key-1, none", k.match("k2"), k.match("k1"), k.match("k3"))
+	k, _ := ReadKeys(keyFile(t, "k1", "k2 ops priority=-1"))
+	name := func(key string) string {
+		if i := k.match(key); i >= 0 {
+			return fmt.Sprintf("%s/%d", k.names[i], k.prios[i])
+		}
+		return ""
+	}
+	if name("k2") != "ops/-1" || name("k1") != "key-1/0" || name("k3") != "" || name("") != "" {
+		t.Errorf("match: k2 %q, k1 %q, k3 %q; want ops/-1, key-1/0, none", name("k2"), name("k1"), name("k3"))
 	}
 	if _, err := ReadKeys(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("a missing file: got no error")
