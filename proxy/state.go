@@ -38,6 +38,9 @@ type state struct {
 	scraper *scrape.Scraper
 	feed    *precise // nil unless KV events are followed
 	pickRR  atomic.Uint64
+	// m counts ejections; set by New once the metrics exist (nil: not
+	// counted).
+	m *metrics
 }
 
 // newState builds the router's state for cfg, whose backends are named
@@ -85,14 +88,24 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 			return nil, err
 		}
 	}
+	declared := map[string][]string{}
+	for _, be := range cfg.Backends {
+		declared[be.URL] = be.Models
+	}
 	st.health = &health.Checker{
 		Client:       &http.Client{Transport: upstream},
 		Interval:     cfg.HealthInterval,
 		Timeout:      max(cfg.HealthInterval, health.DefaultTimeout),
 		Path:         cfg.HealthPath,
+		Consecutive:  cfg.EjectConsecutive,
+		EjectBase:    cfg.EjectBase,
+		EjectMax:     cfg.EjectMax,
+		Models:       func(id string) []string { return declared[id] },
 		OnChange:     st.fleet.SetHealthy,
 		OnTransition: st.onHealth,
 		OnFallback:   st.onHealthFallback,
+		OnEject:      st.onEject,
+		OnHold:       st.onHold,
 	}
 	interval := st.fleet.ScrapeInterval(cfg.ScrapeInterval)
 	st.scraper = &scrape.Scraper{
@@ -151,6 +164,24 @@ func (st *state) onHealth(id string, healthy bool, reason string) {
 func (st *state) onHealthFallback(id, note string) {
 	st.log.Info("health check changed", "replica", id, "note", note)
 }
+
+// onEject counts an ejection (its transition is logged by onHealth).
+func (st *state) onEject(id string, e health.Ejection) {
+	if st.m != nil {
+		st.m.ejections.WithLabelValues(id, e.Kind).Inc()
+	}
+}
+
+// onHold logs and counts a replica kept out at the end of its ejection.
+func (st *state) onHold(id, reason string) {
+	st.log.Warn("replica kept out", "replica", id, "reason", reason)
+	if st.m != nil {
+		st.m.readmitted.WithLabelValues(id).Inc()
+	}
+}
+
+// eject takes replica i out of service at once: it refused a connection.
+func (st *state) eject(i int, reason string) { st.health.Eject(st.names[i], "connect: "+reason) }
 
 // reportFailure feeds passive health: a request to replica i failed
 // (connect error, 5xx, broken stream).

@@ -71,6 +71,17 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer,
 		"token mode: a directory with the model's tokenizer.json and tokenizer_config.json, or \"remote\" to ask a healthy replica's /tokenize; empty: text mode (per model: YAML key tokenizers: {model: dir})")
+
+	// Upstream safety: timeouts, retry until the first token, continuation, ejection.
+	fs.DurationVar(&cfg.ConnectTimeout, "upstream-connect-timeout", cfg.ConnectTimeout, "limit on connecting to a replica (0: the system's)")
+	fs.DurationVar(&cfg.TTFTTimeout, "ttft-timeout", cfg.TTFTTimeout, "limit on a stream's headers and first token from a replica; past it the request is retried elsewhere (0: none)")
+	fs.DurationVar(&cfg.StreamIdleTimeout, "stream-idle-timeout", cfg.StreamIdleTimeout, "a stream whose replica sends nothing for this long is continued elsewhere or ended with an error event (0: none)")
+	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "limit on a whole request, retries and continuations included (0: none)")
+	fs.BoolVar(&cfg.StreamContinue, "stream-continue", cfg.StreamContinue, "continue a stream on another replica when its replica fails after the first token (false: end it with an error event)")
+	fs.Int64Var(&cfg.RetryBufferBytes, "retry-buffer-bytes", cfg.RetryBufferBytes, "largest non-streaming response read whole before the client gets it, so that a failure reading it is retried (0: none)")
+	fs.IntVar(&cfg.EjectConsecutive, "eject-consecutive", cfg.EjectConsecutive, "failed requests in a row that eject a replica")
+	fs.DurationVar(&cfg.EjectBase, "eject-base", cfg.EjectBase, "first ejection's duration, doubled for each ejection in a row")
+	fs.DurationVar(&cfg.EjectMax, "eject-max", cfg.EjectMax, "longest ejection; also the time in service that resets the doubling")
 	return bl
 }
 
