@@ -1,0 +1,523 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Upstream faults: a hung engine (SIGSTOP), an engine killed mid-stream
+// (SIGKILL), requests queued inside a dying engine, a replica answering 500
+// while its /health says 200, one refusing connections, and another
+// service taking a dead engine's port.
+
+// streamResult is what one client saw of a streamed chat completion.
+type streamResult struct {
+	replica  string // X-Kvrouter-Replica
+	status   int    // HTTP status
+	text     string // the content deltas, concatenated
+	roles    int    // chunks carrying the assistant role
+	ids      map[string]bool
+	done     bool          // ended with [DONE]
+	errCode  string        // code of a final error event, "" without
+	err      error         // a transport error reading it: a silent end
+	maxGap   time.Duration // longest wait between two events
+	lastGap  time.Time     // when the last event arrived
+	events   int
+	firstTok chan struct{} // closed once a content delta arrived
+}
+
+// streamChat sends a streamed chat completion to the router and reads it
+// to its end into res.
+func streamChat(ctx context.Context, t *testing.T, url string, body []byte, res *streamResult) {
+	res.ids = map[string]bool{}
+	resp, err := post(ctx, t, url, "/v1/chat/completions", body)
+	if err != nil {
+		res.err = err
+		close(res.firstTok)
+		return
+	}
+	defer resp.Body.Close()
+	res.status, res.replica = resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica")
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		res.err = fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		close(res.firstTok)
+		return
+	}
+	sc := bufio.NewScanner(resp.Body)
+	last, first := time.Now(), false
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		now := time.Now()
+		res.maxGap, last = max(res.maxGap, now.Sub(last)), now
+		res.events++
+		if data == "[DONE]" {
+			res.done = true
+			continue
+		}
+		var c struct {
+			ID      string `json:"id"`
+			Choices []struct {
+				Delta struct {
+					Role    string `json:"role"`
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Error *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if json.Unmarshal([]byte(data), &c) != nil {
+			continue
+		}
+		if c.Error != nil {
+			res.errCode = c.Error.Code
+			continue
+		}
+		res.ids[c.ID] = true
+		for _, ch := range c.Choices {
+			if ch.Delta.Role == "assistant" {
+				res.roles++
+			}
+			res.text += ch.Delta.Content
+			if ch.Delta.Content != "" && !first {
+				first = true
+				close(res.firstTok)
+			}
+		}
+	}
+	res.err = sc.Err()
+	if !first {
+		close(res.firstTok)
+	}
+}
+
+// startStreams starts n streamed chats of maxTokens tokens (distinct
+// prompts) and returns their results, filled in as they run, and a wait
+// function for their ends.
+func startStreams(t *testing.T, url string, n, maxTokens int) ([]*streamResult, func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	res := make([]*streamResult, n)
+	var wg sync.WaitGroup
+	for i := range res {
+		res[i] = &streamResult{firstTok: make(chan struct{})}
+		body := fmt.Appendf(nil, `{"model":"emulated","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"story number %d, please"}]}`, maxTokens, i)
+		wg.Go(func() { streamChat(ctx, t, url, body, res[i]) })
+	}
+	return res, func() { wg.Wait(); cancel() }
+}
+
+// wholeText asks an engine directly for the reply, not streamed: the text
+// a stream must end up with, neither cut nor duplicated.
+func wholeText(t *testing.T, engine string, maxTokens int) string {
+	t.Helper()
+	body := fmt.Appendf(nil, `{"model":"emulated","max_tokens":%d,"messages":[{"role":"user","content":"any"}]}`, maxTokens)
+	resp, err := post(context.Background(), t, engine, "/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || len(r.Choices) != 1 {
+		t.Fatalf("reply from %s: %v", engine, err)
+	}
+	return r.Choices[0].Message.Content
+}
+
+// metric sums the samples of name in the Prometheus text at url+"/metrics"
+// whose labels contain every one of labels (e.g. `replica="http://..."`).
+func metric(t *testing.T, url, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	sum := 0.0
+	for line := range strings.Lines(string(b)) {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			all = all && strings.Contains(rest, l)
+		}
+		if !all {
+			continue
+		}
+		f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(f) > 0 {
+			v, _ := strconv.ParseFloat(f[0], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// waitFor polls cond every 20 ms, failing after within.
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %v", what, within)
+		}
+	}
+}
+
+// waitFirstTokens waits until every stream had a token (or ended).
+func waitFirstTokens(t *testing.T, res []*streamResult) {
+	t.Helper()
+	for _, r := range res {
+		select {
+		case <-r.firstTok:
+		case <-time.After(20 * time.Second):
+			t.Fatal("a stream had no token within 20 s")
+		}
+	}
+}
+
+// busiest returns the engine most of the streams are on, and how many.
+func busiest(engines []*proc, res []*streamResult) (*proc, int) {
+	var best *proc
+	most := 0
+	for _, e := range engines {
+		n := 0
+		for _, r := range res {
+			if r.replica == e.URL() {
+				n++
+			}
+		}
+		if n > most {
+			best, most = e, n
+		}
+	}
+	return best, most
+}
+
+// checkStreams asserts what each client saw: the whole reply, neither cut
+// nor duplicated, as one stream ending in [DONE], or a final error event;
+// never a silent end. It returns how many were continued to [DONE].
+func checkStreams(t *testing.T, res []*streamResult, want string) (done, errored int) {
+	t.Helper()
+	for i, r := range res {
+		switch {
+		case r.err != nil:
+			t.Errorf("stream %d (on %s) ended silently: %v, text %q", i, r.replica, r.err, r.text)
+		case r.done && r.errCode == "":
+			done++
+			if r.text != want || r.roles != 1 || len(r.ids) != 1 {
+				t.Errorf("stream %d (on %s): text %q, %d role chunks, ids %v; want %q, 1, one id", i, r.replica, r.text, r.roles, r.ids, want)
+			}
+		case r.errCode != "" && !r.done:
+			errored++
+			if !strings.HasPrefix(want, r.text) {
+				t.Errorf("stream %d (on %s) ended with error %s after text %q, not a prefix of the reply", i, r.replica, r.errCode, r.text)
+			}
+		default:
+			t.Errorf("stream %d (on %s) ended with neither [DONE] nor an error event (done %v, error %q): a silent end", i, r.replica, r.done, r.errCode)
+		}
+	}
+	return done, errored
+}
+
+// TestStoppedEngine stops (SIGSTOP) the engine serving most of several
+// in-flight streams: its streams go silent, are given up after the
+// stream-idle timeout and continued on another engine to [DONE], with no
+// gap much longer than the timeout; later requests avoid it.
+func TestStoppedEngine(t *testing.T) {
+	engines := []*proc{startEngine(t), startEngine(t), startEngine(t)}
+	const idle = time.Second
+	rt := startRouter(t, engines, "--stream-idle-timeout", idle.String(), "--ttft-timeout", "2s", "--policy", "round-robin")
+	waitReady(t, rt.URL(), "/health", 10*time.Second)
+	const tokens = 150
+	want := wholeText(t, engines[0].URL(), tokens)
+	res, wait := startStreams(t, rt.URL(), 6, tokens)
+	waitFirstTokens(t, res)
+	stopped, n := busiest(engines, res)
+	stopped.Signal(syscall.SIGSTOP)
+	wait()
+
+	done, _ := checkStreams(t, res, want)
+	if done != len(res) {
+		t.Errorf("%d of %d streams continued to [DONE], want all (two other engines were up)", done, len(res))
+	}
+	var worst time.Duration
+	for i, r := range res {
+		if r.replica != stopped.URL() {
+			continue
+		}
+		worst = max(worst, r.maxGap)
+		if r.maxGap > idle+2*time.Second {
+			t.Errorf("stream %d on the stopped engine waited %v between two events; want about the %v idle timeout", i, r.maxGap, idle)
+		}
+	}
+	t.Logf("%d of %d streams on the stopped engine; longest silence a client saw: %v (idle timeout %v)", n, len(res), worst, idle)
+	if got := metric(t, rt.URL(), "kvrouter_upstream_timeouts_total", `kind="idle"`); got < float64(n) {
+		t.Errorf("kvrouter_upstream_timeouts_total{kind=idle} = %v, want at least the %d streams on the stopped engine", got, n)
+	}
+	if got := metric(t, rt.URL(), "kvrouter_stream_failures_total", `result="continued"`); got < float64(n) {
+		t.Errorf("kvrouter_stream_failures_total{result=continued} = %v, want at least %d", got, n)
+	}
+	waitFor(t, "ejection of the stopped engine", 5*time.Second, func() bool {
+		return metric(t, rt.URL(), "kvrouter_replica_healthy", `replica="`+stopped.URL()+`"`) == 0
+	})
+	for i := range 10 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := post(ctx, t, rt.URL(), "/v1/chat/completions", chat(fmt.Sprintf("later %d", i), 4, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvrouter-Replica") == stopped.URL() {
+			t.Errorf("later request %d: status %d from %s; want 200 from another engine", i, resp.StatusCode, resp.Header.Get("X-Kvrouter-Replica"))
+		}
+	}
+}
+
+// TestKilledEngineMidStream kills (SIGKILL) the engine serving most of
+// several streams: every client stream is continued to [DONE] with the
+// whole reply and nothing duplicated, or ends with an SSE error event,
+// never silently; /metrics counts each.
+func TestKilledEngineMidStream(t *testing.T) {
+	engines := []*proc{startEngine(t), startEngine(t), startEngine(t)}
+	rt := startRouter(t, engines, "--policy", "round-robin")
+	waitReady(t, rt.URL(), "/health", 10*time.Second)
+	const tokens = 150
+	want := wholeText(t, engines[0].URL(), tokens)
+	res, wait := startStreams(t, rt.URL(), 9, tokens)
+	waitFirstTokens(t, res)
+	killed, n := busiest(engines, res)
+	killed.Signal(syscall.SIGKILL)
+	wait()
+
+	done, errored := checkStreams(t, res, want)
+	t.Logf("%d streams on the killed engine; %d of %d continued to [DONE], %d ended with an error event", n, done, len(res), errored)
+	failures := metric(t, rt.URL(), "kvrouter_stream_failures_total")
+	if failures < float64(n) || metric(t, rt.URL(), "kvrouter_stream_failures_total", `result="error"`) != float64(errored) {
+		t.Errorf("kvrouter_stream_failures_total = %v (error %v), want at least %d, error %d", failures,
+			metric(t, rt.URL(), "kvrouter_stream_failures_total", `result="error"`), n, errored)
+	}
+}
+
+// TestQueuedInDyingEngine kills an engine that runs one request at a time
+// with several more queued inside it (their 200 and headers sent, no
+// token yet): the queued ones are retried elsewhere and succeed, the
+// running one is continued.
+func TestQueuedInDyingEngine(t *testing.T) {
+	dying := startEngine(t, "--max-num-seqs", "1")
+	engines := []*proc{dying, startEngine(t)}
+	rt := startRouter(t, engines, "--policy", "round-robin")
+	waitReady(t, rt.URL(), "/health", 10*time.Second)
+	const tokens = 100
+	want := wholeText(t, engines[1].URL(), tokens)
+	res, wait := startStreams(t, rt.URL(), 8, tokens)
+	waitFor(t, "requests queued in the engine", 10*time.Second, func() bool {
+		return metric(t, dying.URL(), "vllm:num_requests_waiting") >= 2 && metric(t, dying.URL(), "vllm:num_requests_running") == 1
+	})
+	queued := metric(t, dying.URL(), "vllm:num_requests_waiting")
+	dying.Signal(syscall.SIGKILL)
+	wait()
+
+	done, _ := checkStreams(t, res, want)
+	if done != len(res) {
+		t.Errorf("%d of %d streams completed, want all", done, len(res))
+	}
+	if got := metric(t, rt.URL(), "kvrouter_retries_total", `replica="`+dying.URL()+`"`); got < queued {
+		t.Errorf("kvrouter_retries_total{replica=dying} = %v, want at least the %v queued requests", got, queued)
+	}
+}
+
+// badReplica is a tiny real HTTP server standing in for a broken replica:
+// /health says 200 and /v1/models lists the model, but every completion
+// gets a 500 at once (mode "500"), or it lists another model (mode
+// "impostor").
+type badReplica struct {
+	mode  string
+	model string
+	hits  atomic.Int64 // completion requests
+}
+
+func (b *badReplica) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/health":
+	case "/v1/models":
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model"}]}`, b.model)
+	case "/v1/chat/completions", "/v1/completions":
+		b.hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		io.WriteString(w, `{"error":{"message":"internal error","type":"InternalServerError","code":500}}`)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// serve runs h on addr ("127.0.0.1:0" for any port) until the test ends.
+func serve(t *testing.T, addr string, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// load sends n non-streaming chats from conc clients and returns the
+// statuses seen.
+func load(t *testing.T, url string, n, conc int) map[int]int {
+	return loadUntil(t, url, n, time.Time{}, conc)
+}
+
+// loadUntil sends non-streaming chats from conc clients, n of them or
+// (with n zero) until end, and returns the statuses seen.
+func loadUntil(t *testing.T, url string, n int, end time.Time, conc int) map[int]int {
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	more := func(i int64) bool {
+		if n > 0 {
+			return i <= int64(n)
+		}
+		return time.Now().Before(end)
+	}
+	for range conc {
+		wg.Go(func() {
+			for i := next.Add(1); more(i); i = next.Add(1) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				status := -1
+				if resp, err := post(ctx, t, url, "/v1/chat/completions", chat(fmt.Sprintf("q %d", i), 2, false)); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					status = resp.StatusCode
+				}
+				cancel()
+				mu.Lock()
+				statuses[status]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return statuses
+}
+
+// TestReplicaAnswering500 puts a replica that answers every completion
+// 500 at once, while its /health says 200, beside two engines: it is
+// ejected for growing times instead of flapping, and fewer than 0.1% of
+// client requests see a 500.
+func TestReplicaAnswering500(t *testing.T) {
+	bad := &badReplica{mode: "500", model: "emulated"}
+	badURL := serve(t, "127.0.0.1:0", bad)
+	engines := []*proc{startEngine(t, "--time-scale", "0.01"), startEngine(t, "--time-scale", "0.01")}
+	a := []string{"serve", "--health-interval", "100ms", "--scrape-interval", "100ms", "--backend", badURL}
+	for _, e := range engines {
+		a = append(a, "--backend", e.URL())
+	}
+	rt := start(t, a...)
+	waitReady(t, rt.URL(), "/health", 10*time.Second)
+	d := 5 * time.Second
+	if *long {
+		d = 30 * time.Second
+	}
+	begin := time.Now()
+	statuses := loadUntil(t, rt.URL(), 0, begin.Add(d), 8)
+	took := time.Since(begin)
+	n := 0
+	for _, k := range statuses {
+		n += k
+	}
+	if statuses[http.StatusInternalServerError]*1000 >= n || statuses[http.StatusOK] < n*999/1000 {
+		t.Errorf("statuses %v of %d requests: want fewer than 0.1%% 500s", statuses, n)
+	}
+	downs := strings.Count(rt.Log(), `msg="replica down" replica=`+badURL)
+	ejections := metric(t, rt.URL(), "kvrouter_ejections_total", `replica="`+badURL+`"`)
+	t.Logf("%d requests in %v: %v; bad replica hit %d times, ejected %v times, %d down transitions logged", n, took, statuses, bad.hits.Load(), ejections, downs)
+	// Out 1 s, 2 s, 4 s ... 30 s: 2 or 3 ejections in 5 s, 5 or 6 in 30 s;
+	// not one per probe (50 in 5 s).
+	maxEj := 1 + math.Log2(took.Seconds()+1)
+	if ejections < 2 || ejections > maxEj || float64(downs) != ejections {
+		t.Errorf("ejections: %v counted, %d logged in %v; want 2..%.1f, the same", ejections, downs, took, maxEj)
+	}
+}
+
+// TestRefusingBackend puts a backend that refuses connections beside two
+// engines, with probes too rare to notice it: the first refused request
+// ejects it, so that it draws no more than a handful of requests.
+func TestRefusingBackend(t *testing.T) {
+	refusing := "http://" + freeAddr(t)
+	engines := []*proc{startEngine(t, "--time-scale", "0.01"), startEngine(t, "--time-scale", "0.01")}
+	a := []string{"serve", "--health-interval", "30s", "--scrape-interval", "100ms", "--backend", refusing}
+	for _, e := range engines {
+		a = append(a, "--backend", e.URL())
+	}
+	rt := start(t, a...)
+	statuses := load(t, rt.URL(), 300, 4)
+	if statuses[http.StatusOK] != 300 {
+		t.Errorf("statuses %v, want 300 of 300 ok", statuses)
+	}
+	drawn := metric(t, rt.URL(), "kvrouter_retries_total", `replica="`+refusing+`"`) + metric(t, rt.URL(), "kvrouter_requests_total", `replica="`+refusing+`"`)
+	t.Logf("the refusing backend drew %v of 300 requests", drawn)
+	if drawn > 4 {
+		t.Errorf("the refusing backend drew %v of 300 requests, want a handful (<= 4)", drawn)
+	}
+	if got := metric(t, rt.URL(), "kvrouter_ejections_total", `replica="`+refusing+`"`, `kind="connect"`); got != 1 {
+		t.Errorf("connect ejections of the refusing backend: got %v, want 1", got)
+	}
+}
+
+// TestImpostorOnDeadPort kills an engine and starts another service on its
+// port that answers /health 200 but lists another model: it is never put
+// back in rotation.
+func TestImpostorOnDeadPort(t *testing.T) {
+	engines := []*proc{startEngine(t, "--time-scale", "0.01"), startEngine(t, "--time-scale", "0.01")}
+	rt := startRouter(t, engines)
+	waitReady(t, rt.URL(), "/health", 10*time.Second)
+	dead := engines[0]
+	healthy := func() float64 { return metric(t, rt.URL(), "kvrouter_replica_healthy", `replica="`+dead.URL()+`"`) }
+	time.Sleep(300 * time.Millisecond) // a few probes: the router learns the engine's models
+	dead.Signal(syscall.SIGKILL)
+	dead.Wait(5 * time.Second)
+	waitFor(t, "the dead engine's ejection", 5*time.Second, func() bool { return healthy() == 0 })
+	imp := &badReplica{mode: "impostor", model: "some-other-model"}
+	serve(t, dead.addr, imp)
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if healthy() != 0 {
+			t.Fatalf("the other service on %s was put back in rotation", dead.addr)
+		}
+	}
+	statuses := load(t, rt.URL(), 20, 2)
+	if statuses[http.StatusOK] != 20 || imp.hits.Load() != 0 {
+		t.Errorf("statuses %v, other service hit %d times; want 20 ok, 0", statuses, imp.hits.Load())
+	}
+	if !strings.Contains(rt.Log(), "replica kept out") || metric(t, rt.URL(), "kvrouter_readmission_refused_total") < 1 {
+		t.Errorf("no log line or count for the refused re-admission; log:\n%s", rt.Log())
+	}
+}
