@@ -34,7 +34,6 @@ type streamResult struct {
 	errCode  string        // code of a final error event, "" without
 	err      error         // a transport error reading it: a silent end
 	maxGap   time.Duration // longest wait between two events
-	lastGap  time.Time     // when the last event arrived
 	events   int
 	firstTok chan struct{} // closed once a content delta arrived
 }
