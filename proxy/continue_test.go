@@ -24,7 +24,9 @@ type faulty struct {
 	h     http.Handler
 	after int
 	stall bool
-	hits  atomic.Int64 // streamed requests
+	// cutJSON cuts non-streaming answers halfway through their body.
+	cutJSON bool
+	hits    atomic.Int64 // completion requests
 }
 
 func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -47,6 +49,14 @@ type failingWriter struct {
 
 func (w *failingWriter) Write(p []byte) (int, error) {
 	if w.dead {
+		return 0, http.ErrHandlerTimeout
+	}
+	if w.f.cutJSON && !strings.HasPrefix(string(p), "data: ") {
+		w.dead = true
+		w.ResponseWriter.Write(p[:len(p)/2])
+		if conn, _, err := http.NewResponseController(w.ResponseWriter).Hijack(); err == nil {
+			conn.Close()
+		}
 		return 0, http.ErrHandlerTimeout
 	}
 	if strings.HasPrefix(string(p), "data: ") {
@@ -214,6 +224,82 @@ func TestStreamContinuedAfterCut(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCompletionContinued cuts /v1/completions streams: the client gets
+// max_tokens tokens in all, the partial text first, one id, and [DONE].
+func TestCompletionContinued(t *testing.T) {
+	f := &faulty{after: 3}
+	_, url := faultyFleet(t, f, nil)
+	const body = `{"model":"m","stream":true,"max_tokens":10,"stream_options":{"include_usage":true},"prompt":"once upon a time"}`
+	for i := range 2 {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids = map[string]bool{}
+		var text string
+		usage, done := -1, false
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			d, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			if d == "[DONE]" {
+				done = true
+				continue
+			}
+			var c struct {
+				ID      string `json:"id"`
+				Choices []struct {
+					Text string `json:"text"`
+				} `json:"choices"`
+				Usage *struct {
+					CompletionTokens int `json:"completion_tokens"`
+				} `json:"usage"`
+			}
+			json.Unmarshal([]byte(d), &c)
+			ids[c.ID] = true
+			for _, ch := range c.Choices {
+				text += ch.Text
+			}
+			if c.Usage != nil {
+				usage = c.Usage.CompletionTokens
+			}
+		}
+		resp.Body.Close()
+		if !done || len(ids) != 1 || usage != 10 || emulator.CountTokens(text) != 10 {
+			t.Errorf("request %d: done %v, ids %v, usage %d, text %q (%d tokens); want [DONE], one id, 10 tokens", i, done, ids, usage, text, emulator.CountTokens(text))
+		}
+	}
+	if got := scrapeCounter(t, url, "kvrouter_stream_failures_total", "result", midContinued); got < 1 {
+		t.Errorf("continuations: got %v, want at least 1", got)
+	}
+}
+
+// TestNonStreamingRetried cuts non-streaming answers halfway: nothing
+// reached the client (the router reads them whole first), so each is
+// retried and the client gets the whole answer.
+func TestNonStreamingRetried(t *testing.T) {
+	f := &faulty{cutJSON: true}
+	good, url := faultyFleet(t, f, nil)
+	const body = `{"model":"m","max_tokens":6,"messages":[{"role":"user","content":"hi"}]}`
+	want := wholeReply(t, good.URL(), body)
+	for i := range 4 {
+		resp, got := do(t, "POST", url+"/v1/chat/completions", body)
+		var r struct {
+			Choices []struct {
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(got), &r); err != nil || resp.StatusCode != 200 || len(r.Choices) != 1 || r.Choices[0].Message.Content != want {
+			t.Errorf("request %d: status %d, body %q; want 200 with %q", i, resp.StatusCode, got, want)
+		}
+	}
+	if f.hits.Load() == 0 {
+		t.Fatal("no request went to the faulty replica")
 	}
 }
 
