@@ -51,6 +51,8 @@ type stream struct {
 	off int
 	err error // terminal: io.EOF, or the failure handed to the tap
 
+	ch chunk // the event being read, reused
+
 	committed bool   // the current attempt delivered a content event or its end
 	ended     bool   // the stream delivered its end
 	errEvent  error  // an error event before the first token
@@ -164,22 +166,39 @@ func (s *stream) frame() {
 	s.in = s.in[:copy(s.in, s.in[done:])]
 }
 
-// chunk is as much of a completion chunk as a stream reads.
+// chunk is as much of a completion chunk as a stream reads, in a shape
+// that decodes with few allocations (it is read for every event).
 type chunk struct {
+	Choices []choice        `json:"choices"`
+	Usage   nonNull         `json:"usage"`
+	Error   json.RawMessage `json:"error"`
+}
+
+type choice struct {
+	Index int    `json:"index"`
+	Text  string `json:"text"`
+	Delta struct {
+		Content   string  `json:"content"`
+		Reasoning string  `json:"reasoning_content"`
+		ToolCalls nonNull `json:"tool_calls"`
+	} `json:"delta"`
+	FinishReason nonNull `json:"finish_reason"`
+}
+
+// chunkIDs are a chunk's id and created, read until known.
+type chunkIDs struct {
 	ID      string          `json:"id"`
 	Created json.RawMessage `json:"created"`
-	Choices []struct {
-		Index int     `json:"index"`
-		Text  *string `json:"text"`
-		Delta *struct {
-			Content   *string         `json:"content"`
-			Reasoning *string         `json:"reasoning_content"`
-			ToolCalls json.RawMessage `json:"tool_calls"`
-		} `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
-	} `json:"choices"`
-	Usage json.RawMessage `json:"usage"`
-	Error json.RawMessage `json:"error"`
+}
+
+// nonNull notes whether a JSON value is there and not null (or an empty
+// array) without keeping it.
+type nonNull bool
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (n *nonNull) UnmarshalJSON(b []byte) error {
+	*n = nonNull(string(b) != "null" && string(b) != "[]")
+	return nil
 }
 
 // event reads one event and passes it on, as the client must see it.
@@ -199,9 +218,13 @@ func (s *stream) event(ev []byte) {
 		s.ended = s.ended || finished(ev)
 		s.emit(ev)
 		return
+	case s.committed && !s.cont:
+		s.scan(ev, data)
+		return
 	}
-	var ch chunk
-	if err := json.Unmarshal(data, &ch); err != nil {
+	ch := &s.ch
+	ch.Choices, ch.Usage, ch.Error = ch.Choices[:0], false, nil
+	if err := json.Unmarshal(data, ch); err != nil {
 		s.stuck = "an event is not JSON"
 		s.emit(ev)
 		return
@@ -210,8 +233,8 @@ func (s *stream) event(ev []byte) {
 		s.errorEvent(ev, ch.Error)
 		return
 	}
-	content := s.choices(&ch)
-	s.learnIDs(&ch)
+	content := s.choices(ch)
+	s.learnIDs(data)
 	if !s.committed && !content && !s.ended {
 		if !s.cont {
 			s.out = append(s.out, ev...)
@@ -219,10 +242,39 @@ func (s *stream) event(ev []byte) {
 		return // a continuation's role chunk: the client has one
 	}
 	s.committed = true
-	if s.cont && len(ch.Choices) == 0 && len(ch.Usage) > 0 && string(ch.Usage) != "null" {
+	if s.cont && len(ch.Choices) == 0 && bool(ch.Usage) {
 		s.emitUsage(data)
 		return
 	}
+	s.emit(ev)
+}
+
+// scan reads a committed event of the first replica without decoding it
+// whole: its text, whether it ends the stream, whether it makes the stream
+// impossible to continue (reasoning, tool calls). vLLM sends one such
+// event per token.
+func (s *stream) scan(ev, data []byte) {
+	switch {
+	case bytes.HasPrefix(data, errorKey):
+		s.ended = true
+	case hasValue(data, reasoningKey) || hasValue(data, reasonKey):
+		s.stuck = "the reply has reasoning content"
+	case hasValue(data, toolCallsKey):
+		s.stuck = "the reply has tool calls"
+	}
+	key := textKey
+	if s.c.path == "/v1/chat/completions" {
+		key = contentKey
+	}
+	n := len(s.text)
+	text, ok := stringField(s.text, data, key)
+	if !ok && bytes.Contains(data, key) && !bytes.Contains(data, emptyChoices) {
+		s.stuck = "an event could not be read"
+	}
+	if s.text = text; len(text) > n {
+		s.tokens++
+	}
+	s.ended = s.ended || finished(ev)
 	s.emit(ev)
 }
 
@@ -230,26 +282,23 @@ func (s *stream) event(ev []byte) {
 // has content (text, a tool call, reasoning) or an end.
 func (s *stream) choices(ch *chunk) bool {
 	content := false
-	for _, c := range ch.Choices {
+	for i := range ch.Choices {
+		c := &ch.Choices[i]
 		if c.Index != 0 {
 			s.stuck = "the request asks for several choices"
 		}
-		if c.FinishReason != nil {
+		if bool(c.FinishReason) {
 			s.ended, content = true, true
 		}
-		text := c.Text
-		if d := c.Delta; d != nil {
-			text = d.Content
-			if d.Reasoning != nil && *d.Reasoning != "" {
-				s.stuck, content = "the reply has reasoning content", true
-			}
-			if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {
-				s.stuck, content = "the reply has tool calls", true
-			}
+		if c.Delta.Reasoning != "" {
+			s.stuck, content = "the reply has reasoning content", true
 		}
-		if text != nil && *text != "" {
+		if bool(c.Delta.ToolCalls) {
+			s.stuck, content = "the reply has tool calls", true
+		}
+		if text := c.Text + c.Delta.Content; text != "" {
 			content = true
-			s.text = append(s.text, *text...)
+			s.text = append(s.text, text...)
 			s.tokens++
 		}
 	}
@@ -257,13 +306,19 @@ func (s *stream) choices(ch *chunk) bool {
 }
 
 // learnIDs keeps the first replica's chunk id and created, and a
-// continuation's own.
-func (s *stream) learnIDs(ch *chunk) {
-	switch {
-	case !s.cont && s.id == "" && ch.ID != "":
-		s.id, s.created = ch.ID, append([]byte(nil), ch.Created...)
-	case s.cont && s.contID == "" && ch.ID != "":
-		s.contID, s.contCreated = ch.ID, append([]byte(nil), ch.Created...)
+// continuation's own, from the first event that has them.
+func (s *stream) learnIDs(data []byte) {
+	if (!s.cont && s.id != "") || (s.cont && s.contID != "") {
+		return
+	}
+	var ids chunkIDs
+	if json.Unmarshal(data, &ids) != nil || ids.ID == "" {
+		return
+	}
+	if s.cont {
+		s.contID, s.contCreated = ids.ID, ids.Created
+	} else {
+		s.id, s.created = ids.ID, ids.Created
 	}
 }
 
