@@ -154,23 +154,6 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	s.serve(w, r, j)
 }
 
-// chatPrompt renders a chat request's prompt and returns where its output
-// starts in the filler text: past the partial reply for
-// continue_final_message (which, as in vLLM, excludes
-// add_generation_prompt, true by default), else 0.
-func chatPrompt(req *chatRequest) (text string, offset int, err error) {
-	gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-	if !req.ContinueFinalMessage {
-		text, err = renderMessages(req.Messages, gen)
-		return text, 0, err
-	}
-	if gen {
-		return "", 0, errors.New("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-	}
-	text, partial, err := renderContinued(req.Messages)
-	return text, len(Tokenize(partial)), err
-}
-
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
 	if err := s.decode(w, r, &req); err != nil {

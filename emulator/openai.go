@@ -124,6 +124,23 @@ func renderContinued(msgs []chatMessage) (text, partial string, err error) {
 	return head + "<|im_start|>assistant\n" + partial, partial, nil
 }
 
+// chatPrompt renders a chat request's prompt and returns where its output
+// starts in the filler text: past the partial reply for
+// continue_final_message (which, as in vLLM, excludes
+// add_generation_prompt, true by default), else 0.
+func chatPrompt(req *chatRequest) (text string, offset int, err error) {
+	gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	if !req.ContinueFinalMessage {
+		text, err = renderMessages(req.Messages, gen)
+		return text, 0, err
+	}
+	if gen {
+		return "", 0, errors.New("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+	}
+	text, partial, err := renderContinued(req.Messages)
+	return text, len(Tokenize(partial)), err
+}
+
 // promptTokens turns a completions prompt (a string, a one-element array of
 // strings, or an array of token ids) into tokens.
 func promptTokens(raw json.RawMessage) ([]uint32, error) {
