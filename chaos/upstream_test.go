@@ -241,23 +241,53 @@ func checkStreams(t *testing.T, res []*streamResult, want string) (done, errored
 	return done, errored
 }
 
+// midStream is a fault sent to an engine in the middle of streams.
+type midStream struct {
+	rt     *proc
+	res    []*streamResult
+	want   string // the whole reply each stream should end up with
+	victim *proc  // the engine that got the signal
+	n      int    // the streams it was serving
+}
+
+// faultMidStream runs three engines behind a round-robin router (with
+// args), starts streams streamed chats and, once each had a token, sends
+// sig to the engine serving most of them; it returns when all ended.
+func faultMidStream(t *testing.T, sig syscall.Signal, streams int, args ...string) midStream {
+	t.Helper()
+	engines := []*proc{startEngine(t), startEngine(t), startEngine(t)}
+	rt := startRouter(t, engines, append([]string{"--policy", "round-robin"}, args...)...)
+	waitReady(t, rt.URL(), "/health", 10*time.Second)
+	const tokens = 150
+	f := midStream{rt: rt, want: wholeText(t, engines[0].URL(), tokens)}
+	res, wait := startStreams(t, rt.URL(), streams, tokens)
+	waitFirstTokens(t, res)
+	f.res = res
+	f.victim, f.n = busiest(engines, res)
+	f.victim.Signal(sig)
+	wait()
+	return f
+}
+
+// startBeside runs a router in front of backend (a URL no engine
+// process serves) and engines, with probes every probe.
+func startBeside(t *testing.T, backend string, engines []*proc, probe string) *proc {
+	t.Helper()
+	a := []string{"serve", "--health-interval", probe, "--scrape-interval", "100ms", "--backend", backend}
+	for _, e := range engines {
+		a = append(a, "--backend", e.URL())
+	}
+	return start(t, a...)
+}
+
 // TestStoppedEngine stops (SIGSTOP) the engine serving most of several
 // in-flight streams: its streams go silent, are given up after the
 // stream-idle timeout and continued on another engine to [DONE], with no
 // gap much longer than the timeout; later requests avoid it.
 func TestStoppedEngine(t *testing.T) {
-	engines := []*proc{startEngine(t), startEngine(t), startEngine(t)}
 	const idle = time.Second
-	rt := startRouter(t, engines, "--stream-idle-timeout", idle.String(), "--ttft-timeout", "2s", "--policy", "round-robin")
-	waitReady(t, rt.URL(), "/health", 10*time.Second)
-	const tokens = 150
-	want := wholeText(t, engines[0].URL(), tokens)
-	res, wait := startStreams(t, rt.URL(), 6, tokens)
-	waitFirstTokens(t, res)
-	stopped, n := busiest(engines, res)
-	stopped.Signal(syscall.SIGSTOP)
-	wait()
-
+	f := faultMidStream(t, syscall.SIGSTOP, 6, "--stream-idle-timeout", idle.String(), "--ttft-timeout", "2s")
+	rt, res, want, stopped, n := f.rt, f.res, f.want, f.victim, f.n
 	done, _ := checkStreams(t, res, want)
 	if done != len(res) {
 		t.Errorf("%d of %d streams continued to [DONE], want all (two other engines were up)", done, len(res))
@@ -302,17 +332,8 @@ func TestStoppedEngine(t *testing.T) {
 // whole reply and nothing duplicated, or ends with an SSE error event,
 // never silently; /metrics counts each.
 func TestKilledEngineMidStream(t *testing.T) {
-	engines := []*proc{startEngine(t), startEngine(t), startEngine(t)}
-	rt := startRouter(t, engines, "--policy", "round-robin")
-	waitReady(t, rt.URL(), "/health", 10*time.Second)
-	const tokens = 150
-	want := wholeText(t, engines[0].URL(), tokens)
-	res, wait := startStreams(t, rt.URL(), 9, tokens)
-	waitFirstTokens(t, res)
-	killed, n := busiest(engines, res)
-	killed.Signal(syscall.SIGKILL)
-	wait()
-
+	f := faultMidStream(t, syscall.SIGKILL, 9)
+	rt, res, want, n := f.rt, f.res, f.want, f.n
 	done, errored := checkStreams(t, res, want)
 	t.Logf("%d streams on the killed engine; %d of %d continued to [DONE], %d ended with an error event", n, done, len(res), errored)
 	failures := metric(t, rt.URL(), "kvrouter_stream_failures_total")
@@ -438,11 +459,7 @@ func TestReplicaAnswering500(t *testing.T) {
 	bad := &badReplica{mode: "500", model: "emulated"}
 	badURL := serve(t, "127.0.0.1:0", bad)
 	engines := []*proc{startEngine(t, "--time-scale", "0.01"), startEngine(t, "--time-scale", "0.01")}
-	a := []string{"serve", "--health-interval", "100ms", "--scrape-interval", "100ms", "--backend", badURL}
-	for _, e := range engines {
-		a = append(a, "--backend", e.URL())
-	}
-	rt := start(t, a...)
+	rt := startBeside(t, badURL, engines, "100ms")
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	d := 5 * time.Second
 	if *long {
@@ -475,11 +492,7 @@ func TestReplicaAnswering500(t *testing.T) {
 func TestRefusingBackend(t *testing.T) {
 	refusing := "http://" + freeAddr(t)
 	engines := []*proc{startEngine(t, "--time-scale", "0.01"), startEngine(t, "--time-scale", "0.01")}
-	a := []string{"serve", "--health-interval", "30s", "--scrape-interval", "100ms", "--backend", refusing}
-	for _, e := range engines {
-		a = append(a, "--backend", e.URL())
-	}
-	rt := start(t, a...)
+	rt := startBeside(t, refusing, engines, "30s")
 	statuses := load(t, rt.URL(), 300, 4)
 	if statuses[http.StatusOK] != 300 {
 		t.Errorf("statuses %v, want 300 of 300 ok", statuses)

@@ -63,6 +63,20 @@ func (e *ejections) get() ([]Ejection, []string) {
 	return append([]Ejection(nil), e.got...), append([]string(nil), e.holds...)
 }
 
+// id is the replica the synctest tests probe.
+const id = "http://replica:8000"
+
+// runFirstProbe runs c (in a synctest bubble) over id until its first
+// probe is done, and returns the function that stops it.
+func runFirstProbe(t *testing.T, c *Checker, id string) context.CancelFunc {
+	c.Add(id)
+	ctx, cancel := context.WithCancel(t.Context())
+	go c.Run(ctx)
+	time.Sleep(offset(id, DefaultInterval) + time.Nanosecond)
+	synctest.Wait()
+	return cancel
+}
+
 // TestImpostorNotReadmitted ejects a replica (a refused connection), lets
 // another service that answers /health 200 but lists another model take
 // its address, and checks it stays out however long, with one hold reason,
@@ -84,13 +98,8 @@ func TestImpostorNotReadmitted(t *testing.T) {
 					srv.set("x") // never listed it: only the declaration says
 				}
 				e.hook(c)
-				const id = "http://replica:8000"
-				c.Add(id)
-				ctx, cancel := context.WithCancel(t.Context())
+				cancel := runFirstProbe(t, c, id) // learns m, m-lora
 				defer cancel()
-				go c.Run(ctx)
-				time.Sleep(offset(id, DefaultInterval) + time.Nanosecond) // first probe: learns m, m-lora
-				synctest.Wait()
 
 				c.Eject(id, "connect: connection refused")
 				if c.Healthy(id) {
@@ -131,11 +140,8 @@ func TestEjectionBackoff(t *testing.T) {
 		var e ejections
 		c := &Checker{Client: &http.Client{Transport: handlerTransport{&srv}}}
 		e.hook(c)
-		const id = "http://replica:8000"
-		c.Add(id)
-		ctx, cancel := context.WithCancel(t.Context())
+		cancel := runFirstProbe(t, c, id)
 		defer cancel()
-		go c.Run(ctx)
 
 		admitted := 0
 		wasHealthy := true
