@@ -384,6 +384,13 @@ func (s *stream) failover(cause error) error {
 	case !rt.cfg.StreamContinue:
 		why = "continuation is off (--stream-continue=false)"
 	}
+	var body []byte
+	if why == "" {
+		var err error
+		if body, err = s.continuation(); err != nil {
+			why = err.Error()
+		}
+	}
 	for why == "" && s.continued < rt.cfg.Retries {
 		s.continued++
 		failed := c.replica
@@ -392,12 +399,7 @@ func (s *stream) failover(cause error) error {
 			why = "no other replica can take it"
 			break
 		}
-		body, err := s.continuation()
-		if err != nil {
-			why = err.Error()
-			break
-		}
-		err = s.open(body)
+		err := s.open(body)
 		if err == nil {
 			rt.m.midstream.WithLabelValues(midContinued).Inc()
 			rt.log.Info("stream continued on another replica", "id", c.id, "failed", rt.names[failed],
