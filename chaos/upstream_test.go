@@ -248,25 +248,61 @@ type midStream struct {
 	want   string // the whole reply each stream should end up with
 	victim *proc  // the engine that got the signal
 	n      int    // the streams it was serving
+	plain  []plainResult
+}
+
+// plainResult is what a client saw of a non-streaming chat completion.
+type plainResult struct {
+	status int
+	text   string
+	end    time.Time
 }
 
 // faultMidStream runs three engines behind a round-robin router (with
 // args), starts streams streamed chats and, once each had a token, sends
 // sig to the engine serving most of them; it returns when all ended.
-func faultMidStream(t *testing.T, sig syscall.Signal, streams int, args ...string) midStream {
+func faultMidStream(t *testing.T, sig syscall.Signal, streams, plain int, args ...string) midStream {
 	t.Helper()
 	engines := []*proc{startEngine(t), startEngine(t), startEngine(t)}
 	rt := startRouter(t, engines, append([]string{"--policy", "round-robin"}, args...)...)
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	const tokens = 150
-	f := midStream{rt: rt, want: wholeText(t, engines[0].URL(), tokens)}
+	f := midStream{rt: rt, want: wholeText(t, engines[0].URL(), tokens), plain: make([]plainResult, plain)}
 	res, wait := startStreams(t, rt.URL(), streams, tokens)
+	var wg sync.WaitGroup
+	for i := range f.plain {
+		wg.Go(func() { f.plain[i] = plainChat(t, rt.URL(), tokens, i) })
+	}
 	waitFirstTokens(t, res)
 	f.res = res
 	f.victim, f.n = busiest(engines, res)
 	f.victim.Signal(sig)
 	wait()
+	wg.Wait()
 	return f
+}
+
+// plainChat sends a non-streaming chat of maxTokens tokens.
+func plainChat(t *testing.T, url string, maxTokens, i int) plainResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	body := fmt.Appendf(nil, `{"model":"emulated","max_tokens":%d,"messages":[{"role":"user","content":"plain question %d"}]}`, maxTokens, i)
+	resp, err := post(ctx, t, url, "/v1/chat/completions", body)
+	if err != nil {
+		return plainResult{status: -1, end: time.Now()}
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	json.NewDecoder(resp.Body).Decode(&r)
+	out := plainResult{status: resp.StatusCode, end: time.Now()}
+	if len(r.Choices) == 1 {
+		out.text = r.Choices[0].Message.Content
+	}
+	return out
 }
 
 // startBeside runs a router in front of backend (a URL no engine
@@ -286,8 +322,18 @@ func startBeside(t *testing.T, backend string, engines []*proc, probe string) *p
 // gap much longer than the timeout; later requests avoid it.
 func TestStoppedEngine(t *testing.T) {
 	const idle = time.Second
-	f := faultMidStream(t, syscall.SIGSTOP, 6, "--stream-idle-timeout", idle.String(), "--ttft-timeout", "2s")
+	stoppedAt := time.Now()
+	f := faultMidStream(t, syscall.SIGSTOP, 6, 6, "--stream-idle-timeout", idle.String(), "--ttft-timeout", "30s")
 	rt, res, want, stopped, n := f.rt, f.res, f.want, f.victim, f.n
+	var slowest time.Duration
+	for i, p := range f.plain {
+		slowest = max(slowest, p.end.Sub(stoppedAt))
+		if p.status != http.StatusOK || p.text != want {
+			t.Errorf("non-streaming request %d: status %d, text %q; want 200, the whole reply", i, p.status, p.text)
+		}
+	}
+	t.Logf("non-streaming requests: all done %v after the start (the stopped engine's retried once probes ejected it: %v)", slowest,
+		metric(t, rt.URL(), "kvrouter_upstream_timeouts_total", `kind="probe"`))
 	done, _ := checkStreams(t, res, want)
 	if done != len(res) {
 		t.Errorf("%d of %d streams continued to [DONE], want all (two other engines were up)", done, len(res))
@@ -332,7 +378,7 @@ func TestStoppedEngine(t *testing.T) {
 // whole reply and nothing duplicated, or ends with an SSE error event,
 // never silently; /metrics counts each.
 func TestKilledEngineMidStream(t *testing.T) {
-	f := faultMidStream(t, syscall.SIGKILL, 9)
+	f := faultMidStream(t, syscall.SIGKILL, 9, 0)
 	rt, res, want, n := f.rt, f.res, f.want, f.n
 	done, errored := checkStreams(t, res, want)
 	t.Logf("%d streams on the killed engine; %d of %d continued to [DONE], %d ended with an error event", n, done, len(res), errored)

@@ -41,6 +41,10 @@ type state struct {
 	// m counts ejections; set by New once the metrics exist (nil: not
 	// counted).
 	m *metrics
+	// hung, per replica, is closed (and replaced) when failed probes eject
+	// the replica: the attempts waiting on it for an answer or a first
+	// token give up then rather than at their timeout.
+	hung []atomic.Pointer[chan struct{}]
 }
 
 // newState builds the router's state for cfg, whose backends are named
@@ -117,7 +121,10 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		OnModels:       st.fleet.SetModels,
 		ModelsInterval: cfg.ModelsInterval,
 	}
-	for _, name := range st.names {
+	st.hung = make([]atomic.Pointer[chan struct{}], len(st.names))
+	for i, name := range st.names {
+		ch := make(chan struct{})
+		st.hung[i].Store(&ch)
 		st.health.Add(name)
 		st.scraper.Add(name)
 	}
@@ -165,12 +172,26 @@ func (st *state) onHealthFallback(id, note string) {
 	st.log.Info("health check changed", "replica", id, "note", note)
 }
 
-// onEject counts an ejection (its transition is logged by onHealth).
+// onEject counts an ejection (its transition is logged by onHealth) and,
+// when probes ejected the replica (it does not answer /health), tells the
+// attempts waiting on it.
 func (st *state) onEject(id string, e health.Ejection) {
 	if st.m != nil {
 		st.m.ejections.WithLabelValues(id, e.Kind).Inc()
 	}
+	if e.Kind != health.KindProbe {
+		return
+	}
+	for i, name := range st.names {
+		if name == id {
+			ch := make(chan struct{})
+			close(*st.hung[i].Swap(&ch))
+		}
+	}
 }
+
+// hungSignal returns the channel closed when probes next eject replica i.
+func (st *state) hungSignal(i int) <-chan struct{} { return *st.hung[i].Load() }
 
 // onHold logs and counts a replica kept out at the end of its ejection.
 func (st *state) onHold(id, reason string) {

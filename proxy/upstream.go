@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,6 +21,9 @@ const (
 	timeoutTTFT    = "ttft"    // Config.TTFTTimeout
 	timeoutIdle    = "idle"    // Config.StreamIdleTimeout
 	timeoutTotal   = "total"   // Config.RequestTimeout
+	// timeoutProbe: the replica was ejected by failed probes while the
+	// attempt waited for its answer or first token.
+	timeoutProbe = "probe"
 )
 
 // Error codes of the upstream failures the router reports to clients.
@@ -41,6 +45,8 @@ func (e *timeoutError) Error() string {
 		return fmt.Sprintf("no first token from the replica within %v (--%s)", e.d, e.flag)
 	case timeoutIdle:
 		return fmt.Sprintf("the replica sent nothing for %v (--%s)", e.d, e.flag)
+	case timeoutProbe:
+		return "the replica stopped answering its health probes while the request waited"
 	}
 	return fmt.Sprintf("the request took longer than %v (--%s)", e.d, e.flag)
 }
@@ -71,6 +77,9 @@ type attempt struct {
 	total  *time.Timer // nil without a request timeout
 	idle   time.Duration
 	rt     *Router
+	// answered is set once the first token (or a non-streaming answer's
+	// headers) arrived: a probe ejection no longer cancels the attempt.
+	answered atomic.Bool
 }
 
 // newAttempt starts an attempt for c under parent. first bounds the time
@@ -89,12 +98,29 @@ func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt 
 		left := time.Until(c.start.Add(d))
 		a.total = time.AfterFunc(max(left, 0), func() { cancel(cause) })
 	}
+	if c.replica >= 0 && c.routed {
+		go a.watch(rt.st.hungSignal(c.replica))
+	}
 	return a
+}
+
+// watch cancels the attempt if hung closes (failed probes ejected its
+// replica) before its answer arrived, so that it is retried elsewhere at
+// once instead of at its timeout; it returns when the attempt ends.
+func (a *attempt) watch(hung <-chan struct{}) {
+	select {
+	case <-hung:
+		if !a.answered.Load() {
+			a.cancel(&timeoutError{kind: timeoutProbe})
+		}
+	case <-a.ctx.Done():
+	}
 }
 
 // streaming moves the phase timer to the stream-idle timeout: the first
 // token arrived.
 func (a *attempt) streaming() {
+	a.answered.Store(true)
 	if a.idle <= 0 {
 		if a.phase != nil {
 			a.phase.Stop()
@@ -226,6 +252,7 @@ func readWhole(resp *http.Response, a *attempt, limit int64) error {
 		return a.fault(err)
 	}
 	b := &buffered{head: head, rest: rc}
+	a.answered.Store(true)
 	if int64(len(head)) <= limit {
 		rc.Close()
 		b.rest = nil
