@@ -23,7 +23,7 @@ type metrics struct {
 	decide    prometheus.Histogram
 
 	// Upstream safety.
-	timeouts   *prometheus.CounterVec // kind: connect, ttft, idle, total
+	timeouts   *prometheus.CounterVec // kind: connect, ttft, idle, total, probe
 	midstream  *prometheus.CounterVec // result: continued, error
 	ejections  *prometheus.CounterVec // replica, kind
 	readmitted *prometheus.CounterVec // replica
@@ -83,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// Upstream safety.
 	m.timeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_upstream_timeouts_total",
-		Help: "Upstream attempts that timed out, by kind: connect, ttft (headers and first token), idle (a stream's silence), total (the request's limit).",
+		Help: "Upstream attempts that timed out, by kind: connect, ttft (headers and first token), idle (a stream's silence), total (the request's limit), probe (failed probes ejected the replica while the attempt waited for its answer or first token).",
 	}, []string{"kind"})
 	m.midstream = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_stream_failures_total",
