@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -205,6 +206,29 @@ func waitReady(t *testing.T, url, path string, within time.Duration) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// metricsText returns the Prometheus text a process serves at
+// url+"/metrics" (a router's admin URL, or an engine's URL), on a
+// connection closed after it, so that the process is left holding none of
+// the test's (the soak counts its connections).
+func metricsText(t *testing.T, url string) string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Close = true
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	return string(b)
 }
 
 // freeAddr returns a loopback address no one listens on right now.

@@ -1,14 +1,12 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -52,15 +50,8 @@ func pubHandshakeHuge() []byte {
 // exposed) on url's /metrics, or -1 if it is absent.
 func metric(t *testing.T, url, series string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatalf("metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+	for line := range strings.Lines(metricsText(t, url)) {
+		if v, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatalf("metric %s: %v", series, err)

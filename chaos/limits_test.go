@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,43 +25,6 @@ const (
 	maxRSSGrowth  = 100 << 20
 	maxHeapGrowth = 100 << 20
 )
-
-// scrape returns url's /metrics, on a connection closed after it (so that
-// the router is left holding none of the test's).
-func scrape(t *testing.T, url string) string {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url+"/metrics", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Close = true
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// metricSum returns the sum of every series of name at url's /metrics.
-func metricSum(t *testing.T, url, name string) float64 {
-	t.Helper()
-	sum := 0.0
-	for line := range strings.Lines(scrape(t, url)) {
-		if rest, ok := strings.CutPrefix(line, name); ok && (rest[0] == '{' || rest[0] == ' ') {
-			f, err := strconv.ParseFloat(strings.TrimSpace(rest[strings.LastIndexByte(rest, ' ')+1:]), 64)
-			if err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			sum += f
-		}
-	}
-	return sum
-}
 
 // errCode returns the OpenAI error code of an error body, or "".
 func errCode(body []byte) string {

@@ -49,6 +49,10 @@ type job struct {
 	stream   bool
 	usage    bool // stream_options.include_usage
 	chat     bool
+	// offset is the index of the first output token in the filler text:
+	// the tokens of the partial reply a continue_final_message request
+	// continues, so that a continued reply reads as one; 0 otherwise.
+	offset int
 }
 
 // httpError is an error with its HTTP status and, if not empty, the
@@ -132,12 +136,12 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	text, err := renderMessages(req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+	text, offset, err := chatPrompt(&req)
 	if err != nil {
 		fail(w, badRequest("%v", err))
 		return
 	}
-	j := &job{id: s.newID("chatcmpl-"), model: sm.name, lora: sm.lora, tokens: Tokenize(text), stream: req.Stream, chat: true}
+	j := &job{id: s.newID("chatcmpl-"), model: sm.name, lora: sm.lora, tokens: Tokenize(text), stream: req.Stream, chat: true, offset: offset}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	maxTokens := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -275,7 +279,7 @@ func usageOf(final engine.Event) *usage {
 // response is the non-streaming body.
 func (s *Server) response(j *job, final engine.Event) any {
 	reason := s.finishReason(j, final)
-	text := filler(0, final.OutputTokens, j.chat)
+	text := filler(j.offset, j.offset+final.OutputTokens, j.chat)
 	created := time.Now().Unix()
 	if j.chat {
 		return chatResponse{

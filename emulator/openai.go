@@ -23,6 +23,10 @@ type chatRequest struct {
 	User                string         `json:"user"`
 	N                   *int           `json:"n"`
 	AddGenerationPrompt *bool          `json:"add_generation_prompt"`
+	// ContinueFinalMessage asks, as vLLM's continue_final_message does,
+	// to continue the final (assistant) message instead of starting a
+	// new one: it is rendered open, without its end-of-turn token.
+	ContinueFinalMessage bool `json:"continue_final_message"`
 }
 
 // completionRequest is the body of POST /v1/completions.
@@ -96,6 +100,45 @@ func renderMessages(msgs []chatMessage, generationPrompt bool) (string, error) {
 		ms[i] = Message{Role: m.Role, Content: c}
 	}
 	return RenderChat(ms, generationPrompt), nil
+}
+
+// renderContinued renders chat messages for continue_final_message: all
+// but the last through the template, the last (an assistant message) left
+// open, as vLLM renders it. It also returns the last message's text, the
+// partial reply being continued.
+func renderContinued(msgs []chatMessage) (text, partial string, err error) {
+	if len(msgs) == 0 || msgs[len(msgs)-1].Role != "assistant" {
+		return "", "", errors.New("continue_final_message needs a final message with role assistant")
+	}
+	last := len(msgs) - 1
+	partial, err = msgs[last].text()
+	if err != nil {
+		return "", "", fmt.Errorf("messages[%d]: %w", last, err)
+	}
+	head := ""
+	if last > 0 {
+		if head, err = renderMessages(msgs[:last], false); err != nil {
+			return "", "", err
+		}
+	}
+	return head + "<|im_start|>assistant\n" + partial, partial, nil
+}
+
+// chatPrompt renders a chat request's prompt and returns where its output
+// starts in the filler text: past the partial reply for
+// continue_final_message (which, as in vLLM, excludes
+// add_generation_prompt, true by default), else 0.
+func chatPrompt(req *chatRequest) (text string, offset int, err error) {
+	gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	if !req.ContinueFinalMessage {
+		text, err = renderMessages(req.Messages, gen)
+		return text, 0, err
+	}
+	if gen {
+		return "", 0, errors.New("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+	}
+	text, partial, err := renderContinued(req.Messages)
+	return text, len(Tokenize(partial)), err
 }
 
 // promptTokens turns a completions prompt (a string, a one-element array of

@@ -63,7 +63,7 @@ func (c chunkFactory) nullUsage() any {
 
 // token is the chunk of output token i; reason is set on the last one.
 func (c chunkFactory) token(i int, reason *string) any {
-	text := fillerWord(i, c.j.chat)
+	text := fillerWord(c.j.offset+i, c.j.chat)
 	if c.j.chat {
 		return c.chat(chatChoice{Delta: &chatOut{Content: &text}, FinishReason: reason})
 	}

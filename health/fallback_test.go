@@ -124,9 +124,9 @@ func TestFallback(t *testing.T) {
 			}},
 		{name: "no health, models 503", health: none, models: 503, wantProbe: "/v1/models", wantHealthy: false,
 			wantNotes:   []string{"probe {u}/health: status 404 Not Found; probing {u}/v1/models instead"},
-			wantReasons: []string{"down: probe {u}/v1/models: status 503 Service Unavailable (2 consecutive failures)"}},
+			wantReasons: []string{"down: probe {u}/v1/models: status 503 Service Unavailable (2 consecutive failures); out for 1s"}},
 		{name: "health 503 is not a missing route", health: 503, models: 200, wantProbe: "/health", wantHealthy: false,
-			wantReasons: []string{"down: probe {u}/health: status 503 Service Unavailable (2 consecutive failures)"}},
+			wantReasons: []string{"down: probe {u}/health: status 503 Service Unavailable (2 consecutive failures); out for 1s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -195,14 +195,15 @@ func TestFallback(t *testing.T) {
 
 // TestPassiveOnly runs a real server with neither /health nor /v1/models:
 // it stays healthy until passive failures eject it, with the reason, and
-// is back in service a Window later although nothing probes it.
+// is back in service once its ejection time is over although nothing
+// probes it.
 func TestPassiveOnly(t *testing.T) {
 	rt := &routes{} // neither route
 	srv := httptest.NewServer(rt)
 	defer srv.Close()
 	var l log
 	const window = 300 * time.Millisecond
-	c := &Checker{Interval: 5 * time.Millisecond, Timeout: time.Second, Window: window}
+	c := &Checker{Interval: 5 * time.Millisecond, Timeout: time.Second, Window: window, EjectBase: window}
 	l.hook(c)
 	var mu sync.Mutex
 	var changed []time.Time
@@ -236,7 +237,7 @@ func TestPassiveOnly(t *testing.T) {
 
 	transitions, _ := l.get()
 	want := []string{
-		"down: passive: 5 of 6 requests failed in 300ms",
+		"down: passive: 5 of 6 requests failed in 300ms; out for 300ms",
 		"up: passive: back in service after 300ms out (no probe route)",
 	}
 	if !slices.Equal(transitions, want) {
@@ -254,7 +255,8 @@ func TestPassiveOnly(t *testing.T) {
 
 // TestReasons checks the reason of every kind of transition, on a fake
 // clock: probe failures, a probe success, passive failures, and a return
-// to service without probes.
+// to service without probes, with ejection times doubling (1 s, 2 s, 4 s)
+// for ejections in a row.
 func TestReasons(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &routes{}
@@ -276,40 +278,45 @@ func TestReasons(t *testing.T) {
 		rt.health.Store(http.StatusOK)
 		time.Sleep(DefaultInterval)
 		synctest.Wait()
-		for range 5 {
+		for range 5 { // the second ejection in a row: 2 s
 			c.ReportFailure(id)
 		}
 		rt.health.Store(http.StatusNotFound)
 		rt.models.Store(http.StatusNotFound)
-		time.Sleep(DefaultInterval) // falls back twice, and then rests
+		time.Sleep(DefaultInterval) // falls back twice, and then rests; still out
 		synctest.Wait()
 		st, _ := c.Status(id)
-		if st.Probe != "" {
-			t.Errorf("probe after both routes 404: got %q, want none", st.Probe)
+		if st.Probe != "" || st.Healthy {
+			t.Errorf("1s into a 2s ejection, both routes 404: got %+v, want unhealthy, no probe", st)
 		}
-		for range 5 {
+		time.Sleep(2 * DefaultInterval) // back: the ejection time is over
+		synctest.Wait()
+		if !c.Healthy(id) {
+			t.Fatal("3s into a 2s ejection: got unhealthy, want healthy")
+		}
+		for range 5 { // the third: 4 s
 			c.ReportFailure(id)
 		}
 		down := time.Now()
-		time.Sleep(DefaultWindow - DefaultInterval)
+		time.Sleep(4*DefaultEjectBase - DefaultInterval)
 		synctest.Wait()
 		if c.Healthy(id) {
-			t.Errorf("%v after the passive ejection: got healthy, want unhealthy", time.Since(down))
+			t.Errorf("%v after the third ejection: got healthy, want unhealthy", time.Since(down))
 		}
 		time.Sleep(2 * DefaultInterval)
 		synctest.Wait()
-		if st, _ := c.Status(id); !st.Healthy || st.Since.Sub(down) < DefaultWindow || st.Since.Sub(down) > DefaultWindow+DefaultInterval {
-			t.Errorf("status %v after the ejection: got %+v, want healthy since %v..%v later", time.Since(down), st, DefaultWindow, DefaultWindow+DefaultInterval)
+		if st, _ := c.Status(id); !st.Healthy || st.Ejections != 3 || st.Since.Sub(down) < 4*DefaultEjectBase || st.Since.Sub(down) > 4*DefaultEjectBase+DefaultInterval {
+			t.Errorf("status %v after the ejection: got %+v, want healthy since %v..%v later, 3 ejections", time.Since(down), st, 4*DefaultEjectBase, 4*DefaultEjectBase+DefaultInterval)
 		}
 
 		transitions, notes := l.get()
 		want := []string{
-			"down: probe http://replica:8000/health: status 503 Service Unavailable (2 consecutive failures)",
+			"down: probe http://replica:8000/health: status 503 Service Unavailable (2 consecutive failures); out for 1s",
 			"up: probe http://replica:8000/health: status 200 OK",
-			"down: passive: 5 of 5 requests failed in 10s",
-			"up: probe http://replica:8000/v1/models: status 404 Not Found; no probe route, passive checks only",
-			"down: passive: 5 of 5 requests failed in 10s",
-			"up: passive: back in service after 10s out (no probe route)",
+			"down: passive: 5 of 5 requests failed in 10s; out for 2s",
+			"up: passive: back in service after 2s out (no probe route)",
+			"down: passive: 5 of 5 requests failed in 10s; out for 4s",
+			"up: passive: back in service after 4s out (no probe route)",
 		}
 		if !slices.Equal(transitions, want) {
 			t.Errorf("transitions:\ngot  %q\nwant %q", transitions, want)

@@ -1,18 +1,31 @@
 // Package health decides which replicas may get traffic, from active
 // probes and from failures the proxy reports (passive checks).
 //
-// A replica turns unhealthy after Failures consecutive failed probes, or
+// A replica is ejected (turns unhealthy) after Failures consecutive failed
+// probes, after Consecutive consecutive failed requests the proxy reports,
 // when the proxy reports at least PassiveFailures failures within Window
-// that make up at least FailureRatio of the outcomes reported there. It
-// turns healthy again on the next successful probe. Passive outcomes are
-// counted in a ring of time buckets: no goroutine or timer per failure.
+// that make up at least FailureRatio of the outcomes reported there, or at
+// once when the proxy calls Eject (a refused connection: a replica that
+// fails fast must not draw traffic for showing no load). Passive outcomes
+// are counted in a ring of time buckets: no goroutine or timer per failure.
+//
+// An ejection lasts at least EjectBase, doubled for each ejection in a row
+// up to EjectMax; the count resets once a replica has stayed in service for
+// EjectMax (Envoy's outlier detection, with its base_ejection_time and
+// max_ejection_time). Probes go on meanwhile, but only a successful probe
+// after the ejection time re-admits a replica, and only if its /v1/models
+// lists the models it is expected to serve (Models, else those it listed
+// at its first successful probe): another service that took over the
+// replica's port answers /health too, but not with the model. A replica
+// that answers 500 to every request while its /health says 200 therefore
+// comes back for a moment after 1 s, 2 s, 4 s ... 30 s instead of flapping.
 //
 // Probes GET Path (default /health). Many OpenAI-compatible servers have no
 // such route: when it answers 404 or 405 the replica is probed at
 // /v1/models instead, and when that answers 404 or 405 too it is not
 // probed at all. Such a replica is judged by passive checks alone; once
-// they eject it, it comes back after Window (as Envoy's outlier detection
-// returns a host after its ejection time), since no probe can.
+// they eject it, it comes back when its ejection time is over, since no
+// probe can.
 package health
 
 import (
@@ -35,6 +48,9 @@ const (
 	DefaultPassiveFailures = 5
 	DefaultWindow          = 10 * time.Second
 	DefaultFailureRatio    = 0.5
+	DefaultConsecutive     = 5
+	DefaultEjectBase       = time.Second
+	DefaultEjectMax        = 30 * time.Second
 )
 
 // Checker tracks the health of a set of replicas (base URLs). Set the
@@ -60,12 +76,33 @@ type Checker struct {
 	PassiveFailures int
 	// Window is the span over which reported outcomes count; zero means 10 s.
 	// It is kept in 10 buckets, so outcomes expire in steps of Window/10.
-	// It is also how long a replica without a probe route stays ejected.
 	Window time.Duration
 	// FailureRatio is the least fraction of reported outcomes in Window that
 	// must be failures, 0..1; zero means 0.5. It keeps a busy replica with a
 	// few failed requests in service.
 	FailureRatio float64
+	// Consecutive is the number of consecutive reported failures that
+	// eject a replica however many successes came before; zero means 5.
+	Consecutive int
+	// EjectBase is how long a first ejection lasts at least; each
+	// ejection in a row doubles it, up to EjectMax. Zero means 1 s.
+	EjectBase time.Duration
+	// EjectMax caps an ejection's duration, and is how long a replica must
+	// stay in service for its ejection count to reset. Zero means 30 s.
+	EjectMax time.Duration
+	// Models, if set, returns the model names replica id must list in its
+	// /v1/models to be re-admitted after an ejection. Nil, or an empty
+	// result, means the ones it listed at its first successful probe (none
+	// to check if it never listed any).
+	Models func(id string) []string
+	// OnEject, if set, is called on every ejection, after OnTransition and
+	// under the same lock.
+	OnEject func(id string, e Ejection)
+	// OnHold, if set, is called from the replica's probe loop when a
+	// replica whose ejection time is over is kept out, with the reason
+	// (its /v1/models does not list the expected models, or cannot be
+	// read); once per distinct reason in a row.
+	OnHold func(id, reason string)
 	// OnChange, if set, is called on every transition, with the replica's
 	// lock held (so calls for one replica are ordered): it must not call
 	// back into the Checker for the same replica. It is OnTransition
@@ -96,6 +133,12 @@ type Status struct {
 	// Probe is the URL the replica is probed at; empty when it has no probe
 	// route and is judged by passive checks alone.
 	Probe string
+	// Ejections counts the replica's ejections in a row (see EjectMax);
+	// zero if none since its count last reset.
+	Ejections int
+	// Until is when the replica's current ejection time ends; zero if it
+	// was never ejected.
+	Until time.Time
 }
 
 // target is one replica's health state.
@@ -111,6 +154,13 @@ type target struct {
 	passive    bool        // no probe route: passive checks only
 	reason     string      // why healthy last changed
 	since      time.Time
+	consec     int       // consecutive reported failures
+	ejections  int       // ejections in a row
+	until      time.Time // end of the current ejection time
+	admitted   time.Time // when the replica last returned to service
+	models     []string  // the models it listed at its first successful probe
+	learned    bool      // models is settled (listed, or no listing to be had)
+	held       string    // the last reason it was kept out, for OnHold
 }
 
 // Add starts tracking id, initially healthy; adding a present id does
@@ -138,7 +188,7 @@ func (c *Checker) Status(id string) (st Status, ok bool) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	st = Status{Healthy: t.healthy.Load(), Reason: t.reason, Since: t.since}
+	st = Status{Healthy: t.healthy.Load(), Reason: t.reason, Since: t.since, Ejections: t.ejections, Until: t.until}
 	if !t.passive {
 		st.Probe = joinURL(id, c.pathLocked(t))
 	}
@@ -146,12 +196,12 @@ func (c *Checker) Status(id string) (st Status, ok bool) {
 }
 
 // ReportFailure records a failed request to id (connect error, 5xx, broken
-// stream). Unknown ids are ignored.
+// stream, timeout). Unknown ids are ignored.
 func (c *Checker) ReportFailure(id string) { c.report(id, true) }
 
 // ReportSuccess records a successful request to id. It does not by itself
 // restore an unhealthy replica (only a probe does), but it dilutes failures
-// in the window.
+// in the window and ends a run of consecutive failures.
 func (c *Checker) ReportSuccess(id string) { c.report(id, false) }
 
 func (c *Checker) report(id string, failed bool) {
@@ -167,12 +217,20 @@ func (c *Checker) report(id string, failed bool) {
 		f = 1
 	}
 	t.window.Add(now, c.window(), f, 1)
-	if !failed || !t.healthy.Load() {
+	if !failed {
+		t.consec = 0
+		return
+	}
+	t.consec++
+	if !t.healthy.Load() {
 		return
 	}
 	fails, total := t.window.Sum(now, c.window())
-	if fails >= int64(c.passiveFailures()) && float64(fails) >= c.failureRatio()*float64(total) {
-		c.setLocked(t, false, fmt.Sprintf("passive: %d of %d requests failed in %v", fails, total, c.window()))
+	switch {
+	case fails >= int64(c.passiveFailures()) && float64(fails) >= c.failureRatio()*float64(total):
+		c.ejectLocked(t, KindPassive, fmt.Sprintf("passive: %d of %d requests failed in %v", fails, total, c.window()), now)
+	case t.consec >= c.consecutive():
+		c.ejectLocked(t, KindPassive, fmt.Sprintf("passive: %d requests in a row failed", t.consec), now)
 	}
 }
 
@@ -209,6 +267,13 @@ func (c *Checker) window() time.Duration   { return or(c.Window, DefaultWindow) 
 func (c *Checker) failures() int           { return or(c.Failures, DefaultFailures) }
 func (c *Checker) passiveFailures() int    { return or(c.PassiveFailures, DefaultPassiveFailures) }
 func (c *Checker) failureRatio() float64   { return or(c.FailureRatio, DefaultFailureRatio) }
+func (c *Checker) consecutive() int        { return or(c.Consecutive, DefaultConsecutive) }
+func (c *Checker) ejectBase() time.Duration {
+	return or(c.EjectBase, DefaultEjectBase)
+}
+func (c *Checker) ejectMax() time.Duration {
+	return max(or(c.EjectMax, DefaultEjectMax), c.ejectBase())
+}
 
 // or returns v if positive, else def.
 func or[T int | float64 | time.Duration](v, def T) T {

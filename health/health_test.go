@@ -167,7 +167,7 @@ func TestPassive(t *testing.T) {
 		{"five failures eject", []step{{fails: 5, want: false}}},
 		{"failures spread beyond the window", []step{
 			{fails: 3, want: true},
-			{wait: 11 * time.Second, fails: 3, want: true},
+			{wait: 11 * time.Second, successes: 1, fails: 3, want: true},
 		}},
 		{"failures inside the window add up", []step{
 			{fails: 3, want: true},
@@ -175,7 +175,13 @@ func TestPassive(t *testing.T) {
 		}},
 		{"successes dilute failures", []step{
 			{successes: 20, want: true},
-			{fails: 6, want: true},
+			{fails: 4, want: true},
+			{successes: 1, fails: 4, want: true},
+		}},
+		{"five in a row eject despite successes", []step{
+			{successes: 20, want: true},
+			{fails: 4, want: true},
+			{fails: 1, want: false},
 		}},
 		{"mostly failures eject despite successes", []step{
 			{successes: 5, want: true},

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
-
-	"kvrouter/window"
 )
 
 // modelsPath is the route every OpenAI-compatible server has, probed when
@@ -47,18 +44,25 @@ func (c *Checker) tick(ctx context.Context, id string, t *target) {
 	}
 	for {
 		url := joinURL(id, path)
-		answer, err := c.probe(ctx, url)
+		answer, body, err := c.probe(ctx, url)
 		if ctx.Err() != nil {
 			return
 		}
-		if !noRoute(err) {
-			c.record(t, answer, err)
+		switch {
+		case err == nil:
+			if !isModels(url) {
+				body = nil
+			}
+			c.succeeded(ctx, t, answer, body)
+			return
+		case !noRoute(err):
+			c.failed(t, err)
 			return
 		}
 		if path == modelsPath {
 			note := err.Error() + "; no probe route, passive checks only"
 			c.fallBack(t, "", note)
-			c.record(t, note, nil) // the replica answered: it is up
+			c.answered(t, note)
 			return
 		}
 		path = modelsPath
@@ -94,22 +98,25 @@ func (c *Checker) fallBack(t *target, path, note string) {
 	}
 }
 
-// record applies one probe's result: err, or nil and the answer, which
-// becomes the reason if t comes back.
-func (c *Checker) record(t *target, answer string, err error) {
+// failed applies one failed probe: Failures in a row eject t.
+func (c *Checker) failed(t *target, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err == nil {
-		t.probeFails = 0
-		if !t.healthy.Load() {
-			t.window = window.Sums{} // a fresh start: old failures are forgiven
-			c.setLocked(t, true, answer)
-		}
-		return
-	}
 	t.probeFails++
 	if t.probeFails >= c.failures() && t.healthy.Load() {
-		c.setLocked(t, false, fmt.Sprintf("%v (%s)", err, consecutive(t.probeFails)))
+		c.ejectLocked(t, KindProbe, fmt.Sprintf("%v (%s)", err, consecutive(t.probeFails)), time.Now())
+	}
+}
+
+// answered applies an answer from a replica without probe routes (which
+// can list no models): it is up, and returns once its ejection time is
+// over.
+func (c *Checker) answered(t *target, note string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.probeFails = 0
+	if !t.healthy.Load() && !time.Now().Before(t.until) {
+		c.admitLocked(t, note)
 	}
 }
 
@@ -121,42 +128,26 @@ func consecutive(n int) string {
 	return fmt.Sprintf("%d consecutive failures", n)
 }
 
-// reinstate returns t to service once passive checks have kept it out for
-// Window, when it has no probe route that could.
+// reinstate returns t to service once its ejection time is over, when it
+// has no probe route that could.
 func (c *Checker) reinstate(t *target) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.healthy.Load() || time.Since(t.since) < c.window() {
+	if t.healthy.Load() || time.Now().Before(t.until) {
 		return
 	}
-	t.window = window.Sums{}
-	c.setLocked(t, true, fmt.Sprintf("passive: back in service after %v out (no probe route)", c.window()))
+	c.admitLocked(t, fmt.Sprintf("passive: back in service after %v out (no probe route)", t.until.Sub(t.since).Round(time.Millisecond)))
 }
 
 // probe GETs url once. On success it returns the answer ("probe URL:
-// status 200 OK"); otherwise an error, a *statusError for an answer other
-// than 2xx.
-func (c *Checker) probe(ctx context.Context, url string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout())
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", fmt.Errorf("probe %s: %w", url, err)
+// status 200 OK") and, for a /v1/models probe, the listing; otherwise an
+// error, a *statusError for an answer other than 2xx.
+func (c *Checker) probe(ctx context.Context, url string) (string, []byte, error) {
+	limit := int64(maxDrain)
+	if isModels(url) {
+		limit = maxModelsBody
 	}
-	client := c.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("probe %s: %w", url, err)
-	}
-	io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
-	resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return "", &statusError{url: url, code: resp.StatusCode, status: resp.Status}
-	}
-	return fmt.Sprintf("probe %s: status %s", url, resp.Status), nil
+	return c.get(ctx, url, limit)
 }
 
 // joinURL appends path to the base URL id.

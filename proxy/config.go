@@ -219,6 +219,45 @@ type Config struct {
 	// address appended to X-Forwarded-For); from any other peer they are
 	// dropped and X-Forwarded-For is the peer alone. Empty means none.
 	TrustedProxies Prefixes `yaml:"trusted-proxies"`
+
+	// Upstream safety: timeouts, retry until the first token, stream
+	// continuation, outlier ejection.
+
+	// ConnectTimeout bounds connecting to a replica; zero means the
+	// system's limit only.
+	ConnectTimeout time.Duration `yaml:"upstream-connect-timeout"`
+	// TTFTTimeout bounds the wait for a streamed response's headers and
+	// first content event; past it the attempt fails and is retried on
+	// another replica (nothing reached the client). Zero means no limit.
+	TTFTTimeout time.Duration `yaml:"ttft-timeout"`
+	// StreamIdleTimeout bounds the silence of a stream after its first
+	// token: a replica that sends no byte for that long counts as dead,
+	// and the stream is continued elsewhere or ends with an error event.
+	// Zero means no limit.
+	StreamIdleTimeout time.Duration `yaml:"stream-idle-timeout"`
+	// RequestTimeout bounds a whole request from its arrival, retries and
+	// continuations included: the client then gets a 504 or, once its
+	// stream started, a final error event. Zero means no limit.
+	RequestTimeout time.Duration `yaml:"request-timeout"`
+	// StreamContinue continues a stream whose replica fails after its
+	// first token on another replica (chat: continue_final_message;
+	// completions: prompt plus text), at most Retries times; false ends it
+	// with an SSE error event.
+	StreamContinue bool `yaml:"stream-continue"`
+	// RetryBufferBytes is the largest non-streaming response read whole
+	// before the client gets a byte of it, so that a failure while reading
+	// it is retried; larger ones pass through past that point. Zero means
+	// none is buffered.
+	RetryBufferBytes int64 `yaml:"retry-buffer-bytes"`
+	// EjectConsecutive is the number of failed requests in a row that
+	// eject a replica; zero means 5.
+	EjectConsecutive int `yaml:"eject-consecutive"`
+	// EjectBase is a first ejection's duration, doubled for each ejection
+	// in a row; zero means 1 s.
+	EjectBase time.Duration `yaml:"eject-base"`
+	// EjectMax caps an ejection, and is how long a replica must stay in
+	// service for its ejection count to reset; zero means 30 s.
+	EjectMax time.Duration `yaml:"eject-max"`
 }
 
 // policyName is Policy, or the default.
@@ -307,6 +346,15 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 90 * time.Second
+
+	DefaultConnectTimeout    = 3 * time.Second
+	DefaultTTFTTimeout       = 60 * time.Second
+	DefaultStreamIdleTimeout = 30 * time.Second
+	DefaultRequestTimeout    = 15 * time.Minute
+	DefaultRetryBufferBytes  = 1 << 20
+	DefaultEjectConsecutive  = 5
+	DefaultEjectBase         = time.Second
+	DefaultEjectMax          = 30 * time.Second
 )
 
 // DefaultConfig returns the configuration used where nothing else is said.
@@ -352,6 +400,16 @@ func DefaultConfig() Config {
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		BodyTimeout:       DefaultBodyTimeout,
 		IdleTimeout:       DefaultIdleTimeout,
+
+		ConnectTimeout:    DefaultConnectTimeout,
+		TTFTTimeout:       DefaultTTFTTimeout,
+		StreamIdleTimeout: DefaultStreamIdleTimeout,
+		RequestTimeout:    DefaultRequestTimeout,
+		StreamContinue:    true,
+		RetryBufferBytes:  DefaultRetryBufferBytes,
+		EjectConsecutive:  DefaultEjectConsecutive,
+		EjectBase:         DefaultEjectBase,
+		EjectMax:          DefaultEjectMax,
 	}
 }
 
@@ -513,7 +571,33 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validateKV()...)
 	errs = append(errs, c.validateSurface()...)
 	errs = append(errs, c.validateLimits()...)
+
+	errs = append(errs, c.validateUpstream()...)
 	return errors.Join(errs...)
+}
+
+// validateUpstream checks the timeouts and the ejection settings: none
+// may be negative.
+func (c *Config) validateUpstream() []error {
+	var errs []error
+	for _, p := range []struct {
+		name string
+		v    int64
+	}{
+		{"upstream-connect-timeout", int64(c.ConnectTimeout)},
+		{"ttft-timeout", int64(c.TTFTTimeout)},
+		{"stream-idle-timeout", int64(c.StreamIdleTimeout)},
+		{"request-timeout", int64(c.RequestTimeout)},
+		{"retry-buffer-bytes", c.RetryBufferBytes},
+		{"eject-consecutive", int64(c.EjectConsecutive)},
+		{"eject-base", int64(c.EjectBase)},
+		{"eject-max", int64(c.EjectMax)},
+	} {
+		if p.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", p.name, p.v))
+		}
+	}
+	return errs
 }
 
 // validateKV checks the precise-mode and token-mode settings.

@@ -63,11 +63,11 @@ func (c *call) outcomeOf(ctx context.Context) string {
 	switch {
 	case c.errCode != "":
 		return view.OutcomeError
-	case c.tapped && c.tap.sse && c.tap.ended:
+	case c.tapped && c.tap.sse && c.tap.ended && !c.tap.errEvent:
 		return view.OutcomeOK
 	case ctx.Err() != nil:
 		return view.OutcomeCanceled
-	case c.tapped && (c.tap.cut || c.tap.err != nil), c.status >= 500:
+	case c.tapped && (c.tap.cut || c.tap.err != nil || c.tap.errEvent), c.status >= 500:
 		return view.OutcomeUpstreamError
 	}
 	return view.OutcomeOK
@@ -87,7 +87,7 @@ func (c *call) settle() {
 		c.ticket.Done(c.end, fleet.NoUsage, errUpstreamFailed)
 		rt.st.reportFailure(c.replica)
 		if c.tapped && c.tap.cut {
-			rt.m.errors.WithLabelValues(codeStreamCut).Inc()
+			rt.m.errors.WithLabelValues(c.tap.cutCode).Inc()
 		}
 	default:
 		c.ticket.Done(c.end, fleet.NoUsage, errRouterAnswered)

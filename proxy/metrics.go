@@ -31,6 +31,12 @@ type metrics struct {
 	// too_many_headers, request_too_large, ...); these are the
 	// rejections no handler sees.
 	headerRejected prometheus.Counter
+
+	// Upstream safety.
+	timeouts   *prometheus.CounterVec // kind: connect, ttft, idle, total, probe
+	midstream  *prometheus.CounterVec // result: continued, error
+	ejections  *prometheus.CounterVec // replica, kind
+	readmitted *prometheus.CounterVec // replica
 }
 
 // latencyBuckets span 1 ms to ~65 s.
@@ -98,6 +104,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 
+	// Upstream safety.
+	m.timeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_upstream_timeouts_total",
+		Help: "Upstream attempts that timed out, by kind: connect, ttft (headers and first token), idle (a stream's silence), total (the request's limit), probe (failed probes ejected the replica while the attempt waited for its answer or first token).",
+	}, []string{"kind"})
+	m.midstream = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_stream_failures_total",
+		Help: "Streams whose replica failed after the first token reached the client, by result: continued on another replica, or error (ended with an SSE error event).",
+	}, []string{"result"})
+	m.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_ejections_total",
+		Help: "Replicas taken out of service, by replica and kind: probe (failed health probes), passive (failed requests), connect (a refused connection).",
+	}, []string{"replica", "kind"})
+	m.readmitted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_readmission_refused_total",
+		Help: "Times a replica whose ejection was over was kept out, by replica: its /v1/models did not list the expected models, or could not be read.",
+	}, []string{"replica"})
+	for _, c := range []prometheus.Collector{m.timeouts, m.midstream, m.ejections, m.readmitted} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+
 	// Limits (issue 13).
 	m.headerRejected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvrouter_header_rejected_total",
@@ -106,6 +135,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err := reg.Register(m.headerRejected); err != nil {
 		return nil, err
 	}
+
 	return m, nil
 }
 

@@ -102,7 +102,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	rt.sf = sf
 	if rt.upstream == nil {
-		t := newTransport()
+		t := newTransport(&cfg)
 		if err := trustBackendCA(t, cfg.BackendCA); err != nil {
 			return nil, err
 		}
@@ -144,6 +144,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, err
 	}
 	rt.st = st
+	st.m = m
 	st.logIndexMode(&rt.cfg, rt.policyName)
 	rt.idPrefix = "kvr-" + strconv.FormatUint(st.epoch, 36) + "-"
 	if err := reg.Register(newFleetCollector(st.fleet, rt.now)); err != nil {
@@ -173,16 +174,21 @@ func New(cfg Config, deps Deps) (*Router, error) {
 
 // newTransport returns the upstream transport: keep-alive pools sized for
 // many concurrent streams to a few replicas, no response compression (the
-// bytes pass through as the replica sent them).
-func newTransport() *http.Transport {
+// bytes pass through as the replica sent them), connections bounded by
+// cfg.ConnectTimeout. It sets no response-header timeout: a non-streaming
+// answer's headers come with its last token; the retrier's attempts bound
+// a stream's first token and silences (cfg.TTFTTimeout,
+// cfg.StreamIdleTimeout) and every request (cfg.RequestTimeout), also over
+// a transport given in Deps.
+func newTransport(cfg *Config) *http.Transport {
 	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		DisableCompression:    true,
-		ResponseHeaderTimeout: 0,
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		TLSHandshakeTimeout: cfg.ConnectTimeout,
 	}
 }
 

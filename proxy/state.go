@@ -38,6 +38,13 @@ type state struct {
 	scraper *scrape.Scraper
 	feed    *precise // nil unless KV events are followed
 	pickRR  atomic.Uint64
+	// m counts ejections; set by New once the metrics exist (nil: not
+	// counted).
+	m *metrics
+	// hung, per replica, is closed (and replaced) when failed probes eject
+	// the replica: the attempts waiting on it for an answer or a first
+	// token give up then rather than at their timeout.
+	hung []atomic.Pointer[chan struct{}]
 }
 
 // newState builds the router's state for cfg, whose backends are named
@@ -88,14 +95,24 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 			return nil, err
 		}
 	}
+	declared := map[string][]string{}
+	for _, be := range cfg.Backends {
+		declared[be.URL] = be.Models
+	}
 	st.health = &health.Checker{
 		Client:       &http.Client{Transport: upstream},
 		Interval:     cfg.HealthInterval,
 		Timeout:      max(cfg.HealthInterval, health.DefaultTimeout),
 		Path:         cfg.HealthPath,
+		Consecutive:  cfg.EjectConsecutive,
+		EjectBase:    cfg.EjectBase,
+		EjectMax:     cfg.EjectMax,
+		Models:       func(id string) []string { return declared[id] },
 		OnChange:     st.fleet.SetHealthy,
 		OnTransition: st.onHealth,
 		OnFallback:   st.onHealthFallback,
+		OnEject:      st.onEject,
+		OnHold:       st.onHold,
 	}
 	interval := st.fleet.ScrapeInterval(cfg.ScrapeInterval)
 	st.scraper = &scrape.Scraper{
@@ -107,7 +124,10 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		OnModels:       st.fleet.SetModels,
 		ModelsInterval: cfg.ModelsInterval,
 	}
-	for _, name := range st.names {
+	st.hung = make([]atomic.Pointer[chan struct{}], len(st.names))
+	for i, name := range st.names {
+		ch := make(chan struct{})
+		st.hung[i].Store(&ch)
 		st.health.Add(name)
 		st.scraper.Add(name)
 	}
@@ -154,6 +174,38 @@ func (st *state) onHealth(id string, healthy bool, reason string) {
 func (st *state) onHealthFallback(id, note string) {
 	st.log.Info("health check changed", "replica", id, "note", note)
 }
+
+// onEject counts an ejection (its transition is logged by onHealth) and,
+// when probes ejected the replica (it does not answer /health), tells the
+// attempts waiting on it.
+func (st *state) onEject(id string, e health.Ejection) {
+	if st.m != nil {
+		st.m.ejections.WithLabelValues(id, e.Kind).Inc()
+	}
+	if e.Kind != health.KindProbe {
+		return
+	}
+	for i, name := range st.names {
+		if name == id {
+			ch := make(chan struct{})
+			close(*st.hung[i].Swap(&ch))
+		}
+	}
+}
+
+// hungSignal returns the channel closed when probes next eject replica i.
+func (st *state) hungSignal(i int) <-chan struct{} { return *st.hung[i].Load() }
+
+// onHold logs and counts a replica kept out at the end of its ejection.
+func (st *state) onHold(id, reason string) {
+	st.log.Warn("replica kept out", "replica", id, "reason", reason)
+	if st.m != nil {
+		st.m.readmitted.WithLabelValues(id).Inc()
+	}
+}
+
+// eject takes replica i out of service at once: it refused a connection.
+func (st *state) eject(i int, reason string) { st.health.Eject(st.names[i], "connect: "+reason) }
 
 // reportFailure feeds passive health: a request to replica i failed
 // (connect error, 5xx, broken stream).

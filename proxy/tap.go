@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"time"
 )
@@ -72,6 +73,11 @@ type tap struct {
 	// SSE stream before that (EOF or a read error, kept in err): the client
 	// then gets a final OpenAI-shaped error event instead of a silent end.
 	ended, cut bool
+	// errEvent is true once an SSE stream delivered an error event (data
+	// {"error": ...}): an end, but not a good one.
+	errEvent bool
+	// cutCode is the error code of the final event a cut stream got.
+	cutCode string
 
 	buf   []byte // SSE: bytes read and not yet handed out
 	ready int    // SSE: buf[:ready] are whole events ready to hand out
@@ -129,26 +135,32 @@ func (t *tap) fill() error {
 }
 
 // cutStream ends a stream the upstream cut: whatever partial event was
-// left is closed, and an error event follows as the stream's last.
+// left is closed, and an error event follows as the stream's last. Its
+// code is the router's reason when the body says one (an *upstreamError:
+// a timeout, a failed continuation), else upstream_stream_cut.
 func (t *tap) cutStream() {
-	t.cut = true
+	t.cut, t.cutCode = true, codeStreamCut
 	why := "the replica ended the stream before it finished"
-	if t.err != nil {
+	var ue *upstreamError
+	switch {
+	case errors.As(t.err, &ue):
+		why, t.cutCode = "the stream failed: "+ue.Error(), ue.code
+	case t.err != nil:
 		why += ": " + t.err.Error()
 	}
 	if len(t.buf) > t.ready { // close the partial event left
 		t.buf = append(t.buf, eventEnd...)
 	}
 	t.buf = append(t.buf, "data: "...)
-	t.buf = appendStreamError(t.buf, why)
+	t.buf = appendStreamError(t.buf, t.cutCode, why)
 	t.buf = append(t.buf, eventEnd...)
 	t.ready = len(t.buf)
 }
 
 // appendStreamError appends the OpenAI error object of a cut stream.
-func appendStreamError(dst []byte, msg string) []byte {
+func appendStreamError(dst []byte, code, msg string) []byte {
 	var e apiError
-	e.Error.Message, e.Error.Type, e.Error.Code = msg, errUpstream, codeStreamCut
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, errUpstream, code
 	b, _ := json.Marshal(&e)
 	return append(dst, b...)
 }
@@ -198,6 +210,7 @@ func (t *tap) frame(from int) {
 
 var (
 	promptTokensKey = []byte(`"prompt_tokens"`)
+	errorKey        = []byte(`{"error"`)
 	finishReasonKey = []byte(`"finish_reason"`)
 	doneData        = []byte("[DONE]")
 )
@@ -208,6 +221,9 @@ var (
 func (t *tap) observe(ev []byte) bool {
 	if !t.ended && (bytes.Equal(sseData(ev), doneData) || finished(ev)) {
 		t.ended = true
+	}
+	if !t.ended && bytes.HasPrefix(sseData(ev), errorKey) {
+		t.ended, t.errEvent = true, true
 	}
 	if !bytes.Contains(ev, promptTokensKey) {
 		return false

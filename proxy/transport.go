@@ -1,45 +1,49 @@
 package proxy
 
 import (
-	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"kvrouter/fleet"
 )
 
 // retrier is the ReverseProxy's transport. It sends the request to the
-// call's replica and, while no response byte has reached the client (which
-// is always the case inside RoundTrip), retries on another replica after a
-// connection error or a 5xx answer (500 included: some engines answer it
-// when their KV cache is full): it marks the failure (passive health),
-// releases the replica, re-picks with the failed replicas excluded and
-// replays the body through GetBody. It never retries after the client went
-// away.
+// call's replica and, while no response byte has reached the client,
+// retries on another replica after a connection error, a timeout, a 5xx
+// answer (500 included: some engines answer it when their KV cache is
+// full), or a stream that failed before its first content event: for a
+// routed stream the router commits to a replica only when the first token
+// arrives (stream.readAhead), so that a request queued inside a dying
+// engine is retried elsewhere, and a non-streaming answer is read whole
+// (up to Config.RetryBufferBytes) before the client gets any of it. A
+// retry marks the failure (passive health; a refused connection ejects the
+// replica at once), releases the replica, re-picks with the failed
+// replicas excluded and replays the body through GetBody. It never retries
+// after the client went away. When the last replica tried timed out, the
+// client gets an OpenAI-shaped 504.
 type retrier struct{ rt *Router }
 
 // RoundTrip implements http.RoundTripper.
 func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 	rt := t.rt
 	c := callFrom(req.Context())
+	if c == nil {
+		return rt.upstream.RoundTrip(req)
+	}
 	for attempt := 0; ; attempt++ {
-		resp, err := rt.upstream.RoundTrip(req)
-		if c == nil || !retryable(resp, err) || req.Context().Err() != nil || attempt >= rt.cfg.Retries || !replayable(req) {
-			return resp, err
+		resp, err := c.try(req)
+		if !retryable(resp, err) || req.Context().Err() != nil || attempt >= rt.cfg.Retries || !replayable(req) {
+			return c.answer(req, resp, err)
 		}
-		failed := c.replica
-		rt.st.reportFailure(failed)
-		rt.m.retries.WithLabelValues(rt.names[failed]).Inc()
-		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.names[failed], "err", errString(resp, err))
-		c.failed = append(c.failed, failed)
-		c.ticket.Done(rt.now(), fleet.NoUsage, errRetried)
-		c.ticket = nil
+		rt.m.retries.WithLabelValues(rt.names[c.replica]).Inc()
+		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.names[c.replica], "err", errString(resp, err))
+		c.abandon(err, errRetried)
 		if !c.repick() {
-			return resp, err
+			return c.answer(req, resp, err)
 		}
 		if resp != nil {
-			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
+			drain(resp)
 		}
 		next := req.Clone(req.Context())
 		if req.GetBody != nil {
@@ -55,6 +59,84 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 		next.Host = ""
 		req = next
 	}
+}
+
+// try sends req once, within the timeouts: for a routed stream it reads
+// ahead to the first content event (within Config.TTFTTimeout) and then
+// watches the gaps (Config.StreamIdleTimeout); a routed non-streaming
+// answer is read whole up to Config.RetryBufferBytes. An error means that
+// nothing of the attempt can reach the client.
+func (c *call) try(req *http.Request) (*http.Response, error) {
+	rt := c.rt
+	var first time.Duration
+	if c.routed && c.prompt != nil && c.prompt.Stream {
+		first = rt.cfg.TTFTTimeout
+	}
+	a := c.newAttempt(req.Context(), first)
+	resp, err := rt.upstream.RoundTrip(req.WithContext(a.ctx))
+	if err != nil {
+		a.stop()
+		return nil, c.counted(a.fault(err))
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK && c.routed && isSSE(resp):
+		s := newStream(c, req, a, resp.Body)
+		if err := s.readAhead(); err != nil {
+			s.Close()
+			return nil, c.counted(err)
+		}
+		resp.Body = s
+	case resp.StatusCode == http.StatusOK && c.routed && rt.cfg.RetryBufferBytes > 0:
+		if err := readWhole(resp, a, rt.cfg.RetryBufferBytes); err != nil {
+			return nil, c.counted(err)
+		}
+	default:
+		a.streaming()
+		resp.Body = &body{rc: resp.Body, a: a}
+	}
+	return resp, nil
+}
+
+// counted counts err in kvrouter_upstream_timeouts_total when it is a
+// timeout, and returns it.
+func (c *call) counted(err error) error {
+	if kind := timeoutKind(err); kind != "" {
+		c.rt.m.timeouts.WithLabelValues(kind).Inc()
+	}
+	return err
+}
+
+// answer is what RoundTrip returns after its last attempt: an
+// OpenAI-shaped 504 for a timeout, else the attempt's own result. A
+// replica that refused the connection is ejected.
+func (c *call) answer(req *http.Request, resp *http.Response, err error) (*http.Response, error) {
+	if err == nil || req.Context().Err() != nil {
+		return resp, err
+	}
+	if isDialError(err) {
+		c.rt.st.eject(c.replica, err.Error())
+	}
+	if timeoutKind(err) != "" {
+		c.rt.m.errors.WithLabelValues(codeUpstreamTimeout).Inc()
+		return timeoutResponse(req, err), nil
+	}
+	return resp, err
+}
+
+// abandon gives up the call's replica after err: passive health hears of
+// it (a refused connection ejects the replica at once), its ticket is
+// released with ticketErr and it joins the replicas the call excludes.
+func (c *call) abandon(err, ticketErr error) {
+	rt := c.rt
+	failed := c.replica
+	if isDialError(err) {
+		rt.st.eject(failed, err.Error())
+	} else {
+		rt.st.reportFailure(failed)
+	}
+	c.failed = append(c.failed, failed)
+	c.ticket.Done(rt.now(), fleet.NoUsage, ticketErr)
+	c.ticket = nil
 }
 
 // repick chooses another replica for a call whose replica failed. For a

@@ -119,6 +119,17 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "time a client has to send a request body after its header (408 body_timeout); responses are not bounded by it")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "time an idle keep-alive connection stays open")
 	fs.Var(&cfg.TrustedProxies, "trusted-proxies", "comma-separated CIDR prefixes of proxies whose X-Forwarded-* and X-Real-IP are passed on (X-Forwarded-For appended); from other peers they are dropped")
+
+	// Upstream safety: timeouts, retry until the first token, continuation, ejection.
+	fs.DurationVar(&cfg.ConnectTimeout, "upstream-connect-timeout", cfg.ConnectTimeout, "limit on connecting to a replica (0: the system's)")
+	fs.DurationVar(&cfg.TTFTTimeout, "ttft-timeout", cfg.TTFTTimeout, "limit on a stream's headers and first token from a replica; past it the request is retried elsewhere (0: none)")
+	fs.DurationVar(&cfg.StreamIdleTimeout, "stream-idle-timeout", cfg.StreamIdleTimeout, "a stream whose replica sends nothing for this long is continued elsewhere or ended with an error event (0: none)")
+	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "limit on a whole request, retries and continuations included (0: none)")
+	fs.BoolVar(&cfg.StreamContinue, "stream-continue", cfg.StreamContinue, "continue a stream on another replica when its replica fails after the first token (false: end it with an error event)")
+	fs.Int64Var(&cfg.RetryBufferBytes, "retry-buffer-bytes", cfg.RetryBufferBytes, "largest non-streaming response read whole before the client gets it, so that a failure reading it is retried (0: none)")
+	fs.IntVar(&cfg.EjectConsecutive, "eject-consecutive", cfg.EjectConsecutive, "failed requests in a row that eject a replica")
+	fs.DurationVar(&cfg.EjectBase, "eject-base", cfg.EjectBase, "first ejection's duration, doubled for each ejection in a row")
+	fs.DurationVar(&cfg.EjectMax, "eject-max", cfg.EjectMax, "longest ejection; also the time in service that resets the doubling")
 	return bl
 }
 

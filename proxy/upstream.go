@@ -1,0 +1,278 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Timeout kinds, the values of kvrouter_upstream_timeouts_total's kind
+// label.
+const (
+	timeoutConnect = "connect" // Config.ConnectTimeout
+	timeoutTTFT    = "ttft"    // Config.TTFTTimeout
+	timeoutIdle    = "idle"    // Config.StreamIdleTimeout
+	timeoutTotal   = "total"   // Config.RequestTimeout
+	// timeoutProbe: the replica was ejected by failed probes while the
+	// attempt waited for its answer or first token.
+	timeoutProbe = "probe"
+)
+
+// Error codes of the upstream failures the router reports to clients.
+const (
+	codeUpstreamTimeout = "upstream_timeout"
+)
+
+// timeoutError is the cause an attempt's context is cancelled with when
+// one of its timers fires.
+type timeoutError struct {
+	kind string
+	d    time.Duration
+	flag string
+}
+
+func (e *timeoutError) Error() string {
+	switch e.kind {
+	case timeoutTTFT:
+		return fmt.Sprintf("no first token from the replica within %v (--%s)", e.d, e.flag)
+	case timeoutIdle:
+		return fmt.Sprintf("the replica sent nothing for %v (--%s)", e.d, e.flag)
+	case timeoutProbe:
+		return "the replica stopped answering its health probes while the request waited"
+	}
+	return fmt.Sprintf("the request took longer than %v (--%s)", e.d, e.flag)
+}
+
+// Timeout reports true, as net.Error's Timeout does.
+func (e *timeoutError) Timeout() bool { return true }
+
+// upstreamError is an attempt that failed in the router's eyes although
+// the transport may have had no error: a timeout, a stream cut before its
+// end, an error event. Code is the error code the client sees, Kind the
+// timeout kind ("" when not a timeout).
+type upstreamError struct {
+	code, kind string
+	err        error
+}
+
+func (e *upstreamError) Error() string { return e.err.Error() }
+func (e *upstreamError) Unwrap() error { return e.err }
+
+// attempt is one upstream try: a context its timers cancel, with the
+// timeout as cause. The phase timer bounds the time to the first token,
+// then the gaps between reads; the total timer bounds the whole call.
+type attempt struct {
+	parent context.Context // the request's own
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	phase  *time.Timer // nil without a phase timeout
+	total  *time.Timer // nil without a request timeout
+	idle   time.Duration
+	rt     *Router
+	// answered is set once the first token (or a non-streaming answer's
+	// headers) arrived: a probe ejection no longer cancels the attempt.
+	answered atomic.Bool
+}
+
+// newAttempt starts an attempt for c under parent. first bounds the time
+// to the first token (zero: no bound); once it arrives, tick moves the
+// phase timer to the stream-idle timeout.
+func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt {
+	rt := c.rt
+	ctx, cancel := context.WithCancelCause(parent)
+	a := &attempt{parent: parent, ctx: ctx, cancel: cancel, idle: rt.cfg.StreamIdleTimeout, rt: rt}
+	if first > 0 {
+		cause := &timeoutError{kind: timeoutTTFT, d: first, flag: "ttft-timeout"}
+		a.phase = time.AfterFunc(first, func() { cancel(cause) })
+	}
+	if d := rt.cfg.RequestTimeout; d > 0 {
+		cause := &timeoutError{kind: timeoutTotal, d: d, flag: "request-timeout"}
+		left := time.Until(c.start.Add(d))
+		a.total = time.AfterFunc(max(left, 0), func() { cancel(cause) })
+	}
+	if c.replica >= 0 && c.routed {
+		go a.watch(rt.st.hungSignal(c.replica))
+	}
+	return a
+}
+
+// watch cancels the attempt if hung closes (failed probes ejected its
+// replica) before its answer arrived, so that it is retried elsewhere at
+// once instead of at its timeout; it returns when the attempt ends.
+func (a *attempt) watch(hung <-chan struct{}) {
+	select {
+	case <-hung:
+		if !a.answered.Load() {
+			a.cancel(&timeoutError{kind: timeoutProbe})
+		}
+	case <-a.ctx.Done():
+	}
+}
+
+// streaming moves the phase timer to the stream-idle timeout: the first
+// token arrived.
+func (a *attempt) streaming() {
+	a.answered.Store(true)
+	if a.idle <= 0 {
+		if a.phase != nil {
+			a.phase.Stop()
+		}
+		a.phase = nil
+		return
+	}
+	cause := &timeoutError{kind: timeoutIdle, d: a.idle, flag: "stream-idle-timeout"}
+	cancel := a.cancel
+	if a.phase != nil {
+		a.phase.Stop()
+	}
+	a.phase = time.AfterFunc(a.idle, func() { cancel(cause) })
+}
+
+// tick notes that bytes arrived: the idle timer starts again.
+func (a *attempt) tick() {
+	if a.phase != nil && a.idle > 0 {
+		a.phase.Reset(a.idle)
+	}
+}
+
+// stop ends the attempt: timers stopped, context cancelled.
+func (a *attempt) stop() {
+	if a.phase != nil {
+		a.phase.Stop()
+	}
+	if a.total != nil {
+		a.total.Stop()
+	}
+	a.cancel(context.Canceled)
+}
+
+// fault turns an attempt's error into what the router reports: a timeout
+// that fired (also when the transport saw only a cancelled context), or
+// err as it is; the request context's error when the client went away.
+func (a *attempt) fault(err error) error {
+	if perr := a.parent.Err(); perr != nil {
+		return perr
+	}
+	var te *timeoutError
+	if errors.As(context.Cause(a.ctx), &te) {
+		return &upstreamError{code: codeUpstreamTimeout, kind: te.kind, err: te}
+	}
+	if isDialError(err) {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return &upstreamError{code: codeUpstreamTimeout, kind: timeoutConnect, err: err}
+		}
+	}
+	return err
+}
+
+// isDialError reports whether err is a failure to connect.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// timeoutKind returns the timeout kind of err, or "".
+func timeoutKind(err error) string {
+	var ue *upstreamError
+	if errors.As(err, &ue) {
+		return ue.kind
+	}
+	return ""
+}
+
+// body wraps an upstream body so that reads keep the idle timer going
+// and Close ends the attempt.
+type body struct {
+	rc io.ReadCloser
+	a  *attempt
+}
+
+// Read implements io.Reader.
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		b.a.tick()
+	}
+	return n, err
+}
+
+// Close implements io.Closer.
+func (b *body) Close() error {
+	err := b.rc.Close()
+	b.a.stop()
+	return err
+}
+
+// buffered is a non-streaming response read ahead (all of it, or up to
+// the retry buffer's size) and then the rest of its body.
+type buffered struct {
+	head []byte
+	rest io.ReadCloser // nil once the whole body was read
+}
+
+// Read implements io.Reader.
+func (b *buffered) Read(p []byte) (int, error) {
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	if b.rest == nil {
+		return 0, io.EOF
+	}
+	return b.rest.Read(p)
+}
+
+// Close implements io.Closer.
+func (b *buffered) Close() error {
+	if b.rest != nil {
+		return b.rest.Close()
+	}
+	return nil
+}
+
+// readWhole reads resp's body up to limit bytes, so that a failure while
+// reading it can still be retried. A body larger than limit is read no
+// further: its head and the rest pass through. The attempt ends with the
+// body, or here when all of it was read.
+func readWhole(resp *http.Response, a *attempt, limit int64) error {
+	rc := &body{rc: resp.Body, a: a}
+	head, err := io.ReadAll(io.LimitReader(rc, limit+1))
+	if err != nil {
+		rc.Close()
+		return a.fault(err)
+	}
+	b := &buffered{head: head, rest: rc}
+	a.answered.Store(true)
+	if int64(len(head)) <= limit {
+		rc.Close()
+		b.rest = nil
+	}
+	resp.Body = b
+	return nil
+}
+
+// timeoutResponse is the OpenAI-shaped 504 the router answers when the
+// last replica tried timed out before anything reached the client.
+func timeoutResponse(req *http.Request, err error) *http.Response {
+	var e apiError
+	e.Error.Message, e.Error.Type, e.Error.Code = "no replica answered in time: "+err.Error(), errUpstream, codeUpstreamTimeout
+	b, _ := json.Marshal(&e)
+	b = append(b, '\n')
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	return &http.Response{
+		Status: "504 Gateway Timeout", StatusCode: http.StatusGatewayTimeout, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b)), Request: req,
+	}
+}
