@@ -344,7 +344,9 @@ func TestImpostorOnDeadPort(t *testing.T) {
 	rt := startRouter(t, engines)
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	dead := engines[0]
-	healthy := func() float64 { return metricSum(t, rt.AdminURL(), "kvrouter_replica_healthy", `replica="`+dead.URL()+`"`) }
+	healthy := func() float64 {
+		return metricSum(t, rt.AdminURL(), "kvrouter_replica_healthy", `replica="`+dead.URL()+`"`)
+	}
 	time.Sleep(300 * time.Millisecond) // a few probes: the router learns the engine's models
 	dead.Signal(syscall.SIGKILL)
 	dead.Wait(5 * time.Second)
