@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"sync"
 	"strconv"
 )
 
@@ -119,13 +120,39 @@ func (s *stream) Read(p []byte) (int, error) {
 func (s *stream) Close() error {
 	err := s.rc.Close()
 	s.a.stop()
+	s.c.rt.readBufs.put(s.in)
+	s.in = nil
 	return err
+}
+
+// readBufs pools the buffers streams read their replica's bytes into
+// (stream.in): one per streamed request otherwise.
+type readBufs struct{ p sync.Pool }
+
+// readBufSize is a pooled buffer's capacity; larger ones (a stream that
+// met a long event) are dropped.
+const readBufSize = 8 << 10
+
+func (b *readBufs) get() []byte {
+	if a, ok := b.p.Get().(*[readBufSize]byte); ok {
+		return a[:0]
+	}
+	return make([]byte, 0, readBufSize)
+}
+
+func (b *readBufs) put(buf []byte) {
+	if cap(buf) == readBufSize {
+		b.p.Put((*[readBufSize]byte)(buf[:readBufSize]))
+	}
 }
 
 // fill reads once from the replica and frames what it can. It returns
 // io.EOF at the end of a stream that delivered its end, and the failure of
 // one that did not (or of an error event before the first token).
 func (s *stream) fill() error {
+	if s.in == nil {
+		s.in = s.c.rt.readBufs.get()
+	}
 	if cap(s.in)-len(s.in) < 4096 {
 		s.in = slices.Grow(s.in, cap(s.in)+8192)
 	}

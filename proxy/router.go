@@ -65,6 +65,7 @@ type Router struct {
 	st         *state
 	adm        *admission // nil: admission control off
 	pool       sync.Pool  // *call
+	readBufs   readBufs   // stream read buffers
 	now        func() time.Time
 	start      time.Time // the router's start: time zero of the residency index
 	sf         surface   // keys, pass-through list, id hashing
