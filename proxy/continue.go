@@ -8,8 +8,8 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"sync"
 	"strconv"
+	"sync"
 )
 
 // maxPendingEvent caps the bytes of one SSE event the router holds while
