@@ -86,6 +86,25 @@ func (f *fakeUpstream) received() [][]byte {
 // startRouter serves a Router in front of backends and returns it and its URL.
 func startRouter(t *testing.T, policy string, mod func(*Config), backends ...string) (*Router, string) {
 	t.Helper()
+	rt := newTestRouter(t, policy, mod, backends...)
+	// One test server carries both surfaces, as many tests read /metrics
+	// or /ui next to the API (TestSurfacesApart: Handler alone serves
+	// neither).
+	mux := http.NewServeMux()
+	mux.Handle("/", rt.Handler())
+	admin := rt.AdminHandler()
+	for _, p := range []string{"/metrics", "/ui/", "/debug/"} {
+		mux.Handle(p, admin)
+	}
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return rt, srv.URL
+}
+
+// newTestRouter builds a Router with policy in front of backends, the
+// default config otherwise, changed by mod when it is not nil.
+func newTestRouter(t *testing.T, policy string, mod func(*Config), backends ...string) *Router {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Policy = policy
 	cfg.Listen = "127.0.0.1:0"
@@ -99,18 +118,7 @@ func startRouter(t *testing.T, policy string, mod func(*Config), backends ...str
 	if err != nil {
 		t.Fatal(err)
 	}
-	// One test server carries both surfaces, as many tests read /metrics
-	// or /ui next to the API (TestSurfacesApart: Handler alone serves
-	// neither).
-	mux := http.NewServeMux()
-	mux.Handle("/", rt.Handler())
-	admin := rt.AdminHandler()
-	for _, p := range []string{"/metrics", "/ui/", "/debug/"} {
-		mux.Handle(p, admin)
-	}
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return rt, srv.URL
+	return rt
 }
 
 func do(t *testing.T, method, url, body string, hdr ...string) (*http.Response, string) {

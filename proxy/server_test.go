@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -25,18 +24,7 @@ import (
 // URLs of both.
 func serveLimited(t *testing.T, mod func(*Config), backends ...string) (rt *Router, url, admin string) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Policy = "round-robin"
-	for _, b := range backends {
-		cfg.Backends = append(cfg.Backends, Backend{URL: b})
-	}
-	if mod != nil {
-		mod(&cfg)
-	}
-	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt = newTestRouter(t, "round-robin", mod, backends...)
 	adm := httptest.NewServer(rt.AdminHandler())
 	t.Cleanup(adm.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // seen serves an emulated engine and keeps the path and Authorization
@@ -64,18 +62,7 @@ func seenEngine(t *testing.T) (*seen, string) {
 // surfaceRouter serves the router's two surfaces on a server each.
 func surfaceRouter(t *testing.T, mod func(*Config), backends ...string) (rt *Router, api, admin string) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Listen = "127.0.0.1:0"
-	for _, b := range backends {
-		cfg.Backends = append(cfg.Backends, Backend{URL: b})
-	}
-	if mod != nil {
-		mod(&cfg)
-	}
-	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt = newTestRouter(t, DefaultPolicy, mod, backends...)
 	a, m := httptest.NewServer(rt.Handler()), httptest.NewServer(rt.AdminHandler())
 	t.Cleanup(a.Close)
 	t.Cleanup(m.Close)
