@@ -127,16 +127,14 @@ func (c *Calibrator) bounds() (lo, hi float64) {
 // the index mispredicted is no measure of that (it is the residency
 // model's error; taken as speed, a replica whose cache the approximate
 // index over-predicts learns a Scale many times its own and is shunned).
-func (t *Ticket) observeTTFT(u Usage) {
+// It reports whether it observed anything; r.mu is held.
+func (t *Ticket) observeTTFTLocked(u Usage) bool {
 	first := t.first.Load()
 	if t.claim.PredictedTTFT <= 0 || first == 0 {
-		return
+		return false
 	}
-	r := t.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cal.Observe(t.predictedTTFT(u), time.Duration(first-1))
-	t.f.updateLocked(r)
+	t.r.cal.Observe(t.predictedTTFT(u), time.Duration(first-1))
+	return true
 }
 
 // predictedTTFT is the claim's predicted time to first token at Scale 1
@@ -166,11 +164,12 @@ func (t *Ticket) predictedTTFT(u Usage) time.Duration {
 // off the observed span, so that DecodeScale corrects the decode side
 // alone, whatever the load. Requests of fewer than 2 output tokens have
 // no inter-token latency and are ignored, as are spans the Calibrator
-// finds too short to measure (MinPredicted).
-func (t *Ticket) observeITL(now time.Time, u Usage, batch int) {
+// finds too short to measure (MinPredicted). It reports whether it
+// observed anything; r.mu is held.
+func (t *Ticket) observeITLLocked(now time.Time, u Usage, batch int) bool {
 	first := t.first.Load()
 	if first == 0 || u.CompletionTokens < 2 {
-		return
+		return false
 	}
 	span := now.Sub(t.sent) - time.Duration(first-1)
 	seqs := float64(t.batch0.Load()+int64(batch)) / 2
@@ -181,11 +180,9 @@ func (t *Ticket) observeITL(now time.Time, u Usage, batch int) {
 	ctx := seqs * (float64(prompt) + float64(u.CompletionTokens)/2)
 	r := t.r
 	others := time.Duration(r.prefilled.Load() - t.work0.Load())
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	predicted := predictedITL(r.rates, seqs, ctx) * time.Duration(u.CompletionTokens-1)
-	r.dcal.Observe(predicted, span-time.Duration(float64(others)*r.rates.Scale))
-	t.f.updateLocked(r)
+	r.dcal.Observe(predicted, span-time.Duration(float64(others)*r.cal.Scale()))
+	return true
 }
 
 // prefillTime is the cost model's time to prefill n tokens after c cached

@@ -38,16 +38,13 @@ func (h *hitTally) scale() float64 {
 	return min(max(h.actual/h.expected, minHitScale), maxHitScale)
 }
 
-// observeHits corrects the replica's HitScale from one completed request:
-// predicted cached tokens (in the engine's tokens) against the engine's.
-func (t *Ticket) observeHits(predicted, actual int) {
+// observeHitsLocked corrects the replica's HitScale from one completed
+// request: predicted cached tokens (in the engine's tokens) against the
+// engine's; r.mu is held.
+func (t *Ticket) observeHitsLocked(predicted, actual int) {
 	scale := t.claim.HitScale
 	if scale <= 0 {
 		scale = 1
 	}
-	r := t.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.hits.observe(float64(predicted)/scale, float64(actual))
-	t.f.updateLocked(r)
+	t.r.hits.observe(float64(predicted)/scale, float64(actual))
 }

@@ -168,16 +168,37 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 		return
 	}
 	r.completed.Add(1)
-	if prev == ticketDecoding {
-		t.observeTTFT(u)
-		t.observeITL(now, u, batch)
-	}
-	if u.CachedTokens >= 0 && u.PromptTokens > 0 {
-		predicted := t.claim.PredictedOf(u.PromptTokens)
+	t.learn(now, u, batch, prev == ticketDecoding)
+}
+
+// learn takes what a completed request says of its replica: the view's
+// totals, and the corrections of Scale, DecodeScale and HitScale, learned
+// under one lock and published once.
+func (t *Ticket) learn(now time.Time, u Usage, batch int, decoded bool) {
+	r := t.r
+	hits := u.CachedTokens >= 0 && u.PromptTokens > 0
+	predicted := 0
+	if hits {
+		predicted = t.claim.PredictedOf(u.PromptTokens)
 		r.promptTokens.Add(int64(u.PromptTokens))
 		r.actualCached.Add(int64(u.CachedTokens))
 		r.predictedCached.Add(int64(predicted))
-		t.observeHits(predicted, u.CachedTokens)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	changed := false
+	if decoded {
+		// Scale first: the inter-token latency takes off the other
+		// prefills at the Scale this request has just corrected.
+		changed = t.observeTTFTLocked(u)
+		changed = t.observeITLLocked(now, u, batch) || changed
+	}
+	if hits {
+		t.observeHitsLocked(predicted, u.CachedTokens)
+		changed = true
+	}
+	if changed {
+		t.f.updateLocked(r)
 	}
 }
 
