@@ -113,10 +113,10 @@ func TestAdmissionQueuesWhenSaturated(t *testing.T) {
 	if !high.first.Before(low.first) {
 		t.Errorf("priority 5 first byte at %v, priority 0 at %v: want the higher priority served first", high.first, low.first)
 	}
-	if n := scrapeCounter(t, url, "kvrouter_errors_total", "code", "queue_full"); n != 2 {
+	if n := metricValue(t, url, "kvrouter_errors_total", "code", "queue_full"); n != 2 {
 		t.Errorf("kvrouter_errors_total{code=queue_full} = %v, want 2", n)
 	}
-	if n := scrapeCounter(t, url, "kvrouter_errors_total", "code", "queue_sheddable"); n != 1 {
+	if n := metricValue(t, url, "kvrouter_errors_total", "code", "queue_sheddable"); n != 1 {
 		t.Errorf("kvrouter_errors_total{code=queue_sheddable} = %v, want 1", n)
 	}
 }

@@ -215,11 +215,11 @@ func TestStreamContinuedAfterCut(t *testing.T) {
 			if f.hits.Load() == 0 {
 				t.Fatal("no request went to the faulty replica")
 			}
-			if got := scrapeCounter(t, url, "kvrouter_stream_failures_total", "result", midContinued); got < 1 {
+			if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midContinued); got < 1 {
 				t.Errorf("kvrouter_stream_failures_total{result=continued} = %v, want at least 1", got)
 			}
 			if stall {
-				if got := scrapeCounter(t, url, "kvrouter_upstream_timeouts_total", "kind", timeoutIdle); got < 1 {
+				if got := metricValue(t, url, "kvrouter_upstream_timeouts_total", "kind", timeoutIdle); got < 1 {
 					t.Errorf("kvrouter_upstream_timeouts_total{kind=idle} = %v, want at least 1", got)
 				}
 			}
@@ -274,7 +274,7 @@ func TestCompletionContinued(t *testing.T) {
 			t.Errorf("request %d: done %v, ids %v, usage %d, text %q (%d tokens); want [DONE], one id, 10 tokens", i, done, ids, usage, text, emulator.CountTokens(text))
 		}
 	}
-	if got := scrapeCounter(t, url, "kvrouter_stream_failures_total", "result", midContinued); got < 1 {
+	if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midContinued); got < 1 {
 		t.Errorf("continuations: got %v, want at least 1", got)
 	}
 }
@@ -320,7 +320,7 @@ func TestFirstTokenRetried(t *testing.T) {
 	if f.hits.Load() == 0 {
 		t.Fatal("no request went to the faulty replica")
 	}
-	if got := scrapeCounter(t, url, "kvrouter_stream_failures_total", "result", midContinued); got != 0 {
+	if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midContinued); got != 0 {
 		t.Errorf("continuations: got %v, want 0 (nothing had reached the client)", got)
 	}
 }
@@ -339,7 +339,7 @@ func TestStreamCutNoOtherReplica(t *testing.T) {
 	if got.Done || got.ErrCode != codeStreamCut || got.Text == "" {
 		t.Errorf("got %+v, want partial text, then an error event %s and no [DONE]", got, codeStreamCut)
 	}
-	if got := scrapeCounter(t, url, "kvrouter_stream_failures_total", "result", midError); got != 1 {
+	if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midError); got != 1 {
 		t.Errorf("kvrouter_stream_failures_total{result=error} = %v, want 1", got)
 	}
 }
@@ -362,7 +362,7 @@ func TestTTFTTimeout504(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("took %v with a 200ms TTFT timeout (and 2 retries on the same, only, replica)", d)
 	}
-	if got := scrapeCounter(t, url, "kvrouter_upstream_timeouts_total", "kind", timeoutTTFT); got < 1 {
+	if got := metricValue(t, url, "kvrouter_upstream_timeouts_total", "kind", timeoutTTFT); got < 1 {
 		t.Errorf("kvrouter_upstream_timeouts_total{kind=ttft} = %v, want at least 1", got)
 	}
 }

@@ -80,7 +80,7 @@ func TestCutInFlight(t *testing.T) {
 	if err := json.Unmarshal([]byte(data), &e); err != nil || e.Error.Code != codeShuttingDown {
 		t.Errorf("last event %q, want an error event with code %s", last, codeShuttingDown)
 	}
-	if got := scrapeCounter(t, admin, "kvrouter_errors_total", "code", codeShuttingDown); got != 2 {
+	if got := metricValue(t, admin, "kvrouter_errors_total", "code", codeShuttingDown); got != 2 {
 		t.Errorf("server_shutting_down counted %v, want 2", got)
 	}
 	deadline := time.Now().Add(2 * time.Second)

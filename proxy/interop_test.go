@@ -119,7 +119,7 @@ func TestKVFullRetried(t *testing.T) {
 	if retried == 0 {
 		t.Fatal("no request was first sent to the full engine: the test proves nothing")
 	}
-	if got := scrapeCounter(t, url, "kvrouter_retries_total", "replica", full.URL()); got != float64(retried) {
+	if got := metricValue(t, url, "kvrouter_retries_total", "replica", full.URL()); got != float64(retried) {
 		t.Errorf("kvrouter_retries_total{replica=full} = %v, want %d", got, retried)
 	}
 	if full.Rejected() != int64(retried) {

@@ -10,41 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"kvrouter/emulator"
 	"kvrouter/view"
 )
-
-// scrapeCounter reads one sample of the router's /metrics, served over
-// HTTP in the Prometheus text format: name with the given label; zero when
-// absent.
-func scrapeCounter(t *testing.T, url, name, label, value string) float64 {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mf, ok := mfs[name]
-	if !ok {
-		return 0
-	}
-	for _, m := range mf.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == label && l.GetValue() == value {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
 
 // streamUntilDone sends a streamed chat request and reads its events up to
 // and including [DONE], then closes the connection at once (the transport
@@ -175,7 +143,7 @@ func TestEngineKilledMidStream(t *testing.T) {
 	if rec.Outcome != view.OutcomeUpstreamError {
 		t.Errorf("record outcome %q, want %s", rec.Outcome, view.OutcomeUpstreamError)
 	}
-	if got := scrapeCounter(t, url, "kvrouter_errors_total", "code", codeStreamCut); got != 1 {
+	if got := metricValue(t, url, "kvrouter_errors_total", "code", codeStreamCut); got != 1 {
 		t.Errorf("kvrouter_errors_total{code=%q} = %v, want 1", codeStreamCut, got)
 	}
 }

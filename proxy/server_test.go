@@ -37,9 +37,9 @@ func serveLimited(t *testing.T, mod func(*Config), backends ...string) (rt *Rout
 	return rt, "http://" + ln.Addr().String(), adm.URL
 }
 
-// metricValue reads the first sample of name from the admin surface's
-// /metrics at url whose
-// labels include labels (name=value pairs); zero when absent.
+// metricValue reads the first sample of name, in the Prometheus text at
+// url's /metrics, whose labels include labels (name, value pairs); zero
+// when absent.
 func metricValue(t *testing.T, url, name string, labels ...string) float64 {
 	t.Helper()
 	resp, err := http.Get(url + "/metrics")

@@ -131,7 +131,7 @@ func TestMethodNotAllowedJSON(t *testing.T) {
 		}
 		wantError(t, tc.method+" "+tc.path, body, codeMethodNotAllowed)
 	}
-	if got := scrapeCounter(t, admin, "kvrouter_errors_total", "code", codeMethodNotAllowed); got != 4 {
+	if got := metricValue(t, admin, "kvrouter_errors_total", "code", codeMethodNotAllowed); got != 4 {
 		t.Errorf("method_not_allowed counted %v, want 4", got)
 	}
 	if p := eng.all(); len(p) != 0 {
@@ -178,7 +178,7 @@ func TestAPIKeys(t *testing.T) {
 	for _, p := range []string{"/health", "/livez", "/readyz"} {
 		waitReadyz(t, api+p)
 	}
-	if got := scrapeCounter(t, admin, "kvrouter_errors_total", "code", codeInvalidKey); got != 3 {
+	if got := metricValue(t, admin, "kvrouter_errors_total", "code", codeInvalidKey); got != 3 {
 		t.Errorf("invalid_api_key counted %v, want 3", got)
 	}
 	if n := eng.reached("/v1/chat/completions"); n != 2 {
@@ -255,7 +255,7 @@ func TestPassThroughAllowList(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderReplica) != url {
 		t.Errorf("POST /tokenize: status %d replica %q; want 200 from %s", resp.StatusCode, resp.Header.Get(HeaderReplica), url)
 	}
-	if got := scrapeCounter(t, admin, "kvrouter_errors_total", "code", codeUnknownURL); got != float64(len(blocked)) {
+	if got := metricValue(t, admin, "kvrouter_errors_total", "code", codeUnknownURL); got != float64(len(blocked)) {
 		t.Errorf("unknown_url counted %v, want %d", got, len(blocked))
 	}
 	for _, p := range eng.all() {
