@@ -1,4 +1,4 @@
-module kvrouter
+module github.com/kvrouter/kvrouter
 
 go 1.26.0
 

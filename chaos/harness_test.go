@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "kvrouter")
-	build := exec.Command("go", "build", "-o", bin, "kvrouter/cmd/kvrouter")
+	build := exec.Command("go", "build", "-o", bin, "github.com/kvrouter/kvrouter/cmd/kvrouter")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building kvrouter:", err)

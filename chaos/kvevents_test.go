@@ -16,7 +16,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // rssSlack is how much a router's RSS may grow under an attack that must

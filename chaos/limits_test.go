@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/proxy"
 )
 
 // Bounds the limit tests assert, over the router's memory before the

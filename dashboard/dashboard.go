@@ -11,7 +11,7 @@ package dashboard
 import (
 	"time"
 
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // Source is what the dashboard shows. The router implements it (the

@@ -13,9 +13,9 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/dashboard"
-	"kvrouter/emulator"
-	"kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/dashboard"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/proxy"
 )
 
 // stack starts n emulated replicas publishing KV events and a kv-aware

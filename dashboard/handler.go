@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // assets holds the page: HTML, CSS and script, written for this package

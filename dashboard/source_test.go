@@ -1,7 +1,7 @@
 package dashboard
 
 import (
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/view"
 
 	"sync"
 	"time"

@@ -3,7 +3,7 @@ package dashboard
 import (
 	"time"
 
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // fleetJSON is the body of /ui/api/fleet (see API.md): the Source's Fleet

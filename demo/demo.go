@@ -18,11 +18,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/emulator"
-	"kvrouter/loadgen"
-	"kvrouter/proxy"
-	"kvrouter/report"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/loadgen"
+	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // Defaults of Config.

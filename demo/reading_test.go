@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"kvrouter/report"
+	"github.com/kvrouter/kvrouter/report"
 )
 
 // TestSkew: the reading explains a kv-aware run that piled requests on

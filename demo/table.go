@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"kvrouter/report"
+	"github.com/kvrouter/kvrouter/report"
 )
 
 // Figures are one policy's headline numbers, from the engines' own

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // ChatWorkload is the name of the demo's own workload (Workload).

@@ -6,7 +6,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"kvrouter/engine"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // Event encodings (KVEventsFormat).

@@ -7,8 +7,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // storedEvent is a BlockStored event of n blocks with a parent.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"kvrouter/engine"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // Handler serves the replica's HTTP API: POST /v1/chat/completions,

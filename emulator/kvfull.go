@@ -3,8 +3,8 @@ package emulator
 import (
 	"fmt"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // Config.KVFullStatus: answering an error instead of queueing a request the

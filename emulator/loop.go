@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // errStopped is what requests in flight get when the engine loop ends.

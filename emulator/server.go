@@ -26,8 +26,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // Metrics flavors (MetricsFlavor).

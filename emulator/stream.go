@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"time"
 
-	"kvrouter/engine"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // sse writes Server-Sent Events as vLLM does: "data: {json}\n\n" per chunk,

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // BenchmarkBusyReplica measures the model's speed on a busy replica: 64

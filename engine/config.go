@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"kvrouter/prefix"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Idle is the next wake-up Step returns when the engine has no work: call

@@ -16,7 +16,7 @@ import (
 	"slices"
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // seq is one request inside the engine.

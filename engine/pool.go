@@ -1,6 +1,6 @@
 package engine
 
-import "kvrouter/prefix"
+import "github.com/kvrouter/kvrouter/prefix"
 
 // block is one KV block of the paged cache.
 type block struct {

@@ -1,7 +1,7 @@
 package engine
 
 import (
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 
 	"testing"
 	"time"

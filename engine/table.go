@@ -1,6 +1,6 @@
 package engine
 
-import "kvrouter/prefix"
+import "github.com/kvrouter/kvrouter/prefix"
 
 // table maps a cached block's hash to its index in the pool. It is an
 // open-addressing hash table with linear probing and backward-shift

@@ -3,7 +3,7 @@ package engine
 import (
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // Request is one inference request as the engine model sees it.

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Admission is admission control: when no replica that could serve a

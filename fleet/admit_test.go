@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // TestAdmissionSaturates: with every replica's queued prefill past

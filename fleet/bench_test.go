@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/prefix"
-	"kvrouter/residency"
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // BenchmarkSnapshot measures filling a reused snapshot, per fleet size,

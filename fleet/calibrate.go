@@ -4,7 +4,7 @@ import (
 	"math"
 	"time"
 
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Calibrator learns one correction factor of a replica's route.Rates from

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 func TestCalibratorConverges(t *testing.T) {

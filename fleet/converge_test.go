@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
-	"kvrouter/residency"
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // TestRatesConvergeOnSlowerFleet: a fleet whose engines are twice as slow

@@ -3,8 +3,8 @@ package fleet
 import (
 	"time"
 
-	"kvrouter/residency"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Request is one request as the fleet routes it.

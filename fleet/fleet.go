@@ -23,10 +23,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/residency"
-	"kvrouter/route"
-	"kvrouter/scrape"
-	"kvrouter/window"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/window"
 )
 
 // Defaults of Config's zero fields.

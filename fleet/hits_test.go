@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // TestScaleLearnsSpeedNotCacheMisses: a replica that computes exactly at

@@ -3,7 +3,7 @@ package fleet
 import (
 	"time"
 
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // Churn estimates a replica's eviction horizon (route.Rates.Horizon) from

@@ -6,8 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // modelTable is which replica serves which model. Writers (AddReplica,

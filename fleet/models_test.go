@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // TestDecideOnlyWhereServed: a replica is a candidate only for the models

@@ -7,7 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Bounds of the session table.

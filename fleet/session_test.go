@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 func TestSessionsLRU(t *testing.T) {

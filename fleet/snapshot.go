@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Snapshot fills dst with the fleet as the policy sees it at now, in

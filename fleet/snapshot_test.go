@@ -8,10 +8,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"kvrouter/prefix"
-	"kvrouter/residency"
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // TestIncrementalSnapshot: the snapshot Decide keeps in its Scratch and

@@ -3,8 +3,8 @@ package fleet
 import (
 	"time"
 
-	"kvrouter/route"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // View returns the fleet's part of a view at now: every replica's health,

@@ -15,8 +15,8 @@ import (
 	"fmt"
 	"net/http"
 
-	"kvrouter/prefix"
-	"kvrouter/residency"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 // Remote is the tokenizer source that asks the replicas' /tokenize.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // remoteTokenizer asks a healthy replica's POST /tokenize for a request's

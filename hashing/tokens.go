@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"kvrouter/prefix"
-	"kvrouter/tokenizer"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
 // tokenSource is how one model's requests become token ids: a local

@@ -1,7 +1,7 @@
 package hashing
 
 import (
-	"kvrouter/internal/qwen3"
+	"github.com/kvrouter/kvrouter/internal/qwen3"
 
 	"encoding/json"
 	"os"
@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"kvrouter/prefix"
-	"kvrouter/tokenizer"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
 // TestTokenModeQwen3: with the real Qwen3 tokenizer the router's hashes of

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"kvrouter/window"
+	"github.com/kvrouter/kvrouter/window"
 )
 
 // Ejection kinds: the signal that ejected a replica.

@@ -12,7 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"kvrouter/poll"
+	"github.com/kvrouter/kvrouter/poll"
 )
 
 // offset is the delay before a replica's first probe.

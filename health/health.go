@@ -36,8 +36,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/poll"
-	"kvrouter/window"
+	"github.com/kvrouter/kvrouter/poll"
+	"github.com/kvrouter/kvrouter/window"
 )
 
 // Defaults for the zero values of Checker's fields.

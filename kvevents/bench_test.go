@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/residency"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 // BenchmarkIngest decodes and applies event batches to a residency index

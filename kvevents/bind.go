@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // listener is the bind-mode socket engines dial into. One goroutine

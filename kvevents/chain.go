@@ -3,8 +3,8 @@ package kvevents
 import (
 	"time"
 
-	"kvrouter/prefix"
-	"kvrouter/residency"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 // gpuBit is the media bit of GPU, the only medium whose blocks go to the

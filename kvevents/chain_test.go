@@ -8,8 +8,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"kvrouter/prefix"
-	"kvrouter/residency"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 func newTestChain(model string) (*chain, *residency.Index) {

@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"time"
 
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // connect owns replica g's SUB connection in connect mode: it dials the

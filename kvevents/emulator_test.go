@@ -12,8 +12,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"kvrouter/emulator"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // startEngine runs an emulated replica serving model "m" for the test.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // FuzzZMTP feeds arbitrary bytes as a publisher's side of a connection

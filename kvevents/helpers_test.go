@@ -10,7 +10,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"kvrouter/residency"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 // eventually polls cond every 5 ms for up to 15 s.

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/residency"
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // forge dials the bind socket at endpoint from local (an IP on the

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // Reason is why input from an event socket was refused or not trusted;

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // EndSeq is the sequence number of the replay end marker (vLLM's

@@ -12,8 +12,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/prefix"
-	"kvrouter/residency"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 // blocks4 are the router keys of model "m" blocks of 4 tokens from 0.

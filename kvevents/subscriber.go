@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/residency"
-	"kvrouter/zmtp"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // Replica is one engine whose events a Subscriber follows.

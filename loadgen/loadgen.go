@@ -23,7 +23,7 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // Defaults of Config.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // TestBounds checks the closed loop completes every request, and that the

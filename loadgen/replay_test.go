@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"kvrouter/emulator"
-	"kvrouter/proxy"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // testScale is the emulators' time scale in these tests: wall seconds per

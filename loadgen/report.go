@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"kvrouter/report"
+	"github.com/kvrouter/kvrouter/report"
 )
 
 // Rejected reports whether an error kind is the endpoint refusing the

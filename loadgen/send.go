@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"time"
 
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // Message is one chat message of a request body.

@@ -12,7 +12,7 @@ import (
 func Root(model, lora string) Hash {
 	var d xxhash.Digest
 	d.Reset()
-	d.WriteString("kvrouter/v1\x00")
+	d.WriteString("github.com/kvrouter/kvrouter/v1\x00")
 	d.WriteString(model)
 	d.WriteString("\x00")
 	d.WriteString(lora)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"kvrouter/dashboard"
+	"github.com/kvrouter/kvrouter/dashboard"
 )
 
 // surface is what the router's two HTTP surfaces check: keys, the

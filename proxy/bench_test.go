@@ -13,9 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/fleet"
-	"kvrouter/prefix"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // streamUpstream answers every request with a short SSE stream (8 chunks and

@@ -15,11 +15,11 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"kvrouter/fleet"
-	"kvrouter/hashing"
-	"kvrouter/prefix"
-	"kvrouter/residency"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/hashing"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Config is everything the router needs to start. The zero value is not

@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/emulator"
 )
 
 // faulty serves an emulated engine's API, but its streamed responses fail

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/emulator"
 )
 
 // uiFleet is as much of /ui/api/fleet as the tests read.

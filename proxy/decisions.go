@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/route"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 func ms(d time.Duration) float64 { return view.MS(d) }

@@ -5,14 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/view"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"kvrouter/emulator"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // replicas starts n emulated replicas on loopback, fast (timeScale wall

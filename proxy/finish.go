@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"kvrouter/fleet"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // Errors a ticket is released with, for the fleet's failure counts.

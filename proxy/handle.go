@@ -17,10 +17,10 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"kvrouter/fleet"
-	"kvrouter/hashing"
-	"kvrouter/prefix"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/hashing"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Response headers every routed response carries.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/emulator"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // TestBlockSizes: with engines whose KV blocks are 32 or 64 tokens (not

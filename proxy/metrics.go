@@ -5,8 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/fleet"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // metrics are the router's own instruments, registered on the Registerer

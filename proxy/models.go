@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/fleet"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // modelsTTL is how long the union of the backends' models is cached.

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/emulator"
-	"kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/fleet"
 )
 
 // modelEngine starts an emulated engine serving models (the first is the

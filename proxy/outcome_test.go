@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/emulator"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // streamUntilDone sends a streamed chat request and reads its events up to

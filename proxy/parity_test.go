@@ -10,11 +10,11 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/engine"
-	"kvrouter/route"
-	"kvrouter/sim"
-	"kvrouter/trace"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/sim"
+	"github.com/kvrouter/kvrouter/trace"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // parityEpoch is time zero of the parity test's live router: the fake

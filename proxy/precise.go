@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"kvrouter/fleet"
-	"kvrouter/kvevents"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // watchInterval is how often each replica's event-stream health is read

@@ -15,11 +15,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"kvrouter/emulator"
-	"kvrouter/engine"
-	"kvrouter/hashing"
-	"kvrouter/kvevents"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/hashing"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // eventEngine starts one emulated replica of model "m" publishing KV events

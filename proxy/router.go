@@ -20,8 +20,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/kvevents"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Deps are what New takes besides the Config. Every field may be left zero.

@@ -3,7 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/view"
 	"net/http"
 	"strings"
 	"sync"

@@ -13,12 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/fleet"
-	"kvrouter/hashing"
-	"kvrouter/health"
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/hashing"
+	"github.com/kvrouter/kvrouter/health"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // state wires the router's live view of the fleet from its packages: fleet

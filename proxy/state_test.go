@@ -2,7 +2,7 @@ package proxy
 
 import (
 	"fmt"
-	"kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/fleet"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -12,9 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 func TestScaleRates(t *testing.T) {

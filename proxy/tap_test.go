@@ -7,7 +7,7 @@ import (
 	"testing"
 	"testing/iotest"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 const (

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/fleet"
 )
 
 // retrier is the ReverseProxy's transport. It sends the request to the

@@ -3,7 +3,7 @@ package proxy
 import (
 	"time"
 
-	"kvrouter/view"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // View returns a copy of the router's state at now: the fleet's view plus

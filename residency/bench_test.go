@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // mixed returns n hashes standing for a chain of n blocks, uniform like real

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // upsertLocked inserts or refreshes (r, h) at now and makes it r's most

@@ -24,7 +24,7 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // Limits of an Index.

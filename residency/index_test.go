@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // chain returns hashes base+0 .. base+n-1, standing for a chain of n blocks.

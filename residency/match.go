@@ -4,7 +4,7 @@ import (
 	"math/bits"
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // lookahead is how many block hashes Match looks up before walking them, so

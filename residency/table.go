@@ -1,6 +1,6 @@
 package residency
 
-import "kvrouter/prefix"
+import "github.com/kvrouter/kvrouter/prefix"
 
 // table is an open-addressing hash table from block hash to node, with
 // linear probing and backward-shift deletion: no tombstones, so lookups stay

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // DefaultOverlayTTL is how long a routing decision's blocks count as

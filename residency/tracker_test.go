@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // chainOfLen is a chain of n blocks of tokens tokens, hashed from seed.

@@ -3,7 +3,7 @@ package residency
 import (
 	"time"
 
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // MatchScratch holds one decision's per-replica buffers between Match and

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"kvrouter/poll"
+	"github.com/kvrouter/kvrouter/poll"
 )
 
 // DefaultInterval is the polling period when Scraper.Interval is zero.

@@ -1,6 +1,6 @@
 package sim
 
-import "kvrouter/fleet"
+import "github.com/kvrouter/kvrouter/fleet"
 
 // Reasons of the requests admission control rejects, as the live router
 // names them (package proxy).

@@ -4,10 +4,10 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/fleet"
-	"kvrouter/report"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // TestAdmissionInSimulator: on two replicas offered four times what they

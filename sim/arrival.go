@@ -3,10 +3,10 @@ package sim
 import (
 	"errors"
 
-	"kvrouter/engine"
-	"kvrouter/fleet"
-	"kvrouter/report"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Errors a ticket is released with.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // mooncakePath is the Mooncake conversation trace, relative to this package.

@@ -1,8 +1,8 @@
 package sim
 
 import (
-	"kvrouter/fleet"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // onFleet applies the next fleet event and queues the one after.

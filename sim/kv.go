@@ -4,8 +4,8 @@ import (
 	"slices"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // kvEvent is an engine KV event on its way to the precise index.

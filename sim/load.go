@@ -3,7 +3,7 @@ package sim
 import (
 	"time"
 
-	"kvrouter/engine"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // typicalBatch is the decode batch assumed when pricing one output token

@@ -1,8 +1,8 @@
 package sim
 
 import (
-	"kvrouter/engine"
-	"kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // Oracles are the hit-rate ceilings a routing policy is judged against

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // TestOraclesSkipRefused: a request longer than the max model length is

@@ -3,7 +3,7 @@ package sim
 import (
 	"time"
 
-	"kvrouter/report"
+	"github.com/kvrouter/kvrouter/report"
 )
 
 // result is what one policy run produced.

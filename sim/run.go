@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/fleet"
-	"kvrouter/report"
-	"kvrouter/residency"
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // replica is one simulated backend: its engine.

@@ -3,9 +3,9 @@ package sim
 import (
 	"testing"
 
-	"kvrouter/engine"
-	"kvrouter/report"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // TestKVAwareSessionsVersusSessionHash: on the session workloads kv-aware

@@ -11,9 +11,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"kvrouter/engine"
-	"kvrouter/report"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // sharedPrefix builds groups × prompts requests: each prompt is its group's

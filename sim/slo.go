@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"kvrouter/engine"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // sloFactor is the slack of the derived goodput SLO: a request meets it

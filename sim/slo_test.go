@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // lone runs one request of prompt tokens and 2 output tokens on an idle

@@ -4,12 +4,12 @@ import (
 	"slices"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/fleet"
-	"kvrouter/prefix"
-	"kvrouter/residency"
-	"kvrouter/route"
-	"kvrouter/scrape"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // StepKind says what a Step is.

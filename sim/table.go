@@ -1,6 +1,6 @@
 package sim
 
-import "kvrouter/prefix"
+import "github.com/kvrouter/kvrouter/prefix"
 
 // table maps block hashes to int32 values: open addressing, linear probing
 // and backward-shift deletion, growing at half load. The index, the pooled

@@ -6,9 +6,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"kvrouter/engine"
-	"kvrouter/prefix"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // prefixKeyTokens is how much of the prompt keys consistent-hashing

@@ -3,7 +3,7 @@ package sim
 import (
 	"testing"
 
-	"kvrouter/engine"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 func TestFleetKVTokens(t *testing.T) {

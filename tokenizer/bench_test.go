@@ -3,7 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
-	"kvrouter/internal/qwen3"
+	"github.com/kvrouter/kvrouter/internal/qwen3"
 	"strings"
 	"testing"
 	"unicode/utf8"

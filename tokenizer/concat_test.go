@@ -2,7 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"kvrouter/internal/qwen3"
+	"github.com/kvrouter/kvrouter/internal/qwen3"
 	"os"
 	"path/filepath"
 	"testing"

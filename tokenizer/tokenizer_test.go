@@ -1,7 +1,7 @@
 package tokenizer
 
 import (
-	"kvrouter/internal/qwen3"
+	"github.com/kvrouter/kvrouter/internal/qwen3"
 
 	"encoding/json"
 	"fmt"

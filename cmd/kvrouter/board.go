@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"strings"
 
-	"kvrouter/report"
-	"kvrouter/sim"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/sim"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // parseLoads parses --load: one fraction or comma-separated fractions.

@@ -7,8 +7,8 @@ import (
 	"os"
 	"strings"
 
-	"kvrouter/proxy"
-	"kvrouter/route"
+	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // backendList is the repeatable --backend flag. The first Set after reset

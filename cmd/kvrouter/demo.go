@@ -9,10 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"kvrouter/demo"
-	"kvrouter/report"
-	"kvrouter/route"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/demo"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // runDemo runs the live demo: emulated replicas and the router in process,

@@ -9,8 +9,8 @@ import (
 	"os"
 	"strings"
 
-	"kvrouter/emulator"
-	"kvrouter/engine"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // runEngine runs one emulated vLLM-compatible replica until ctx is done.

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"kvrouter/demo"
-	"kvrouter/loadgen"
-	"kvrouter/report"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/demo"
+	"github.com/kvrouter/kvrouter/loadgen"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // runReplay replays a workload against an OpenAI-compatible endpoint and

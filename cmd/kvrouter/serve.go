@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/proxy"
 )
 
 // cutGrace is how long the requests a drain ended get to unwind (their

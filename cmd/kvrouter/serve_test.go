@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/proxy"
 )
 
 // TestLoadServeConfigSurface: the drain, key, TLS, admin and pass-through

@@ -11,12 +11,12 @@ import (
 	"strings"
 	"time"
 
-	"kvrouter/engine"
-	"kvrouter/fleet"
-	"kvrouter/report"
-	"kvrouter/route"
-	"kvrouter/sim"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/sim"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // runSim is "kvrouter sim": simulate a fleet on one workload or a

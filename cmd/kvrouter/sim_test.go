@@ -12,10 +12,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"kvrouter/engine"
-	"kvrouter/report"
-	"kvrouter/sim"
-	"kvrouter/trace"
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/sim"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // runSimArgs runs kvrouter sim with args and returns its stdout and
