@@ -37,6 +37,13 @@ type Config struct {
 	// the replica, in bytes; zero means 131072 (Llama-3-8B, bf16). The model
 	// uses it only to report memory; NumBlocks sets the capacity.
 	KVBytesPerToken int
+	// CPUBlocks is the capacity, in blocks, of the host-memory offload
+	// tier (see tier); zero means none, as a vLLM without a KV connector.
+	CPUBlocks int
+	// PCIeGBps is the host-to-device bandwidth in GB/s (10⁹ bytes per
+	// second) at which blocks load back from the CPU tier; zero means
+	// DefaultPCIeGBps.
+	PCIeGBps float64
 	// Root is the hash the engine's block chains start from (before the
 	// LoRA name is folded in). It need not equal the router's root: the
 	// engine hashes its own blocks, as vLLM does.
@@ -82,6 +89,9 @@ func (c Config) defaults() Config {
 	def(&c.MaxBatchedTokens, 8192)
 	def(&c.MaxModelLen, p.MaxModelLen)
 	def(&c.KVBytesPerToken, p.KVBytesPerToken)
+	if c.PCIeGBps == 0 {
+		c.PCIeGBps = DefaultPCIeGBps
+	}
 	defD(&c.StepOverhead, p.StepOverhead)
 	defD(&c.PrefillPerToken, p.PrefillPerToken)
 	defD(&c.AttnPerMPairs, p.AttnPerMPairs)
@@ -109,11 +119,21 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine config: max batched tokens %d < 1", c.MaxBatchedTokens)
 	case c.MaxModelLen < 2:
 		return fmt.Errorf("engine config: max model len %d < 2", c.MaxModelLen)
+	case c.CPUBlocks < 0 || c.CPUBlocks >= 1<<31-1:
+		return fmt.Errorf("engine config: %d CPU blocks out of range", c.CPUBlocks)
+	case !(c.PCIeGBps > 0) || c.PCIeGBps > 1e6:
+		return fmt.Errorf("engine config: PCIe bandwidth %g GB/s out of range", c.PCIeGBps)
 	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.AttnPerMPairs < 0 ||
 		c.DecodeStep < 0 || c.DecodePerSeq < 0 || c.DecodePerMTokens < 0:
 		return fmt.Errorf("engine config: negative timing figure")
 	}
 	return nil
+}
+
+// blockLoad is the time one KV block takes over the PCIe link.
+func (c *Config) blockLoad() time.Duration {
+	bytes := float64(c.BlockSize) * float64(c.KVBytesPerToken)
+	return time.Duration(bytes / (c.PCIeGBps * 1e9) * float64(time.Second))
 }
 
 // CheckLength reports why an engine of this configuration refuses, for its

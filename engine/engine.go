@@ -41,7 +41,13 @@ type seq struct {
 	// n is the tokens scheduled in the iteration in flight.
 	n int
 
-	cached                  int
+	cached int
+	// cpuCached is the part of cached loaded from the CPU tier.
+	cpuCached int
+	// loading is the blocks being loaded from the CPU tier, in the block
+	// table after the computed ones, until loadedAt; zero when none.
+	loading                 int
+	loadedAt                time.Duration
 	admitted                bool
 	arrived, started, first time.Duration
 	preemptions             int
@@ -66,6 +72,13 @@ type Stats struct {
 	// the prefix cache at admission (vllm:prefix_cache_queries_total and
 	// vllm:prefix_cache_hits_total).
 	PrefixQueries, PrefixHits int64
+	// CPUQueries and CPUHits are prompt tokens looked up in the CPU tier
+	// (those the GPU cache missed) and found there, at admission
+	// (vllm:external_prefix_cache_queries_total and ..._hits_total, as a
+	// KV connector reports them); CPUBlocks and CPUCachedBlocks are the
+	// tier's capacity and content.
+	CPUQueries, CPUHits        int64
+	CPUBlocks, CPUCachedBlocks int
 	// Preemptions counts requests preempted (recompute).
 	Preemptions int64
 	// StoredBlocks and RemovedBlocks count blocks reported in BlockStored
@@ -86,6 +99,14 @@ type Stats struct {
 type Engine struct {
 	cfg  Config
 	pool *pool
+	// cpu is the CPU offload tier, nil without one; loads counts the
+	// running requests whose blocks are loading from it.
+	cpu   *tier
+	loads int
+	// cpuEvicted collects the hashes the CPU tier dropped since the last
+	// Step (BlockRemoved on CPU); cpuSpare is the array the last Step's
+	// events hold. They swap on every Step.
+	cpuEvicted, cpuSpare []prefix.Hash
 
 	waiting deque
 	running []*seq
@@ -113,11 +134,15 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		cfg:  cfg,
 		pool: newPool(cfg.NumBlocks),
 		byID: make(map[string]*seq),
-	}, nil
+	}
+	if cfg.CPUBlocks > 0 {
+		e.cpu = newTier(cfg.CPUBlocks, cfg.blockLoad())
+	}
+	return e, nil
 }
 
 // Config returns the engine's configuration, zero fields filled in.
@@ -184,7 +209,7 @@ func (e *Engine) Cancel(now time.Duration, id string) bool {
 	return true
 }
 
-// Reset drops every cached block, as vLLM's reset_prefix_cache, and
+// Reset drops every cached block, on every tier, as vLLM's reset_prefix_cache, and
 // reports AllCleared at the next Step. Like vLLM it refuses, returning
 // false, while requests hold blocks (an iteration in flight or requests
 // running); waiting requests are kept.
@@ -196,6 +221,9 @@ func (e *Engine) Reset(now time.Duration) bool {
 		return false
 	}
 	e.pool.clear()
+	if e.cpu != nil {
+		e.cpu.clear()
+	}
 	e.pend = append(e.pend, Event{Kind: AllCleared, At: now, BlockSize: e.cfg.BlockSize})
 	return true
 }
@@ -208,6 +236,9 @@ func (e *Engine) Stats() Stats {
 	st.UsedBlocks = e.pool.used()
 	st.TotalBlocks = e.cfg.NumBlocks
 	st.CachedBlocks = e.pool.table.n
+	if e.cpu != nil {
+		st.CPUBlocks, st.CPUCachedBlocks = e.cfg.CPUBlocks, e.cpu.len()
+	}
 	return st
 }
 
@@ -226,6 +257,10 @@ func (e *Engine) free(s *seq) {
 		e.pool.release(s.blocks[i])
 	}
 	s.blocks = s.blocks[:0]
+	if s.loading > 0 {
+		s.loading = 0
+		e.loads--
+	}
 }
 
 // done reports s finished at t and forgets it.
@@ -234,7 +269,7 @@ func (e *Engine) done(s *seq, t time.Duration, canceled bool) {
 	delete(e.byID, s.id)
 	e.pend = append(e.pend, Event{
 		Kind: Done, At: t, Req: s.id,
-		PromptTokens: s.prompt, CachedTokens: s.cached, OutputTokens: s.output,
+		PromptTokens: s.prompt, CachedTokens: s.cached, CPUCachedTokens: s.cpuCached, OutputTokens: s.output,
 		Arrived: s.arrived, Started: s.started, First: s.first,
 		Preemptions: s.preemptions, Canceled: canceled,
 	})

@@ -54,6 +54,9 @@ type Event struct {
 
 	// Done carries the request's usage and timing.
 	PromptTokens, CachedTokens, OutputTokens int
+	// CPUCachedTokens is the part of CachedTokens loaded from the CPU tier
+	// rather than hit on the GPU.
+	CPUCachedTokens int
 	// Arrived, Started and First are when the request was added, when its
 	// prefill was first scheduled, and when its first token came out.
 	Arrived, Started, First time.Duration
@@ -62,6 +65,9 @@ type Event struct {
 	// Canceled is true for a request ended by Cancel.
 	Canceled bool
 
+	// Medium is the tier the blocks were stored on or removed from
+	// (BlockStored, BlockRemoved); AllCleared clears every tier.
+	Medium Medium
 	// Hashes are the blocks stored or removed, in chain order for BlockStored.
 	Hashes []prefix.Hash
 	// Parent is the hash of the block before Hashes[0]; HasParent is false at

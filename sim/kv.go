@@ -20,8 +20,13 @@ type kvEvent struct {
 // KVEventDelay late, as the live router's KV-event subscriber would write
 // it. The event's hashes are copied (the engine reuses them). Due times
 // are monotonic (events come out in time order, the delay is constant),
-// so a FIFO drained before each event replaces heap entries.
+// so a FIFO drained before each event replaces heap entries. Blocks on
+// another tier (the CPU offload tier) are not indexed, as in package
+// kvevents.
 func (r *runner) queueKV(i int, ev *engine.Event) {
+	if ev.Medium != engine.GPU && ev.Kind != engine.AllCleared {
+		return // as the live subscriber: only GPU blocks are indexed
+	}
 	if r.cfg.KVEventDelay == 0 {
 		r.applyKV(i, ev.Kind, ev.Hashes)
 		return

@@ -62,6 +62,8 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	mode := fs.String("mode", sim.ModeApproximate, "index of kv-aware: approximate or precise")
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
+	cpuBlocks := fs.Int("cpu-kv-blocks", 0, "give every replica a CPU offload tier of this many KV blocks (see kvrouter engine -h); 0: none")
+	pcie := fs.Float64("pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s; 0: %d", engine.DefaultPCIeGBps))
 	adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout}
 	admissionFlags(fs, &adm.MaxWait, &adm.MaxQueue, &adm.QueueTimeout)
 	if err := fs.Parse(args); err != nil {
@@ -78,6 +80,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	if err != nil {
 		return err
 	}
+	cfg.CPUBlocks, cfg.PCIeGBps = *cpuBlocks, *pcie
 	ws, err := simWorkloads(*workload, *traceFile, *traceFormat, *seed, *requests, sim.FleetKVTokens(cfg, *replicas), stderr)
 	if err != nil {
 		return err
