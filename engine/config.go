@@ -44,6 +44,11 @@ type Config struct {
 	// second) at which blocks load back from the CPU tier; zero means
 	// DefaultPCIeGBps.
 	PCIeGBps float64
+	// InterconnectGBps is the bandwidth, in GB/s each way, at which the
+	// replica sends KV blocks to and receives them from its peers
+	// (Request.RemoteBlocks; the RDMA NICs a KV connector such as NIXL
+	// uses); zero means the preset's (one 400 Gb/s NIC per GPU, 50 GB/s).
+	InterconnectGBps float64
 	// Root is the hash the engine's block chains start from (before the
 	// LoRA name is folded in). It need not equal the router's root: the
 	// engine hashes its own blocks, as vLLM does.
@@ -92,6 +97,9 @@ func (c Config) defaults() Config {
 	if c.PCIeGBps == 0 {
 		c.PCIeGBps = DefaultPCIeGBps
 	}
+	if c.InterconnectGBps == 0 {
+		c.InterconnectGBps = p.InterconnectGBps
+	}
 	defD(&c.StepOverhead, p.StepOverhead)
 	defD(&c.PrefillPerToken, p.PrefillPerToken)
 	defD(&c.AttnPerMPairs, p.AttnPerMPairs)
@@ -123,6 +131,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine config: %d CPU blocks out of range", c.CPUBlocks)
 	case !(c.PCIeGBps > 0) || c.PCIeGBps > 1e6:
 		return fmt.Errorf("engine config: PCIe bandwidth %g GB/s out of range", c.PCIeGBps)
+	case !(c.InterconnectGBps > 0) || c.InterconnectGBps > 1e6:
+		return fmt.Errorf("engine config: interconnect bandwidth %g GB/s out of range", c.InterconnectGBps)
 	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.AttnPerMPairs < 0 ||
 		c.DecodeStep < 0 || c.DecodePerSeq < 0 || c.DecodePerMTokens < 0:
 		return fmt.Errorf("engine config: negative timing figure")
@@ -131,9 +141,18 @@ func (c Config) validate() error {
 }
 
 // blockLoad is the time one KV block takes over the PCIe link.
-func (c *Config) blockLoad() time.Duration {
-	bytes := float64(c.BlockSize) * float64(c.KVBytesPerToken)
-	return time.Duration(bytes / (c.PCIeGBps * 1e9) * float64(time.Second))
+func (c *Config) blockLoad() time.Duration { return c.blockTime(c.PCIeGBps) }
+
+// BlockTransfer is the time one KV block takes over the interconnect
+// (InterconnectGBps); c's defaults must be filled (Engine.Config).
+func (c *Config) BlockTransfer() time.Duration { return c.blockTime(c.InterconnectGBps) }
+
+// BlockBytes is the size of one KV block, in bytes.
+func (c *Config) BlockBytes() int64 { return int64(c.BlockSize) * int64(c.KVBytesPerToken) }
+
+// blockTime is the time one block takes over a link of gbps GB/s.
+func (c *Config) blockTime(gbps float64) time.Duration {
+	return time.Duration(float64(c.BlockBytes()) / (gbps * 1e9) * float64(time.Second))
 }
 
 // CheckLength reports why an engine of this configuration refuses, for its

@@ -42,8 +42,12 @@ type seq struct {
 	n int
 
 	cached int
-	// cpuCached is the part of cached loaded from the CPU tier.
-	cpuCached int
+	// cpuCached and remoteCached are the parts of cached loaded from the
+	// CPU tier and received from a peer.
+	cpuCached, remoteCached int
+	// remote and remoteSent are Request.RemoteBlocks and RemoteSent.
+	remote     int
+	remoteSent time.Duration
 	// loading is the blocks being loaded from the CPU tier, in the block
 	// table after the computed ones, until loadedAt; zero when none.
 	loading                 int
@@ -79,6 +83,9 @@ type Stats struct {
 	// tier's capacity and content.
 	CPUQueries, CPUHits        int64
 	CPUBlocks, CPUCachedBlocks int
+	// RemoteHits is prompt tokens received from peers (Request.RemoteBlocks)
+	// at admission; SentBlocks the blocks sent to peers (Send).
+	RemoteHits, SentBlocks int64
 	// Preemptions counts requests preempted (recompute).
 	Preemptions int64
 	// StoredBlocks and RemovedBlocks count blocks reported in BlockStored
@@ -103,6 +110,8 @@ type Engine struct {
 	// running requests whose blocks are loading from it.
 	cpu   *tier
 	loads int
+	// netIn and netOut are the interconnect's two directions.
+	netIn, netOut link
 	// cpuEvicted collects the hashes the CPU tier dropped since the last
 	// Step (BlockRemoved on CPU); cpuSpare is the array the last Step's
 	// events hold. They swap on every Step.
@@ -142,6 +151,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.CPUBlocks > 0 {
 		e.cpu = newTier(cfg.CPUBlocks, cfg.blockLoad())
 	}
+	e.netIn.perBlock = cfg.BlockTransfer()
+	e.netOut.perBlock = e.netIn.perBlock
 	return e, nil
 }
 
@@ -168,7 +179,11 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	if _, dup := e.byID[r.ID]; dup {
 		return fmt.Errorf("request %s: already in the engine", r.ID)
 	}
-	s := &seq{id: r.ID, tokens: r.Tokens, prompt: p, maxTokens: r.MaxTokens, lora: r.LoRA, arrived: now}
+	if r.RemoteBlocks < 0 {
+		return fmt.Errorf("request %s: %d remote blocks", r.ID, r.RemoteBlocks)
+	}
+	s := &seq{id: r.ID, tokens: r.Tokens, prompt: p, maxTokens: r.MaxTokens, lora: r.LoRA, arrived: now,
+		remote: r.RemoteBlocks, remoteSent: r.RemoteSent}
 	s.parent = e.cfg.Root
 	if r.LoRA != "" {
 		s.parent = prefix.Chain(e.cfg.Root, []byte(r.LoRA))
@@ -242,6 +257,27 @@ func (e *Engine) Stats() Stats {
 	return st
 }
 
+// Holds is how many of the leading blocks of hashes the GPU cache holds,
+// as a KV connector's source checks before it sends them.
+func (e *Engine) Holds(hashes []prefix.Hash) int {
+	n := 0
+	for n < len(hashes) {
+		if _, ok := e.pool.lookup(hashes[n]); !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Send queues blocks KV blocks on the replica's outbound interconnect at
+// now, for a peer that imports them (Request.RemoteBlocks), and returns
+// when they are sent: the peer's RemoteSent.
+func (e *Engine) Send(now time.Duration, blocks int) time.Duration {
+	e.stats.SentBlocks += int64(max(blocks, 0))
+	return e.netOut.reserve(now, max(blocks, 0))
+}
+
 // Cached returns the hashes of all computed cached blocks, held or free,
 // sorted.
 func (e *Engine) Cached() []prefix.Hash {
@@ -269,7 +305,8 @@ func (e *Engine) done(s *seq, t time.Duration, canceled bool) {
 	delete(e.byID, s.id)
 	e.pend = append(e.pend, Event{
 		Kind: Done, At: t, Req: s.id,
-		PromptTokens: s.prompt, CachedTokens: s.cached, CPUCachedTokens: s.cpuCached, OutputTokens: s.output,
+		PromptTokens: s.prompt, CachedTokens: s.cached, OutputTokens: s.output,
+		CPUCachedTokens: s.cpuCached, RemoteCachedTokens: s.remoteCached,
 		Arrived: s.arrived, Started: s.started, First: s.first,
 		Preemptions: s.preemptions, Canceled: canceled,
 	})

@@ -125,8 +125,11 @@ func (e *Engine) admit(now time.Duration, budget int) {
 			s.blocks = append(s.blocks, i)
 		}
 		hits := len(s.blocks)
-		// Then the blocks the CPU tier holds: loaded, not computed.
-		loads := e.onCPU(s, hits, limit)
+		// Then the blocks the CPU tier holds, and those a peer sends:
+		// loaded, not computed.
+		fromCPU := e.onCPU(s, hits, limit)
+		fromPeer := max(min(s.remote, limit)-hits-fromCPU, 0)
+		loads := fromCPU + fromPeer
 		n := min(total-hits*bs, budget)
 		if loads > 0 {
 			n = loads * bs // blocks to hold; nothing computed this step
@@ -149,16 +152,17 @@ func (e *Engine) admit(now time.Duration, budget int) {
 		e.stats.PrefixHits += int64(hits * bs)
 		if e.cpu != nil {
 			e.stats.CPUQueries += int64(total - hits*bs)
-			e.stats.CPUHits += int64(loads * bs)
+			e.stats.CPUHits += int64(fromCPU * bs)
 		}
+		e.stats.RemoteHits += int64(fromPeer * bs)
 		if s.preemptions == 0 {
-			s.cached, s.cpuCached = (hits+loads)*bs, loads*bs
+			s.cached, s.cpuCached, s.remoteCached = (hits+loads)*bs, fromCPU*bs, fromPeer*bs
 			s.started = now
 		}
 		s.admitted = true
 		e.running = append(e.running, s)
 		if loads > 0 {
-			s.loading, s.loadedAt = loads, e.cpu.load(now, loads)
+			s.loading, s.loadedAt = loads, e.loadBoth(now, s, fromCPU, fromPeer)
 			e.loads++
 			continue
 		}
@@ -179,6 +183,22 @@ func (e *Engine) onCPU(s *seq, hits, limit int) int {
 		n++
 	}
 	return n
+}
+
+// loadBoth queues s's loads, fromCPU blocks over PCIe and fromPeer over
+// the interconnect (no earlier than the peer sent them), side by side,
+// and returns when both are done. The peer's blocks are received once: a
+// preempted request recomputes them.
+func (e *Engine) loadBoth(now time.Duration, s *seq, fromCPU, fromPeer int) time.Duration {
+	done := now
+	if fromCPU > 0 {
+		done = e.cpu.pcie.reserve(now, fromCPU)
+	}
+	if fromPeer > 0 {
+		done = max(done, s.remoteSent, e.netIn.reserve(now, fromPeer))
+	}
+	s.remote = 0
+	return done
 }
 
 // loaded ends s's load from the CPU tier at now: its loaded blocks count

@@ -46,11 +46,25 @@ type tier struct {
 	sentinel int32
 	used     int32 // nodes in use; nodes[used:sentinel] were never used
 	table    table // hash → node index
-	// link is when the PCIe link is next free: loads are serialised on
-	// it, which shares its bandwidth between concurrent loads.
-	link time.Duration
-	// perBlock is the time one block takes over the link.
+	// pcie is the host-to-device link the tier's blocks load over.
+	pcie link
+}
+
+// link is one direction of a data link that moves KV blocks: transfers
+// are serialised on it, which shares its bandwidth between concurrent
+// ones.
+type link struct {
+	// free is when the link is next idle.
+	free time.Duration
+	// perBlock is the time one block takes over it.
 	perBlock time.Duration
+}
+
+// reserve queues n blocks on the link at now and returns when the last
+// has crossed.
+func (l *link) reserve(now time.Duration, n int) time.Duration {
+	l.free = max(l.free, now) + time.Duration(n)*l.perBlock
+	return l.free
 }
 
 type tierNode struct {
@@ -60,7 +74,7 @@ type tierNode struct {
 
 // newTier returns an empty tier of n blocks whose loads take perBlock each.
 func newTier(n int, perBlock time.Duration) *tier {
-	t := &tier{nodes: make([]tierNode, n+1), sentinel: int32(n), table: newTable(n), perBlock: perBlock}
+	t := &tier{nodes: make([]tierNode, n+1), sentinel: int32(n), table: newTable(n), pcie: link{perBlock: perBlock}}
 	s := t.sentinel
 	t.nodes[s].prev, t.nodes[s].next = s, s
 	return t
@@ -101,13 +115,6 @@ func (t *tier) put(h prefix.Hash) (added bool, victim prefix.Hash, evicted bool)
 	t.table.add(h, i)
 	t.pushBack(i)
 	return true, victim, evicted
-}
-
-// load reserves the link at now for n blocks and returns when they are in
-// GPU memory.
-func (t *tier) load(now time.Duration, n int) time.Duration {
-	t.link = max(t.link, now) + time.Duration(n)*t.perBlock
-	return t.link
 }
 
 // clear drops every block.

@@ -3,6 +3,8 @@ package engine
 import (
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // evictAndReturn runs prompt a, then an unrelated prompt b that evicts
@@ -125,5 +127,65 @@ func TestCPULoadsShareTheLink(t *testing.T) {
 	}
 	if want := a2.loadedAt + time.Duration(b2.loading)*per; b2.loadedAt != want {
 		t.Errorf("second load done at %v, want %v (after the first, on the same link)", b2.loadedAt, want)
+	}
+}
+
+func TestImportFromPeer(t *testing.T) {
+	prompt := toks(0, 4000)
+	src := mustNew(t, Config{})
+	drive(t, src, []arrival{{0, Request{ID: "warm", Tokens: prompt, MaxTokens: 2}}})
+	hashes := prefix.Blocks(src.cfg.Root, prompt, 16, nil)
+	held := src.Holds(hashes)
+	if held != len(hashes) {
+		t.Fatalf("source holds %d of %d blocks", held, len(hashes))
+	}
+
+	ttft := func(r Request) Event {
+		dst := mustNew(t, Config{})
+		return doneOf(drive(t, dst, []arrival{{10 * time.Second, r}}))[r.ID]
+	}
+	recompute := ttft(Request{ID: "r", Tokens: prompt, MaxTokens: 2})
+	now := 10 * time.Second
+	sent := src.Send(now, held)
+	imported := ttft(Request{ID: "i", Tokens: prompt, MaxTokens: 2, RemoteBlocks: held, RemoteSent: sent})
+
+	// The prompt's blocks but the last (recomputed for its logits) arrive.
+	if want := (4000 - 1) / 16 * 16; imported.CachedTokens != want || imported.RemoteCachedTokens != want {
+		t.Errorf("imported request cached %d tokens, %d from the peer; want %d and %d", imported.CachedTokens, imported.RemoteCachedTokens, want, want)
+	}
+	cfg := src.Config()
+	transfer := time.Duration(imported.RemoteCachedTokens/16) * cfg.BlockTransfer()
+	got := imported.First - imported.Arrived
+	if got < transfer || got >= recompute.First-recompute.Arrived {
+		t.Errorf("TTFT with the import %v, want at least the transfer %v and below recomputing's %v",
+			got, transfer, recompute.First-recompute.Arrived)
+	}
+	if sent-now != time.Duration(held)*cfg.BlockTransfer() {
+		t.Errorf("source sent %d blocks in %v, want %v", held, sent-now, time.Duration(held)*cfg.BlockTransfer())
+	}
+}
+
+func TestImportOfEvictedBlocksRecomputes(t *testing.T) {
+	// A source that evicted the prompt's tail since sends only the head it
+	// still holds; the request computes the rest.
+	src := mustNew(t, Config{NumBlocks: 300})
+	prompt := toks(0, 4000)
+	drive(t, src, []arrival{
+		{0, Request{ID: "warm", Tokens: prompt, MaxTokens: 2}},
+		{time.Second, Request{ID: "other", Tokens: toks(90_000, 1600), MaxTokens: 2}},
+	})
+	hashes := prefix.Blocks(src.cfg.Root, prompt, 16, nil)
+	held := src.Holds(hashes)
+	if held == 0 || held >= len(hashes) {
+		t.Fatalf("source holds %d of %d blocks, want a part", held, len(hashes))
+	}
+	dst := mustNew(t, Config{})
+	d := doneOf(drive(t, dst, []arrival{{10 * time.Second, Request{ID: "r", Tokens: prompt, MaxTokens: 2,
+		RemoteBlocks: held, RemoteSent: src.Send(10*time.Second, held)}}}))["r"]
+	if d.CachedTokens != held*16 || d.RemoteCachedTokens != held*16 {
+		t.Errorf("cached %d, remote %d, want %d both", d.CachedTokens, d.RemoteCachedTokens, held*16)
+	}
+	if st := dst.Stats(); st.PrefillTokens != int64(4000-held*16) {
+		t.Errorf("computed %d prompt tokens, want the %d not received", st.PrefillTokens, 4000-held*16)
 	}
 }
