@@ -147,6 +147,13 @@ func (c *Config) blockLoad() time.Duration { return c.blockTime(c.PCIeGBps) }
 // (InterconnectGBps); c's defaults must be filled (Engine.Config).
 func (c *Config) BlockTransfer() time.Duration { return c.blockTime(c.InterconnectGBps) }
 
+// TransferPerMTokens is the time a million tokens of KV take over the
+// interconnect (route.Rates.TransferPerMTokens); c's defaults must be
+// filled.
+func (c *Config) TransferPerMTokens() time.Duration {
+	return time.Duration(1e6 * float64(c.KVBytesPerToken) / (c.InterconnectGBps * 1e9) * float64(time.Second))
+}
+
 // BlockBytes is the size of one KV block, in bytes.
 func (c *Config) BlockBytes() int64 { return int64(c.BlockSize) * int64(c.KVBytesPerToken) }
 
