@@ -118,7 +118,7 @@ func qwen32B() Config {
 		MaxNumSeqs:       256,
 		MaxBatchedTokens: 8192,
 		// max_position_embeddings of Qwen3-32B (without YaRN).
-		MaxModelLen:     40960,
+		MaxModelLen:      40960,
 		KVBytesPerToken:  256 * kib,
 		InterconnectGBps: 2 * 50,
 		StepOverhead:     2000 * time.Microsecond,

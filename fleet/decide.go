@@ -111,6 +111,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	c.Streamed = r.TTFT
 	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
 	tk := f.acquire(rep, c, now)
+	f.bookLinks(d, now)
 	if r.Session != "" {
 		f.bind(r.Session, rep, now)
 	}
@@ -119,8 +120,9 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 }
 
 // predictedTTFT is the chosen candidate's time to first token at Scale 1:
-// its Wait + Prefill, which the policy scaled by the replica's
-// Scale; zero when the policy recorded no terms for it.
+// its Wait + Prefill, which the policy scaled by the replica's Scale,
+// plus the KV import before them (on the links: no Scale); zero when the
+// policy recorded no terms for it.
 func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 	for _, k := range d.Costs {
 		if k.Replica != d.Replica || k.Pruned {
@@ -130,7 +132,7 @@ func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 		if scale <= 0 {
 			scale = 1
 		}
-		return time.Duration(float64(k.Wait+k.Prefill) / scale)
+		return time.Duration(float64(k.Wait+k.Prefill)/scale) + k.Import.Time
 	}
 	return 0
 }
