@@ -201,5 +201,6 @@ func (c Config) Rates() route.Rates {
 		DecodePerMTokens: c.DecodePerMTokens,
 		MaxSeqs:          c.MaxNumSeqs,
 		MaxBatchedTokens: c.MaxBatchedTokens,
+		LoadPerMTokens:   time.Duration(1e6 * float64(c.KVBytesPerToken) / (c.PCIeGBps * 1e9) * float64(time.Second)),
 	}
 }

@@ -41,6 +41,7 @@ type Scratch struct {
 	Request  route.Request
 	match    []int
 	age      []time.Duration
+	off      []int
 	costs    []route.Cost
 	ms       residency.MatchScratch
 	cache    snapCache
@@ -78,13 +79,20 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	} else {
 		f.tr.Match(r.Chains, t, snap.BlockSize, sc.match, sc.age, &sc.ms)
 	}
+	var off []int
+	if f.kind == route.Precise {
+		sc.off = fit(sc.off, n)
+		if f.tr.MatchOffloaded(r.Chains, t, snap.BlockSize, sc.off, &sc.ms) {
+			off = sc.off
+		}
+	}
 	if len(r.Chains) > 0 && snap.BlockSize > 0 {
 		blocks = len(r.Chains[0].Hashes) * r.Chains[0].Tokens / snap.BlockSize
 	}
 	sc.Request = route.Request{
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
 		Tokens: r.Tokens, MaxTokens: r.MaxTokens, Blocks: blocks,
-		Match: sc.match, Age: sc.age, Pinned: f.pin(r.Session, snap, now),
+		Match: sc.match, Age: sc.age, Offloaded: off, Pinned: f.pin(r.Session, snap, now),
 		Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
 	}
 	d := f.policy.Pick(&sc.Request, snap)
@@ -132,7 +140,7 @@ func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 		if scale <= 0 {
 			scale = 1
 		}
-		return time.Duration(float64(k.Wait+k.Prefill)/scale) + k.Import.Time
+		return time.Duration(float64(k.Wait+k.Prefill)/scale) + k.Import.Time + k.Load
 	}
 	return 0
 }

@@ -143,13 +143,32 @@ func (q *kvRequest) setRates(raw *Rates) {
 func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	rt := q.rates(&rp.Rates)
 	cached := q.cached(rp, i, rt)
-	k, total := q.priceWith(rp, i, rt, cached, cached, Transfer{})
+	k, total := q.priceWith(rp, i, rt, cached, cached, 0, Transfer{})
 	if imp, ok := q.importing(rp, i, rt, cached); ok {
-		if k2, t2 := q.priceWith(rp, i, rt, cached, q.srcCached, imp); t2 < total {
-			return k2, t2
+		if k2, t2 := q.priceWith(rp, i, rt, cached, q.srcCached, 0, imp); t2 < total {
+			k, total = k2, t2
+		}
+	}
+	if tier, load, ok := q.loading(i, rt, cached); ok {
+		if k2, t2 := q.priceWith(rp, i, rt, cached, tier, load, Transfer{}); t2 < total {
+			k, total = k2, t2
 		}
 	}
 	return k, total
+}
+
+// loading is what replica i's CPU tier holds of the prompt beyond the
+// cached tokens on its GPU, in tokens, and the time it takes to load it;
+// ok is false when that is less than a block or the tier earns no credit.
+func (q *kvRequest) loading(i int, rt *Rates, cached float64) (tier, load float64, ok bool) {
+	if i >= len(q.r.Offloaded) || rt.LoadPerMTokens <= 0 {
+		return 0, 0, false
+	}
+	tier = min(float64(q.r.Offloaded[i]*q.bs), q.tokens)
+	if tier-cached < float64(q.bs) {
+		return 0, 0, false
+	}
+	return tier, (tier - cached) * float64(rt.LoadPerMTokens) * 1e-6, true
 }
 
 // importing is the transfer of the source's cached prefix to replica i,
@@ -171,10 +190,11 @@ func (q *kvRequest) importing(rp *Replica, i int, rt *Rates, local float64) (Tra
 	return Transfer{From: q.src, Blocks: int(q.srcCached) / q.bs, Time: time.Duration(t)}, true
 }
 
-// priceWith prices replica i with local tokens of the prompt cached there
-// and cached ones cached when the prefill starts (more than local when
-// imp brings them, in imp.Time before it).
-func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached float64, imp Transfer) (Cost, float64) {
+// priceWith prices replica i with local tokens of the prompt cached on its
+// GPU and cached ones cached when the prefill starts: more than local
+// when imp brings them, in imp.Time before it, or its CPU tier does, in
+// load.
+func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load float64, imp Transfer) (Cost, float64) {
 	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
 	uncached := q.tokens - cached
 	compute := q.compute0 // this prefill's compute
@@ -217,13 +237,13 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached float
 	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + 2*q.behind(rt, prefill)
 
 	memory := q.memory(rp, rt, fresh, q.tokens-local) * rt.Scale // imported blocks take room too
-	total := 2*(wait+float64(imp.Time)+prefill) + decode + others + memory
+	total := 2*(wait+float64(imp.Time)+load+prefill) + decode + others + memory
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
 	return Cost{Replica: i, Matched: int(cached), Wait: time.Duration(wait), Prefill: time.Duration(prefill),
 		Decode: time.Duration(decode), Others: time.Duration(others), Memory: time.Duration(memory),
-		Total: time.Duration(total), Import: imp}, total
+		Total: time.Duration(total), Import: imp, Load: time.Duration(load)}, total
 }
 
 // life is the replica's batch averaged over the request's decode, and the

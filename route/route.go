@@ -102,6 +102,10 @@ type Rates struct {
 	// connector such as NIXL: KV bytes per token ÷ bandwidth); zero means
 	// the replica cannot transfer.
 	TransferPerMTokens time.Duration
+	// LoadPerMTokens is the time a million tokens of KV take to load from
+	// the replica's CPU tier into GPU memory (KV bytes per token ÷ PCIe
+	// bandwidth); zero means blocks on the CPU tier earn no credit.
+	LoadPerMTokens time.Duration
 }
 
 // Snapshot is the fleet as the policy sees it. It is read-only; Pick must not
@@ -132,6 +136,11 @@ type Request struct {
 	// Age holds, per replica, how long ago the deepest matched block was last
 	// touched there. Nil means fresh.
 	Age []time.Duration
+	// Offloaded holds, per replica, the leading blocks its CPU tier holds
+	// (from the engine's KV events: precise, no decay); they load over
+	// PCIe (Rates.LoadPerMTokens) rather than compute. Nil means none
+	// anywhere.
+	Offloaded []int
 	// Session is a hash of the session id, zero when the request has none.
 	Session uint64
 	// Pinned is the replica the session is bound to, or -1.
@@ -175,6 +184,10 @@ type Cost struct {
 	// zero: none): importing the prefix from a holder was cheaper there
 	// than recomputing it.
 	Import Transfer
+	// Load is the time the candidate's price spends loading the prompt's
+	// blocks from its own CPU tier before the prefill (zero: none);
+	// Matched counts them.
+	Load time.Duration
 	// Pruned says the candidate was not priced in full: a lower bound of
 	// its Total, kept in Total, already exceeded a cheaper candidate's, so
 	// it could not win. Matched is then the tokens its index entry matched
