@@ -114,11 +114,14 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 }
 
 // rates is the cost model's start: the preset's, with the interconnect
-// when replicas may transfer.
+// when replicas may transfer and PCIe when they have a CPU tier.
 func rates(cfg *Config) route.Rates {
 	rt := cfg.Preset.Rates()
 	if cfg.InterconnectGBps > 0 {
 		rt.TransferPerMTokens = cfg.Preset.TransferPerMTokens()
+	}
+	if cfg.Preset.CPUBlocks > 0 {
+		rt.LoadPerMTokens = cfg.Preset.LoadPerMTokens()
 	}
 	return rt
 }
@@ -283,6 +286,10 @@ func (r *runner) onEngine(i int, ev *engine.Event) {
 }
 
 func (r *runner) onDone(i int, ev *engine.Event) {
+	if ev.RemoteCachedTokens > 0 {
+		r.res.transfers++
+		r.res.transferBytes += int64(ev.RemoteCachedTokens) * int64(r.cfg.Preset.KVBytesPerToken)
+	}
 	j, ok := r.byID[ev.Req]
 	if !ok {
 		return
