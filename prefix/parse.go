@@ -119,7 +119,7 @@ func parse(body []byte, lim Limits) (*Prompt, error) {
 	}
 	if p.MaxTokens < 0 {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed,
-			&FieldError{field, fmt.Errorf("%w: %d is negative", ErrRange, p.MaxTokens)})
+			&FieldError{field, fmt.Errorf("%w: got %d, want >= 0", ErrRange, p.MaxTokens)})
 	}
 	switch {
 	case p.Chat:

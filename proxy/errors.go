@@ -222,7 +222,7 @@ func parseErrorOf(err error, path string) (code, param, msg string) {
 		}
 		return "missing_prompt", param, err.Error()
 	case errors.As(err, &fe) && errors.Is(err, prefix.ErrRange):
-		return "integer_below_min_value", fe.Field, "Invalid '" + fe.Field + "': integer below minimum value (" + fe.Err.Error() + "); expected a value >= 0"
+		return "integer_below_min_value", fe.Field, "Invalid '" + fe.Field + "': " + fe.Err.Error()
 	case errors.As(err, &fe) && errors.Is(err, prefix.ErrType):
 		return "invalid_type", fe.Field, "Invalid type for '" + fe.Field + "': " + fe.Err.Error()
 	}

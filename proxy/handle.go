@@ -334,7 +334,7 @@ func (c *call) route(w http.ResponseWriter) bool {
 	p := c.prompt
 	if !fl.Serves(p.Model) {
 		if w != nil {
-			c.fail(w, http.StatusNotFound, errInvalidRequest, "model_not_found", "The model `"+p.Model+"` does not exist.")
+			c.failParam(w, http.StatusNotFound, errInvalidRequest, codeModelNotFound, "model", "The model `"+p.Model+"` does not exist.")
 		}
 		return false
 	}
