@@ -129,6 +129,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "kvrouter_readmission_refused_total",
 		Help: "Times a replica whose ejection was over was kept out, by replica: its /v1/models did not list the expected models, or could not be read.",
 	}, []string{"replica"})
+	// The fixed label sets start at zero, so that rate() and the
+	// dashboard see them before the first failure.
+	for _, k := range []string{timeoutConnect, timeoutTTFT, timeoutIdle, timeoutTotal, timeoutProbe} {
+		m.timeouts.WithLabelValues(k)
+	}
+	m.midstream.WithLabelValues(midContinued)
+	m.midstream.WithLabelValues(midError)
 	for _, c := range []prometheus.Collector{m.timeouts, m.midstream, m.ejections, m.readmitted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
