@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/http"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -145,8 +146,11 @@ func (c *call) metricOutcome() string {
 // statusLabel is the code label of status: its decimal digits, "0" when no
 // status was sent (or one outside 100..599).
 func statusLabel(status int) string {
-	if status < 100 || status > 599 {
+	switch {
+	case status < 100 || status > 599:
 		return "0"
+	case status == http.StatusOK: // the common case, without allocating
+		return "200"
 	}
 	return strconv.Itoa(status)
 }
