@@ -201,9 +201,10 @@ func (rt *Router) Policy() string { return rt.policyName }
 
 // Handler returns the API surface: the OpenAI routes, /v1/models and
 // /v1/models/{id}, the probes /health, /livez and /readyz, and a
-// pass-through to a replica for the paths Config.PassThrough allows; any other path is a JSON 404, a
-// wrong method a JSON 405. With Config.APIKeys every path but the probes
-// asks for a key. The dashboard, /debug and /metrics are on AdminHandler.
+// pass-through to a replica for the paths Config.PassThrough allows; any
+// other path is a JSON 404, a wrong method a JSON 405. With Config.APIKeys
+// every path but the probes asks for a key. The dashboard, /debug and
+// /metrics are on AdminHandler.
 func (rt *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
 	count := rt.countAPI
