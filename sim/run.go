@@ -113,15 +113,14 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 	return r, nil
 }
 
-// rates is the cost model's start: the preset's, with the interconnect
-// when replicas may transfer and PCIe when they have a CPU tier.
+// rates is the cost model's start, as the live router's (proxy's
+// presetRates): the preset's, PCIe for the CPU tier blocks its engines may
+// report, and the interconnect when replicas may transfer.
 func rates(cfg *Config) route.Rates {
 	rt := cfg.Preset.Rates()
+	rt.LoadPerMTokens = cfg.Preset.LoadPerMTokens()
 	if cfg.InterconnectGBps > 0 {
 		rt.TransferPerMTokens = cfg.Preset.TransferPerMTokens()
-	}
-	if cfg.Preset.CPUBlocks > 0 {
-		rt.LoadPerMTokens = cfg.Preset.LoadPerMTokens()
 	}
 	return rt
 }
