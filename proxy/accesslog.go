@@ -21,11 +21,11 @@ func (rt *Router) logAccess(c *call) {
 		return
 	}
 	var buf [24]slog.Attr
-	a := append(buf[:0],
-		slog.String("id", c.id),
-		slog.String("method", c.method),
-		slog.String("path", c.path),
-	)
+	a := buf[:0]
+	if c.id != "" { // none when the router answered before routing
+		a = append(a, slog.String("id", c.id))
+	}
+	a = append(a, slog.String("method", c.method), slog.String("path", c.path))
 	if c.prompt != nil {
 		a = append(a, slog.String("model", c.prompt.Model), slog.Bool("stream", c.prompt.Stream))
 	}
