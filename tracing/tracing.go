@@ -38,6 +38,7 @@ const (
 	EnvTracesProtocol = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 	EnvSDKDisabled    = "OTEL_SDK_DISABLED"
 	EnvTracesExporter = "OTEL_TRACES_EXPORTER"
+	EnvServiceName    = "OTEL_SERVICE_NAME"
 )
 
 // TracesPath is the path OTLP/HTTP collectors receive spans on.
@@ -90,7 +91,7 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("otlp exporter: %w", err)
 	}
-	res, err := newResource(ctx, cfg)
+	res, err := newResource(ctx, cfg, getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -162,8 +163,9 @@ func checkURL(s string) error {
 }
 
 // newResource describes the process: service.name and service.version,
-// then what the environment says (which wins), and the SDK's own.
-func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
+// then what the environment says (which wins: OTEL_RESOURCE_ATTRIBUTES,
+// then OTEL_SERVICE_NAME, read through getenv), and the SDK's own.
+func newResource(ctx context.Context, cfg Config, getenv func(string) string) (*resource.Resource, error) {
 	name := cfg.ServiceName
 	if name == "" {
 		name = "kvrouter"
@@ -172,7 +174,11 @@ func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
 	if cfg.Version != "" {
 		attrs = append(attrs, attribute.String("service.version", cfg.Version))
 	}
-	res, err := resource.New(ctx, resource.WithAttributes(attrs...), resource.WithFromEnv(), resource.WithTelemetrySDK())
+	opts := []resource.Option{resource.WithAttributes(attrs...), resource.WithFromEnv(), resource.WithTelemetrySDK()}
+	if v := getenv(EnvServiceName); v != "" {
+		opts = append(opts, resource.WithAttributes(attribute.String("service.name", v)))
+	}
+	res, err := resource.New(ctx, opts...)
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tracing resource: %w", err)
 	}
