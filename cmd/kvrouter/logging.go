@@ -20,9 +20,19 @@ func newLogger(w io.Writer, level, format string) *slog.Logger {
 	l, _ := proxy.ParseLogLevel(level)
 	opts := &slog.HandlerOptions{Level: l}
 	if format == proxy.LogJSON {
+		opts.ReplaceAttr = durationString
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// durationString writes durations as text ("1.5s"), as the text format
+// does, not as JSON's integer nanoseconds.
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // flushTraces exports the spans still buffered and stops the exporter,

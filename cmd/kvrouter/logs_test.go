@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -126,6 +127,11 @@ func TestServeJSONLogAndTraces(t *testing.T) {
 		if m.Traces != recv.URL+"/v1/traces" {
 			t.Errorf("startup line: traces %q, want %s/v1/traces", m.Traces, recv.URL)
 		}
+		var all map[string]any
+		json.Unmarshal([]byte(line), &all)
+		if all["drain_timeout"] != "2s" {
+			t.Errorf("startup line: drain_timeout %v, want \"2s\" (durations as text)", all["drain_timeout"])
+		}
 		return m.Listen, true
 	}, "--log-format", "json", "--otlp-endpoint", recv.URL)
 	chat(t, addr)
@@ -223,5 +229,22 @@ func TestLogFormatConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(tc.args[0], "--")) {
 			t.Errorf("%v: got %v, want an error naming %s", tc.args, err, tc.args[0])
 		}
+	}
+}
+
+// TestEngineLogFormat: kvrouter engine --log-format picks the handler,
+// and refuses other values.
+func TestEngineLogFormat(t *testing.T) {
+	for format, want := range map[string]string{"json": "*slog.JSONHandler", "text": "*slog.TextHandler"} {
+		cfg, _, err := engineFlags([]string{"--log-format", format})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprintf("%T", cfg.Logger.Handler()); got != want {
+			t.Errorf("--log-format %s: handler %s, want %s", format, got, want)
+		}
+	}
+	if _, _, err := engineFlags([]string{"--log-format", "xml"}); err == nil || !strings.Contains(err.Error(), "log-format") {
+		t.Errorf("--log-format xml: got %v, want an error naming log-format", err)
 	}
 }
