@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // syncBuffer is a log sink safe for the router's goroutines and the
@@ -226,4 +229,21 @@ func usageOf(t *testing.T, b []byte) (prompt, cached int) {
 		}
 	}
 	return prompt, cached
+}
+
+// BenchmarkAccessLog measures one access line of a routed request, as
+// JSON to io.Discard: what the access log adds to each request at info.
+//
+//	go test -run='^$' -bench=AccessLog -benchmem ./proxy
+func BenchmarkAccessLog(b *testing.B) {
+	rt := &Router{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), names: []string{"http://10.0.0.1:8000"}}
+	t0 := time.Now()
+	c := &call{rt: rt, id: "kvr-abc-1", method: "POST", path: "/v1/chat/completions", prompt: &prefix.Prompt{Model: "m", Stream: true},
+		status: 200, outcome: "ok", replica: 0, routed: true, sessionSrc: SessionHeader, start: t0, end: t0.Add(40 * time.Millisecond),
+		ttft: 12 * time.Millisecond, usage: fleet.Usage{PromptTokens: 1200, CachedTokens: 1024, CompletionTokens: 64}}
+	c.dec.Reason, c.dec.Matched = "least-cost", 1024
+	b.ReportAllocs()
+	for b.Loop() {
+		rt.logAccess(c)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,8 +14,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/otlptest"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/tracing"
@@ -287,4 +290,38 @@ func TestSpansExported(t *testing.T) {
 		wantTraceparent(t, contRecs[0], r.clients[0], "the cut engine")
 		wantTraceparent(t, contRecs[1], r.clients[1], "the engine continued on")
 	})
+}
+
+// discard is a span exporter that drops what it is given.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkSpans measures what tracing adds to a routed request with one
+// upstream attempt: the server span (the client's traceparent read, the
+// decision's attributes set), the client span, and both handed to a
+// batching processor whose exporter drops them.
+//
+//	go test -run='^$' -bench=Spans -benchmem ./proxy
+func BenchmarkSpans(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}))
+	defer tp.Shutdown(context.Background())
+	u, _ := url.Parse("http://10.0.0.1:8000")
+	rt := &Router{names: []string{u.String()}, urls: []*url.URL{u}, policyName: "kv-aware"}
+	rt.tracer, _ = newTracer(tp, http.DefaultTransport)
+	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	costs := []route.Cost{{Replica: 0, Matched: 1024, Wait: time.Millisecond, Prefill: 20 * time.Millisecond, Total: 30 * time.Millisecond}}
+	b.ReportAllocs()
+	for b.Loop() {
+		c := &call{rt: rt, id: "kvr-abc-1", method: "POST", path: req.URL.Path, replica: 0, routed: true, usage: fleet.NoUsage}
+		r := c.startSpan(req)
+		c.dec = route.Decision{Replica: 0, Reason: "least-cost", Matched: 1024, Costs: costs}
+		ctx, span := c.startAttempt(r.Context())
+		a := &attempt{ctx: ctx, span: span}
+		a.endSpan()
+		c.status, c.outcome, c.end = 200, "ok", time.Now()
+		c.endSpan()
+	}
 }
