@@ -68,13 +68,15 @@ func (c *call) endSpan() {
 	}
 	s := c.span
 	attrs := append(make([]attribute.KeyValue, 0, 24),
-		attribute.Int("http.response.status_code", c.status),
 		attribute.String("kvrouter.request_id", c.id),
 		attribute.String("kvrouter.policy", c.rt.policyName),
 		attribute.String("kvrouter.outcome", c.outcome),
 		attribute.Int("kvrouter.retries", len(c.failed)),
 		attribute.Float64("kvrouter.decide_ms", ms(c.decide)),
 	)
+	if c.status != 0 { // 0: the client left before an answer
+		attrs = append(attrs, attribute.Int("http.response.status_code", c.status))
+	}
 	if c.prompt != nil {
 		attrs = append(attrs, attribute.String("gen_ai.request.model", c.prompt.Model),
 			attribute.Bool("kvrouter.stream", c.prompt.Stream))
