@@ -1,9 +1,15 @@
 package tracing
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -89,3 +95,37 @@ func TestStartExports(t *testing.T) {
 		t.Errorf("service.name %q, want router-a (%s)", services[0], EnvServiceName)
 	}
 }
+
+// TestExportErrorLogged: a collector that refuses the spans (400) is
+// reported on the configured logger, not on stderr.
+func TestExportErrorLogged(t *testing.T) {
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no", http.StatusBadRequest)
+	}))
+	defer refuse.Close()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), nil))
+	p, err := Start(context.Background(), Config{Endpoint: refuse.URL, Getenv: func(string) string { return "" }, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, s := p.TracerProvider().Tracer("test").Start(context.Background(), "op")
+	s.End()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p.Shutdown(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(buf.String(), `"msg":"tracing: export failed"`) || !strings.Contains(buf.String(), "400") {
+		t.Errorf("log %q: want the export failure with its status", buf.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
