@@ -453,7 +453,7 @@ func checkURL(s string) error {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return fmt.Errorf("scheme must be http or https, got %q", u.Scheme)
 	}
-	if u.Host == "" {
+	if u.Hostname() == "" {
 		return errors.New("no host")
 	}
 	if p := strings.TrimRight(u.Path, "/"); strings.HasSuffix(p, "/v1") {

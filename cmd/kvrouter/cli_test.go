@@ -1,0 +1,192 @@
+package main
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvrouter/kvrouter/demo"
+)
+
+// commandHelp is each subcommand's help, which its -h prints.
+func commandHelp() map[string]help {
+	return map[string]help{
+		"serve": serveHelp, "engine": engineHelp, "sim": simHelp,
+		"demo": demoHelp, "replay": replayHelp, "version": versionHelp,
+	}
+}
+
+// TestHelp: every subcommand's -h says what it does and gives examples,
+// exits 0, and each example's flags exist and parse (the example is run
+// with -h appended, which stops before it does anything).
+func TestHelp(t *testing.T) {
+	dir := t.TempDir()
+	hs := commandHelp()
+	for name := range commands() {
+		h, ok := hs[name]
+		if !ok {
+			t.Errorf("command %s has no help in commandHelp", name)
+			continue
+		}
+		r := runBin(t, dir, nil, 10*time.Second, name, "-h")
+		if r.code != 0 {
+			t.Errorf("kvrouter %s -h: exit %d, want 0\n%s", name, r.code, r.stderr)
+		}
+		if !strings.HasPrefix(r.stderr, "usage: kvrouter "+name) {
+			t.Errorf("kvrouter %s -h starts %q, want \"usage: kvrouter %s\"", name, firstLine(r.stderr), name)
+		}
+		if len(strings.Split(strings.TrimSpace(h.about), "\n")) < 2 || !strings.Contains(r.stderr, firstLine(h.about)) {
+			t.Errorf("kvrouter %s -h: no description of at least two lines", name)
+		}
+		if len(h.examples) == 0 || !strings.Contains(r.stderr, "\nexamples:\n") {
+			t.Errorf("kvrouter %s -h: no examples", name)
+		}
+		for _, e := range h.examples {
+			args := strings.Fields(cutAny(e, " #", " >"))
+			if len(args) < 2 || args[0] != "kvrouter" || strings.TrimPrefix(args[1], "--") != name {
+				t.Errorf("kvrouter %s example %q does not run kvrouter %s", name, e, name)
+				continue
+			}
+			if r := runBin(t, dir, nil, 10*time.Second, append(args[1:], "-h")...); r.code != 0 {
+				t.Errorf("example %q with -h: exit %d, want 0 (a flag that does not exist?)\n%s", e, r.code, firstLine(r.stderr))
+			}
+		}
+	}
+	r := runBin(t, dir, nil, 10*time.Second)
+	for name := range commands() {
+		if !strings.Contains(r.stderr, "\n  "+name+" ") {
+			t.Errorf("kvrouter alone: the command list lacks %s:\n%s", name, r.stderr)
+		}
+	}
+	if r.code != 2 {
+		t.Errorf("kvrouter alone: exit %d, want 2", r.code)
+	}
+}
+
+// TestUsageErrors: a misspelt flag is named with a suggestion and a pointer
+// to -h, without the pages of flags; exit status 2.
+func TestUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--polcy", "kv-aware"}, "flag provided but not defined: -polcy (did you mean --policy?)"},
+		{[]string{"sim", "--replica", "4"}, "flag provided but not defined: -replica (did you mean --replicas?)"},
+		{[]string{"serve", "--backend", "localhost:8000"}, `backend "localhost:8000": URL needs a scheme, e.g. http://localhost:8000`},
+		{[]string{"engine", "extra"}, `unexpected arguments ["extra"]`},
+	}
+	for _, c := range cases {
+		r := runBin(t, dir, nil, 10*time.Second, c.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("kvrouter %s: exit %d, stderr %q; want exit 2 and %q", strings.Join(c.args, " "), r.code, r.stderr, c.want)
+		}
+		if !strings.Contains(r.stderr, "Run 'kvrouter "+c.args[0]+" -h'") || strings.Count(r.stderr, "\n") > 2 {
+			t.Errorf("kvrouter %s: stderr %q, want the error and a pointer to -h only", strings.Join(c.args, " "), r.stderr)
+		}
+	}
+}
+
+// TestEnvTypoWarned: the binary warns about a misspelt KVROUTER_ variable
+// at start, whatever the command, and still runs.
+func TestEnvTypoWarned(t *testing.T) {
+	r := runBin(t, t.TempDir(), []string{"KVROUTER_SCRAPE_INTERVL=250ms", "KVROUTER_POLICY=round-robin"}, 10*time.Second, "version")
+	want := "kvrouter: warning: unknown environment variable KVROUTER_SCRAPE_INTERVL is ignored (did you mean KVROUTER_SCRAPE_INTERVAL?)\n"
+	if r.code != 0 || r.stderr != want {
+		t.Errorf("got exit %d, stderr %q; want exit 0, stderr %q", r.code, r.stderr, want)
+	}
+}
+
+// TestVersionFromBuild: kvrouter version and --version print what the Go
+// toolchain stamped into the binary, as "go version -m" reads it, and,
+// when the binary was built from a git checkout, that checkout's commit.
+func TestVersionFromBuild(t *testing.T) {
+	dir := t.TempDir()
+	r := runBin(t, dir, nil, 10*time.Second, "version")
+	if r2 := runBin(t, dir, nil, 10*time.Second, "--version"); r2.stdout != r.stdout || r.code != 0 || r2.code != 0 {
+		t.Errorf("version: %q (exit %d); --version: %q (exit %d); want the same, exit 0", r.stdout, r.code, r2.stdout, r2.code)
+	}
+	out, err := exec.Command("go", "version", "-m", kvrouterBin(t)).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) >= 3 && f[0] == "mod":
+			fields["version"] = f[2]
+		case len(f) == 2 && f[0] == "build" && strings.HasPrefix(f[1], "vcs."):
+			k, v, _ := strings.Cut(f[1], "=")
+			fields[k] = v
+		case len(f) == 2 && strings.HasSuffix(f[0], ":"):
+			fields["go"] = f[1]
+		}
+	}
+	want := []string{"kvrouter", "version=" + fields["version"]}
+	if rev := fields["vcs.revision"]; rev != "" {
+		want = append(want, "revision="+rev, "dirty="+fields["vcs.modified"])
+	}
+	if tm := fields["vcs.time"]; tm != "" {
+		want = append(want, "time="+tm)
+	}
+	got := strings.Fields(r.stdout)
+	if len(got) < len(want) || !slices.Equal(got[:len(want)], want) || got[len(want)] != "go="+fields["go"] {
+		t.Errorf("kvrouter version: %q; go version -m says %v", r.stdout, fields)
+	}
+	t.Logf("kvrouter version: %s", strings.TrimSpace(r.stdout))
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil || fields["vcs"] != "git" {
+		t.Logf("not stamped from git here (worktree, -buildvcs=false or no git): revision not compared")
+		return
+	}
+	if rev := strings.TrimSpace(string(head)); fields["vcs.revision"] != rev {
+		t.Errorf("revision %s, want the checkout's HEAD %s", fields["vcs.revision"], rev)
+	}
+}
+
+// TestSimDemoChat: kvrouter sim and replay take the demo's workload, and
+// it is the demo's own generator's output, request for request.
+func TestSimDemoChat(t *testing.T) {
+	w, err := loadWorkload(demo.ChatWorkload, "", "", 7, 60, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := demo.Workload(demo.ChatWorkload, 60, 7, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, w.Requests); diff != "" || w.Name != demo.ChatWorkload {
+		t.Errorf("workload %q (-demo +sim):\n%s", w.Name, diff)
+	}
+	reqs, name, err := replayWorkload(demo.ChatWorkload, "", "", 7, 60)
+	if err != nil || name != demo.ChatWorkload || !cmp.Equal(want, reqs) {
+		t.Errorf("replay's demo-chat: %d requests named %q, %v; want the demo's %d", len(reqs), name, err, len(want))
+	}
+	out, _, err := runSimArgs(t, "--workload", demo.ChatWorkload, "--requests", "60", "--replicas", "2", "--policies", "round-robin,kv-aware", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{`"policy": "round-robin"`, `"policy": "kv-aware"`, `"completed": 60`, `"value": "demo-chat"`} {
+		if !strings.Contains(out, p) {
+			t.Errorf("sim --workload demo-chat --json lacks %s", p)
+		}
+	}
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+// cutAny returns s up to the first of seps.
+func cutAny(s string, seps ...string) string {
+	for _, sep := range seps {
+		s, _, _ = strings.Cut(s, sep)
+	}
+	return s
+}
