@@ -120,7 +120,7 @@ func TestVersionFromBuild(t *testing.T) {
 		switch {
 		case len(f) >= 3 && f[0] == "mod":
 			fields["version"] = f[2]
-		case len(f) == 2 && f[0] == "build" && strings.HasPrefix(f[1], "vcs."):
+		case len(f) == 2 && f[0] == "build" && strings.HasPrefix(f[1], "vcs"):
 			k, v, _ := strings.Cut(f[1], "=")
 			fields[k] = v
 		case len(f) == 2 && strings.HasSuffix(f[0], ":"):
