@@ -74,9 +74,10 @@ type result struct {
 // do not leak in) in dir, for at most timeout.
 func runBin(t *testing.T, dir string, env []string, timeout time.Duration, args ...string) result {
 	t.Helper()
+	bin := kvrouterBin(t) // before the clock starts: the first call builds it
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, kvrouterBin(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
 	var stdout, stderr strings.Builder
