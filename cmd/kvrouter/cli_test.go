@@ -1,7 +1,13 @@
 package main
 
 import (
+	"fmt"
+	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -32,7 +38,7 @@ func TestHelp(t *testing.T) {
 			t.Errorf("command %s has no help in commandHelp", name)
 			continue
 		}
-		r := runBin(t, dir, nil, 10*time.Second, name, "-h")
+		r := runBin(t, dir, nil, 30*time.Second, name, "-h")
 		if r.code != 0 {
 			t.Errorf("kvrouter %s -h: exit %d, want 0\n%s", name, r.code, r.stderr)
 		}
@@ -51,12 +57,12 @@ func TestHelp(t *testing.T) {
 				t.Errorf("kvrouter %s example %q does not run kvrouter %s", name, e, name)
 				continue
 			}
-			if r := runBin(t, dir, nil, 10*time.Second, append(args[1:], "-h")...); r.code != 0 {
+			if r := runBin(t, dir, nil, 30*time.Second, append(args[1:], "-h")...); r.code != 0 {
 				t.Errorf("example %q with -h: exit %d, want 0 (a flag that does not exist?)\n%s", e, r.code, firstLine(r.stderr))
 			}
 		}
 	}
-	r := runBin(t, dir, nil, 10*time.Second)
+	r := runBin(t, dir, nil, 30*time.Second)
 	for name := range commands() {
 		if !strings.Contains(r.stderr, "\n  "+name+" ") {
 			t.Errorf("kvrouter alone: the command list lacks %s:\n%s", name, r.stderr)
@@ -81,7 +87,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"engine", "extra"}, `unexpected arguments ["extra"]`},
 	}
 	for _, c := range cases {
-		r := runBin(t, dir, nil, 10*time.Second, c.args...)
+		r := runBin(t, dir, nil, 30*time.Second, c.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
 			t.Errorf("kvrouter %s: exit %d, stderr %q; want exit 2 and %q", strings.Join(c.args, " "), r.code, r.stderr, c.want)
 		}
@@ -94,7 +100,7 @@ func TestUsageErrors(t *testing.T) {
 // TestEnvTypoWarned: the binary warns about a misspelt KVROUTER_ variable
 // at start, whatever the command, and still runs.
 func TestEnvTypoWarned(t *testing.T) {
-	r := runBin(t, t.TempDir(), []string{"KVROUTER_SCRAPE_INTERVL=250ms", "KVROUTER_POLICY=round-robin"}, 10*time.Second, "version")
+	r := runBin(t, t.TempDir(), []string{"KVROUTER_SCRAPE_INTERVL=250ms", "KVROUTER_POLICY=round-robin"}, 30*time.Second, "version")
 	want := "kvrouter: warning: unknown environment variable KVROUTER_SCRAPE_INTERVL is ignored (did you mean KVROUTER_SCRAPE_INTERVAL?)\n"
 	if r.code != 0 || r.stderr != want {
 		t.Errorf("got exit %d, stderr %q; want exit 0, stderr %q", r.code, r.stderr, want)
@@ -106,8 +112,8 @@ func TestEnvTypoWarned(t *testing.T) {
 // when the binary was built from a git checkout, that checkout's commit.
 func TestVersionFromBuild(t *testing.T) {
 	dir := t.TempDir()
-	r := runBin(t, dir, nil, 10*time.Second, "version")
-	if r2 := runBin(t, dir, nil, 10*time.Second, "--version"); r2.stdout != r.stdout || r.code != 0 || r2.code != 0 {
+	r := runBin(t, dir, nil, 30*time.Second, "version")
+	if r2 := runBin(t, dir, nil, 30*time.Second, "--version"); r2.stdout != r.stdout || r.code != 0 || r2.code != 0 {
 		t.Errorf("version: %q (exit %d); --version: %q (exit %d); want the same, exit 0", r.stdout, r.code, r2.stdout, r2.code)
 	}
 	out, err := exec.Command("go", "version", "-m", kvrouterBin(t)).Output()
@@ -146,6 +152,13 @@ func TestVersionFromBuild(t *testing.T) {
 	}
 	if rev := strings.TrimSpace(string(head)); fields["vcs.revision"] != rev {
 		t.Errorf("revision %s, want the checkout's HEAD %s", fields["vcs.revision"], rev)
+	}
+	status, err := exec.Command("git", "status", "--porcelain").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dirty := fmt.Sprint(len(status) > 0); fields["vcs.modified"] != dirty {
+		t.Errorf("vcs.modified %s, want %s (git status --porcelain: %q)", fields["vcs.modified"], dirty, status)
 	}
 }
 
@@ -189,4 +202,61 @@ func cutAny(s string, seps ...string) string {
 		s, _, _ = strings.Cut(s, sep)
 	}
 	return s
+}
+
+// TestParseBuildInfo: the version line from a stamped build's information
+// (the text "go version -m" prints), and from an unstamped one.
+func TestParseBuildInfo(t *testing.T) {
+	stamped, err := debug.ParseBuildInfo("go\tgo1.26.8\npath\tgithub.com/kvrouter/kvrouter/cmd/kvrouter\n" +
+		"mod\tgithub.com/kvrouter/kvrouter\tv0.0.0-20261201161421-86752753e55e+dirty\t\n" +
+		"build\t-compiler=gc\nbuild\tvcs=git\nbuild\tvcs.revision=86752753e55ecd1666578aa924ca913a6089871e\n" +
+		"build\tvcs.time=2026-12-01T16:14:21Z\nbuild\tvcs.modified=true\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := debug.ParseBuildInfo("go\tgo1.26.8\npath\tgithub.com/kvrouter/kvrouter/cmd/kvrouter\nmod\tgithub.com/kvrouter/kvrouter\t(devel)\t\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stamped.GoVersion, plain.GoVersion = "go1.26.8", "go1.26.8" // ParseBuildInfo leaves it to the caller
+	platform := " platform=" + runtime.GOOS + "/" + runtime.GOARCH
+	cases := []struct {
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{stamped, "kvrouter version=v0.0.0-20261201161421-86752753e55e+dirty revision=86752753e55ecd1666578aa924ca913a6089871e dirty=true time=2026-12-01T16:14:21Z go=go1.26.8" + platform},
+		{plain, "kvrouter version=(devel) go=go1.26.8" + platform},
+	}
+	for _, c := range cases {
+		if got := parseBuildInfo(c.bi).String(); got != c.want {
+			t.Errorf("got  %q\nwant %q", got, c.want)
+		}
+	}
+}
+
+// TestREADMEConfig: the README's YAML config examples are valid
+// configurations.
+func TestREADMEConfig(t *testing.T) {
+	text, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, block := range strings.Split(string(text), "```yaml\n")[1:] {
+		body, _, _ := strings.Cut(block, "```")
+		path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadServeConfig([]string{"--config", path}, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Errorf("README config example:\n%s\n%v", body, err)
+		} else if len(cfg.Backends) == 0 {
+			t.Errorf("README config example has no backends:\n%s", body)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Error("the README has no yaml config example")
+	}
 }
