@@ -14,9 +14,10 @@ import (
 
 // built is the kvrouter binary the tests run, built once per test binary
 // into its own directory (removed by TestMain). It is built the way a user
-// builds it (go build, VCS stamping as the environment has it), with -race
-// when the tests have it, so that it reuses their compiled packages and
-// the README's commands run under the race detector too.
+// builds it (go build, VCS stamping as the environment has it) and without
+// -race even when the tests have it: the race detector slows the README's
+// simulations tenfold, and after go vet (CI runs it first) the packages
+// are already compiled.
 var built = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "kvrouter-bin-")
 	if err != nil {
@@ -24,9 +25,6 @@ var built = sync.OnceValues(func() (string, error) {
 	}
 	bin := filepath.Join(dir, "kvrouter")
 	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
 	out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
 	if err != nil && bytes.Contains(out, []byte("VCS")) {
 		// A checkout git refuses to read (another owner): build unstamped.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,6 +107,34 @@ func TestEnvTypoWarned(t *testing.T) {
 	if r.code != 0 || r.stderr != want {
 		t.Errorf("got exit %d, stderr %q; want exit 0, stderr %q", r.code, r.stderr, want)
 	}
+}
+
+// TestEnvTypoWarnedByServe: serve logs the warning in its log, at start.
+func TestEnvTypoWarnedByServe(t *testing.T) {
+	c := exec.Command(kvrouterBin(t), "serve", "--listen", "127.0.0.1:0", "--admin-listen", "", "--backend", "http://127.0.0.1:9")
+	c.Env = []string{"PATH=" + os.Getenv("PATH"), "KVROUTER_BACKENDS=http://127.0.0.1:9"}
+	stderr, err := c.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Wait()
+	defer c.Process.Signal(syscall.SIGTERM)
+	want := `level=WARN msg="unknown environment variable is ignored" name=KVROUTER_BACKENDS did_you_mean=KVROUTER_BACKEND`
+	sc := bufio.NewScanner(stderr)
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if strings.Contains(sc.Text(), want) {
+			return
+		}
+		if len(lines) > 20 {
+			break
+		}
+	}
+	t.Errorf("serve's log lacks %q:\n%s", want, strings.Join(lines, "\n"))
 }
 
 // TestVersionFromBuild: kvrouter version and --version print what the Go

@@ -52,8 +52,10 @@ func main() {
 		usage(cmds)
 		os.Exit(2)
 	}
-	for _, w := range envWarnings(os.Environ(), knownEnv()) {
-		fmt.Fprintln(os.Stderr, "kvrouter: warning:", w)
+	if name != "serve" { // serve logs them (logUnknownEnv), in its log's format
+		for _, w := range envWarnings(os.Environ(), knownEnv()) {
+			fmt.Fprintln(os.Stderr, "kvrouter: warning:", w)
+		}
 	}
 	ctx, stop := context.Background(), func() {}
 	if !c.signals {

@@ -71,7 +71,7 @@ func readmeRules() map[string]readmeRule {
 			skip: "needs a GPU and vLLM"},
 		"kvrouter serve --tokenizer /models/Qwen3-8B --backend http://10.0.0.5:8000,kv=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558 --backend http://10.0.0.6:8000,kv=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558": {
 			skip: "needs the model's tokenizer files in /models/Qwen3-8B"},
-		"kvrouter sim --workload shared-prefix --replicas 16 --preset llama3-8b-h100 --load 0.8 --policies all": {args: "--requests 256"},
+		"kvrouter sim --workload shared-prefix --replicas 16 --preset llama3-8b-h100 --load 0.8 --policies all": {args: "--requests 128"},
 		"curl -LO https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/conversation_trace.jsonl": {
 			skip: "downloads the public trace (no network in CI)"},
 		"kvrouter sim --trace conversation_trace.jsonl --replicas 16 --preset llama3-8b-h100 --load 0.8 --policies all": {

@@ -59,6 +59,7 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	logStart(log, cfg, rt, ln, adminLn, tlsCfg != nil)
+	logUnknownEnv(log)
 
 	bg, stopBg := context.WithCancel(context.Background()) // the loops outlive the signal: streams still need them
 	defer stopBg()
