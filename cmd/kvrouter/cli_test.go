@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvrouter/kvrouter/demo"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // commandHelp is each subcommand's help, which its -h prints.
@@ -64,6 +65,9 @@ func TestHelp(t *testing.T) {
 			}
 		}
 	}
+	if a, b := runBin(t, dir, nil, 30*time.Second, "help", "sim"), runBin(t, dir, nil, 30*time.Second, "sim", "-h"); a != b || a.code != 0 {
+		t.Errorf("kvrouter help sim: exit %d, %d bytes; want kvrouter sim -h's %d bytes", a.code, len(a.stderr), len(b.stderr))
+	}
 	r := runBin(t, dir, nil, 30*time.Second)
 	for name := range commands() {
 		if !strings.Contains(r.stderr, "\n  "+name+" ") {
@@ -72,6 +76,20 @@ func TestHelp(t *testing.T) {
 	}
 	if r.code != 2 {
 		t.Errorf("kvrouter alone: exit %d, want 2", r.code)
+	}
+}
+
+// TestDemoPolicies: demo --policies takes a list or all.
+func TestDemoPolicies(t *testing.T) {
+	got, err := demoPolicies("all")
+	if err != nil || !slices.Equal(got, route.Names()) || !slices.Contains(got, "kv-aware") {
+		t.Errorf("all: got %v, %v; want every policy %v", got, err, route.Names())
+	}
+	if got, err := demoPolicies(" round-robin, kv-aware ,"); err != nil || !slices.Equal(got, []string{"round-robin", "kv-aware"}) {
+		t.Errorf("list: got %v, %v", got, err)
+	}
+	if _, err := demoPolicies("kv-aware,nope"); err == nil || !strings.Contains(err.Error(), `unknown policy "nope"`) {
+		t.Errorf("unknown policy: got %v", err)
 	}
 }
 

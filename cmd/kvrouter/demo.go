@@ -30,6 +30,25 @@ var demoHelp = help{
 	},
 }
 
+// demoPolicies parses --policies: comma-separated names, or all (every
+// policy route.New knows).
+func demoPolicies(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "all" {
+		return route.Names(), nil
+	}
+	var names []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if _, err := route.New(p); err != nil {
+			return nil, err
+		}
+		names = append(names, p)
+	}
+	return names, nil
+}
+
 // runDemo runs the live demo: emulated replicas and the router in process,
 // the same workload through each policy, a side-by-side table.
 func runDemo(ctx context.Context, args []string) error {
@@ -45,21 +64,12 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "workload seed")
 	htmlOut := fs.String("report", "kvrouter-demo.html", "write the HTML report here; empty: none")
 	asJSON := fs.Bool("json", false, "print the report's JSON instead of the table")
-	if err := parseFlags(fs, args, demoHelp, os.Stderr); err != nil {
+	err := parseFlags(fs, args, demoHelp, os.Stderr)
+	if err != nil {
 		return err
 	}
-	if strings.TrimSpace(*policies) == "all" {
-		cfg.Policies = route.Names()
-	}
-	for _, p := range strings.Split(*policies, ",") {
-		if p = strings.TrimSpace(p); p != "" && p != "all" {
-			cfg.Policies = append(cfg.Policies, p)
-		}
-	}
-	for _, p := range cfg.Policies {
-		if _, err := route.New(p); err != nil {
-			return err
-		}
+	if cfg.Policies, err = demoPolicies(*policies); err != nil {
+		return err
 	}
 	n := len(cfg.Policies)
 	if n == 0 {

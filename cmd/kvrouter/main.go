@@ -35,6 +35,9 @@ func commands() map[string]command {
 
 func main() {
 	cmds := commands()
+	if len(os.Args) == 3 && os.Args[1] == "help" && cmds[os.Args[2]].run != nil {
+		os.Args = []string{os.Args[0], os.Args[2], "-h"} // "kvrouter help sim" is "kvrouter sim -h"
+	}
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
 		usage(cmds)
 		if len(os.Args) < 2 {
