@@ -15,9 +15,10 @@ import (
 // toolchain's build information (runtime/debug.ReadBuildInfo): nothing is
 // set by hand or by ldflags.
 type buildInfo struct {
-	// Version is the main module's version: a tag (v0.3.1) or
-	// pseudo-version for "go install ...@version", "(devel)" for a build
-	// from a work tree.
+	// Version is the main module's version: a tag (v0.3.1) or a
+	// pseudo-version (go install ...@version, or a build from a git
+	// checkout, "+dirty" with uncommitted changes); "(devel)" for a build
+	// without VCS information.
 	Version string
 	// Revision is the VCS commit the binary was built from (vcs.revision);
 	// empty when the build was not stamped (no VCS, -buildvcs=false, go
@@ -76,11 +77,11 @@ func (b buildInfo) String() string {
 
 var versionHelp = help{
 	synopsis: "kvrouter version",
-	about: "Prints the build: the module version (a tag or pseudo-version for go install\n" +
-		"...@version, \"(devel)\" for a build from a checkout), the commit it was built from\n" +
-		"and whether the work tree had uncommitted changes (dirty), the commit time, and\n" +
-		"the Go toolchain, all from the build information Go stamps into the binary.\n" +
-		"\"kvrouter --version\" is the same.",
+	about: "Prints the build: the module version (a tag, or a pseudo-version naming the\n" +
+		"commit, with +dirty for uncommitted changes; \"(devel)\" when the build had no VCS\n" +
+		"information), the commit it was built from and whether the work tree had\n" +
+		"uncommitted changes (dirty), the commit time, and the Go toolchain, all from the\n" +
+		"build information Go stamps into the binary. \"kvrouter --version\" is the same.",
 	examples: []string{"kvrouter version", "kvrouter --version"},
 }
 
