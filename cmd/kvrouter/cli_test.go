@@ -38,7 +38,7 @@ func TestHelp(t *testing.T) {
 	for name := range commands() {
 		h, ok := hs[name]
 		if !ok {
-			t.Errorf("command %s has no help in commandHelp", name)
+			t.Errorf("command %s has no help: give it a help{synopsis, about, examples} parsed with parseFlags, and list it in commandHelp", name)
 			continue
 		}
 		r := runBin(t, dir, nil, 30*time.Second, name, "-h")
