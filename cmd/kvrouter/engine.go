@@ -37,16 +37,23 @@ func runEngine(ctx context.Context, args []string) error {
 	return err
 }
 
+var engineHelp = help{
+	synopsis: "kvrouter engine [flags]",
+	about: "Runs an emulated vLLM replica: the engine model (paged KV cache with prefix\n" +
+		"caching, continuous batching, a timing preset) on a wall clock behind vLLM's\n" +
+		"OpenAI API, /metrics, /health, /tokenize and ZMQ KV-cache events. A stand-in for\n" +
+		"a GPU replica, for trying the router, tests and benchmarks. Runs until SIGINT or\n" +
+		"SIGTERM.",
+	examples: []string{
+		"kvrouter engine --listen 127.0.0.1:8001 --time-scale 0.05   # 20x faster than real time",
+		"kvrouter engine --listen 127.0.0.1:8002 --model m --kv-events-endpoint 'tcp://*:5557'",
+	},
+}
+
 // engineFlags parses the engine subcommand's flags into a config and the
 // listen address.
 func engineFlags(args []string) (emulator.Config, string, error) {
 	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kvrouter engine [flags]\n\n"+
-			"Runs an emulated vLLM replica: the engine model on a wall clock behind the\n"+
-			"OpenAI API, /metrics, /tokenize and ZMQ KV-cache events.\n\nflags:\n")
-		fs.PrintDefaults()
-	}
 	var cfg emulator.Config
 	models := &nameList{list: []string{"emulated"}}
 	loras := &nameList{}
@@ -67,11 +74,8 @@ func engineFlags(args []string) (emulator.Config, string, error) {
 	fs.Float64Var(&cfg.PCIeGBps, "pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s (gigabytes); 0: %d", engine.DefaultPCIeGBps))
 	logFormat := fs.String("log-format", proxy.LogText, "log lines as text (key=value) or json (one object per line)")
 	fs.IntVar(&cfg.KVFullStatus, "kv-full-status", 0, "HTTP status (e.g. 500, as llm-d-inference-sim) answered to a request whose uncached prompt blocks exceed the free ones on arrival; 0: queue it, as vLLM does")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, engineHelp, os.Stderr); err != nil {
 		return cfg, "", err
-	}
-	if fs.NArg() > 0 {
-		return cfg, "", fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if *logFormat != proxy.LogText && *logFormat != proxy.LogJSON {
 		return cfg, "", fmt.Errorf("log-format %q: want text or json", *logFormat)

@@ -71,6 +71,7 @@ func serveTo(ctx context.Context, args []string, getenv func(string) string, std
 		return err
 	}
 	logStart(log, cfg, rt, ln, adminLn, tlsCfg != nil, tp.Endpoint())
+	logUnknownEnv(log)
 
 	bg, stopBg := context.WithCancel(context.Background()) // the loops outlive the signal: streams still need them
 	defer stopBg()
