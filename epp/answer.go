@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -81,10 +82,11 @@ func httpStatus(code int) *typev3.HttpStatus {
 	return &typev3.HttpStatus{Code: typev3.StatusCode(code)}
 }
 
-// setHeader sets key to value, replacing any value the request had.
+// setHeader sets key (lower-cased, as Envoy wants header names) to
+// value, replacing any value the message had.
 func setHeader(key, value string) *corev3.HeaderValueOption {
 	return &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
+		Header:       &corev3.HeaderValue{Key: strings.ToLower(key), RawValue: []byte(value)},
 		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}
 }

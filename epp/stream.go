@@ -379,7 +379,7 @@ func (st *stream) immediate(code int, h http.Header, body []byte, details string
 			continue
 		}
 		for _, v := range vs {
-			set = append(set, setHeader(strings.ToLower(k), v))
+			set = append(set, setHeader(k, v))
 		}
 	}
 	ir := &extprocv3.ImmediateResponse{Status: httpStatus(code), Body: body, Details: details}
