@@ -38,6 +38,12 @@ func TestEnvoyConfig(t *testing.T) {
 	if err := protojson.Unmarshal(js, &b); err != nil {
 		t.Fatalf("envoy.yaml: %v", err)
 	}
+	for _, typo := range [][2]string{{"use_http_header", "use_http_headr"}, {"FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAM"}} {
+		bad, _ := yaml.YAMLToJSON([]byte(strings.Replace(string(data), typo[0], typo[1], 1)))
+		if err := protojson.Unmarshal(bad, new(bootstrapv3.Bootstrap)); err == nil {
+			t.Errorf("%s → %s decoded without error: the check tests nothing", typo[0], typo[1])
+		}
+	}
 	if err := b.ValidateAll(); err != nil {
 		t.Fatalf("envoy.yaml: %v", err)
 	}
