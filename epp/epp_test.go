@@ -182,6 +182,11 @@ func TestImmediateErrors(t *testing.T) {
 		{"oversized in chunks", func() req { r := ok; r.chunks = [][]byte{big[:2000], big[2000:4000], big[4000:]}; return r }, 413, "request_too_large"},
 		{"oversized at once", func() req { r := ok; r.chunks = [][]byte{big}; return r }, 413, "request_too_large"},
 		{"oversized buffered", func() req { r := ok; r.mode, r.chunks = procv3.ProcessingMode_BUFFERED, [][]byte{big}; return r }, 413, "request_too_large"},
+		{"cut at Envoy's buffer", func() req {
+			r := ok
+			r.mode, r.open = procv3.ProcessingMode_BUFFERED_PARTIAL, true
+			return r
+		}, 413, "request_too_large"},
 		{"no body", func() req { r := ok; r.chunks = nil; return r }, 400, "invalid_json"},
 		{"unknown model", func() req { return chat("nope", "s", "hello", false) }, 404, "model_not_found"},
 		{"empty subset", func() req { r := ok; r.subset = []string{}; return r }, 503, "no_healthy_replica"},
@@ -205,8 +210,8 @@ func TestImmediateErrors(t *testing.T) {
 			}
 		})
 	}
-	if got := f.metric(t, "kvrouter_epp_errors_total", "code", "request_too_large"); got != 3 {
-		t.Errorf("kvrouter_epp_errors_total{code=request_too_large} = %v, want 3", got)
+	if got := f.metric(t, "kvrouter_epp_errors_total", "code", "request_too_large"); got != 4 {
+		t.Errorf("kvrouter_epp_errors_total{code=request_too_large} = %v, want 4", got)
 	}
 	if got := f.metric(t, "kvrouter_errors_total", "code", "invalid_json"); got != 3 {
 		t.Errorf("kvrouter_errors_total{code=invalid_json} = %v, want 3", got)

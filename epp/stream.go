@@ -28,6 +28,7 @@ type stream struct {
 	in       chan received
 	first    bool     // no message handled yet
 	reqMode  BodyMode // request body mode
+	partial  bool     // BUFFERED_PARTIAL: a body message without end of stream is cut at Envoy's buffer
 	respEcho bool     // the response body mode is FULL_DUPLEX_STREAMED: chunks are sent back
 	method   string
 	path     string
@@ -154,6 +155,7 @@ func (st *stream) modes(pc *extprocv3.ProtocolConfiguration) {
 		st.reqMode = FullDuplex
 	case procv3.ProcessingMode_BUFFERED, procv3.ProcessingMode_BUFFERED_PARTIAL:
 		st.reqMode = Buffered
+		st.partial = pc.GetRequestBodyMode() == procv3.ProcessingMode_BUFFERED_PARTIAL
 	default:
 		st.reqMode = -1
 	}
@@ -202,7 +204,8 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 }
 
 // requestBody collects the body, up to MaxBodyBytes, and routes at its
-// end.
+// end: the last chunk in FULL_DUPLEX_STREAMED mode, the one message in
+// BUFFERED mode (whose end_of_stream is false when trailers follow).
 func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	if !st.started || st.pick != nil {
 		return st.protocolError("request body out of order")
@@ -212,12 +215,14 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 		return st.fail(http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("request body is larger than %d bytes", limit))
 	}
 	st.body = append(st.body, b.GetBody()...)
-	if !b.GetEndOfStream() {
-		if st.reqMode == Buffered { // BUFFERED_PARTIAL past Envoy's buffer: only part of it
-			return st.fail(http.StatusRequestEntityTooLarge, "request_too_large", "request body is larger than the proxy's buffer")
-		}
-		return nil
+	switch {
+	case b.GetEndOfStream():
+	case st.partial: // past Envoy's buffer: only the start of the body
+		return st.fail(http.StatusRequestEntityTooLarge, "request_too_large", "request body is larger than the proxy's buffer")
+	case st.reqMode == FullDuplex:
+		return nil // more chunks follow
 	}
+	// BUFFERED: the whole body, trailers perhaps to follow.
 	return st.route(true)
 }
 
