@@ -25,6 +25,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"serve":   {summary: "run the router in front of replicas", run: runServe, signals: true},
+		"epp":     {summary: "run as a Gateway API endpoint picker (Envoy ext_proc, gRPC)", run: runEPP},
 		"sim":     {summary: "simulate a fleet under several routing policies, side by side", run: runSim},
 		"version": {summary: "print the version, commit and Go toolchain of this build", run: runVersion},
 		"engine":  {summary: "run an emulated vLLM-compatible replica", run: runEngine},
