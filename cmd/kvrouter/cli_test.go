@@ -24,7 +24,7 @@ import (
 // commandHelp is each subcommand's help, which its -h prints.
 func commandHelp() map[string]help {
 	return map[string]help{
-		"serve": serveHelp, "engine": engineHelp, "sim": simHelp,
+		"serve": serveHelp, "epp": eppHelp, "engine": engineHelp, "sim": simHelp,
 		"demo": demoHelp, "replay": replayHelp, "version": versionHelp,
 	}
 }
@@ -282,8 +282,20 @@ func TestParseBuildInfo(t *testing.T) {
 	}
 }
 
-// TestREADMEConfig: the README's YAML config examples are valid
-// configurations.
+// isServeConfig reports whether a YAML block is a kvrouter configuration,
+// one with a top-level backends key, rather than a Kubernetes manifest or
+// Envoy's configuration.
+func isServeConfig(body string) bool {
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, "backends:") || strings.HasPrefix(l, "backend:") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestREADMEConfig: the README's YAML config examples (kvrouter's, not
+// the manifests') are valid configurations.
 func TestREADMEConfig(t *testing.T) {
 	text, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
@@ -292,6 +304,9 @@ func TestREADMEConfig(t *testing.T) {
 	n := 0
 	for _, block := range strings.Split(string(text), "```yaml\n")[1:] {
 		body, _, _ := strings.Cut(block, "```")
+		if !isServeConfig(body) {
+			continue // a Kubernetes manifest or an Envoy configuration
+		}
 		path := filepath.Join(t.TempDir(), "kvrouter.yaml")
 		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 			t.Fatal(err)

@@ -188,13 +188,19 @@ var serveHelp = help{
 // flags > KVROUTER_* environment > config file > defaults. getenv is
 // os.Getenv outside tests.
 func loadServeConfig(args []string, getenv func(string) string, stderr io.Writer) (proxy.Config, error) {
+	return loadConfig("serve", serveHelp, args, getenv, stderr)
+}
+
+// loadConfig is loadServeConfig for the subcommand cmd (serve, or epp,
+// which takes serve's flags), whose -h prints h.
+func loadConfig(cmd string, h help, args []string, getenv func(string) string, stderr io.Writer) (proxy.Config, error) {
 	// First pass: find --config and which flags were given.
 	scratch := proxy.DefaultConfig()
 	var path string
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	serveFlags(fs, &scratch, &path)
-	if err := parseFlags(fs, args, serveHelp, stderr); err != nil {
+	if err := parseFlags(fs, args, h, stderr); err != nil {
 		return proxy.Config{}, err
 	}
 	given := map[string]bool{}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -75,6 +74,22 @@ func parseBodyMode(s string) (epp.BodyMode, error) {
 	return 0, fmt.Errorf("unknown body mode %q (full-duplex or buffered)", s)
 }
 
+var eppHelp = help{
+	synopsis: "kvrouter epp --backend URL [--backend URL ...] [flags]",
+	about: "Runs the router as a Gateway API Inference Extension endpoint picker: an Envoy\n" +
+		"ext_proc gRPC server on --listen (default " + DefaultEPPListen + ") that reads each request's body,\n" +
+		"picks the replica with the same policy and fleet code as serve, and answers with\n" +
+		"the x-gateway-destination-endpoint header and envoy.lb metadata; Envoy forwards.\n" +
+		"It takes serve's flags (backends, policy, KV events, admin surface), and also\n" +
+		"--body-mode full-duplex|buffered (the ext_proc filter's request_body_mode when\n" +
+		"Envoy does not say; default full-duplex) and --epp-idle-timeout (the longest a\n" +
+		"routed request's stream may be silent; default " + epp.DefaultIdleTimeout.String() + ").",
+	examples: []string{
+		"kvrouter epp --backend http://10.0.0.1:8000 --backend http://10.0.0.2:8000",
+		"kvrouter epp --listen :9002 --policy kv-aware --config kvrouter.yaml",
+	},
+}
+
 // listenGiven reports whether the gRPC address was set on the command
 // line or in the environment.
 func listenGiven(args []string) bool {
@@ -95,12 +110,8 @@ func runEPP(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loadServeConfig(rest, osGetenv, os.Stderr)
+	cfg, err := loadConfig("epp", eppHelp, rest, osGetenv, os.Stderr)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "\nkvrouter epp also takes --body-mode full-duplex|buffered (the ext_proc filter's request_body_mode when Envoy does not say; default full-duplex)")
-			fmt.Fprintln(os.Stderr, "and --epp-idle-timeout (longest a routed request's stream may be silent; default "+epp.DefaultIdleTimeout.String()+"); --listen is the gRPC address (default "+DefaultEPPListen+").")
-		}
 		return err
 	}
 	if !listenGiven(rest) && cfg.Listen == proxy.DefaultListen {

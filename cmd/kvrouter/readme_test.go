@@ -84,6 +84,12 @@ func readmeRules() map[string]readmeRule {
 			skip: "needs a fleet at 10.0.0.1 and the downloaded Mooncake trace"},
 		"go test -run TestScreenshot ./dashboard -args -screenshot=$PWD/dashboard.png": {
 			skip: "a browser test, which go test ./... runs"},
+		"go install github.com/kvrouter/kvrouter/cmd/kvrouter@latest": {
+			skip: "fetches the published module (no network in CI); the tests build this checkout"},
+		"docker build -t kvrouter:latest .": {skip: "needs Docker; deploy's tests check the Dockerfile"},
+		"kubectl apply -n llm -k deploy/":   {skip: "needs a cluster; deploy's tests decode every manifest strictly"},
+		"kvrouter epp --listen :9002 --discover dns://vllm-engines:8000 --policy kv-aware": {
+			skip: "needs the cluster's DNS name of the vLLM pods; epp's tests run it on loopback"},
 	}
 }
 
