@@ -76,6 +76,15 @@ type Config struct {
 	Retries int `yaml:"retries"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log-level"`
+	// LogFormat is how log lines are written: text (slog's key=value) or
+	// json (one JSON object per line); empty means text.
+	LogFormat string `yaml:"log-format"`
+	// OTLPEndpoint is the OpenTelemetry collector's OTLP/HTTP base URL
+	// (http://host:4318; spans go to its /v1/traces), as
+	// OTEL_EXPORTER_OTLP_ENDPOINT, over which it takes precedence. Empty
+	// means tracing is off unless OTEL_EXPORTER_OTLP_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (package tracing).
+	OTLPEndpoint string `yaml:"otlp-endpoint"`
 	// KVEventsBind is the endpoint of one ZMQ SUB socket that engines dial
 	// to publish their KV events (e.g. "tcp://0.0.0.0:5557"); an engine is
 	// matched to the backend whose host:port its topic
@@ -373,6 +382,7 @@ func DefaultConfig() Config {
 		Preset:         DefaultPreset,
 		Retries:        DefaultRetries,
 		LogLevel:       DefaultLogLevel,
+		LogFormat:      LogText,
 		MaxWait:        fleet.DefaultMaxWait,
 		MaxQueue:       fleet.DefaultMaxQueue,
 		QueueTimeout:   fleet.DefaultQueueTimeout,
@@ -641,6 +651,7 @@ func (c *Config) Validate() error {
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateTelemetry()...)
 	errs = append(errs, c.validateKV()...)
 	errs = append(errs, c.validateSurface()...)
 	errs = append(errs, c.validateLimits()...)
@@ -725,6 +736,28 @@ func checkEndpoint(s string) error {
 		}
 	}
 	return errors.New("want a ZMQ endpoint tcp://host:port, ipc://path or inproc://name")
+}
+
+// Log formats, the values of Config.LogFormat.
+const (
+	LogText = "text"
+	LogJSON = "json"
+)
+
+// validateTelemetry checks the log format and the OTLP endpoint.
+func (c *Config) validateTelemetry() []error {
+	var errs []error
+	switch c.LogFormat {
+	case "", LogText, LogJSON:
+	default:
+		errs = append(errs, fmt.Errorf("log-format %q: want text or json", c.LogFormat))
+	}
+	if c.OTLPEndpoint != "" {
+		if err := checkURL(c.OTLPEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("otlp-endpoint %q: %w (the collector's OTLP/HTTP base URL, e.g. http://localhost:4318)", c.OTLPEndpoint, err))
+		}
+	}
+	return errs
 }
 
 // ParseLogLevel reads debug, info, warn or error.

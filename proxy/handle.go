@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/hashing"
@@ -54,6 +55,7 @@ type call struct {
 	rt         *Router
 	id         string
 	start      time.Time
+	method     string
 	path       string
 	prompt     *prefix.Prompt
 	session    string
@@ -75,6 +77,7 @@ type call struct {
 	ctx        context.Context // the request's, while it is routed
 	rec        uint64          // the decision record's sequence number; 0: none
 	index      string          // the chosen replica's residency feed
+	span       trace.Span      // the server span; nil when tracing is off
 
 	scratch // reused across requests
 	tap     tap
@@ -146,7 +149,7 @@ func callFrom(ctx context.Context) *call {
 func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := rt.pool.Get().(*call)
 	*c = call{
-		rt: rt, start: rt.now(), path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
+		rt: rt, start: rt.now(), method: r.Method, path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
 		failed: c.failed[:0], scratch: c.scratch.reset(), tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
 	}
 	return c
@@ -155,6 +158,7 @@ func (rt *Router) newCall(r *http.Request, routed bool) *call {
 // serveCompletion routes POST /v1/chat/completions and /v1/completions.
 func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	c := rt.newCall(r, true)
+	r = c.startSpan(r)
 	defer c.finish(r.Context())
 	body, ok := c.readBody(w, r)
 	if !ok {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/route"
@@ -31,9 +32,14 @@ type Deps struct {
 	// Gatherer serves /metrics; nil means Registry when it is also a
 	// Gatherer (a *prometheus.Registry), else no /metrics route.
 	Gatherer prometheus.Gatherer
-	// Logger receives one line per request at debug level and operational
-	// messages; nil means discard.
+	// Logger receives the access log, one line per request at info level
+	// (accesslog.go), and operational messages; nil means discard.
 	Logger *slog.Logger
+	// TracerProvider makes the spans of routed requests: a server span
+	// per request, a client span per upstream attempt, W3C trace context
+	// sent upstream (spans.go). Nil (or a no-op provider) means no spans,
+	// and a client's traceparent passes through unchanged.
+	TracerProvider trace.TracerProvider
 	// Transport carries upstream requests; nil means a pooled
 	// http.Transport tuned for many concurrent streams to few hosts.
 	Transport http.RoundTripper
@@ -70,6 +76,8 @@ type Router struct {
 	start      time.Time // the router's start: time zero of the residency index
 	sf         surface   // keys, pass-through list, id hashing
 	live       liveSet   // API requests in flight, for the drain
+
+	tracer trace.Tracer // nil: tracing off (Deps.TracerProvider)
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -109,6 +117,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		}
 		rt.upstream = t
 	}
+	rt.tracer, rt.upstream = newTracer(deps.TracerProvider, rt.upstream)
 	for _, b := range cfg.Backends {
 		u, err := url.Parse(b.URL)
 		if err != nil {
