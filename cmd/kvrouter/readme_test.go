@@ -27,6 +27,9 @@ package main
 //     it small (later flags win over the README's), or start a server
 //     first. A rule whose command is no longer in the README fails the
 //     test. A command that already ran (the same text) is not run again.
+//   - A block right after a line "<!-- ci: skip REASON -->" (an HTML
+//     comment: invisible on the rendered page) is skipped whole, for a
+//     transcript or a deployment walk-through that cannot run here.
 //   - -short skips the commands whose rule marks them slow.
 
 import (
@@ -98,6 +101,9 @@ func readmeRules() map[string]readmeRule {
 type readmeBlock struct {
 	line     int
 	commands []readmeCommand
+	// skip is the reason of a "<!-- ci: skip REASON -->" line right
+	// before the block; empty: none.
+	skip string
 }
 
 type readmeCommand struct {
@@ -109,7 +115,7 @@ type readmeCommand struct {
 func readmeBlocks(text string) []readmeBlock {
 	var blocks []readmeBlock
 	var cur *readmeBlock
-	shell, cont := false, ""
+	shell, cont, prev := false, "", ""
 	contLine := 0
 	for i, l := range strings.Split(text, "\n") {
 		n := i + 1
@@ -118,6 +124,12 @@ func readmeBlocks(text string) []readmeBlock {
 				tag := strings.TrimSpace(strings.TrimPrefix(l, "```"))
 				shell = tag == "sh" || tag == "bash" || tag == "shell" || tag == "console"
 				cur = &readmeBlock{line: n}
+				if r, ok := strings.CutPrefix(prev, "<!-- ci: skip"); ok && strings.HasSuffix(r, "-->") {
+					cur.skip = strings.TrimSpace(strings.TrimSuffix(r, "-->"))
+					if cur.skip == "" {
+						cur.skip = "marked ci: skip"
+					}
+				}
 			} else {
 				if len(cur.commands) > 0 {
 					blocks = append(blocks, *cur)
@@ -127,6 +139,9 @@ func readmeBlocks(text string) []readmeBlock {
 			continue
 		}
 		if cur == nil {
+			if strings.TrimSpace(l) != "" {
+				prev = strings.TrimSpace(l)
+			}
 			continue
 		}
 		if cont == "" {
@@ -177,6 +192,9 @@ func TestREADME(t *testing.T) {
 
 // runBlock runs one block's commands in a fresh directory.
 func runBlock(t *testing.T, b readmeBlock, bin string, rules map[string]readmeRule, ran map[string]bool) {
+	if b.skip != "" {
+		t.Skipf("README line %d: block skipped (%s)", b.line, b.skip)
+	}
 	dir := t.TempDir()
 	writeFixtures(t, dir)
 	env := append(os.Environ(), "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
@@ -462,12 +480,14 @@ func tail(out []byte) string {
 // TestReadmeBlocks: the extraction rules on a literal README.
 func TestReadmeBlocks(t *testing.T) {
 	text := "intro\n```sh\n# a comment\nkvrouter sim \\\n  --replicas 4   # trailing\n\nkvrouter version\n```\n" +
-		"```\n$ go run ./cmd/kvrouter demo\noutput line\n```\n```yaml\nbackend: []\n```\n```console\n$ kvrouter --version\n```\n"
+		"```\n$ go run ./cmd/kvrouter demo\noutput line\n```\n```yaml\nbackend: []\n```\n```console\n$ kvrouter --version\n```\n" +
+		"<!-- ci: skip needs Docker -->\n\n```sh\ndocker build .\n```\n"
 	got := readmeBlocks(text)
 	want := []readmeBlock{
 		{line: 2, commands: []readmeCommand{{4, "kvrouter sim --replicas 4"}, {7, "kvrouter version"}}},
 		{line: 9, commands: []readmeCommand{{10, "go run ./cmd/kvrouter demo"}}},
 		{line: 16, commands: []readmeCommand{{17, "kvrouter --version"}}},
+		{line: 21, commands: []readmeCommand{{22, "docker build ."}}, skip: "needs Docker"},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("got %v, want %v", got, want)
