@@ -64,6 +64,7 @@ type Router struct {
 	gatherer   prometheus.Gatherer
 	decisions  *ring
 	seq        atomic.Uint64
+	xm         *transferMetrics
 	idPrefix   string            // "kvr-<epoch>-", request ids append a sequence number
 	upstream   http.RoundTripper // the plain transport
 	rp         *httputil.ReverseProxy
@@ -140,6 +141,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	rt.m = m
+	if rt.xm, err = newTransferMetrics(reg, cfg.Preset); err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
 	rt.decisions = newRing(cfg.Decisions, rt.names)
 	if rt.adm, err = newAdmission(cfg.admission(), reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
