@@ -18,9 +18,9 @@ import (
 // transferConfig is a replica whose interconnect is slow enough (1 GB/s)
 // that importing a long prefix takes longer than recomputing it: a TTFT
 // that matches the transfer time cannot come from a recompute. At time
-// scale 0.5 the transfer below takes about 210 ms of wall time, so that
-// the few milliseconds of HTTP and scheduling on a loaded machine stay
-// well inside the 30% the wall-clock check allows.
+// scale 0.5 the 400-block transfer below takes about 420 ms of wall time,
+// so that the tens of milliseconds of HTTP and scheduling on a loaded
+// machine stay well inside the 30% the wall-clock check allows.
 func transferConfig() Config {
 	return Config{Preset: "llama3-8b-h100", Model: "m", TimeScale: 0.5, InterconnectGBps: 1}
 }
@@ -104,14 +104,14 @@ func modelTTFT(t *testing.T, ec engine.Config, prompt []uint32, cached int) time
 	return ev.First - ev.Arrived
 }
 
-// TestKVTransferImports: a replica asked to import a 200-block prefix
+// TestKVTransferImports: a replica asked to import a 400-block prefix
 // from a peer that computed it fetches the blocks from that peer over
 // loopback (the peer's send counters move), reports them cached and as
 // external hits, and its TTFT is the transfer time the bandwidth implies
 // plus the prefill of the rest, not a recompute.
 func TestKVTransferImports(t *testing.T) {
 	src, dst := start(t, transferConfig()), start(t, transferConfig())
-	const blocks = 200
+	const blocks = 400
 	prompt := seq(1000, blocks*16+5)
 	if code, b := post(t, src.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}); code != 200 {
 		t.Fatalf("warm the source: %d %s", code, b)
@@ -167,11 +167,15 @@ func TestKVTransferImports(t *testing.T) {
 	engineTTFT := time.Duration(fams["vllm:time_to_first_token_seconds"].sum * float64(time.Second))
 	wallTTFT := time.Duration(float64(st.first) / dst.scale)
 	t.Logf("TTFT: engine clock %v, wall clock %v (engine time); predicted %v; a recompute %v", engineTTFT, wallTTFT, want, recompute)
-	for what, got := range map[string]time.Duration{"engine-clock": engineTTFT, "wall-clock": wallTTFT} {
-		if d := float64(got-want) / float64(want); d < -0.3 || d > 0.3 {
-			t.Errorf("%s TTFT %v, want %v ±30%% (%d blocks × %v + the rest's prefill; a recompute: %v)",
-				what, got, want, blocks, ec.BlockTransfer(), recompute)
-		}
+	if d := float64(engineTTFT-want) / float64(want); d < -0.3 || d > 0.3 {
+		t.Errorf("engine-clock TTFT %v, want %v ±30%% (%d blocks × %v + the rest's prefill; a recompute: %v)",
+			engineTTFT, want, blocks, ec.BlockTransfer(), recompute)
+	}
+	// The client saw the wait too. Under -race the HTTP path's own cost
+	// (hundreds of ms for a 6,400-token body) swamps the bound above:
+	// only the lower one is checked then.
+	if d := float64(wallTTFT-want) / float64(want); d < -0.3 || (d > 0.3 && !raceEnabled) {
+		t.Errorf("wall-clock TTFT %v (in engine time), want %v ±30%%", wallTTFT, want)
 	}
 }
 
@@ -228,5 +232,62 @@ func TestKVTransferFallsBack(t *testing.T) {
 	}
 	if got := transfers(t, dst, outcomeReceived) + transfers(t, dst, outcomePartial); got != 0 {
 		t.Errorf("%v transfers counted as received", got)
+	}
+}
+
+// TestKVTransferPartial: a source that lost the tail of the prefix (a
+// 12-block cache: the second prompt evicts most of the first's 5 blocks,
+// last first, as vLLM frees them) sends the leading blocks it still holds;
+// the rest is recomputed and the import counted as partial. A
+// remote_num_tokens cap, and a non-empty remote_block_ids, bound what is
+// asked for.
+func TestKVTransferPartial(t *testing.T) {
+	cfg := transferConfig()
+	cfg.KVBlocks = 12
+	src, dst := start(t, cfg), start(t, transferConfig())
+	a := seq(1000, 5*16+3)
+	for _, p := range [][]uint32{a, seq(5000, 9*16+3)} {
+		if code, body := post(t, src.URL()+"/v1/completions", map[string]any{"prompt": p, "max_tokens": 1}); code != 200 {
+			t.Fatalf("source: %d %s", code, body)
+		}
+	}
+	code, body := post(t, dst.URL()+"/v1/completions", map[string]any{"prompt": a, "max_tokens": 1, "kv_transfer_params": params(t, src)})
+	if code != 200 {
+		t.Fatalf("status %d %s", code, body)
+	}
+	got := decodeResponse(t, body).Usage.PromptTokensDetails.CachedTokens
+	if got <= 0 || got >= 5*16 || got%16 != 0 {
+		t.Errorf("cached_tokens %d, want some but not all of the 5 blocks", got)
+	}
+	if sent := src.Stats().SentBlocks; sent != int64(got/16) {
+		t.Errorf("the source sent %d blocks, the destination reports %d tokens cached", sent, got)
+	}
+	if got := transfers(t, dst, outcomePartial); got != 1 {
+		t.Errorf("partial transfers %v, want 1", got)
+	}
+
+	// A warm source, asked for fewer blocks than it holds.
+	full := start(t, transferConfig())
+	b := seq(9000, 8*16+3)
+	post(t, full.URL()+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1})
+	for i, p := range []map[string]any{
+		{"remote_num_tokens": 3*16 + 5},
+		{"remote_block_ids": []int{7, 8}},
+		{"remote_block_ids": [][]int{{7, 8, 9, 10}}},
+	} {
+		kv := params(t, full)
+		for k, v := range p {
+			kv[k] = v
+		}
+		before := full.Stats().SentBlocks
+		code, body := post(t, dst.URL()+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1, "kv_transfer_params": kv})
+		if code != 200 {
+			t.Fatalf("case %d: status %d %s", i, code, body)
+		}
+		want := []int64{3, 2, 4}[i]
+		if got := full.Stats().SentBlocks - before; got != want {
+			t.Errorf("case %d (%v): the source sent %d blocks, want %d", i, p, got, want)
+		}
+		dst.Reset() // the next case imports again
 	}
 }

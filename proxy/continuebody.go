@@ -49,8 +49,8 @@ func (s *stream) emitUsage(data []byte) {
 // continuation returns the body asking for the rest of the reply: the
 // call's original body (as first sent) with the text generated so far.
 func (s *stream) continuation() ([]byte, error) {
-	if s.orig == nil && s.c.plain != nil {
-		s.orig = s.c.plain // without the KV transfer's params (transfer.go)
+	if s.orig == nil {
+		s.orig = s.c.untransferred() // without the KV transfer's params; nil: none
 	}
 	if s.orig == nil {
 		if s.first.GetBody == nil {

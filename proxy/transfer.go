@@ -139,18 +139,27 @@ func portOf(scheme, port string) int {
 // without the transfer's params: the source was picked for the replica
 // that failed.
 func (c *call) dropTransfer(req *http.Request) {
-	if c.plain == nil {
+	plain := c.untransferred()
+	if plain == nil {
 		return
 	}
-	c.xfer, c.xferTokens = route.Transfer{}, 0
 	if c.rec != 0 {
 		c.record() // the retry's decision, without the transfer
 	}
-	plain := c.plain
 	req.Body = io.NopCloser(bytes.NewReader(plain))
 	req.ContentLength = int64(len(plain))
 	req.Header.Set("Content-Length", strconv.Itoa(len(plain)))
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(plain)), nil }
+}
+
+// untransferred forgets the call's transfer and returns the body without
+// its params; nil when the call ordered none.
+func (c *call) untransferred() []byte {
+	if c.plain == nil {
+		return nil
+	}
+	c.xfer, c.xferTokens = route.Transfer{}, 0
+	return c.plain
 }
 
 // appendTransfer appends the X-Kvrouter-Decision part of the call's

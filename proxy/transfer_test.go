@@ -69,13 +69,18 @@ func startEmulator(t *testing.T) *emulator.Server {
 	return e
 }
 
-// transferPrompt is a completions body of about 400 tokens.
-func transferPrompt() string {
+// transferText is a prompt of 400 words, a token each.
+func transferText() string {
 	words := make([]string, 400)
 	for i := range words {
 		words[i] = "w" + string(rune('a'+i%26)) + string(rune('a'+i/26%26))
 	}
-	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(words, " "), "max_tokens": 2})
+	return strings.Join(words, " ")
+}
+
+// transferPrompt is a completions body of about 400 tokens.
+func transferPrompt() string {
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": transferText(), "max_tokens": 2})
 	return string(b)
 }
 
@@ -205,5 +210,42 @@ func TestKVTransferRetryDropsParams(t *testing.T) {
 	}
 	if n := metricValue(t, url, "kvrouter_kv_transfers_total", "to", bad.URL); n != 1 {
 		t.Errorf("%v transfers counted to the failed replica, want 1", n)
+	}
+}
+
+// TestKVTransferContinuationDropsParams: the replica a transfer was
+// ordered for imports the blocks, then its stream is cut after a few
+// tokens; the continuation on another replica carries no
+// kv_transfer_params, so the source sends the blocks once.
+func TestKVTransferContinuationDropsParams(t *testing.T) {
+	src, mid, dst := startEmulator(t), startEmulator(t), startEmulator(t)
+	f := &faulty{h: mid.Handler(), after: 3}
+	cut := httptest.NewServer(f)
+	t.Cleanup(cut.Close)
+	_, url := transferRouter(t, true, src.URL(), cut.URL, dst.URL())
+	chat := func(stream bool) string {
+		b, _ := json.Marshal(map[string]any{"model": "m", "stream": stream, "max_tokens": 8,
+			"messages": []map[string]string{{"role": "user", "content": transferText()}}})
+		return string(b)
+	}
+	do(t, "POST", url+"/v1/chat/completions", chat(false))
+	_, events := replyEvents(t, url, chat(true))
+	if got := readReply(t, events); !got.Done || got.ErrCode != "" {
+		t.Fatalf("reply %+v, want a whole stream", got)
+	}
+	if f.hits.Load() != 1 {
+		t.Fatalf("%d requests reached the cut replica, want 1", f.hits.Load())
+	}
+	if got := mid.Stats().RemoteHits; got != transferBlocks*16 {
+		t.Errorf("the cut replica received %d tokens, want %d", got, transferBlocks*16)
+	}
+	if got := dst.Stats().RemoteHits; got != 0 {
+		t.Errorf("the continuation imported %d tokens: it carried the params", got)
+	}
+	if got := src.Stats().SentBlocks; got != transferBlocks {
+		t.Errorf("the source sent %d blocks, want %d (once)", got, transferBlocks)
+	}
+	if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midContinued); got != 1 {
+		t.Errorf("kvrouter_stream_failures_total{result=continued} = %v, want 1", got)
 	}
 }
