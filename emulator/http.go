@@ -15,8 +15,9 @@ import (
 )
 
 // Handler serves the replica's HTTP API: POST /v1/chat/completions,
-// POST /v1/completions, GET /v1/models, GET /health, POST /tokenize and
-// GET /metrics.
+// POST /v1/completions, GET /v1/models, GET /health, POST /tokenize,
+// GET /metrics, and POST TransferPath, the KV-transfer side channel
+// (transfer.go).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)

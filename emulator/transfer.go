@@ -222,6 +222,9 @@ func (s *Server) importBlocks(ctx context.Context, j *job, f *flight) {
 		return
 	}
 	ans, outcome, err := s.askSource(ctx, j.id, p, f.req.Hashes[:want])
+	if ctx.Err() != nil {
+		return // the client went away: nothing to import for
+	}
 	if err != nil {
 		s.transferFailed(j, p, outcome, err)
 		return
