@@ -1,6 +1,7 @@
 // Package proxy is kvrouter's data plane: an OpenAI-compatible streaming
 // reverse proxy (httputil.ReverseProxy) that routes every request with a
-// route.Policy over a fleet snapshot, forwards the body unchanged, streams
+// route.Policy over a fleet snapshot, forwards the body unchanged (but for
+// stream_options.include_usage and, with KVTransfer, kv_transfer_params), streams
 // SSE byte for byte, retries on another replica only before the first byte
 // reaches the client, and records each decision with what came of it.
 package proxy
