@@ -69,7 +69,8 @@ type kvTransferParams struct {
 	// serves such a request as any other.
 	DoRemoteDecode bool `json:"do_remote_decode"`
 	// RemoteEngineID and RemoteRequestID name the source and its request;
-	// the emulator only logs them.
+	// the emulator names the source by RemoteEngineID in its log and
+	// ignores RemoteRequestID.
 	RemoteEngineID  string `json:"remote_engine_id"`
 	RemoteRequestID string `json:"remote_request_id"`
 	// RemoteHost and RemotePort are the source's address. In vLLM they
