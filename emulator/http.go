@@ -15,8 +15,9 @@ import (
 )
 
 // Handler serves the replica's HTTP API: POST /v1/chat/completions,
-// POST /v1/completions, GET /v1/models, GET /health, POST /tokenize and
-// GET /metrics.
+// POST /v1/completions, GET /v1/models, GET /health, POST /tokenize,
+// GET /metrics, and POST TransferPath, the KV-transfer side channel
+// (transfer.go).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
@@ -24,6 +25,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST "+TransferPath, s.serveTransfer)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -53,6 +55,8 @@ type job struct {
 	// the tokens of the partial reply a continue_final_message request
 	// continues, so that a continued reply reads as one; 0 otherwise.
 	offset int
+	// kv is the request's kv_transfer_params; nil without.
+	kv *kvTransferParams
 }
 
 // httpError is an error with its HTTP status and, if not empty, the
@@ -141,7 +145,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		fail(w, badRequest("%v", err))
 		return
 	}
-	j := &job{id: s.newID("chatcmpl-"), model: sm.name, lora: sm.lora, tokens: Tokenize(text), stream: req.Stream, chat: true, offset: offset}
+	j := &job{id: s.newID("chatcmpl-"), model: sm.name, lora: sm.lora, tokens: Tokenize(text), stream: req.Stream, chat: true, offset: offset, kv: req.KVTransferParams}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	maxTokens := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -170,7 +174,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		fail(w, badRequest("%v", err))
 		return
 	}
-	j := &job{id: s.newID("cmpl-"), model: sm.name, lora: sm.lora, tokens: tokens, stream: req.Stream}
+	j := &job{id: s.newID("cmpl-"), model: sm.name, lora: sm.lora, tokens: tokens, stream: req.Stream, kv: req.KVTransferParams}
 	j.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if err := s.limits(j, req.MaxTokens, req.N); err != nil {
 		fail(w, err)
@@ -182,10 +186,12 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 // serve submits the job to the engine and answers, streaming or not.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
-	if s.cfg.KVFullStatus != 0 {
-		// Hashed here, off the engine goroutine, for its admission check.
+	if s.cfg.KVFullStatus != 0 || j.kv != nil {
+		// Hashed here, off the engine goroutine, for its admission check
+		// and a KV import.
 		f.req.Hashes = s.blockHashes(j.tokens, j.lora)
 	}
+	s.importBlocks(r.Context(), j, f)
 	select {
 	case s.submit <- f:
 	case <-s.stopped:

@@ -35,6 +35,10 @@ type flight struct {
 	err    error        // set when the engine stopped or reset
 
 	lastToken time.Duration // engine goroutine only: for inter-token latency
+	// remoteAt is when the source of a KV import (req.RemoteBlocks)
+	// answered; req.RemoteSent is a delay from it until the engine loop
+	// adds the request (importBlocks, remoteSent).
+	remoteAt time.Time
 }
 
 func newFlight(req engine.Request) *flight {
@@ -83,6 +87,8 @@ func (s *Server) Run(ctx context.Context) error {
 		case ack := <-s.resets:
 			l.reset()
 			close(ack)
+		case o := <-s.sends:
+			l.send(o)
 		case <-timer.C:
 		case <-ctx.Done():
 			l.failAll(errStopped)
@@ -113,6 +119,7 @@ func (l *loop) now() time.Duration {
 
 func (l *loop) add(f *flight) {
 	l.t = max(l.t, l.now())
+	l.remoteSent(f)
 	if err := l.admissible(&f.req); err != nil {
 		f.added <- err
 		return

@@ -57,9 +57,9 @@ func vllmMetrics(reg prometheus.Registerer, model string, ec engine.Config, stat
 	f.counter("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
 		func(s *engine.Stats) float64 { return float64(s.PrefixHits) }, stats)
 	f.counter("external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
-		func(s *engine.Stats) float64 { return float64(s.CPUQueries) }, stats)
+		func(s *engine.Stats) float64 { return float64(externalQueries(s)) }, stats)
 	f.counter("external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
-		func(s *engine.Stats) float64 { return float64(s.CPUHits) }, stats)
+		func(s *engine.Stats) float64 { return float64(s.CPUHits + s.RemoteHits) }, stats)
 	f.counter("num_preemptions_total", "Cumulative number of preemption from the engine.",
 		func(s *engine.Stats) float64 { return float64(s.Preemptions) }, stats)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -121,6 +121,18 @@ func sglangMetrics(reg prometheus.Registerer, model string, ec engine.Config, st
 		generation: f.plainCounter("generation_tokens_total", "Number of generation tokens processed."),
 		requests:   f.plainCounter("num_requests_total", "Number of requests processed."),
 	}
+}
+
+// externalQueries are the tokens asked of the KV connectors: with a CPU
+// tier, every prompt token the GPU missed (peers' blocks included); without
+// one, the tokens received from peers (the emulator asks a peer only for
+// blocks it then receives or recomputes, and counts the latter in
+// emulator_kv_transfers_total).
+func externalQueries(s *engine.Stats) int64 {
+	if s.CPUBlocks > 0 {
+		return s.CPUQueries
+	}
+	return s.RemoteHits
 }
 
 func kvUsage(s *engine.Stats) float64 {

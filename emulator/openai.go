@@ -27,6 +27,8 @@ type chatRequest struct {
 	// to continue the final (assistant) message instead of starting a
 	// new one: it is rendered open, without its end-of-turn token.
 	ContinueFinalMessage bool `json:"continue_final_message"`
+	// KVTransferParams is vLLM's KV-connector field (transfer.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 // completionRequest is the body of POST /v1/completions.
@@ -37,6 +39,8 @@ type completionRequest struct {
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	N             *int            `json:"n"`
+	// KVTransferParams is vLLM's KV-connector field (transfer.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 // tokenizeRequest is the body of POST /tokenize: prompt or messages.

@@ -89,6 +89,10 @@ type Config struct {
 	// engine's default); zero keeps the preset's (none).
 	CPUKVBlocks int
 	PCIeGBps    float64
+	// InterconnectGBps overrides the bandwidth, in GB/s each way, of the
+	// links KV transfers between replicas take (engine.Config
+	// InterconnectGBps; kv_transfer_params); zero keeps the preset's.
+	InterconnectGBps float64
 	// TimeScale is wall seconds per engine second: 0.05 runs the model 20×
 	// faster than real time. Zero means 1.
 	TimeScale float64
@@ -142,6 +146,10 @@ type Server struct {
 	served   map[string]servedModel // request model name → how to serve it
 	cards    []modelCard            // the /v1/models list, immutable
 	rejected atomic.Int64           // requests answered KVFullStatus
+
+	sends chan *sendOrder // KV transfer asks of peers, to the engine loop
+	peers *http.Client    // for the sources of KV imports
+	tm    *transferMetrics
 
 	closeOnce sync.Once
 	http      *http.Server // Start only
@@ -208,6 +216,8 @@ func New(cfg Config) (*Server, error) {
 		submit:  make(chan *flight),
 		cancels: make(chan string, 64),
 		resets:  make(chan chan struct{}),
+		sends:   make(chan *sendOrder),
+		peers:   peerClient(),
 		stopped: make(chan struct{}),
 		created: time.Now().Unix(),
 		served:  served,
@@ -216,6 +226,7 @@ func New(cfg Config) (*Server, error) {
 	st := eng.Stats()
 	s.stats.Store(&st)
 	s.m = newMetrics(s.reg, cfg.MetricsFlavor, cfg.Model, s.ecfg, s.stats.Load)
+	s.tm = newTransferMetrics(s.reg)
 	if cfg.KVEventsEndpoint != "" {
 		s.pub, err = newPublisher(cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.Topic, cfg.Logger)
 		if err != nil {
@@ -235,8 +246,11 @@ func engineConfig(cfg Config) (engine.Config, error) {
 		}
 		ec = p
 	}
-	if cfg.MaxNumSeqs < 0 || cfg.KVBlocks < 0 || cfg.BlockSize < 0 || cfg.CPUKVBlocks < 0 || cfg.PCIeGBps < 0 {
-		return ec, errors.New("emulator: negative max num seqs, kv blocks, block size, CPU blocks or PCIe bandwidth")
+	if cfg.MaxNumSeqs < 0 || cfg.KVBlocks < 0 || cfg.BlockSize < 0 || cfg.CPUKVBlocks < 0 || cfg.PCIeGBps < 0 || cfg.InterconnectGBps < 0 {
+		return ec, errors.New("emulator: negative max num seqs, kv blocks, block size, CPU blocks, PCIe or interconnect bandwidth")
+	}
+	if cfg.InterconnectGBps > 0 {
+		ec.InterconnectGBps = cfg.InterconnectGBps
 	}
 	if cfg.CPUKVBlocks > 0 {
 		ec.CPUBlocks = cfg.CPUKVBlocks

@@ -253,6 +253,11 @@ type Config struct {
 	// completions: prompt plus text), at most Retries times; false ends it
 	// with an SSE error event.
 	StreamContinue bool `yaml:"stream-continue"`
+	// KVTransfer lets decisions order KV transfers between replicas: the
+	// forwarded body then carries vLLM's kv_transfer_params naming the
+	// source (transfer.go). Only engines with a KV connector (NIXL,
+	// LMCache, kvrouter's emulator) can act on it; false never sends it.
+	KVTransfer bool `yaml:"kv-transfer"`
 	// RetryBufferBytes is the largest non-streaming response read whole
 	// before the client gets a byte of it, so that a failure while reading
 	// it is retried; larger ones pass through past that point. Zero means

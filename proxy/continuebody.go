@@ -50,6 +50,9 @@ func (s *stream) emitUsage(data []byte) {
 // call's original body (as first sent) with the text generated so far.
 func (s *stream) continuation() ([]byte, error) {
 	if s.orig == nil {
+		s.orig = s.c.untransferred() // without the KV transfer's params; nil: none
+	}
+	if s.orig == nil {
 		if s.first.GetBody == nil {
 			return nil, errors.New("the request body cannot be replayed")
 		}

@@ -48,6 +48,10 @@ func (c *call) fill(rec *view.Decision) {
 	if c.replica >= 0 {
 		rec.Replica = rt.names[c.replica]
 	}
+	if c.xfer.Blocks > 0 {
+		rec.Transfer = "from " + rt.names[c.xfer.From]
+		rec.TransferTokens, rec.PredictedTransferMS = c.xferTokens, ms(c.xfer.Time)
+	}
 	if rec.Index == "" {
 		rec.Index = rt.st.indexMode()
 	}

@@ -78,6 +78,11 @@ type call struct {
 	rec        uint64          // the decision record's sequence number; 0: none
 	index      string          // the chosen replica's residency feed
 	span       trace.Span      // the server span; nil when tracing is off
+	// xfer is the KV transfer the forwarded body orders (Blocks 0: none),
+	// of xferTokens tokens; plain is that body without it (transfer.go).
+	xfer       route.Transfer
+	xferTokens int
+	plain      []byte
 
 	scratch // reused across requests
 	tap     tap
@@ -93,11 +98,12 @@ type call struct {
 // scratch is a call's buffers, kept with their capacity from one request
 // to the next.
 type scratch struct {
-	body []byte
-	inj  []byte // body with include_usage injected
-	hs   hashing.Scratch
-	sc   fleet.Scratch // the decision: what the policy saw and chose
-	hdr  []byte
+	body  []byte
+	inj   []byte // body with include_usage injected
+	xbody []byte // body with kv_transfer_params added
+	hs    hashing.Scratch
+	sc    fleet.Scratch // the decision: what the policy saw and chose
+	hdr   []byte
 }
 
 // keepBytes is the largest body buffer a pooled call keeps for the next
@@ -106,7 +112,7 @@ const keepBytes = 1 << 20
 
 // reset empties the buffers, keeping their capacity up to keepBytes.
 func (s scratch) reset() scratch {
-	s.body, s.inj, s.hdr = keep(s.body), keep(s.inj), s.hdr[:0]
+	s.body, s.inj, s.xbody, s.hdr = keep(s.body), keep(s.inj), keep(s.xbody), s.hdr[:0]
 	return s
 }
 
@@ -183,6 +189,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if !c.route(w) {
 		return
 	}
+	body = c.withTransfer(body)
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
 	c.setBody(out, body)
 	rt.rp.ServeHTTP(w, out)
@@ -483,6 +490,7 @@ func (c *call) summary() string {
 	b = append(b, c.sessionSrc...)
 	b = append(b, "; id="...)
 	b = append(b, c.id...)
+	b = c.appendTransfer(b)
 	if len(c.failed) > 0 {
 		b = append(b, "; retried="...)
 		b = strconv.AppendInt(b, int64(len(c.failed)), 10)

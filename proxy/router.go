@@ -1,6 +1,7 @@
 // Package proxy is kvrouter's data plane: an OpenAI-compatible streaming
 // reverse proxy (httputil.ReverseProxy) that routes every request with a
-// route.Policy over a fleet snapshot, forwards the body unchanged, streams
+// route.Policy over a fleet snapshot, forwards the body unchanged (but for
+// stream_options.include_usage and, with KVTransfer, kv_transfer_params), streams
 // SSE byte for byte, retries on another replica only before the first byte
 // reaches the client, and records each decision with what came of it.
 package proxy
@@ -64,6 +65,7 @@ type Router struct {
 	gatherer   prometheus.Gatherer
 	decisions  *ring
 	seq        atomic.Uint64
+	xm         *transferMetrics
 	idPrefix   string            // "kvr-<epoch>-", request ids append a sequence number
 	upstream   http.RoundTripper // the plain transport
 	rp         *httputil.ReverseProxy
@@ -140,6 +142,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	rt.m = m
+	if rt.xm, err = newTransferMetrics(reg, cfg.Preset); err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
 	rt.decisions = newRing(cfg.Decisions, rt.names)
 	if rt.adm, err = newAdmission(cfg.admission(), reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)

@@ -53,6 +53,7 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			next.Body = body
 		}
+		c.dropTransfer(next)
 		u := *rt.urls[c.replica]
 		u.Path, u.RawPath, u.RawQuery = req.URL.Path, req.URL.RawPath, req.URL.RawQuery
 		next.URL = &u

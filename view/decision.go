@@ -53,6 +53,12 @@ type Decision struct {
 	Replica string   `json:"replica"`
 	Reason  string   `json:"reason"`
 	Failed  []string `json:"failed,omitempty"`
+	// Transfer, when the forwarded body ordered a KV transfer
+	// (--kv-transfer), says so: "from <replica>", with the tokens imported
+	// and the policy's predicted transfer time; empty otherwise.
+	Transfer            string  `json:"transfer,omitempty"`
+	TransferTokens      int     `json:"transfer_tokens,omitempty"`
+	PredictedTransferMS float64 `json:"predicted_transfer_ms,omitempty"`
 	// PredictedCached is the policy's predicted cached prompt tokens (in
 	// the router's tokens: an estimate in text mode); ActualCached the
 	// engine's usage.prompt_tokens_details.cached_tokens and PromptTokens

@@ -73,6 +73,7 @@ func engineFlags(args []string) (emulator.Config, string, error) {
 	fs.IntVar(&cfg.CPUKVBlocks, "cpu-kv-blocks", 0, "CPU offload tier in blocks (as vLLM's CPU offloading or LMCache): computed blocks are copied there and loaded back over PCIe instead of recomputed, reported as medium CPU in KV events; 0: none")
 	fs.Float64Var(&cfg.PCIeGBps, "pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s (gigabytes); 0: %d", engine.DefaultPCIeGBps))
 	logFormat := fs.String("log-format", proxy.LogText, "log lines as text (key=value) or json (one object per line)")
+	fs.Float64Var(&cfg.InterconnectGBps, "interconnect-gbps", 0, "bandwidth in GB/s (gigabytes) each way of the links KV transfers to and from peers take (kv_transfer_params); 0: the preset's")
 	fs.IntVar(&cfg.KVFullStatus, "kv-full-status", 0, "HTTP status (e.g. 500, as llm-d-inference-sim) answered to a request whose uncached prompt blocks exceed the free ones on arrival; 0: queue it, as vLLM does")
 	if err := parseFlags(fs, args, engineHelp, os.Stderr); err != nil {
 		return cfg, "", err
