@@ -14,6 +14,9 @@ type result struct {
 	replicas int // fleet size at the end (added replicas included)
 	finished int // requests ended, for progress
 	end      time.Duration
+	// noIndex is true when the policy reads no residency index, so it
+	// predicts no cached tokens (report.Result.NoPrediction).
+	noIndex bool
 }
 
 // Reject causes.

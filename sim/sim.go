@@ -288,7 +288,7 @@ func Run(cfg Config) (report.Run, error) {
 			return report.Run{}, err
 		}
 		run.Policies = append(run.Policies, report.Summarize(res.samples, report.Options{
-			Policy: name, SLO: slo, Replicas: res.replicas,
+			Policy: name, SLO: slo, Replicas: res.replicas, NoPrediction: res.noIndex,
 		}))
 	}
 	return run, nil
