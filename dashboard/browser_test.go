@@ -1,16 +1,16 @@
 package dashboard
 
 import (
-	"github.com/kvrouter/kvrouter/view"
-
 	"context"
 	"flag"
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/browser"
+	"github.com/kvrouter/kvrouter/view"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
@@ -22,91 +22,15 @@ var (
 	dark       = flag.Bool("dark", false, "TestScreenshot emulates prefers-color-scheme: dark")
 )
 
-// chromium is where Debian's chromium package installs the browser.
-const chromium = "/usr/bin/chromium"
-
-// console collects a page's console messages. mu guards msgs.
-type console struct {
-	mu   sync.Mutex
-	msgs []chromedp.ConsoleMessage
+// startBrowser starts Chromium at the window size of the screenshots.
+func startBrowser(t *testing.T) (context.Context, *browser.Console) {
+	return browser.Start(t, 1500, 900)
 }
 
-// errors returns the errors and uncaught exceptions seen so far.
-func (c *console) errors() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for _, m := range c.msgs {
-		if m.Type == chromedp.ConsoleError || m.IsException() {
-			out = append(out, m.String()+" at "+m.URL)
-		}
-	}
-	return out
-}
-
-// browser starts a headless Chromium for the test's life and returns its
-// context and the console it writes to. It skips the test when Chromium is
-// not installed, unless $CI is set.
-func browser(t *testing.T) (context.Context, *console) {
-	t.Helper()
-	if _, err := os.Stat(chromium); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set but %s is missing (apt-get install -y chromium chromium-driver): %v", chromium, err)
-		}
-		t.Skipf("%s not installed", chromium)
-	}
-	dir, err := os.MkdirTemp("", "dashboard-chromium")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Chromium's children may still write for a moment after it stops.
-		for range 50 {
-			if os.RemoveAll(dir) == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.NoFirstRun,
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(dir),
-		chromedp.WindowSize(1500, 900),
-	)
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancel(); acancel() })
-	con := &console{}
-	msgs := chromedp.Console(ctx) // starts the browser
-	go func() {
-		for m, err := range msgs {
-			if err != nil {
-				return
-			}
-			con.mu.Lock()
-			con.msgs = append(con.msgs, m)
-			con.mu.Unlock()
-		}
-	}()
-	return ctx, con
-}
-
-// within runs a with a timeout derived from the browser's context.
+// within runs a with a timeout d.
 func within[T any](t *testing.T, ctx context.Context, d time.Duration, what string, a chromedp.Action[T]) T {
 	t.Helper()
-	tctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	v, err := chromedp.Run(tctx, a)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return v
+	return browser.Run(t, ctx, d, what, a)
 }
 
 // text is the script reading the text of the first element matching sel.
@@ -120,7 +44,7 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	src := sample()
 	srv := httptest.NewServer(New(src))
 	defer srv.Close()
-	ctx, con := browser(t)
+	ctx, con := startBrowser(t)
 
 	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
 	rows := within(t, ctx, 10*time.Second, "replica rows",
@@ -166,7 +90,7 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	if n := within(t, ctx, 5*time.Second, "still open", chromedp.Evaluate[int](`document.querySelectorAll('tr.costs').length`)); n != 1 {
 		t.Errorf("%d expanded rows after refreshes, want 1", n)
 	}
-	if errs := con.errors(); len(errs) > 0 {
+	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%v", errs)
 	}
 }
@@ -176,14 +100,14 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 func TestBrowserReportsScriptErrors(t *testing.T) {
 	srv := httptest.NewServer(New(brokenSource{}))
 	defer srv.Close()
-	ctx, con := browser(t)
+	ctx, con := startBrowser(t)
 	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
 	within(t, ctx, 5*time.Second, "throw", chromedp.Evaluate[chromedp.Void](`setTimeout(() => { throw new Error("boom") }, 0); undefined`))
 	deadline := time.Now().Add(5 * time.Second)
-	for len(con.errors()) == 0 && time.Now().Before(deadline) {
+	for len(con.Errors()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if len(con.errors()) == 0 {
+	if len(con.Errors()) == 0 {
 		t.Error("an uncaught exception produced no console error")
 	}
 }
@@ -205,7 +129,7 @@ func TestScreenshot(t *testing.T) {
 	src := sample()
 	srv := httptest.NewServer(New(src))
 	defer srv.Close()
-	ctx, _ := browser(t)
+	ctx, _ := startBrowser(t)
 	if *dark {
 		within(t, ctx, 10*time.Second, "dark", chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
 			_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{

@@ -13,8 +13,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvrouter/kvrouter/dashboard"
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/browser"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -82,7 +82,7 @@ func chat(t *testing.T, url, session, prompt string) {
 func TestBrowserLiveRouter(t *testing.T) {
 	const n = 3
 	url, admin := stack(t, n)
-	ctx, con := dashboard.StartBrowser(t)
+	ctx, con := browser.Start(t, 1500, 900)
 	run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(admin+"/ui?refresh=100"))
 	rows := run(t, ctx, 10*time.Second, "replica rows",
 		chromedp.Poll[int](fmt.Sprintf(`document.querySelectorAll('#replicas tbody tr[data-replica]').length === %d && %d`, n, n)))

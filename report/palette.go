@@ -54,5 +54,14 @@ func policyColors(names []string) []string {
 	return out
 }
 
-// palette colours reasons and replicas, in order.
-func palette(i int) string { return policyPalette[i%len(policyPalette)] }
+// reasonPalette colours decision reasons: the policy palette, then the
+// light companions of its first eight hues (24 in all; the policies of
+// route give 17 reasons).
+var reasonPalette = [...]string{
+	"#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+	"#17becf", "#393b79", "#637939", "#8c6d31", "#7b4173", "#6b6ecf", "#b5cf6b", "#000000",
+	"#aec7e8", "#98df8a", "#ffbb78", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d",
+}
+
+// palette colours reasons, in order.
+func palette(i int) string { return reasonPalette[i%len(reasonPalette)] }
