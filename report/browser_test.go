@@ -190,4 +190,3 @@ func bestP99(run *report.Run) string {
 
 // ms rounds m to the microsecond, as the report compares figures.
 func ms(m report.Millis) float64 { return float64(time.Duration(m).Round(time.Microsecond)) }
-
