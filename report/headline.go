@@ -36,14 +36,14 @@ func headline(r *Run) string {
 	}
 	ms := Metrics()
 	p99, hit := ms[0], ms[3]
-	var b strings.Builder
-	b.WriteString(latencyClause(r, p99))
-	b.WriteString(hitClause(r, hit))
-	b.WriteString(kvAwareClause(r, p99))
-	if rejectsDiffer(done) {
-		b.WriteString(" Policies that rejected more requests rank after those that rejected fewer.")
+	parts := []string{latencyClause(r, p99), hitClause(r, hit)}
+	if s := kvAwareClause(r, p99); s != "" {
+		parts = append(parts, s)
 	}
-	return strings.TrimSpace(b.String())
+	if rejectsDiffer(done) {
+		parts = append(parts, "Policies that rejected more requests rank after those that rejected fewer.")
+	}
+	return strings.Join(parts, " ")
 }
 
 // single describes a run of one policy: what completed, its latencies and
@@ -67,7 +67,7 @@ func latencyClause(r *Run, m Metric) string {
 	}
 	s := fmt.Sprintf("%s won on %s: %s", winner, label(m), m.text(st.Best))
 	if st.RunnerUp == "" {
-		return s + ", every policy the same. "
+		return s + ", every policy the same."
 	}
 	worst, last := "", 0
 	for n, k := range st.Ranks {
@@ -79,7 +79,7 @@ func latencyClause(r *Run, m Metric) string {
 	if worst != st.RunnerUp {
 		s += fmt.Sprintf(", the last, %s, %s (%s)", worst, times(st.Ratios[worst]), m.text(figure(r, m, worst)))
 	}
-	return s + ". "
+	return s + "."
 }
 
 // hitClause names the policy with the best hit rate (m), against the
@@ -93,7 +93,7 @@ func hitClause(r *Run, m Metric) string {
 	if st.RunnerUp != "" && st.Best > 0 {
 		s += fmt.Sprintf("; runner-up %s, %s", st.RunnerUp, pct(figure(r, m, st.RunnerUp)))
 	}
-	return s + ". "
+	return s + "."
 }
 
 // kvAwareClause says where kv-aware ranked on m when it ran and did not
