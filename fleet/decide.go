@@ -106,7 +106,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		PromptTokens:    r.Tokens,
 	}
 	if r.TTFT && f.needs.Calibrate {
-		c.PredictedTTFT = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
+		c.PredictedTTFT, c.Scale = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
 	}
 	c.Streamed = r.TTFT
 	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
@@ -119,9 +119,9 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 }
 
 // predictedTTFT is the chosen candidate's time to first token at Scale 1:
-// its Wait + Prefill, which the policy scaled by the replica's
-// Scale; zero when the policy recorded no terms for it.
-func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
+// its Wait + Prefill, which the policy scaled by the replica's Scale, and
+// that Scale; zero when the policy recorded no terms for it.
+func predictedTTFT(d route.Decision, rp *route.Replica) (time.Duration, float64) {
 	for _, k := range d.Costs {
 		if k.Replica != d.Replica || k.Pruned {
 			continue
@@ -130,9 +130,9 @@ func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 		if scale <= 0 {
 			scale = 1
 		}
-		return time.Duration(float64(k.Wait+k.Prefill) / scale)
+		return time.Duration(float64(k.Wait+k.Prefill) / scale), scale
 	}
-	return 0
+	return 0, 0
 }
 
 // IndexMode names the residency feed replica i is matched against now,
