@@ -119,7 +119,9 @@ func (brokenSource) Fleet(now time.Time) view.Fleet  { return view.Fleet{At: now
 func (brokenSource) Decisions(n int) []view.Decision { return nil }
 
 // TestScreenshot writes a PNG of the page over the sample fleet, with one
-// decision expanded, when -screenshot is given:
+// decision expanded and five minutes of time series from traffic whose
+// rates vary (the handler's clock runs a second per read), when
+// -screenshot is given:
 //
 //	go test -run TestScreenshot ./dashboard -args -screenshot=$PWD/dashboard.png [-dark]
 func TestScreenshot(t *testing.T) {
@@ -127,7 +129,10 @@ func TestScreenshot(t *testing.T) {
 		t.Skip("no -screenshot path")
 	}
 	src := sample()
-	srv := httptest.NewServer(New(src))
+	h := newHandler(&traffic{base: src, wave: true})
+	clk := &tickingClock{at: t0, step: SeriesStep / 2}
+	h.now = clk.now
+	srv := httptest.NewServer(h.mux)
 	defer srv.Close()
 	ctx, _ := startBrowser(t)
 	if *dark {
@@ -138,9 +143,9 @@ func TestScreenshot(t *testing.T) {
 			return err
 		}))
 	}
-	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
+	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=50"))
 	within(t, ctx, 10*time.Second, "rows", chromedp.Poll[bool](`document.querySelectorAll('#replicas tbody tr[data-replica]').length > 0`))
-	for i := range 30 { // a few samples for the sparklines
+	for i := range 40 { // a few samples for the sparklines
 		src.update(func(f *view.Fleet, _ *[]view.Decision) {
 			for j := range f.Replicas[:2] {
 				f.Replicas[j].InFlight = 2 + (i*(j+3)+j*5)%7
@@ -148,6 +153,7 @@ func TestScreenshot(t *testing.T) {
 		})
 		time.Sleep(100 * time.Millisecond)
 	}
+	within(t, ctx, 120*time.Second, "five minutes of samples", chromedp.Poll[bool](`/ 150 samples$/.test(document.getElementById('series-note').textContent)`, chromedp.WithPollingTimeout(120*time.Second)))
 	within(t, ctx, 5*time.Second, "expand", chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tr.decision').click()`))
 	within(t, ctx, 5*time.Second, "expanded", chromedp.Poll[bool](`!!document.querySelector('tr.costs')`))
 	png := within(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))

@@ -153,6 +153,15 @@ func TestBrowserLiveRouter(t *testing.T) {
 	if cands != n {
 		t.Errorf("%d candidates in the expanded decision, want %d", cands, n)
 	}
+	// The time series: sampled every 2 s while the page polls, so within a
+	// few seconds of the traffic the rate, TTFT and hit-rate charts have
+	// points, and every replica has its hit-rate chart.
+	for _, id := range []string{"chart-rate", "chart-ttft", "chart-hit"} {
+		run(t, ctx, 15*time.Second, id, chromedp.Poll[bool](`(() => { const s = document.querySelector('#`+id+` svg'); return !!s && +s.dataset.points > 0 })()`))
+	}
+	if got := run(t, ctx, 5*time.Second, "replica charts", chromedp.Evaluate[int](`document.querySelectorAll('#replica-hits .mini svg').length`)); got != n {
+		t.Errorf("%d replica hit-rate charts, want %d", got, n)
+	}
 	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%v", errs)
 	}
