@@ -3,11 +3,13 @@ package dashboard_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -18,7 +20,9 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/internal/browser"
+	"github.com/kvrouter/kvrouter/loadgen"
 	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // stack starts n emulated replicas publishing KV events and a kv-aware
@@ -263,5 +267,45 @@ func TestPredictedTTFTAgrees(t *testing.T) {
 		if c.q < 1/1.3 || c.q > 1.3 {
 			t.Errorf("%s of observed/predicted TTFT %.3f, want within 30%% of 1", c.name, c.q)
 		}
+	}
+}
+
+var (
+	liveShot     = flag.String("live-screenshot", "", "TestLiveScreenshot writes a PNG of the dashboard over a live router to this path")
+	liveDuration = flag.Duration("live-duration", 90*time.Second, "TestLiveScreenshot: how long traffic runs before the screenshot")
+)
+
+// TestLiveScreenshot runs the multi-turn-chat workload for -live-duration
+// through a kv-aware router over three emulated replicas (precise mode,
+// --time-scale 0.05) with the dashboard open, then writes a PNG of it,
+// when -live-screenshot is given:
+//
+//	go test -run TestLiveScreenshot ./dashboard -args -live-screenshot=$PWD/live.png -live-duration=90s
+func TestLiveScreenshot(t *testing.T) {
+	if *liveShot == "" {
+		t.Skip("no -live-screenshot path")
+	}
+	url, admin := stack(t, 3)
+	ctx, con := browser.Start(t, 1500, 900)
+	run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(admin+"/ui"))
+	w, err := trace.Generate("multi-turn-chat", trace.GenOptions{Seed: 1, Requests: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := loadgen.Run(context.Background(), loadgen.Config{Target: url, Requests: w.Requests, Rate: 6, TimeScale: 0.05,
+		Duration: *liveDuration, MaxTokens: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tot := res.Totals()
+	t.Logf("%d requests, %d ok, hit rate %.3f, errors %v", tot.Requests, tot.OK, tot.HitRate(), tot.Errors)
+	time.Sleep(3 * time.Second) // the last samples
+	run(t, ctx, 5*time.Second, "expand", chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tr.decision').click()`))
+	png := run(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))
+	if err := os.WriteFile(*liveShot, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if errs := con.Errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%v", errs)
 	}
 }
