@@ -190,3 +190,38 @@ func bestP99(run *report.Run) string {
 
 // ms rounds m to the microsecond, as the report compares figures.
 func ms(m report.Millis) float64 { return float64(time.Duration(m).Round(time.Microsecond)) }
+
+// TestBrowserBoardReport opens a two-cell leaderboard of the simulation in
+// Chromium: its first line is the verdict over the cells, each cell draws
+// its CDF and its hit-rate bars, and the console stays clean.
+func TestBrowserBoardReport(t *testing.T) {
+	run := simRun(t)
+	other := *run
+	other.Params = slices.Clone(run.Params)
+	for i := range other.Params {
+		if other.Params[i].Name == "load" {
+			other.Params[i].Value = "0.9" // the same figures under another name: a second cell
+		}
+	}
+	b := report.NewBoard([]report.Run{*run, other}, "kv-aware")
+	var page bytes.Buffer
+	if err := report.WriteBoardHTML(&page, b); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, page.Bytes())
+	ctx, con := browser.Start(t, 1500, 1000)
+	browser.Run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(url))
+	verdict := browser.Run(t, ctx, 5*time.Second, "verdict", chromedp.Evaluate[string](`document.querySelector('header > p.verdict').textContent`))
+	winner := bestP99(run)
+	if want := "TTFT p99: " + winner + " won 2 of 2 cells"; !strings.HasPrefix(verdict, want) {
+		t.Errorf("first line %q, want it to start %q", verdict, want)
+	}
+	for i := range 2 {
+		if n := browser.Run(t, ctx, 5*time.Second, "cell charts", chromedp.Poll[int](fmt.Sprintf(`document.querySelector('#cdf-%d canvas') && document.querySelectorAll('#hit-%d .hname').length`, i, i))); n != len(run.Policies) {
+			t.Errorf("cell %d: %d hit-rate rows, want %d", i, n, len(run.Policies))
+		}
+	}
+	if errs := con.Errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
