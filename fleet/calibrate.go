@@ -124,15 +124,10 @@ func (c *Calibrator) bounds() (lo, hi float64) {
 }
 
 // CalibratedTTFT is the time to first token the policy predicted for the
-// request, at the replica's learned Scale it priced with: PredictedTTFT ×
-// Scale (zero Scale: 1), what the observed TTFT is to be compared with
-// (the dashboard's "TTFT pred / obs"). Zero when not predicted.
-func (c Claim) CalibratedTTFT() time.Duration {
-	if c.Scale <= 0 {
-		return c.PredictedTTFT
-	}
-	return time.Duration(float64(c.PredictedTTFT) * c.Scale)
-}
+// request, at the replica's learned Scale it priced with (PricedTTFT):
+// what the observed TTFT is to be compared with (the dashboard's "TTFT
+// pred / obs"). Zero when not predicted.
+func (c Claim) CalibratedTTFT() time.Duration { return c.PricedTTFT }
 
 // observeTTFT corrects the replica's Scale from a request that completed
 // with usage u: its time to first token against the one predicted for

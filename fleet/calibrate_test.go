@@ -108,10 +108,10 @@ func TestTicketCalibrates(t *testing.T) {
 			priced = k.Wait + k.Prefill
 		}
 	}
-	if math.Abs(c.Scale-want) > 1e-3 || priced <= 0 || absDur(c.CalibratedTTFT()-priced) > time.Microsecond ||
+	if priced <= 0 || absDur(c.CalibratedTTFT()-priced) > time.Microsecond ||
 		absDur(c.CalibratedTTFT()-time.Duration(float64(c.PredictedTTFT)*want)) > time.Microsecond {
-		t.Errorf("claim Scale %v, CalibratedTTFT %v, PredictedTTFT %v, policy's Wait+Prefill %v: want Scale %v and CalibratedTTFT = Wait+Prefill = PredictedTTFT × Scale",
-			c.Scale, c.CalibratedTTFT(), c.PredictedTTFT, priced, want)
+		t.Errorf("CalibratedTTFT %v, PredictedTTFT %v, policy's Wait+Prefill %v: want CalibratedTTFT = Wait+Prefill = PredictedTTFT × %v",
+			c.CalibratedTTFT(), c.PredictedTTFT, priced, want)
 	}
 	tk.Done(t0, NoUsage, nil)
 	_, tk = f.Decide(&Request{ID: "x", Tokens: 2000}, nil, t0, &sc)

@@ -51,6 +51,7 @@ func (c *call) finish(ctx context.Context) {
 	if c.rec != 0 {
 		c.record()
 	}
+	rt.observe(c)
 	rt.logRequest(c)
 	rt.recycle(c)
 }
@@ -107,10 +108,6 @@ func (c *call) settle() {
 			rt.m.prompt.WithLabelValues(name).Add(float64(u.PromptTokens))
 		}
 	}
-	if c.ttft > 0 {
-		rt.m.ttft.WithLabelValues(name).Observe(c.ttft.Seconds())
-	}
-	rt.m.e2e.WithLabelValues(name).Observe(c.end.Sub(c.start).Seconds())
 }
 
 // recycle returns c to the pool unless the upstream transport may still

@@ -70,6 +70,7 @@ type call struct {
 	status     int
 	errCode    string          // router error code, if the router answered
 	routed     bool            // a completion routed by the policy (not a pass-through)
+	pass       string          // a pass-through's matched Config.PassThrough prefix
 	priority   int             // HeaderPriority
 	ctx        context.Context // the request's, while it is routed
 	rec        uint64          // the decision record's sequence number; 0: none
@@ -261,22 +262,24 @@ func (c *call) tooLarge(w http.ResponseWriter, limit int64) {
 }
 
 func (c *call) parseError(w http.ResponseWriter, err error) {
-	switch {
-	case c.limitError(w, err):
-	case errors.Is(err, prefix.ErrNoModel):
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "missing_model", "you must provide a model parameter")
-	case errors.Is(err, prefix.ErrNoPrompt):
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "missing_prompt", err.Error())
-	default:
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_json", err.Error())
+	if c.limitError(w, err) {
+		return
 	}
+	code, param, msg := parseErrorOf(err, c.path)
+	c.failParam(w, http.StatusBadRequest, errInvalidRequest, code, param, msg)
 }
 
 // fail answers with a router error.
 func (c *call) fail(w http.ResponseWriter, status int, typ, code, msg string) {
+	c.failParam(w, status, typ, code, "", msg)
+}
+
+// failParam answers with a router error naming the request field at
+// fault, param ("": none).
+func (c *call) failParam(w http.ResponseWriter, status int, typ, code, param, msg string) {
 	c.status, c.errCode = status, code
 	c.rt.m.errors.WithLabelValues(code).Inc()
-	writeError(w, status, typ, code, msg)
+	writeParamError(w, status, typ, code, param, msg)
 }
 
 // appendInjectUsage appends to dst the body of p with
@@ -331,7 +334,7 @@ func (c *call) route(w http.ResponseWriter) bool {
 	p := c.prompt
 	if !fl.Serves(p.Model) {
 		if w != nil {
-			c.fail(w, http.StatusNotFound, errInvalidRequest, "model_not_found", "The model `"+p.Model+"` does not exist.")
+			c.failParam(w, http.StatusNotFound, errInvalidRequest, codeModelNotFound, "model", "The model `"+p.Model+"` does not exist.")
 		}
 		return false
 	}
@@ -439,6 +442,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	c.status = resp.StatusCode
+	reshapeError(resp)
 	resp.Header.Set(HeaderReplica, rt.names[c.replica])
 	if c.routed {
 		resp.Header.Set(HeaderDecision, c.summary())

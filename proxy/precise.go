@@ -53,7 +53,7 @@ func startPrecise(cfg *Config, names []string, fl *fleet.Fleet, log *slog.Logger
 		reps = append(reps, r)
 	}
 	sub, err := kvevents.Start(kvevents.Config{
-		Index: fl.Tracker().Precise(), Replicas: reps, Bind: cfg.KVEventsBind,
+		Index: fl.Tracker().Precise(), Offloaded: fl.Tracker().Offloaded(), Replicas: reps, Bind: cfg.KVEventsBind,
 		Now: func() time.Duration { return now().Sub(start) }, Logger: log,
 		Allow: splitList(cfg.KVEventsAllow), MaxMessageBytes: cfg.KVEventsMaxMessageBytes,
 		MaxReplayBytes: cfg.KVEventsMaxReplayBytes, MaxQueueBytes: cfg.KVEventsMaxQueueBytes, MaxConns: cfg.KVEventsMaxConns,

@@ -199,17 +199,19 @@ func (rt *Router) Replicas() []string { return append([]string(nil), rt.names...
 // Policy returns the name of the routing policy.
 func (rt *Router) Policy() string { return rt.policyName }
 
-// Handler returns the API surface: the OpenAI routes, /v1/models, the
-// probes /health, /livez and /readyz, and a pass-through to a replica for
-// the paths Config.PassThrough allows; any other path is a JSON 404, a
-// wrong method a JSON 405. With Config.APIKeys every path but the probes
-// asks for a key. The dashboard, /debug and /metrics are on AdminHandler.
+// Handler returns the API surface: the OpenAI routes, /v1/models and
+// /v1/models/{id}, the probes /health, /livez and /readyz, and a
+// pass-through to a replica for the paths Config.PassThrough allows; any
+// other path is a JSON 404, a wrong method a JSON 405. With Config.APIKeys
+// every path but the probes asks for a key. The dashboard, /debug and
+// /metrics are on AdminHandler.
 func (rt *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
 	count := rt.countAPI
 	handle(mux, http.MethodPost, "/v1/chat/completions", rt.serveCompletion, count)
 	handle(mux, http.MethodPost, "/v1/completions", rt.serveCompletion, count)
 	handle(mux, http.MethodGet, "/v1/models", rt.serveModels, count)
+	handle(mux, http.MethodGet, "/v1/models/{id...}", rt.serveModel, count)
 	handle(mux, http.MethodGet, "/health", rt.serveHealth, count)
 	handle(mux, http.MethodGet, "/livez", rt.serveLive, count)
 	handle(mux, http.MethodGet, "/readyz", rt.serveReady, count)

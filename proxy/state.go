@@ -79,7 +79,7 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		Events:      cfg.Precise(),
 		Engine:      st.hasher.Engine(),
 		TextTokens:  st.hasher.TextTokens(),
-		Rates:       scaleRates(ecfg.Rates(), cfg.TimeScale),
+		Rates:       scaleRates(presetRates(ecfg), cfg.TimeScale),
 		CacheBlocks: cacheBlocks,
 		SessionTTL:  cfg.SessionTTL,
 		MaxSessions: cfg.MaxSessions,
@@ -138,6 +138,15 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 // seconds per engine second; zero or 1 leaves r as it is). Horizon,
 // Scale and DecodeScale are learned, not the preset's, and stay. A zero duration (route's
 // default) stays zero: engine.Config.Rates fills every field.
+// presetRates is the cost model's start from the engines' preset: its
+// timing, and the load time of a CPU tier's blocks, which earn credit
+// when the engines report some (precise mode).
+func presetRates(ecfg engine.Config) route.Rates {
+	rt := ecfg.Rates()
+	rt.LoadPerMTokens = ecfg.LoadPerMTokens()
+	return rt
+}
+
 func scaleRates(r route.Rates, timeScale float64) route.Rates {
 	if timeScale <= 0 || timeScale == 1 {
 		return r
@@ -153,6 +162,8 @@ func scaleRates(r route.Rates, timeScale float64) route.Rates {
 	r.DecodeStep = scale(r.DecodeStep)
 	r.DecodePerSeq = scale(r.DecodePerSeq)
 	r.DecodePerMTokens = scale(r.DecodePerMTokens)
+	r.TransferPerMTokens = scale(r.TransferPerMTokens)
+	r.LoadPerMTokens = scale(r.LoadPerMTokens)
 	return r
 }
 

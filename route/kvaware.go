@@ -45,6 +45,20 @@ import "time"
 //     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);
 //     above 1 a running sequence is preempted and recomputed.
 //
+// The prefix a replica lacks need not be computed. Each candidate is
+// priced three ways and keeps the cheapest: computing what its GPU does
+// not cache; loading what its CPU tier holds past that over PCIe
+// (Request.Offloaded, Rates.LoadPerMTokens: Cost.Load); and importing the
+// prefix from the replica that caches most of it (Rates.TransferPerMTokens
+// over the slower of the two links, after what either still carries,
+// Replica.LinkWait: Cost.Import, Decision.Transfer). A load or an import
+// delays the request's first token (twice in the total, as Wait does)
+// but runs on a link, not the GPU: it stalls no decode and nobody waits
+// behind it, which is why it can win even where it takes longer than the
+// prefill it spares. Where it does not win, the holder's own price (go
+// there and wait) or a recompute does; an import that makes a hot prefix
+// resident on a second replica is also a replication.
+//
 // Total = 2 × (Wait + Prefill) + Decode + Others + Memory, Others
 // counting the arrivals' wait twice too: a time to first token is part of
 // both latencies. Wait, Prefill and the prefill stall are prefill work and
@@ -122,10 +136,13 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	costs := costsFor(r, len(rs))
 	prune = prune && r.Tokens >= 0
 	best, bestTotal, bestCached, maxCached, maxPruned := -1, 0.0, 0, 0, 0
+	var bestImport Transfer
 	consider := func(i int, k *Cost, total float64) {
-		maxCached = max(maxCached, k.Matched)
+		if k.Import.Blocks == 0 {
+			maxCached = max(maxCached, k.Matched)
+		}
 		if best < 0 || total < bestTotal || total == bestTotal && p.tieBefore(r, i, best) {
-			best, bestTotal, bestCached = i, total, k.Matched
+			best, bestTotal, bestCached, bestImport = i, total, k.Matched, k.Import
 		}
 	}
 	first, firstCost := -1, Cost{}
@@ -153,7 +170,7 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			if lb, m := q.bound(rp, i); lb > bestTotal*(1+1e-9) {
 				maxPruned = max(maxPruned, m)
 				if costs != nil {
-					costs = append(costs, Cost{Replica: i, Matched: m, Total: time.Duration(lb), Pruned: true})
+					costs = append(costs, Cost{Replica: i, Matched: m, Total: ns(lb), Pruned: true})
 				}
 				continue
 			}
@@ -170,7 +187,11 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	if maxPruned > bestCached {
 		maxCached = max(maxCached, q.deepest(rs, bestCached))
 	}
-	return Decision{Replica: best, Reason: kvReason(r, best, bestCached, maxCached, q.bs), Matched: bestCached, Costs: costs}
+	reason := kvReason(r, best, bestCached, maxCached, q.bs)
+	if bestImport.Blocks > 0 {
+		reason = ReasonTransfer
+	}
+	return Decision{Replica: best, Reason: reason, Matched: bestCached, Costs: costs, Transfer: bestImport}
 }
 
 // kvPruneAbove is the fleet size up to which every candidate is priced in

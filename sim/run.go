@@ -91,7 +91,7 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 		// gets them in precise mode only, so that both modes compare.
 		Events:      precise || cfg.Mode == ModePrecise || needs.Index == route.Precise,
 		Engine:      true,
-		Rates:       cfg.Preset.Rates(),
+		Rates:       rates(cfg),
 		BlockSize:   cfg.Preset.BlockSize,
 		CacheBlocks: cfg.Preset.NumBlocks,
 		Start:       epoch,
@@ -112,6 +112,18 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 		}
 	}
 	return r, nil
+}
+
+// rates is the cost model's start, as the live router's (proxy's
+// presetRates): the preset's, PCIe for the CPU tier blocks its engines may
+// report, and the interconnect when replicas may transfer.
+func rates(cfg *Config) route.Rates {
+	rt := cfg.Preset.Rates()
+	rt.LoadPerMTokens = cfg.Preset.LoadPerMTokens()
+	if cfg.InterconnectGBps > 0 {
+		rt.TransferPerMTokens = cfg.Preset.TransferPerMTokens()
+	}
+	return rt
 }
 
 // policyOf returns the policy a run name names, and whether the name asks
@@ -274,6 +286,10 @@ func (r *runner) onEngine(i int, ev *engine.Event) {
 }
 
 func (r *runner) onDone(i int, ev *engine.Event) {
+	if ev.RemoteCachedTokens > 0 {
+		r.res.transfers++
+		r.res.transferBytes += int64(ev.RemoteCachedTokens) * int64(r.cfg.Preset.KVBytesPerToken)
+	}
 	j, ok := r.byID[ev.Req]
 	if !ok {
 		return
