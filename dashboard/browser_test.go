@@ -1,16 +1,16 @@
 package dashboard
 
 import (
-	"github.com/kvrouter/kvrouter/view"
-
 	"context"
 	"flag"
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/browser"
+	"github.com/kvrouter/kvrouter/view"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
@@ -22,91 +22,15 @@ var (
 	dark       = flag.Bool("dark", false, "TestScreenshot emulates prefers-color-scheme: dark")
 )
 
-// chromium is where Debian's chromium package installs the browser.
-const chromium = "/usr/bin/chromium"
-
-// console collects a page's console messages. mu guards msgs.
-type console struct {
-	mu   sync.Mutex
-	msgs []chromedp.ConsoleMessage
+// startBrowser starts Chromium at the window size of the screenshots.
+func startBrowser(t *testing.T) (context.Context, *browser.Console) {
+	return browser.Start(t, 1500, 900)
 }
 
-// errors returns the errors and uncaught exceptions seen so far.
-func (c *console) errors() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for _, m := range c.msgs {
-		if m.Type == chromedp.ConsoleError || m.IsException() {
-			out = append(out, m.String()+" at "+m.URL)
-		}
-	}
-	return out
-}
-
-// browser starts a headless Chromium for the test's life and returns its
-// context and the console it writes to. It skips the test when Chromium is
-// not installed, unless $CI is set.
-func browser(t *testing.T) (context.Context, *console) {
-	t.Helper()
-	if _, err := os.Stat(chromium); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("CI is set but %s is missing (apt-get install -y chromium chromium-driver): %v", chromium, err)
-		}
-		t.Skipf("%s not installed", chromium)
-	}
-	dir, err := os.MkdirTemp("", "dashboard-chromium")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Chromium's children may still write for a moment after it stops.
-		for range 50 {
-			if os.RemoveAll(dir) == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.NoFirstRun,
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(dir),
-		chromedp.WindowSize(1500, 900),
-	)
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancel(); acancel() })
-	con := &console{}
-	msgs := chromedp.Console(ctx) // starts the browser
-	go func() {
-		for m, err := range msgs {
-			if err != nil {
-				return
-			}
-			con.mu.Lock()
-			con.msgs = append(con.msgs, m)
-			con.mu.Unlock()
-		}
-	}()
-	return ctx, con
-}
-
-// within runs a with a timeout derived from the browser's context.
+// within runs a with a timeout d.
 func within[T any](t *testing.T, ctx context.Context, d time.Duration, what string, a chromedp.Action[T]) T {
 	t.Helper()
-	tctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	v, err := chromedp.Run(tctx, a)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return v
+	return browser.Run(t, ctx, d, what, a)
 }
 
 // text is the script reading the text of the first element matching sel.
@@ -120,7 +44,7 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	src := sample()
 	srv := httptest.NewServer(New(src))
 	defer srv.Close()
-	ctx, con := browser(t)
+	ctx, con := startBrowser(t)
 
 	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
 	rows := within(t, ctx, 10*time.Second, "replica rows",
@@ -166,7 +90,7 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	if n := within(t, ctx, 5*time.Second, "still open", chromedp.Evaluate[int](`document.querySelectorAll('tr.costs').length`)); n != 1 {
 		t.Errorf("%d expanded rows after refreshes, want 1", n)
 	}
-	if errs := con.errors(); len(errs) > 0 {
+	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%v", errs)
 	}
 }
@@ -176,14 +100,14 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 func TestBrowserReportsScriptErrors(t *testing.T) {
 	srv := httptest.NewServer(New(brokenSource{}))
 	defer srv.Close()
-	ctx, con := browser(t)
+	ctx, con := startBrowser(t)
 	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
 	within(t, ctx, 5*time.Second, "throw", chromedp.Evaluate[chromedp.Void](`setTimeout(() => { throw new Error("boom") }, 0); undefined`))
 	deadline := time.Now().Add(5 * time.Second)
-	for len(con.errors()) == 0 && time.Now().Before(deadline) {
+	for len(con.Errors()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if len(con.errors()) == 0 {
+	if len(con.Errors()) == 0 {
 		t.Error("an uncaught exception produced no console error")
 	}
 }
@@ -195,7 +119,9 @@ func (brokenSource) Fleet(now time.Time) view.Fleet  { return view.Fleet{At: now
 func (brokenSource) Decisions(n int) []view.Decision { return nil }
 
 // TestScreenshot writes a PNG of the page over the sample fleet, with one
-// decision expanded, when -screenshot is given:
+// decision expanded and five minutes of time series from traffic whose
+// rates vary (the handler's clock runs a second per read), when
+// -screenshot is given:
 //
 //	go test -run TestScreenshot ./dashboard -args -screenshot=$PWD/dashboard.png [-dark]
 func TestScreenshot(t *testing.T) {
@@ -203,9 +129,12 @@ func TestScreenshot(t *testing.T) {
 		t.Skip("no -screenshot path")
 	}
 	src := sample()
-	srv := httptest.NewServer(New(src))
+	h := newHandler(&traffic{base: src, wave: true})
+	clk := &tickingClock{at: t0, step: SeriesStep / 2}
+	h.now = clk.now
+	srv := httptest.NewServer(h.mux)
 	defer srv.Close()
-	ctx, _ := browser(t)
+	ctx, _ := startBrowser(t)
 	if *dark {
 		within(t, ctx, 10*time.Second, "dark", chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
 			_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
@@ -214,9 +143,9 @@ func TestScreenshot(t *testing.T) {
 			return err
 		}))
 	}
-	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=100"))
+	within(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(srv.URL+"/ui?refresh=50"))
 	within(t, ctx, 10*time.Second, "rows", chromedp.Poll[bool](`document.querySelectorAll('#replicas tbody tr[data-replica]').length > 0`))
-	for i := range 30 { // a few samples for the sparklines
+	for i := range 40 { // a few samples for the sparklines
 		src.update(func(f *view.Fleet, _ *[]view.Decision) {
 			for j := range f.Replicas[:2] {
 				f.Replicas[j].InFlight = 2 + (i*(j+3)+j*5)%7
@@ -224,6 +153,7 @@ func TestScreenshot(t *testing.T) {
 		})
 		time.Sleep(100 * time.Millisecond)
 	}
+	within(t, ctx, 120*time.Second, "five minutes of samples", chromedp.Poll[bool](`/ 150 samples$/.test(document.getElementById('series-note').textContent)`, chromedp.WithPollingTimeout(120*time.Second)))
 	within(t, ctx, 5*time.Second, "expand", chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tr.decision').click()`))
 	within(t, ctx, 5*time.Second, "expanded", chromedp.Poll[bool](`!!document.querySelector('tr.costs')`))
 	png := within(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))

@@ -25,25 +25,33 @@ const (
 
 // handler serves the page and the API over one Source.
 type handler struct {
-	src Source
-	now func() time.Time // time.Now outside tests
-	mux *http.ServeMux
+	src  Source
+	now  func() time.Time // time.Now outside tests
+	mux  *http.ServeMux
+	hist *history
 }
 
 // New returns the dashboard's handler over src. It answers GET (and HEAD)
-// on /ui and /ui/ (the page), /ui/style.css, /ui/app.js, /ui/api/fleet and
-// /ui/api/decisions?n=N, and 404 for anything else. Mount it with
+// on /ui and /ui/ (the page), /ui/style.css, /ui/app.js, /ui/api/fleet,
+// /ui/api/decisions?n=N and /ui/api/series, and 404 for anything else.
+// The handler keeps the time series of the last SeriesWindow, sampled as
+// /ui/api/fleet and /ui/api/series are polled (at most once per
+// SeriesStep), in a ring of fixed size. Mount it with
 // mux.Handle("/ui/", dashboard.New(src)): http.ServeMux then redirects /ui
 // to /ui/.
-func New(src Source) http.Handler {
-	h := &handler{src: src, now: time.Now, mux: http.NewServeMux()}
+func New(src Source) http.Handler { return newHandler(src).mux }
+
+// newHandler returns the handler New serves with.
+func newHandler(src Source) *handler {
+	h := &handler{src: src, now: time.Now, mux: http.NewServeMux(), hist: newHistory(SeriesStep, SeriesWindow)}
 	h.mux.HandleFunc("GET /ui", h.servePage)
 	h.mux.HandleFunc("GET /ui/{$}", h.servePage)
 	h.mux.HandleFunc("GET /ui/style.css", h.serveAsset("assets/style.css", "text/css; charset=utf-8"))
 	h.mux.HandleFunc("GET /ui/app.js", h.serveAsset("assets/app.js", "text/javascript; charset=utf-8"))
 	h.mux.HandleFunc("GET /ui/api/fleet", h.serveFleet)
 	h.mux.HandleFunc("GET /ui/api/decisions", h.serveDecisions)
-	return h.mux
+	h.mux.HandleFunc("GET /ui/api/series", h.serveSeries)
+	return h
 }
 
 func (h *handler) servePage(w http.ResponseWriter, r *http.Request) {
@@ -64,10 +72,25 @@ func (h *handler) serveAsset(name, contentType string) http.HandlerFunc {
 	}
 }
 
-// serveFleet answers GET /ui/api/fleet with the fleet as of now.
+// serveFleet answers GET /ui/api/fleet with the fleet as of now, and
+// samples it for the time series.
 func (h *handler) serveFleet(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, fleetOf(h.src.Fleet(h.now())))
+	now := h.now()
+	f := h.src.Fleet(now)
+	h.hist.record(now, func() view.Fleet { return f }, h.recent)
+	writeJSON(w, http.StatusOK, fleetOf(f))
 }
+
+// serveSeries answers GET /ui/api/series with the time series of the
+// last SeriesWindow, after a sample of now if one is due.
+func (h *handler) serveSeries(w http.ResponseWriter, r *http.Request) {
+	now := h.now()
+	h.hist.record(now, func() view.Fleet { return h.src.Fleet(now) }, h.recent)
+	writeJSON(w, http.StatusOK, seriesOf(h.hist.points(), h.hist.step, SeriesWindow))
+}
+
+// recent returns the decisions the time series reads TTFTs from.
+func (h *handler) recent() []view.Decision { return h.src.Decisions(MaxDecisions) }
 
 // serveDecisions answers GET /ui/api/decisions?n=N with the last N
 // decisions (default DefaultDecisions, at most MaxDecisions), newest first.

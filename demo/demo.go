@@ -218,7 +218,7 @@ func startFleet(cfg Config, policy string) (*fleet, error) {
 	// The replicas run cfg.TimeScale wall seconds per engine second: the
 	// cost model starts from the preset's rates at that scale, so its
 	// predicted TTFTs are the replicas' wall times from the first request
-	// (calibration, within 1/64..64, would learn a scale of 0.1 from
+	// (calibration, within 1/1024..1024, would learn a scale of 0.1 from
 	// real-time rates, but only after some requests).
 	pc.TimeScale = cfg.TimeScale
 	pc.Listen = "127.0.0.1:0"

@@ -24,7 +24,8 @@ type Calibrator struct {
 	// scale converges quickly from the preset.
 	Alpha float64
 	// Min and Max clamp both each observation's ratio and the learned
-	// scale; zero means 1/64 and 64 (DefaultMinScale, DefaultMaxScale).
+	// scale; zero means 1/1024 and 1024 (DefaultMinScale,
+	// DefaultMaxScale).
 	Min, Max float64
 	// Jump clamps each observation's ratio, after the first, to within a
 	// factor Jump of the current scale; zero means 4. The first
@@ -96,13 +97,16 @@ func (c *Calibrator) jump() float64 {
 }
 
 // Defaults of Calibrator.Min and Max. The range is wide enough for
-// emulated engines that run faster than real time (kvrouter engine
-// --time-scale 0.05 is 20× faster than its preset) and for a replica far
-// slower than the preset (a larger model or an older GPU behind the same
-// preset); Jump, not the range, bounds what one observation can do.
+// emulated engines at any time scale in use (kvrouter engine --time-scale
+// 0.05 is 20× faster than its preset, 0.001 a thousand times; a fast
+// emulator's observed TTFT is mostly fixed HTTP and tokenizer time, so
+// the learned scale lies above the time scale: about 0.25 at 0.05) and for
+// a replica far slower than its preset (a larger model or older GPU
+// behind the same preset, a CPU engine); Jump, not the range, bounds what
+// one observation can do.
 const (
-	DefaultMinScale = 1.0 / 64
-	DefaultMaxScale = 64
+	DefaultMinScale = 1.0 / 1024
+	DefaultMaxScale = 1024
 )
 
 func (c *Calibrator) bounds() (lo, hi float64) {
@@ -118,6 +122,12 @@ func (c *Calibrator) bounds() (lo, hi float64) {
 	}
 	return lo, hi
 }
+
+// CalibratedTTFT is the time to first token the policy predicted for the
+// request, at the replica's learned Scale it priced with (PricedTTFT):
+// what the observed TTFT is to be compared with (the dashboard's "TTFT
+// pred / obs"). Zero when not predicted.
+func (c Claim) CalibratedTTFT() time.Duration { return c.PricedTTFT }
 
 // observeTTFT corrects the replica's Scale from a request that completed
 // with usage u: its time to first token against the one predicted for

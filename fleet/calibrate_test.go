@@ -23,9 +23,11 @@ func TestCalibratorConverges(t *testing.T) {
 		{"twice as slow", Calibrator{}, 100 * time.Millisecond, 200 * time.Millisecond, 50, 2},
 		{"faster than predicted", Calibrator{}, 100 * time.Millisecond, 50 * time.Millisecond, 50, 0.5},
 		{"exact model", Calibrator{}, 80 * time.Millisecond, 80 * time.Millisecond, 10, 1},
-		{"clamped high", Calibrator{}, 10 * time.Millisecond, time.Second, 50, 64},
-		{"clamped low", Calibrator{}, time.Second, 10 * time.Millisecond, 50, 1.0 / 64},
+		{"clamped high", Calibrator{}, time.Millisecond, 2 * time.Second, 50, 1024},
+		{"clamped low", Calibrator{}, 2 * time.Second, time.Millisecond, 50, 1.0 / 1024},
 		{"20x faster (--time-scale 0.05)", Calibrator{}, 100 * time.Millisecond, 5 * time.Millisecond, 50, 0.05},
+		{"1000x faster (--time-scale 0.001)", Calibrator{}, 100 * time.Millisecond, 100 * time.Microsecond, 50, 0.001},
+		{"500x slower", Calibrator{}, 10 * time.Millisecond, 5 * time.Second, 50, 500},
 		{"clamped by custom max", Calibrator{Max: 1.5}, 10 * time.Millisecond, 20 * time.Millisecond, 50, 1.5},
 		{"tiny predictions ignored", Calibrator{}, 100 * time.Microsecond, 10 * time.Millisecond, 50, 1},
 		{"no observation", Calibrator{}, time.Second, time.Second, 0, 1},
@@ -95,11 +97,33 @@ func TestTicketCalibrates(t *testing.T) {
 			t.Errorf("replica %d: Scale %v, want %v (calibrated, or the calibrated mean)", i, r.Rates.Scale, want)
 		}
 	}
-	_, tk := f.Decide(&Request{ID: "x", Tokens: 2000}, nil, t0, &sc)
+	// The next streamed request is priced at the learned scale: its
+	// calibrated prediction is the policy's Wait + Prefill, 1.5 times the
+	// one at scale 1 the calibration observes against.
+	d, tk := f.Decide(&Request{ID: "y", Tokens: 2000, MaxTokens: 10, TTFT: true}, []int{1, 2}, t0, &sc)
+	c := tk.Claim()
+	var priced time.Duration
+	for _, k := range d.Costs {
+		if k.Replica == d.Replica {
+			priced = k.Wait + k.Prefill
+		}
+	}
+	if priced <= 0 || absDur(c.CalibratedTTFT()-priced) > time.Microsecond ||
+		absDur(c.CalibratedTTFT()-time.Duration(float64(c.PredictedTTFT)*want)) > time.Microsecond {
+		t.Errorf("CalibratedTTFT %v, PredictedTTFT %v, policy's Wait+Prefill %v: want CalibratedTTFT = Wait+Prefill = PredictedTTFT × %v",
+			c.CalibratedTTFT(), c.PredictedTTFT, priced, want)
+	}
+	tk.Done(t0, NoUsage, nil)
+	_, tk = f.Decide(&Request{ID: "x", Tokens: 2000}, nil, t0, &sc)
 	if got := tk.Claim().PredictedTTFT; got != 0 {
 		t.Errorf("a request whose TTFT is not observed predicted %v, want 0", got)
 	}
+	if got := tk.Claim().CalibratedTTFT(); got != 0 {
+		t.Errorf("a request whose TTFT is not observed: CalibratedTTFT %v, want 0", got)
+	}
 }
+
+func absDur(d time.Duration) time.Duration { return max(d, -d) }
 
 func TestChurnHorizon(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -36,7 +36,7 @@ func TestRatesConvergeOnSlowerFleet(t *testing.T) {
 // TestRatesConvergeOnFasterFleet: the same for engines 20 times faster
 // than the preset (an emulator at --time-scale 0.05 behind a router told
 // nothing of it): both scales end near 0.05, inside the Calibrator's
-// range of 1/64..64.
+// range of 1/1024..1024.
 func TestRatesConvergeOnFasterFleet(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
 		scale, decode := convergeRun(t, 0.05, 400, seed)

@@ -114,7 +114,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		PromptTokens:    r.Tokens,
 	}
 	if r.TTFT && f.needs.Calibrate {
-		c.PredictedTTFT = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
+		c.PredictedTTFT, c.PricedTTFT = predictedTTFT(d, &sc.Snapshot.Replicas[d.Replica])
 	}
 	c.Streamed = r.TTFT
 	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
@@ -129,9 +129,11 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 
 // predictedTTFT is the chosen candidate's time to first token at Scale 1:
 // its Wait + Prefill, which the policy scaled by the replica's Scale,
-// plus the KV import before them (on the links: no Scale); zero when the
-// policy recorded no terms for it.
-func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
+// plus the KV import before them (on the links: no Scale); and the time
+// to first token as the policy priced it (Wait + Prefill at the Scale,
+// plus the import). Both are zero when the policy recorded no terms for
+// it.
+func predictedTTFT(d route.Decision, rp *route.Replica) (scale1, priced time.Duration) {
 	for _, k := range d.Costs {
 		if k.Replica != d.Replica || k.Pruned {
 			continue
@@ -140,9 +142,10 @@ func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 		if scale <= 0 {
 			scale = 1
 		}
-		return time.Duration(float64(k.Wait+k.Prefill)/scale) + k.Import.Time + k.Load
+		links := k.Import.Time + k.Load
+		return time.Duration(float64(k.Wait+k.Prefill)/scale) + links, k.Wait + k.Prefill + links
 	}
-	return 0
+	return 0, 0
 }
 
 // IndexMode names the residency feed replica i is matched against now,

@@ -22,6 +22,10 @@ type Claim struct {
 	// the observed one calibrates the replica's rates against (FirstToken);
 	// zero means it is not observed.
 	PredictedTTFT time.Duration
+	// PricedTTFT is the time to first token as the policy priced it: its
+	// Wait + Prefill at the replica's learned Scale, plus any KV import
+	// (CalibratedTTFT); zero means not predicted.
+	PricedTTFT time.Duration
 	// HitScale is the replica's Rates.HitScale the prediction was made
 	// with (zero: 1), which the engine's cached tokens correct.
 	HitScale float64

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/report"
 	"github.com/kvrouter/kvrouter/trace"
 )
 
@@ -147,6 +148,26 @@ func TestReplayMatchesEngine(t *testing.T) {
 				if tc.router && s.Replica == "" {
 					t.Errorf("%s: no %s header through the router", s.ID, HeaderReplica)
 				}
+				if tc.router && (s.Reason == "" || s.PredictedCached < 0) {
+					t.Errorf("%s: reason %q, predicted cached %d: no %s header through the router", s.ID, s.Reason, s.PredictedCached, HeaderDecision)
+				}
+				if !tc.router && (s.Reason != "" || s.PredictedCached != -1) {
+					t.Errorf("%s: reason %q, predicted cached %d straight from an engine, want none and -1", s.ID, s.Reason, s.PredictedCached)
+				}
+			}
+			// The report's decision reasons and predicted hit rate come
+			// from those headers; straight from an engine there are none.
+			rep := res.Summarize("x", nil, report.SLO{})
+			decided := 0
+			for _, n := range rep.Reasons {
+				decided += n
+			}
+			if tc.router && (decided != len(reqs) || rep.NoPrediction || rep.PredictedHitRate <= 0) {
+				t.Errorf("through the router: %d reasons %v for %d requests, no prediction %v, predicted hit rate %v; want every request's reason and a prediction",
+					decided, rep.Reasons, len(reqs), rep.NoPrediction, rep.PredictedHitRate)
+			}
+			if !tc.router && (decided != 0 || !rep.NoPrediction) {
+				t.Errorf("straight from an engine: reasons %v, no prediction %v; want none", rep.Reasons, rep.NoPrediction)
 			}
 			measured, engine := sum/time.Duration(len(res.Samples)), eng.MeanTTFT()
 			// Transport overhead (HTTP, JSON, the emulator's tokenizer, the

@@ -49,8 +49,9 @@ func (r *Result) ReportSamples(replicas []string) []report.Sample {
 			At:   time.Duration(float64(s.Sent) / scale),
 			TTFT: s.TTFT, E2E: s.E2E, ITL: s.ITL,
 			Prompt: s.PromptTokens, Cached: s.CachedTokens, Output: s.OutputTokens,
-			Replica: slices.Index(replicas, s.Replica),
-			OK:      s.OK(), Rejected: Rejected(s.Err),
+			PredictedCached: min(max(s.PredictedCached, 0), s.PromptTokens),
+			Replica:         slices.Index(replicas, s.Replica),
+			OK:              s.OK(), Rejected: Rejected(s.Err), Reason: s.Reason,
 		}
 		if !rs.OK && s.Replica == "" && !strings.HasPrefix(s.Err, "http") {
 			rs.Replica = -1
@@ -62,10 +63,23 @@ func (r *Result) ReportSamples(replicas []string) []report.Sample {
 
 // Summarize returns the run's report.Result under the name policy (the
 // policy behind the endpoint, or the target's name), over replicas as in
-// ReportSamples.
+// ReportSamples. Its decision reasons and predicted hit rate come from the
+// X-Kvrouter-Decision headers; without any (a plain engine) it has no
+// prediction (report.Result.NoPrediction).
 func (r *Result) Summarize(policy string, replicas []string, slo report.SLO) report.Result {
 	if replicas == nil {
 		replicas = r.Replicas()
 	}
-	return report.Summarize(r.ReportSamples(replicas), report.Options{Policy: policy, SLO: slo, Replicas: len(replicas)})
+	return report.Summarize(r.ReportSamples(replicas), report.Options{Policy: policy, SLO: slo, Replicas: len(replicas),
+		NoPrediction: !r.predicts()})
+}
+
+// predicts reports whether any response carried a prediction.
+func (r *Result) predicts() bool {
+	for i := range r.Samples {
+		if r.Samples[i].PredictedCached >= 0 {
+			return true
+		}
+	}
+	return false
 }

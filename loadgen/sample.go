@@ -52,6 +52,12 @@ type Sample struct {
 	// Replica is the X-Kvrouter-Replica response header; empty when the
 	// endpoint is not kvrouter.
 	Replica string
+	// Reason is the routing decision's reason and PredictedCached the
+	// prompt tokens the router predicted cached (in its own estimate of
+	// the prompt), from the X-Kvrouter-Decision response header; Reason is
+	// empty and PredictedCached -1 when the endpoint sent none.
+	Reason          string
+	PredictedCached int
 	// Err is empty for a request that completed, else its kind: ErrConnect,
 	// ErrTimeout, ErrStream, ErrCut, ErrEncode or "http NNN".
 	Err string

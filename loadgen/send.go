@@ -78,7 +78,7 @@ func (r *runner) body(q *trace.Request) ([]byte, error) {
 
 // send sends q, reads its stream and returns its sample.
 func (r *runner) send(ctx context.Context, q *trace.Request) Sample {
-	s := Sample{ID: q.ID, Session: q.Session, Sent: time.Since(r.start)}
+	s := Sample{ID: q.ID, Session: q.Session, Sent: time.Since(r.start), PredictedCached: -1}
 	body, err := r.body(q)
 	if err != nil {
 		s.Err = ErrEncode
@@ -104,6 +104,9 @@ func (r *runner) send(ctx context.Context, q *trace.Request) Sample {
 	}
 	defer resp.Body.Close()
 	s.Replica = resp.Header.Get(HeaderReplica)
+	if reason, pred, ok := parseDecision(resp.Header.Get(HeaderDecision)); ok {
+		s.Reason, s.PredictedCached = reason, pred
+	}
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		s.Err = "http " + strconv.Itoa(resp.StatusCode)

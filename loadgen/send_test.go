@@ -26,29 +26,31 @@ func TestErrorKinds(t *testing.T) {
 		name    string
 		handler http.HandlerFunc
 		timeout time.Duration
-		want    Sample // the fields compared: Err, Chunks, tokens, Usage, Replica
+		want    Sample // the fields compared: Err, Chunks, tokens, Usage, Replica, Reason, PredictedCached
 	}{
 		{"ok", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set(HeaderReplica, "http://r1")
+			w.Header().Set(HeaderDecision, "reason=prefix; predicted-cached=32; cost=1.500ms; session=header; id=kvr-1-1")
 			w.Write([]byte(okStream))
-		}, 0, Sample{Chunks: 2, PromptTokens: 40, CachedTokens: 32, OutputTokens: 2, Usage: true, Replica: "http://r1"}},
+		}, 0, Sample{Chunks: 2, PromptTokens: 40, CachedTokens: 32, OutputTokens: 2, Usage: true, Replica: "http://r1", Reason: "prefix", PredictedCached: 32}},
 		{"no usage", func(w http.ResponseWriter, r *http.Request) {
 			w.Write([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n"))
-		}, 0, Sample{Chunks: 1, OutputTokens: 1}},
+		}, 0, Sample{Chunks: 1, OutputTokens: 1, PredictedCached: -1}},
 		{"status", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set(HeaderDecision, "reason=least-cost; predicted-cached=0; cost=3.000ms; session=; id=kvr-1-2")
 			http.Error(w, `{"error":{"message":"busy"}}`, http.StatusServiceUnavailable)
-		}, 0, Sample{Err: "http 503"}},
+		}, 0, Sample{Err: "http 503", Reason: "least-cost", PredictedCached: 0}},
 		{"no done", func(w http.ResponseWriter, r *http.Request) {
 			w.Write([]byte(okStream[:strings.Index(okStream, "data: [DONE]")]))
-		}, 0, Sample{Err: ErrStream, Chunks: 2, PromptTokens: 40, CachedTokens: 32, OutputTokens: 2, Usage: true}},
+		}, 0, Sample{Err: ErrStream, Chunks: 2, PromptTokens: 40, CachedTokens: 32, OutputTokens: 2, Usage: true, PredictedCached: -1}},
 		{"bad json", func(w http.ResponseWriter, r *http.Request) {
 			w.Write([]byte("data: {not json\n\n"))
-		}, 0, Sample{Err: ErrStream}},
+		}, 0, Sample{Err: ErrStream, PredictedCached: -1}},
 		{"timeout", func(w http.ResponseWriter, r *http.Request) {
 			w.Write([]byte(": keep-alive\n\n"))
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
-		}, 50 * time.Millisecond, Sample{Err: ErrTimeout}},
+		}, 50 * time.Millisecond, Sample{Err: ErrTimeout, PredictedCached: -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httptest.NewServer(tc.handler)
@@ -63,7 +65,7 @@ func TestErrorKinds(t *testing.T) {
 			}
 			s := res.Samples[0]
 			got := Sample{Err: s.Err, Chunks: s.Chunks, PromptTokens: s.PromptTokens, CachedTokens: s.CachedTokens,
-				OutputTokens: s.OutputTokens, Usage: s.Usage, Replica: s.Replica}
+				OutputTokens: s.OutputTokens, Usage: s.Usage, Replica: s.Replica, Reason: s.Reason, PredictedCached: s.PredictedCached}
 			if d := cmp.Diff(tc.want, got); d != "" {
 				t.Errorf("sample (-want +got):\n%s", d)
 			}
@@ -135,5 +137,30 @@ func TestArrivals(t *testing.T) {
 				t.Errorf("arrivals (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+func TestParseDecision(t *testing.T) {
+	tests := []struct {
+		in        string
+		reason    string
+		predicted int
+		ok        bool
+	}{
+		{"reason=prefix; predicted-cached=1024; cost=12.500ms; session=header; id=kvr-1-7", "prefix", 1024, true},
+		{"reason=round-robin; predicted-cached=0; score=3; session=; id=x; retried=1", "round-robin", 0, true},
+		{"reason=prefix", "prefix", -1, true},
+		{"reason=prefix; predicted-cached=-4", "prefix", -1, true},
+		{"reason=prefix; predicted-cached=lots", "prefix", -1, true},
+		{"predicted-cached=5", "", 5, false},
+		{"", "", -1, false},
+		{"garbage without fields", "", -1, false},
+		{"reason=" + strings.Repeat("x", maxDecisionHeader), "", -1, false},
+	}
+	for _, tt := range tests {
+		reason, pred, ok := parseDecision(tt.in)
+		if reason != tt.reason || pred != tt.predicted || ok != tt.ok {
+			t.Errorf("parseDecision(%.40q): got %q, %d, %v; want %q, %d, %v", tt.in, reason, pred, ok, tt.reason, tt.predicted, tt.ok)
+		}
 	}
 }

@@ -65,7 +65,7 @@ type Config struct {
 	// multiplied by it, so that the cost model's predicted times are wall
 	// times of these engines from the start. 1 for real engines; zero
 	// means 1. Calibration (Rates.Scale from TTFTs, Rates.DecodeScale
-	// from inter-token latencies, each within 1/64..64) then only
+	// from inter-token latencies, each within 1/1024..1024) then only
 	// corrects what remains.
 	TimeScale float64 `yaml:"time-scale"`
 	// CacheBlocks is each replica's KV capacity in blocks when its metrics do

@@ -42,7 +42,7 @@ func (c *call) fill(rec *view.Decision) {
 		Tokens: c.sc.Request.Tokens, Blocks: c.sc.Request.Blocks,
 		Reason: c.dec.Reason, PredictedCached: c.dec.Matched,
 		ActualCached: c.usage.CachedTokens, PromptTokens: c.usage.PromptTokens,
-		PredictedTTFTMS: ms(c.ticket.Claim().PredictedTTFT), DecideMS: ms(c.decide), TTFTMS: ms(c.ttft),
+		PredictedTTFTMS: ms(c.ticket.Claim().CalibratedTTFT()), DecideMS: ms(c.decide), TTFTMS: ms(c.ttft),
 		Status: c.status, Outcome: c.outcome,
 	}
 	if c.replica >= 0 {

@@ -8,12 +8,13 @@ import (
 // boardPage is the leaderboard template's input.
 type boardPage struct {
 	common
-	Title  string
-	Params []Param
-	Tables []boardTable
-	Within *boardTable // nil when the default policy ran nowhere
-	Cells  []cellSection
-	Data   []chartData // per cell
+	Title    string
+	Headline string
+	Params   []Param
+	Tables   []boardTable
+	Within   *boardTable // nil when the default policy ran nowhere
+	Cells    []cellSection
+	Data     []chartData // per cell
 }
 
 // boardTable is a summary table: one row per cell.
@@ -37,16 +38,18 @@ type cellSection struct {
 	Header []string
 	Rows   [][]string
 	Policy int // rows before this index are policies, the rest oracles
+	Hits   hitBars
 }
 
 // WriteBoardHTML writes b as one self-contained HTML page: the summary
 // (per metric, every policy's ratio to each cell's best and the cells it
 // wins; whether the default policy is within Tolerance), then one section
 // per cell with its parameters, the run table with each policy's ranks,
-// its TTFT CDF and its hit rates against the oracles.
+// its TTFT CDF and its hit rates against the oracles. Its first line is
+// the verdict: per metric, the policy that won the most cells.
 func WriteBoardHTML(w io.Writer, b *Board) error {
 	s := &b.Summary
-	p := boardPage{common: newCommon(), Title: "kvrouter leaderboard", Params: []Param{
+	p := boardPage{common: newCommon(), Title: "kvrouter leaderboard", Headline: boardHeadline(s), Params: []Param{
 		{"cells", fmt.Sprint(len(b.Cells))}, {"policies", fmt.Sprint(len(s.Policies))}, {"default", s.Default},
 	}}
 	for _, m := range s.Metrics {
@@ -121,13 +124,14 @@ func withinTable(s *Summary) boardTable {
 // section is cell i's section: the run table (normalized r) with one rank
 // column per metric.
 func section(i int, r *Run, cs *CellSummary, metrics []Metric) cellSection {
-	c := cellSection{Index: i, Name: cellName(cs), Params: r.Params, Header: tableHeader(), Rows: tableRows(r), Policy: len(r.Policies)}
+	c := cellSection{Index: i, Name: cellName(cs), Params: r.Params, Header: tableHeader(), Rows: tableRows(r, ""),
+		Policy: len(r.Policies), Hits: newHitBars(r)}
 	for _, m := range metrics {
 		c.Header = append(c.Header, "# "+m.Label)
 	}
 	for k := range c.Rows {
 		for _, m := range metrics {
-			rank := "-"
+			rank := ""
 			if k < len(r.Policies) {
 				if n, ok := cs.Metrics[m.Name].Ranks[r.Policies[k].Policy]; ok {
 					rank = fmt.Sprint(n)

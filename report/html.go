@@ -18,14 +18,74 @@ var assets embed.FS
 // page is the run page template's input.
 type page struct {
 	common
-	Title   string
-	Params  []Param
-	Header  []string
-	Rows    [][]string
-	Policy  int // rows before this index are policies, the rest oracles
-	Reasons []reasonBar
-	Legend  []reasonSlice
-	Data    chartData
+	Title    string
+	Headline string
+	Params   []Param
+	Header   []string
+	Rows     [][]string
+	Policy   int // rows before this index are policies, the rest oracles
+	Hits     hitBars
+	Reasons  []reasonBar
+	Legend   []reasonSlice
+	Data     chartData
+}
+
+// hitBars is the hit-rate card: one row per policy, the oracles as marks.
+type hitBars struct {
+	Rows    []hitRow
+	Oracles []oracleMark
+}
+
+// hitRow is one policy's hit rate and prediction, in percent 0..100; Pred
+// is negative when the policy predicts nothing.
+type hitRow struct {
+	Policy, Color      string
+	Hit, Pred          float64
+	HitText, PredText  string
+	NoPrediction, Bold bool
+}
+
+// oracleMark is an oracle's hit rate, in percent, and its line's style.
+type oracleMark struct {
+	Name  string
+	Pct   float64
+	Text  string
+	Class string
+}
+
+// newHitBars returns the hit-rate card of a normalized run.
+func newHitBars(r *Run) hitBars {
+	var h hitBars
+	colors := policyColors(names(r))
+	for i, p := range r.Policies {
+		row := hitRow{Policy: p.Policy, Color: colors[i], Hit: pct100(p.HitRate), Pred: pct100(p.PredictedHitRate),
+			HitText: pct(p.HitRate), PredText: "pred " + pct(p.PredictedHitRate), NoPrediction: p.NoPrediction,
+			Bold: colors[i] == KVAwareColor}
+		if p.NoPrediction {
+			row.Pred, row.PredText = -1, "no prediction"
+		}
+		h.Rows = append(h.Rows, row)
+	}
+	for i, o := range r.Oracles {
+		class := "o1"
+		if i == 0 {
+			class = "o0"
+		}
+		h.Oracles = append(h.Oracles, oracleMark{Name: o.Name, Pct: pct100(o.HitRate), Text: pct(o.HitRate), Class: class})
+	}
+	return h
+}
+
+// pct100 is a fraction as a percentage clamped to 0..100, for a width.
+func pct100(f float64) float64 { return round6(100 * min(max(f, 0), 1)) }
+
+// names returns the run's policy names in order.
+func names(r *Run) []string {
+	out := make([]string, len(r.Policies))
+	for i, p := range r.Policies {
+		out[i] = p.Policy
+	}
+	return out
 }
 
 // common is what every page inlines: uPlot and its style sheet, our style
@@ -69,9 +129,9 @@ func render(w io.Writer, file string, data any) error {
 // chartData is what the page's script draws with uPlot.
 type chartData struct {
 	Policies []string       `json:"policies"`
-	CDF      [][2][]float64 `json:"cdf"` // per policy: xs (ms), ys (fraction)
-	Hit      []float64      `json:"hit"`
-	Pred     []float64      `json:"pred"`
+	Colors   []string       `json:"colors"`  // per policy (policyColors)
+	Palette  []string       `json:"palette"` // for replicas
+	CDF      [][2][]float64 `json:"cdf"`     // per policy: xs (ms), ys (fraction)
 	Oracles  []Oracle       `json:"oracles"`
 	Load     []loadChart    `json:"load"`
 }
@@ -96,27 +156,24 @@ type reasonSlice struct {
 	Color  string
 }
 
-// palette colours series and reasons, in order.
-func palette(i int) string {
-	p := [...]string{"#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2",
-		"#db2777", "#65a30d", "#4b5563", "#ea580c", "#0d9488", "#9333ea"}
-	return p[i%len(p)]
-}
-
 // WriteHTML writes run as one self-contained HTML page: a header with the
-// run's parameters, the table, and charts (TTFT CDF per policy, hit rate
-// against the oracles, per-replica load over time, decision reasons). uPlot
-// and the data are inlined; the page loads nothing from the network.
+// run's parameters, the verdict (Headline) as its first line, the table,
+// and charts (TTFT CDF per policy, hit rate against the oracles,
+// per-replica load over time, decision reasons). kv-aware is always drawn
+// in KVAwareColor. uPlot and the data are inlined; the page loads nothing
+// from the network.
 func WriteHTML(w io.Writer, run *Run) error {
 	r := run.normalized()
 	p := page{
-		common: newCommon(),
-		Title:  r.Title,
-		Params: r.Params,
-		Header: tableHeader(),
-		Rows:   tableRows(&r),
-		Policy: len(r.Policies),
-		Data:   charts(&r),
+		common:   newCommon(),
+		Title:    r.Title,
+		Headline: headline(&r),
+		Params:   r.Params,
+		Header:   tableHeader(),
+		Rows:     tableRows(&r, ""),
+		Policy:   len(r.Policies),
+		Hits:     newHitBars(&r),
+		Data:     charts(&r),
 	}
 	p.Reasons, p.Legend = reasons(&r)
 	return render(w, "page.html", &p)
@@ -124,11 +181,10 @@ func WriteHTML(w io.Writer, run *Run) error {
 
 // charts gathers the chart series of a normalized run.
 func charts(r *Run) chartData {
-	d := chartData{Oracles: r.Oracles, CDF: [][2][]float64{}, Load: []loadChart{}, Hit: []float64{}, Pred: []float64{}, Policies: []string{}}
+	d := chartData{Oracles: r.Oracles, CDF: [][2][]float64{}, Load: []loadChart{},
+		Policies: []string{}, Colors: policyColors(names(r)), Palette: policyPalette[:]}
 	for _, p := range r.Policies {
 		d.Policies = append(d.Policies, p.Policy)
-		d.Hit = append(d.Hit, p.HitRate)
-		d.Pred = append(d.Pred, p.PredictedHitRate)
 		var xy [2][]float64
 		xy[0], xy[1] = []float64{}, []float64{}
 		for _, pt := range p.Series.TTFT {

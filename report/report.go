@@ -119,6 +119,11 @@ type Result struct {
 	// requests, 0..1; PredictedHitRate is the router's prediction.
 	HitRate          float64 `json:"hit_rate"`
 	PredictedHitRate float64 `json:"predicted_hit_rate"`
+	// NoPrediction is true when the policy predicts no cached tokens (it
+	// reads no residency index, or the endpoint replayed against said
+	// nothing of its decisions): PredictedHitRate is then zero and the
+	// writers leave it blank rather than print 0%.
+	NoPrediction bool `json:"no_prediction,omitempty"`
 	// PooledPct is HitRate as a percentage of the pooled oracle's hit rate
 	// (filled by the writers from Run.Oracles; zero without that oracle).
 	PooledPct float64 `json:"pooled_pct"`

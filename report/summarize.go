@@ -19,6 +19,10 @@ type Options struct {
 	Buckets int
 	// CDFPoints caps the TTFT CDF; zero means 200.
 	CDFPoints int
+	// NoPrediction says the policy predicts no cached tokens (see
+	// Result.NoPrediction); false means the samples' PredictedCached are
+	// its predictions.
+	NoPrediction bool
 }
 
 // Summarize turns one policy's samples into its Result. Latency
@@ -27,7 +31,7 @@ type Options struct {
 // arrival to its end (At to At+E2E), rejected requests not at all.
 func Summarize(samples []Sample, opt Options) Result {
 	slo := opt.SLO.orDefault()
-	res := Result{Policy: opt.Policy, Requests: len(samples), Reasons: map[string]int{}}
+	res := Result{Policy: opt.Policy, Requests: len(samples), Reasons: map[string]int{}, NoPrediction: opt.NoPrediction}
 	var ttft, e2e, itl []time.Duration
 	var predicted int64
 	met := 0

@@ -23,14 +23,23 @@ func tableHeader() []string {
 const hitColumn = 9
 
 // tableRows returns the table's rows for a normalized run: one per policy,
-// then one per oracle (hit rate only, "-" elsewhere).
-func tableRows(r *Run) [][]string {
+// then one per oracle (hit rate only, blank elsewhere). blank fills a
+// cell with no figure: "-" in a terminal, "" in HTML.
+func tableRows(r *Run, blank string) [][]string {
 	var rows [][]string
 	for _, p := range r.Policies {
+		pred := pct(p.PredictedHitRate)
+		if p.NoPrediction {
+			pred = blank
+		}
+		pooled := pooledCell(p.PooledPct, len(r.Oracles))
+		if pooled == "-" {
+			pooled = blank
+		}
 		rows = append(rows, []string{p.Policy,
 			dur(p.TTFT.P50), dur(p.TTFT.P90), dur(p.TTFT.P99), dur(p.TTFT.Mean),
 			dur(p.E2E.P50), dur(p.E2E.P99), dur(p.ITL.P50), dur(p.ITL.P99),
-			pct(p.HitRate), pct(p.PredictedHitRate), pooledCell(p.PooledPct, len(r.Oracles)),
+			pct(p.HitRate), pred, pooled,
 			tokens(p.PrefillTokens), fmt.Sprintf("%.2f/s", p.Goodput), pct(p.SLOMet),
 			fmt.Sprint(p.Completed), fmt.Sprint(p.Rejected), fmt.Sprint(p.Errors),
 			fmt.Sprintf("%.1f/%.1f", p.MaxLoad, p.MeanLoad)})
@@ -38,7 +47,7 @@ func tableRows(r *Run) [][]string {
 	for _, o := range r.Oracles {
 		cells := make([]string, len(tableHeader()))
 		for i := range cells {
-			cells[i] = "-"
+			cells[i] = blank
 		}
 		cells[0], cells[hitColumn] = "oracle "+o.Name, pct(o.HitRate)
 		rows = append(rows, cells)
@@ -57,7 +66,7 @@ func WriteTable(w io.Writer, run *Run) error {
 			return err
 		}
 	}
-	return writeAligned(w, append([][]string{tableHeader()}, tableRows(&r)...))
+	return writeAligned(w, append([][]string{tableHeader()}, tableRows(&r, "-")...))
 }
 
 // writeAligned writes rows as columns two spaces apart, each indented by

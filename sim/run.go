@@ -105,6 +105,7 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 		return nil, fmt.Errorf("policy %s: %w", name, err)
 	}
 	r.fl = fl
+	r.res.noIndex = fl.Index() == route.NoIndex
 	for range cfg.Replicas {
 		if err := r.addReplica(); err != nil {
 			return nil, err

@@ -299,7 +299,7 @@ func Run(cfg Config) (report.Run, error) {
 		if err != nil {
 			return report.Run{}, err
 		}
-		pr := report.Summarize(res.samples, report.Options{Policy: name, SLO: slo, Replicas: res.replicas})
+		pr := report.Summarize(res.samples, report.Options{Policy: name, SLO: slo, Replicas: res.replicas, NoPrediction: res.noIndex})
 		pr.Transfers, pr.TransferBytes = res.transfers, res.transferBytes
 		run.Policies = append(run.Policies, pr)
 	}

@@ -67,8 +67,9 @@ type Decision struct {
 	ActualCached    int `json:"actual_cached_tokens"`
 	PromptTokens    int `json:"prompt_tokens"`
 	// PredictedTTFTMS is the chosen candidate's predicted time to first
-	// token at calibration scale 1 (0: not predicted), the figure the
-	// observed TTFT of a streamed response calibrates against.
+	// token as the policy priced it, at the replica's learned calibration
+	// scale (fleet.Claim.CalibratedTTFT; 0: not predicted): the figure to
+	// compare TTFTMS with.
 	PredictedTTFTMS float64 `json:"predicted_ttft_ms,omitempty"`
 	// DecideMS is the time spent matching and picking (all attempts).
 	DecideMS float64 `json:"decide_ms"`

@@ -1,6 +1,7 @@
-// kvrouter dashboard: polls /ui/api/fleet and /ui/api/decisions and draws
-// them. Presentation only: every figure comes from the API (see API.md);
-// the script keeps just the in-flight history for the sparklines.
+// kvrouter dashboard: polls /ui/api/fleet, /ui/api/decisions and
+// /ui/api/series and draws them. Presentation only: every figure comes from
+// the API (see API.md); the script keeps just the in-flight history for the
+// sparklines. The time series are kept by the server and drawn as plain SVG.
 // ?refresh=MS sets the polling interval (default 1000 ms).
 "use strict";
 
@@ -199,6 +200,108 @@ function renderDecisions(ds) {
   document.querySelector("#decisions tbody").replaceChildren(...rows);
 }
 
+const SVGNS = "http://www.w3.org/2000/svg";
+function svgEl(tag, attrs, text) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+// niceMax is a round upper bound of v for an axis.
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v * 1.0001) return m * p;
+  return 10 * p;
+}
+
+const rate = (v) => (v === null || v === undefined ? "—" : v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0) + "/s");
+const fresh = (vs) => { for (let i = vs.length - 1; i >= 0; i--) if (vs[i] !== null && vs[i] !== undefined) return vs[i]; return null; };
+
+// plot draws lines (label, values aligned with s.t_ms, color, dash) of the
+// series s into box as an SVG chart over the last s.window_ms: a line breaks
+// at a missing value and where a sample follows a pause in polling.
+function plot(box, s, lines, opt) {
+  const W = Math.max(160, box.clientWidth || 340), H = opt.height || 150;
+  const L = opt.compact ? 30 : 46, R = 6, T = 6, B = opt.compact ? 4 : 18;
+  const svg = svgEl("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opt.title || "" });
+  const n = s.t_ms.length;
+  const end = n ? s.t_ms[n - 1] : 0, start = end - s.window_ms;
+  let top = opt.max;
+  if (!top) top = niceMax(Math.max(0, ...lines.flatMap((l) => l.values.filter((v) => v !== null && v !== undefined))));
+  const x = (t) => L + ((t - start) / s.window_ms) * (W - L - R);
+  const y = (v) => T + (1 - Math.min(v, top) / top) * (H - T - B);
+  for (const f of opt.compact ? [0, 1] : [0, 0.5, 1]) {
+    svg.append(svgEl("line", { class: "grid", x1: L, x2: W - R, y1: y(f * top), y2: y(f * top) }));
+    svg.append(svgEl("text", { x: L - 4, y: y(f * top) + 3.5, "text-anchor": "end" }, opt.fmt(f * top)));
+  }
+  if (!opt.compact) {
+    for (let m = 0; m * 60000 <= s.window_ms; m++) {
+      const t = end - m * 60000;
+      svg.append(svgEl("text", { x: x(t), y: H - 4, "text-anchor": m === 0 ? "end" : "middle" }, m === 0 ? "now" : `−${m}m`));
+    }
+  }
+  let drawn = 0;
+  for (const l of lines) {
+    let run = [];
+    const flush = () => {
+      if (run.length === 1) svg.append(svgEl("circle", { cx: run[0][0], cy: run[0][1], r: 1.8, fill: l.color }));
+      else if (run.length > 1) svg.append(svgEl("polyline", { class: l.dash ? "dash" : "", stroke: l.color, points: run.map((p) => p.map((c) => c.toFixed(1)).join(",")).join(" ") }));
+      drawn += run.length;
+      run = [];
+    };
+    for (let i = 0; i < n; i++) {
+      const v = l.values[i];
+      if (s.span_ms[i] > 2.5 * s.step_ms) flush(); // a pause in polling before this sample
+      if (v === null || v === undefined) { flush(); continue; }
+      run.push([x(s.t_ms[i]), y(v)]);
+    }
+    flush();
+  }
+  if (!drawn) svg.append(svgEl("text", { class: "empty", x: (L + W - R) / 2, y: (T + H - B) / 2, "text-anchor": "middle" }, n > 1 ? "no data in the last minutes" : "collecting…"));
+  svg.dataset.points = drawn;
+  const parts = [svg];
+  if (!opt.compact) parts.push(el("div", { class: "legend" }, lines.map((l) =>
+    el("span", {}, el("i", { class: l.dash ? "dash" : "", style: `border-top-color:${l.color}` }), l.label, el("b", {}, opt.fmt(fresh(l.values)))))));
+  box.replaceChildren(...parts);
+}
+
+function renderSeries(s) {
+  const css = getComputedStyle(document.documentElement);
+  const c = (name) => css.getPropertyValue(name).trim();
+  const accent = c("--accent"), bad = c("--bad"), good = c("--good"), muted = c("--muted");
+  document.getElementById("series-note").textContent =
+    `one sample per ${dur(s.step_ms)} while the dashboard is open; ${s.t_ms.length} samples`;
+  const q = (id) => document.querySelector(`#${id} .plot`);
+  plot(q("chart-rate"), s, [
+    { label: "routed", values: s.requests_per_s, color: accent },
+    { label: "completed", values: s.completed_per_s, color: good },
+  ], { fmt: (v) => (v === null ? "—" : rate(v)), title: "requests per second" });
+  plot(q("chart-ttft"), s, [
+    { label: "p50", values: s.ttft_p50_ms, color: accent },
+    { label: "p99", values: s.ttft_p99_ms, color: bad },
+    { label: "predicted p50", values: s.ttft_predicted_p50_ms, color: muted, dash: true },
+  ], { fmt: dur, title: "time to first token" });
+  plot(q("chart-hit"), s, [
+    { label: "actual", values: s.hit_rate_actual, color: accent },
+    { label: "predicted", values: s.hit_rate_predicted, color: accent, dash: true },
+  ], { fmt: pct, max: 1, title: "hit rate" });
+  const minis = s.replicas.map((r) => {
+    const box = el("div", { class: "plot" });
+    const m = el("div", { class: "mini", "data-replica": r.id },
+      el("div", { class: "name", title: r.id }, el("b", { title: "last actual / predicted" }, `${pct(fresh(r.hit_rate_actual))} / ${pct(fresh(r.hit_rate_predicted))}`), r.id), box);
+    return [m, box, r];
+  });
+  document.getElementById("replica-hits").replaceChildren(...minis.map((m) => m[0]));
+  for (const [, box, r] of minis) {
+    plot(box, s, [
+      { label: "actual", values: r.hit_rate_actual, color: accent },
+      { label: "predicted", values: r.hit_rate_predicted, color: accent, dash: true },
+    ], { fmt: pct, max: 1, height: 58, compact: true, title: "hit rate of " + r.id });
+  }
+}
+
 async function getJSON(path) {
   const r = await fetch(path, { cache: "no-store" });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
@@ -207,11 +310,21 @@ async function getJSON(path) {
 
 async function tick() {
   const status = document.getElementById("status");
+  let f, d, s;
   try {
-    const [f, d] = await Promise.all([getJSON("/ui/api/fleet"), getJSON("/ui/api/decisions?n=50")]);
+    [f, d] = await Promise.all([getJSON("/ui/api/fleet"), getJSON("/ui/api/decisions?n=50")]);
+    s = await getJSON("/ui/api/series"); // after the fleet's poll, which samples
+  } catch (e) {
+    status.textContent = "disconnected: retrying";
+    status.className = "status stale";
+    setTimeout(tick, REFRESH);
+    return;
+  }
+  try {
     record(f);
     renderHeader(f);
     renderReplicas(f);
+    renderSeries(s);
     const dj = JSON.stringify(d.decisions);
     if (dj !== lastDecisionsJSON) { // keep the table (and any selection) when nothing changed
       lastDecisionsJSON = dj;
@@ -220,7 +333,8 @@ async function tick() {
     status.textContent = "updated " + clock(f.at);
     status.className = "status";
   } catch (e) {
-    status.textContent = "disconnected: retrying";
+    console.error("dashboard render:", e); // a bug, not the network: say so
+    status.textContent = "render error (see the console)";
     status.className = "status stale";
   }
   setTimeout(tick, REFRESH);

@@ -1,0 +1,227 @@
+package report_test
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/internal/browser"
+	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/sim"
+	"github.com/kvrouter/kvrouter/trace"
+)
+
+var screenshot = flag.String("screenshot", "", "TestBrowserSimReport writes a PNG of the report to this path")
+
+// simRun simulates every route policy plus kv-aware-precise (14 in all)
+// on a small multi-turn-chat fleet: a real report of what the command
+// writes.
+func simRun(t *testing.T) *report.Run {
+	t.Helper()
+	w, err := trace.Generate("multi-turn-chat", trace.GenOptions{Seed: 1, Requests: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	preset, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := sim.Run(sim.Config{Workload: w.Name, Requests: w.Requests, Replicas: 4, PresetName: "llama3-8b-h100",
+		Preset: preset, Load: 0.8, Seed: 1, Policies: append(route.Names(), "kv-aware"+sim.PreciseSuffix)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &run
+}
+
+// serve serves page at / for the test's life.
+func serve(t *testing.T, page []byte) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Write(page)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestBrowserSimReport opens the HTML report of a 14-policy simulation in
+// Chromium and checks what a reader sees: the first line is the verdict,
+// naming the policy with the lowest TTFT p99 (checked against the
+// figures); the CDF chart is drawn; every policy's hit-rate row has its
+// own colour, kv-aware the reserved red, and no two labels overlap; a
+// policy without an index shows a blank prediction; at 800 px the table
+// scrolls sideways to its last column instead of being cut; and the page
+// logs no console error.
+func TestBrowserSimReport(t *testing.T) {
+	run := simRun(t)
+	var page bytes.Buffer
+	if err := report.WriteHTML(&page, run); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, page.Bytes())
+	ctx, con := browser.Start(t, 1500, 1000)
+	browser.Run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(url))
+
+	verdict := browser.Run(t, ctx, 5*time.Second, "verdict", chromedp.Evaluate[string](`document.querySelector('header > p.verdict').textContent`))
+	if want := report.Headline(run); verdict != want {
+		t.Errorf("first line %q, want the headline %q", verdict, want)
+	}
+	if first := browser.Run(t, ctx, 5*time.Second, "first line", chromedp.Evaluate[string](`document.querySelector('header h1').nextElementSibling.id`)); first != "verdict" {
+		t.Errorf("the element after the title is #%s, want #verdict", first)
+	}
+	winner := bestP99(run)
+	if !strings.HasPrefix(verdict, winner+" won on TTFT p99") {
+		t.Errorf("first line %q does not name %s, the policy with the lowest TTFT p99, as the winner", verdict, winner)
+	}
+
+	// The CDF is drawn: uPlot made its canvas and one series per policy.
+	series := browser.Run(t, ctx, 5*time.Second, "cdf", chromedp.Poll[int](`document.querySelector('#cdf canvas') && document.querySelectorAll('#cdf .u-legend .u-series').length`))
+	if series != len(run.Policies)+1 {
+		t.Errorf("CDF legend has %d series, want %d (x and one per policy)", series, len(run.Policies)+1)
+	}
+
+	type swatch struct {
+		Name, Color                           string
+		Left, Top, Right, Bottom, TrackHeight float64
+		Pred                                  string
+	}
+	rows := browser.Run(t, ctx, 5*time.Second, "hit rows", chromedp.Evaluate[[]swatch](`[...document.querySelectorAll('#hit .hname')].map(n => {
+		const r = n.getBoundingClientRect(), track = n.nextElementSibling, val = track.nextElementSibling;
+		return {Name: n.textContent, Color: getComputedStyle(n.querySelector('i')).backgroundColor,
+			Left: r.left, Top: r.top, Right: r.right, Bottom: r.bottom, TrackHeight: track.getBoundingClientRect().height,
+			Pred: val.querySelector('small').textContent};
+	})`))
+	if len(rows) != len(run.Policies) {
+		t.Fatalf("%d hit-rate rows, want %d", len(rows), len(run.Policies))
+	}
+	colors := map[string]string{}
+	for i, r := range rows {
+		if other, dup := colors[r.Color]; dup {
+			t.Errorf("%s and %s share colour %s", other, r.Name, r.Color)
+		}
+		colors[r.Color] = r.Name
+		if r.Name == "kv-aware" && r.Color != "rgb(214, 39, 40)" {
+			t.Errorf("kv-aware is %s, want the reserved red rgb(214, 39, 40) (%s)", r.Color, report.KVAwareColor)
+		}
+		if r.Name != "kv-aware" && r.Color == "rgb(214, 39, 40)" {
+			t.Errorf("%s has kv-aware's red", r.Name)
+		}
+		for _, q := range rows[:i] {
+			if r.Left < q.Right && q.Left < r.Right && r.Top < q.Bottom && q.Top < r.Bottom {
+				t.Errorf("labels %s and %s overlap", q.Name, r.Name)
+			}
+		}
+		if r.TrackHeight <= 0 {
+			t.Errorf("%s: hit-rate bar not drawn", r.Name)
+		}
+		if r.Name == "round-robin" && r.Pred != "no prediction" {
+			t.Errorf("round-robin's prediction %q, want \"no prediction\" (it reads no index)", r.Pred)
+		}
+	}
+	col := slices.Index([]string{"policy", "ttft p50", "p90", "p99", "mean", "e2e p50", "p99", "itl p50", "p99", "hit", "pred"}, "pred") + 1
+	for _, p := range []struct{ name, want string }{{"round-robin", ""}, {"kv-aware", "pct"}} {
+		cell := browser.Run(t, ctx, 5*time.Second, "pred cell", chromedp.Evaluate[string](fmt.Sprintf(
+			`[...document.querySelectorAll('table tbody tr')].find(tr => tr.cells[0].textContent === %q).cells[%d].textContent`, p.name, col-1)))
+		if p.want == "" && cell != "" || p.want == "pct" && !strings.HasSuffix(cell, "%") {
+			t.Errorf("%s: pred cell %q, want %s", p.name, cell, map[string]string{"": "blank", "pct": "a percentage"}[p.want])
+		}
+	}
+
+	// At 800 px the table scrolls sideways and its last column is reachable.
+	browser.Run(t, ctx, 5*time.Second, "narrow", chromedp.EmulateViewport(800, 1000))
+	reach := browser.Run(t, ctx, 5*time.Second, "scroll", chromedp.Evaluate[string](`(() => {
+		const s = document.querySelector('section .scroll'), last = s.querySelector('thead th:last-child');
+		if (s.scrollWidth <= s.clientWidth) return "not scrollable: " + s.scrollWidth + " <= " + s.clientWidth;
+		s.scrollLeft = s.scrollWidth;
+		const a = s.getBoundingClientRect(), b = last.getBoundingClientRect();
+		return b.right <= a.right + 1 && b.left >= a.left ? "ok" : "last column at " + b.left + ".." + b.right + ", box " + a.left + ".." + a.right;
+	})()`))
+	if reach != "ok" {
+		t.Errorf("narrow table: %s", reach)
+	}
+	if over := browser.Run(t, ctx, 5*time.Second, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth - document.documentElement.clientWidth`)); over > 0 {
+		t.Errorf("the page itself is %d px wider than the 800 px window; only the table should scroll", over)
+	}
+	if *screenshot != "" {
+		browser.Run(t, ctx, 5*time.Second, "wide", chromedp.EmulateViewport(1500, 1000))
+		time.Sleep(200 * time.Millisecond)
+		png := browser.Run(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))
+		if err := os.WriteFile(*screenshot, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if errs := con.Errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
+
+// bestP99 is the policy with the lowest TTFT p99 among those that
+// rejected the fewest requests (the leaderboard's ranking), first in run
+// order on a tie.
+func bestP99(run *report.Run) string {
+	best := -1
+	for i, p := range run.Policies {
+		if p.Completed == 0 {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := run.Policies[best]
+		if p.Rejected < b.Rejected || p.Rejected == b.Rejected && ms(p.TTFT.P99) < ms(b.TTFT.P99) {
+			best = i
+		}
+	}
+	return run.Policies[best].Policy
+}
+
+// ms rounds m to the microsecond, as the report compares figures.
+func ms(m report.Millis) float64 { return float64(time.Duration(m).Round(time.Microsecond)) }
+
+// TestBrowserBoardReport opens a two-cell leaderboard of the simulation in
+// Chromium: its first line is the verdict over the cells, each cell draws
+// its CDF and its hit-rate bars, and the console stays clean.
+func TestBrowserBoardReport(t *testing.T) {
+	run := simRun(t)
+	other := *run
+	other.Params = slices.Clone(run.Params)
+	for i := range other.Params {
+		if other.Params[i].Name == "load" {
+			other.Params[i].Value = "0.9" // the same figures under another name: a second cell
+		}
+	}
+	b := report.NewBoard([]report.Run{*run, other}, "kv-aware")
+	var page bytes.Buffer
+	if err := report.WriteBoardHTML(&page, b); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, page.Bytes())
+	ctx, con := browser.Start(t, 1500, 1000)
+	browser.Run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(url))
+	verdict := browser.Run(t, ctx, 5*time.Second, "verdict", chromedp.Evaluate[string](`document.querySelector('header > p.verdict').textContent`))
+	winner := bestP99(run)
+	if want := "TTFT p99: " + winner + " won 2 of 2 cells"; !strings.HasPrefix(verdict, want) {
+		t.Errorf("first line %q, want it to start %q", verdict, want)
+	}
+	for i := range 2 {
+		if n := browser.Run(t, ctx, 5*time.Second, "cell charts", chromedp.Poll[int](fmt.Sprintf(`document.querySelector('#cdf-%d canvas') && document.querySelectorAll('#hit-%d .hname').length`, i, i))); n != len(run.Policies) {
+			t.Errorf("cell %d: %d hit-rate rows, want %d", i, n, len(run.Policies))
+		}
+	}
+	if errs := con.Errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
