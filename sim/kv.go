@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 // kvEvent is an engine KV event on its way to the precise index.
@@ -47,13 +49,18 @@ func (r *runner) drainKV() {
 
 // applyKV updates the precise index with one event of replica i.
 func (r *runner) applyKV(i int, k engine.Kind, hashes []prefix.Hash) {
-	x := r.fl.Tracker().Precise()
 	if r.cfg.Trace != nil {
 		r.trace(Step{Kind: StepKV, Replica: i, Event: k, Hashes: slices.Clone(hashes)})
 	}
+	r.each(func(f *fleet.Fleet) { applyKV(f.Tracker().Precise(), i, k, hashes, r.now) })
+}
+
+// applyKV updates one router's precise index x with one event of replica
+// i at now: every router follows the engines' events itself.
+func applyKV(x *residency.Index, i int, k engine.Kind, hashes []prefix.Hash, now time.Duration) {
 	switch k {
 	case engine.BlockStored:
-		x.Store(i, hashes, r.now)
+		x.Store(i, hashes, now)
 	case engine.BlockRemoved:
 		x.Remove(i, hashes)
 	case engine.AllCleared:

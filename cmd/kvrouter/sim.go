@@ -62,6 +62,9 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	mode := fs.String("mode", sim.ModeApproximate, "index of kv-aware: approximate or precise")
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
+	routers := fs.Int("routers", 1, "routers in front of the fleet, each with its own fleet state, exchanging their shares every --sync-interval (as --redis does live)")
+	syncInterval := fs.Duration("sync-interval", sim.DefaultSyncInterval, "virtual time between the routers' exchanges (with --routers > 1; negative: never, each router decides alone)")
+	assign := fs.String("assign", sim.AssignRoundRobin, "how requests are given to routers: round-robin or hash (of the session, else the request id)")
 	adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout}
 	admissionFlags(fs, &adm.MaxWait, &adm.MaxQueue, &adm.QueueTimeout)
 	if err := fs.Parse(args); err != nil {
@@ -86,6 +89,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
 		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(),
+		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign,
 	}
 	runs, err := runCells(cells(base, ws, loads), stderr)
 	if err != nil {
