@@ -20,6 +20,9 @@ const (
 	// are shared: the leading ones (a longer prompt shares its first
 	// 4096 blocks, 64k tokens at 16 tokens a block).
 	MaxSharedHashes = 4096
+	// MaxSharedChains is the most chains of one touch that Merge reads
+	// (one per engine block size in the fleet; more are a peer's error).
+	MaxSharedChains = 8
 	// MaxTouchAge is the oldest a peer's touch may be to enter the index:
 	// older ones (a router catching up after a pause) are skipped, their
 	// blocks being as likely gone as not.
@@ -211,9 +214,9 @@ func (f *Fleet) Merge(now time.Time, shares []Share) {
 				continue
 			}
 			chains = chains[:0]
-			for _, c := range tc.Chains {
+			for _, c := range tc.Chains[:min(len(tc.Chains), MaxSharedChains)] {
 				if c.Tokens > 0 && len(c.Hashes) > 0 {
-					chains = append(chains, residency.Chain{Tokens: c.Tokens, Hashes: c.Hashes})
+					chains = append(chains, residency.Chain{Tokens: c.Tokens, Hashes: c.Hashes[:min(len(c.Hashes), MaxSharedHashes)]})
 				}
 			}
 			if len(chains) > 0 {
