@@ -213,6 +213,10 @@ func (f *Fleet) Merge(now time.Time, shares []Share) {
 			if r == nil || now.Sub(tc.At) > MaxTouchAge {
 				continue
 			}
+			at := tc.At
+			if at.After(now) {
+				at = now // a peer's clock ahead of ours
+			}
 			chains = chains[:0]
 			for _, c := range tc.Chains[:min(len(tc.Chains), MaxSharedChains)] {
 				if c.Tokens > 0 && len(c.Hashes) > 0 {
@@ -220,7 +224,7 @@ func (f *Fleet) Merge(now time.Time, shares []Share) {
 				}
 			}
 			if len(chains) > 0 {
-				f.tr.Touch(r.index, chains, f.indexTime(tc.At), &p.ms)
+				f.tr.Touch(r.index, chains, f.indexTime(at), &p.ms)
 			}
 		}
 	}
@@ -242,10 +246,10 @@ func (f *Fleet) mergeLoad(shares []Share) {
 				sum = make([]PeerLoad, len(f.reps))
 			}
 			s := &sum[r.index]
-			s.InFlight += max(l.InFlight, 0)
-			s.PrefillTokens += max(l.PrefillTokens, 0)
-			s.Decoding += max(l.Decoding, 0)
-			s.DecodeTokens += max(l.DecodeTokens, 0)
+			s.InFlight += bounded(l.InFlight)
+			s.PrefillTokens += bounded(l.PrefillTokens)
+			s.Decoding += bounded(l.Decoding)
+			s.DecodeTokens += bounded(l.DecodeTokens)
 		}
 	}
 	var old []PeerLoad
@@ -270,12 +274,22 @@ func (f *Fleet) mergeLoad(shares []Share) {
 	}
 }
 
+// maxPeerCount bounds one peer's count (bounded), so that the sums of
+// any number of peers stay far from overflowing.
+const maxPeerCount = 1 << 40
+
+// bounded is a peer's count within 0..maxPeerCount.
+func bounded(v int64) int64 { return min(max(v, 0), maxPeerCount) }
+
 // mergeBinding binds a peer's session here, unless it is bound here more
 // recently or names a replica this fleet does not know.
 func (f *Fleet) mergeBinding(b Binding, now time.Time) {
 	r := f.lookup(b.Replica)
 	if r == nil || b.Key == "" || len(b.Key) > MaxSessionIDBytes || now.Sub(b.At) > f.cfg.SessionTTL {
 		return
+	}
+	if b.At.After(now) {
+		b.At = now // a peer's clock ahead of ours
 	}
 	f.smu.Lock()
 	defer f.smu.Unlock()
