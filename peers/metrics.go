@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/fleet"
 )
 
 // metrics are a Syncer's instruments, registered on Config.Registry.
@@ -64,10 +66,29 @@ func newMetrics(reg prometheus.Registerer, s *Syncer) (*metrics, error) {
 		Name: "kvrouter_shared_state_peers",
 		Help: "Other routers whose load the last round read.",
 	}, func() float64 { return float64(s.Peers()) })
-	for _, c := range []prometheus.Collector{up, peers, m.errors.Counter, m.decodeErrors, m.dropped, m.round} {
+	for _, c := range []prometheus.Collector{up, peers, peerLoad{s.f}, m.errors.Counter, m.decodeErrors, m.dropped, m.round} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("peers metrics: %w", err)
 		}
 	}
 	return m, nil
 }
+
+// peerLoad exports the other routers' in-flight requests per replica, as
+// the fleet's last merge left them.
+type peerLoad struct{ f *fleet.Fleet }
+
+var peerInFlight = prometheus.NewDesc("kvrouter_peer_inflight",
+	"Requests the other routers have in flight on the replica, as the last shared-state round read.", []string{"replica"}, nil)
+
+// Describe implements prometheus.Collector.
+func (peerLoad) Describe(ch chan<- *prometheus.Desc) { ch <- peerInFlight }
+
+// Collect implements prometheus.Collector.
+func (p peerLoad) Collect(ch chan<- prometheus.Metric) {
+	for _, id := range p.f.Replicas() {
+		ch <- prometheus.MustNewConstMetric(peerInFlight, prometheus.GaugeValue, float64(p.f.PeerLoad(id).InFlight), id)
+	}
+}
+
+var _ prometheus.Collector = peerLoad{}
