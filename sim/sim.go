@@ -119,7 +119,8 @@ type Config struct {
 
 	// Routers is the number of routers (each a fleet of its own over the
 	// same engines, exchanging their shares every SyncInterval: see
-	// routers.go); zero means 1.
+	// routers.go); zero means 1. Trace then interleaves every router's
+	// steps: a transcript for one live router needs Routers 1.
 	Routers int
 	// SyncInterval is the virtual time between the routers' exchanges;
 	// zero means DefaultSyncInterval, negative never (each router decides
