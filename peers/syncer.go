@@ -48,8 +48,9 @@ type Config struct {
 	// TTL is how long a router's load is counted after its last round;
 	// zero means 20 × Interval, at least 1 s.
 	TTL time.Duration
-	// Timeout bounds each round's Redis commands; zero means Interval, at
-	// least 100 ms.
+	// Timeout bounds each round's Redis commands; zero means 2 × Interval,
+	// at least 250 ms, at most TTL/2 (a slow round only delays the next:
+	// the request path never waits for one).
 	Timeout time.Duration
 	// Prefix starts every key; zero means DefaultPrefix.
 	Prefix string
@@ -77,6 +78,7 @@ type Syncer struct {
 
 	up      atomic.Bool
 	peers   atomic.Int64
+	rounds  atomic.Int64 // successful rounds
 	pending fleet.Share // deltas not yet published (owned by Run)
 	lastID  string      // last stream entry read (owned by Run)
 	lastOK  time.Time   // last successful round (owned by Run)
@@ -112,7 +114,7 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 		return nil, fmt.Errorf("peers: TTL %v shorter than two intervals (%v)", cfg.TTL, 2*cfg.Interval)
 	}
 	if cfg.Timeout == 0 {
-		cfg.Timeout = max(cfg.Interval, 100*time.Millisecond)
+		cfg.Timeout = min(max(2*cfg.Interval, 250*time.Millisecond), cfg.TTL/2)
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
@@ -155,6 +157,11 @@ func (s *Syncer) Router() string { return s.cfg.Router }
 
 // Up reports whether the last round reached Redis.
 func (s *Syncer) Up() bool { return s.up.Load() }
+
+// Rounds returns the rounds that reached Redis so far: what a router
+// decided before round k of its own was published is in every peer's view
+// once each has completed a round after that.
+func (s *Syncer) Rounds() int64 { return s.rounds.Load() }
 
 // Peers returns the other routers seen in the last successful round.
 func (s *Syncer) Peers() int { return int(s.peers.Load()) }
@@ -204,6 +211,7 @@ func (s *Syncer) round(ctx context.Context) {
 	s.lastOK = now
 	s.f.Merge(now, shares)
 	s.merged = len(shares) > 0
+	s.rounds.Add(1)
 	if !s.up.Swap(true) {
 		s.log.Info("shared state up: routing on the routers' shared view", "redis", s.client.Options().Addr, "router", s.cfg.Router)
 	}

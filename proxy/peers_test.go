@@ -55,7 +55,7 @@ func TestSharedConversation(t *testing.T) {
 		if mode == "shared" {
 			url = rs.URL()
 		}
-		_, us := startRouters(t, 3, "kv-aware", url, urls(reps)...)
+		rts, us := startRouters(t, 3, "kv-aware", url, urls(reps)...)
 		msgs := []chatMsg{{"system", "You are terse. " + words(7, 20)}}
 		served := map[string]bool{}
 		for turn := range 9 {
@@ -71,7 +71,10 @@ func TestSharedConversation(t *testing.T) {
 			}
 			served[resp.Header.Get(HeaderReplica)] = true
 			msgs = append(msgs, r.Choices[0].Message)
-			time.Sleep(3 * syncEvery) // the user reads the answer: longer than the staleness bound
+			// The user reads the answer: longer than the staleness bound,
+			// two rounds of every router (slower than 2 intervals on a
+			// loaded machine).
+			twoRounds(rts)
 		}
 		spread[mode] = len(served)
 		t.Logf("%s: 9 turns over 3 routers served by %d replicas", mode, len(served))
@@ -123,10 +126,30 @@ func bursts(t *testing.T, rts []*Router, us []string, order [][]int) map[string]
 				t.Fatalf("router %d holds %d requests in flight, want %d (routed, none finished yet)", i, own, sent[i])
 			}
 		}
-		time.Sleep(4 * syncEvery)
+		twoRounds(rts)
 	}
 	wg.Wait()
 	return got
+}
+
+// twoRounds waits until every router sharing state has completed two
+// rounds since the call (publish, then the peers' read): the staleness
+// bound of the protocol; without shared state, 4 sync intervals.
+func twoRounds(rts []*Router) {
+	if rts[0].Shared() == nil {
+		time.Sleep(4 * syncEvery)
+		return
+	}
+	start := make([]int64, len(rts))
+	for i, rt := range rts {
+		start[i] = rt.Shared().Rounds()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i, rt := range rts {
+		for rt.Shared().Rounds() < start[i]+2 && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
 }
 
 // ownInFlight is the requests a router itself has in flight.

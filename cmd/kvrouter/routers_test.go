@@ -167,8 +167,8 @@ func TestKilledRouterLoadExpires(t *testing.T) {
 	})
 	took := time.Since(killed)
 	t.Logf("a SIGKILLed router's load left the others' view after %v (--shared-ttl 500ms, --sync-interval 20ms)", took)
-	if took > 500*time.Millisecond+500*time.Millisecond {
-		t.Errorf("its load left after %v, want within the 500ms TTL and 500ms of slack (a round, a loaded machine)", took)
+	if took > 500*time.Millisecond+1500*time.Millisecond {
+		t.Errorf("its load left after %v, want within the 500ms TTL and 1.5s of slack (rounds timing out on a loaded machine)", took)
 	}
 	if n := ps[0].gauge(t, "kvrouter_shared_state_peers"); n != 1 {
 		t.Errorf("router 0 sees %v peers after the kill, want 1", n)
