@@ -79,10 +79,10 @@ type Syncer struct {
 	up      atomic.Bool
 	peers   atomic.Int64
 	rounds  atomic.Int64 // successful rounds
-	pending fleet.Share // deltas not yet published (owned by Run)
-	lastID  string      // last stream entry read (owned by Run)
-	lastOK  time.Time   // last successful round (owned by Run)
-	merged  bool        // the last Merge had peers' shares
+	pending fleet.Share  // deltas not yet published (owned by Run)
+	lastID  string       // last stream entry read (owned by Run)
+	lastOK  time.Time    // last successful round (owned by Run)
+	merged  bool         // the last Merge had peers' shares
 }
 
 // keys are the Redis keys of one prefix.
