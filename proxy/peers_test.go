@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -85,29 +86,39 @@ func TestSharedConversation(t *testing.T) {
 }
 
 // bursts sends, for each router index in order[k], one request of burst k
-// at the same time; once they are routed, it waits a few sync intervals
-// before the next burst. The requests stay in flight till the end (long
-// outputs, checked); it returns how many each replica got.
+// at the same time; once they are routed, it waits two rounds of every
+// router before the next burst. The requests are long streams, kept open
+// (checked) until every burst is placed, then cancelled; it returns how
+// many each replica got.
 func bursts(t *testing.T, rts []*Router, us []string, order [][]int) map[string]int {
 	t.Helper()
 	var mu sync.Mutex
 	got := map[string]int{}
-	var wg sync.WaitGroup
+	var wg, placed sync.WaitGroup
+	done := make(chan struct{})
+	defer func() { close(done); wg.Wait() }()
 	n := 0
 	sent := make([]int, len(rts))
 	for _, b := range order {
 		for _, ri := range b {
 			n++
 			sent[ri]++
-			body := fmt.Sprintf(`{"model":"m","max_tokens":800,"messages":[{"role":"user","content":"burst request %d"}]}`, n)
+			body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"burst request %d"}]}`, n)
 			url := us[ri]
+			placed.Add(1)
 			wg.Go(func() {
+				answered := false
+				defer func() {
+					if !answered {
+						placed.Done()
+					}
+				}()
 				resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 				if err != nil {
 					t.Errorf("post: %v", err)
 					return
 				}
-				resp.Body.Close()
+				defer resp.Body.Close()
 				if resp.StatusCode != http.StatusOK {
 					t.Errorf("status %d", resp.StatusCode)
 					return
@@ -115,9 +126,12 @@ func bursts(t *testing.T, rts []*Router, us []string, order [][]int) map[string]
 				mu.Lock()
 				got[resp.Header.Get(HeaderReplica)]++
 				mu.Unlock()
+				answered = true
+				placed.Done()
+				<-done
 			})
 		}
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(10 * time.Second)
 		for i := range rts {
 			for ownInFlight(rts[i]) != sent[i] && time.Now().Before(deadline) {
 				time.Sleep(2 * time.Millisecond)
@@ -128,28 +142,10 @@ func bursts(t *testing.T, rts []*Router, us []string, order [][]int) map[string]
 		}
 		twoRounds(rts)
 	}
-	wg.Wait()
-	return got
-}
-
-// twoRounds waits until every router sharing state has completed two
-// rounds since the call (publish, then the peers' read): the staleness
-// bound of the protocol; without shared state, 4 sync intervals.
-func twoRounds(rts []*Router) {
-	if rts[0].Shared() == nil {
-		time.Sleep(4 * syncEvery)
-		return
-	}
-	start := make([]int64, len(rts))
-	for i, rt := range rts {
-		start[i] = rt.Shared().Rounds()
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for i, rt := range rts {
-		for rt.Shared().Rounds() < start[i]+2 && time.Now().Before(deadline) {
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
+	placed.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	return maps.Clone(got)
 }
 
 // ownInFlight is the requests a router itself has in flight.
@@ -166,7 +162,7 @@ func ownInFlight(rt *Router) int {
 // same bursts (least-loaded: the in-flight counts decide).
 func TestSharedBursts(t *testing.T) {
 	rs := redisserver.Start(t)
-	reps := replicas(t, 4, 0.1)
+	reps := replicas(t, 4, 1)
 	// Bursts of 3 requests, each burst from one router, 4 bursts: 12
 	// requests in flight at the end, 3 a replica for one router.
 	threeRouters := [][]int{{0, 0, 0}, {1, 1, 1}, {2, 2, 2}, {0, 0, 0}}
@@ -254,5 +250,25 @@ func TestSharedRedisKilled(t *testing.T) {
 	}
 	if len(codes) != 1 || codes[http.StatusOK] == 0 {
 		t.Errorf("responses by status %v: want all 200", codes)
+	}
+}
+
+// twoRounds waits until every router sharing state has completed two
+// rounds since the call (publish, then the peers' read): the staleness
+// bound of the protocol; without shared state, 4 sync intervals.
+func twoRounds(rts []*Router) {
+	if rts[0].Shared() == nil {
+		time.Sleep(4 * syncEvery)
+		return
+	}
+	start := make([]int64, len(rts))
+	for i, rt := range rts {
+		start[i] = rt.Shared().Rounds()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i, rt := range rts {
+		for rt.Shared().Rounds() < start[i]+2 && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
 	}
 }
