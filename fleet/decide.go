@@ -124,6 +124,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		f.bind(r.Session, rep, now)
 	}
 	f.tr.Touch(d.Replica, r.Chains, f.indexTime(now), &sc.ms)
+	f.peers.note(r, rep, now)
 	return tk
 }
 

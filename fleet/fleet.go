@@ -154,6 +154,10 @@ type Fleet struct {
 	smu       sync.Mutex
 	sessions  sessionTable
 	lastSweep time.Time
+
+	// peers is what other routers share with this fleet and it with them
+	// (peers.go); unused unless SharePeers is called.
+	peers peers
 }
 
 // replica is one backend's state.

@@ -237,13 +237,14 @@ func (d divider) div(n int64) int64 {
 // the replica has not learned is the prior, when that is not zero. It
 // returns the published state it read.
 func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *published {
+	pl := f.peerLoad(r.index) // other routers' (peers.go); zero without
 	*out = route.Replica{
 		ID:            r.id,
 		Healthy:       r.healthy.Load(),
-		InFlight:      int(r.inFlight.Load()),
-		PrefillTokens: int(max(r.prefillTokens.Load(), 0)),
-		Decoding:      int(r.decoding.Load()),
-		DecodeBlocks:  int(d.div(max(r.decodeTokens.Load(), 0) + int64(d) - 1)),
+		InFlight:      int(r.inFlight.Load() + pl.InFlight),
+		PrefillTokens: int(max(r.prefillTokens.Load(), 0) + pl.PrefillTokens),
+		Decoding:      int(r.decoding.Load() + pl.Decoding),
+		DecodeBlocks:  int(d.div(max(r.decodeTokens.Load(), 0) + pl.DecodeTokens + int64(d) - 1)),
 	}
 	p := r.pub.Load()
 	if p.scraped {

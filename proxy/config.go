@@ -272,6 +272,23 @@ type Config struct {
 	// EjectMax caps an ejection, and is how long a replica must stay in
 	// service for its ejection count to reset; zero means 30 s.
 	EjectMax time.Duration `yaml:"eject-max"`
+
+	// Several routers (package peers).
+
+	// Redis is the URL of the Redis server through which several routers
+	// share sessions, in-flight load and routed blocks
+	// (redis://host:port[/db]); empty means this router decides alone.
+	Redis string `yaml:"redis"`
+	// SyncInterval is how often the shared state is published and read;
+	// zero means peers.DefaultInterval (50 ms).
+	SyncInterval time.Duration `yaml:"sync-interval"`
+	// SharedTTL is how long a router's load counts after its last
+	// publication (a router that died); zero means 20 sync intervals, at
+	// least 1 s.
+	SharedTTL time.Duration `yaml:"shared-ttl"`
+	// RouterID names this router among its peers; empty means a random
+	// id.
+	RouterID string `yaml:"router-id"`
 }
 
 // policyName is Policy, or the default.

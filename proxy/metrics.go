@@ -202,7 +202,8 @@ func (fc *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		if r.Healthy {
 			h = 1
 		}
-		ch <- prometheus.MustNewConstMetric(fc.inflight, prometheus.GaugeValue, float64(r.InFlight), r.ID)
+		own := r.InFlight - int(fc.fl.PeerLoad(r.ID).InFlight) // the snapshot counts the peers' too (--redis)
+		ch <- prometheus.MustNewConstMetric(fc.inflight, prometheus.GaugeValue, float64(own), r.ID)
 		ch <- prometheus.MustNewConstMetric(fc.healthy, prometheus.GaugeValue, h, r.ID)
 		ch <- prometheus.MustNewConstMetric(fc.idxBlock, prometheus.GaugeValue, float64(r.IndexBlocks), r.ID)
 	}

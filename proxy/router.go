@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/peers"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -75,9 +76,10 @@ type Router struct {
 	pool       sync.Pool  // *call
 	readBufs   readBufs   // stream read buffers
 	now        func() time.Time
-	start      time.Time // the router's start: time zero of the residency index
-	sf         surface   // keys, pass-through list, id hashing
-	live       liveSet   // API requests in flight, for the drain
+	start      time.Time     // the router's start: time zero of the residency index
+	sf         surface       // keys, pass-through list, id hashing
+	live       liveSet       // API requests in flight, for the drain
+	shared     *peers.Syncer // nil without Config.Redis (peers.go)
 
 	tracer trace.Tracer // nil: tracing off (Deps.TracerProvider)
 }
@@ -184,6 +186,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		ErrorLog:       slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
 	rt.pool.New = func() any { return new(call) }
+	if rt.shared, err = rt.newShared(reg); err != nil {
+		return nil, err
+	}
 	return rt, nil
 }
 
@@ -237,7 +242,7 @@ func (rt *Router) Handler() http.Handler {
 // precise mode the KV-event health watch) until ctx is done, then waits for
 // them, closes the KV-event Subscriber and returns nil.
 func (rt *Router) Run(ctx context.Context) error {
-	return rt.st.run(ctx)
+	return rt.runShared(ctx, rt.st.run)
 }
 
 // serveHealth answers 200 when at least one replica is healthy, else 503.

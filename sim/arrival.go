@@ -37,7 +37,8 @@ func (r *runner) dispatch(j int) bool {
 	r.chains[0].Tokens, r.chains[0].Hashes = r.cfg.Preset.BlockSize, jb.hashes
 	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
 		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true}
-	d, tk := r.fl.Decide(&r.freq, nil, at(r.now), &r.sc)
+	fl, sc := r.router(j)
+	d, tk := fl.Decide(&r.freq, nil, at(r.now), sc)
 	r.traceArrival(j, d)
 	if tk == nil && d.Reason == route.ReasonSaturated {
 		return false

@@ -36,7 +36,7 @@ func (r *runner) kill(i int) {
 	}
 	rp := &r.reps[i]
 	rp.alive, rp.eng, rp.wake = false, nil, -1
-	r.fl.SetHealthy(rp.id, false)
+	r.each(func(f *fleet.Fleet) { f.SetHealthy(rp.id, false) })
 	r.trace(Step{Kind: StepDown, Replica: i})
 	for j := range r.flights {
 		f := &r.flights[j]

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 )
 
 // kvEvent is an engine KV event on its way to the precise index.
@@ -48,22 +50,33 @@ func (r *runner) drainKV() {
 }
 
 // applyKV updates the precise index (or, for the CPU tier, the offload
-// index) with one event of replica i.
+// index) of every router with one event of replica i.
 func (r *runner) applyKV(i int, k engine.Kind, m engine.Medium, hashes []prefix.Hash) {
-	x := r.fl.Tracker().Precise()
-	if m != engine.GPU {
-		x = r.fl.Tracker().Offloaded()
-	}
 	if r.cfg.Trace != nil {
 		r.trace(Step{Kind: StepKV, Replica: i, Event: k, Hashes: slices.Clone(hashes)})
 	}
+	r.each(func(f *fleet.Fleet) {
+		x := f.Tracker().Precise()
+		if m != engine.GPU {
+			x = f.Tracker().Offloaded()
+		}
+		applyKV(x, i, k, hashes, r.now)
+		if k == engine.AllCleared {
+			f.Tracker().Offloaded().Clear(i)
+		}
+	})
+}
+
+// applyKV updates one router's index x (precise, or offload for the CPU
+// tier) with one event of replica i at now: every router follows the
+// engines' events itself.
+func applyKV(x *residency.Index, i int, k engine.Kind, hashes []prefix.Hash, now time.Duration) {
 	switch k {
 	case engine.BlockStored:
-		x.Store(i, hashes, r.now)
+		x.Store(i, hashes, now)
 	case engine.BlockRemoved:
 		x.Remove(i, hashes)
 	case engine.AllCleared:
 		x.Clear(i)
-		r.fl.Tracker().Offloaded().Clear(i)
 	}
 }

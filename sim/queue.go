@@ -12,6 +12,7 @@ const (
 	evWake    kind = iota // engine step of replica rep
 	evFleet               // fleet event idx (kill / add a replica)
 	evScrape              // scrape tick: refresh engine metrics in the snapshot
+	evSync                // the routers exchange their shares (routers.go)
 	evArrival             // arrival of job idx (or a re-routed one)
 )
 

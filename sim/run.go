@@ -72,6 +72,8 @@ type runner struct {
 	chains [1]residency.Chain
 	ereq   []engine.Request
 
+	rs routers // the routers beyond fl (Config.Routers > 1)
+
 	res result
 	err error
 }
@@ -106,6 +108,9 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 	}
 	r.fl = fl
 	r.res.noIndex = fl.Index() == route.NoIndex
+	if err := r.addRouters(fc); err != nil {
+		return nil, fmt.Errorf("policy %s: %w", name, err)
+	}
 	for range cfg.Replicas {
 		if err := r.addReplica(); err != nil {
 			return nil, err
@@ -150,7 +155,12 @@ func (r *runner) addReplica() error {
 	// Replicas are named as the live router names them, by base URL (the
 	// consistent-hashing peers hash the names).
 	id, model := fmt.Sprintf("http://r%d:8000", i), modelName(i%r.cfg.Models)
-	if err := r.fl.AddReplica(fleet.Replica{ID: id, Models: []string{model}}); err != nil {
+	r.each(func(f *fleet.Fleet) {
+		if err == nil {
+			err = f.AddReplica(fleet.Replica{ID: id, Models: []string{model}})
+		}
+	})
+	if err != nil {
 		return err
 	}
 	r.reps = append(r.reps, replica{id: id, model: model, eng: e, alive: true, wake: -1})
@@ -167,6 +177,9 @@ func (r *runner) run() {
 		r.q.push(event{at: r.cfg.fleet[0].at, kind: evFleet})
 	}
 	r.q.push(event{at: 0, kind: evScrape})
+	if len(r.rs.more) > 0 && r.cfg.SyncInterval > 0 {
+		r.q.push(event{at: r.cfg.SyncInterval, kind: evSync})
+	}
 	for n := 0; r.q.len() > 0; n++ {
 		if n&4095 == 0 && r.canceled() {
 			r.err = errors.New("canceled")
@@ -182,6 +195,8 @@ func (r *runner) run() {
 			r.onFleet()
 		case evScrape:
 			r.onScrape()
+		case evSync:
+			r.onSync()
 		case evArrival:
 			r.onArrival(int(ev.idx))
 		}
@@ -216,7 +231,7 @@ func (r *runner) onScrape() {
 		rp := &r.reps[i]
 		if rp.alive {
 			l := loadOf(rp.eng.Stats(), r.cfg.Preset.BlockSize, at(r.now))
-			r.fl.SetLoad(rp.id, l)
+			r.each(func(f *fleet.Fleet) { f.SetLoad(rp.id, l) })
 			r.trace(Step{Kind: StepScrape, Replica: i, Load: l})
 		}
 	}

@@ -123,6 +123,19 @@ type Config struct {
 	// be driven with, step for step (proxy's parity test does).
 	Trace func(policy string, s Step)
 
+	// Routers is the number of routers (each a fleet of its own over the
+	// same engines, exchanging their shares every SyncInterval: see
+	// routers.go); zero means 1. Trace then interleaves every router's
+	// steps: a transcript for one live router needs Routers 1.
+	Routers int
+	// SyncInterval is the virtual time between the routers' exchanges;
+	// zero means DefaultSyncInterval, negative never (each router decides
+	// on its own view: the control of a comparison).
+	SyncInterval time.Duration
+	// Assign is how requests are given to routers: AssignRoundRobin (the
+	// default) or AssignHash.
+	Assign string
+
 	// fleet is Fleet on the scaled clock (set by Run).
 	fleet []fleetEvent
 	// adds is the number of Add events of Fleet.
@@ -173,6 +186,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if len(c.Policies) == 0 {
 		c.Policies = route.Names()
+	}
+	if err := c.checkRouters(); err != nil {
+		return c, err
 	}
 	c.Preset.NoTokenEvents = true
 	if c.InterconnectGBps < 0 {
@@ -314,7 +330,7 @@ func (o *outcome) params() []report.Param {
 		span = o.jobs[n-1].at
 	}
 	p := func(name string, v any) report.Param { return report.Param{Name: name, Value: fmt.Sprint(v)} }
-	return []report.Param{
+	ps := []report.Param{
 		p("workload", c.Workload),
 		p("requests", len(o.jobs)),
 		p("replicas", c.Replicas),
@@ -332,4 +348,8 @@ func (o *outcome) params() []report.Param {
 		p("slo_itl", c.SLO.ITL),
 		p("fleet_events", len(c.Fleet)),
 	}
+	if c.Routers > 1 {
+		ps = append(ps, p("routers", c.Routers), p("sync_interval", c.SyncInterval), p("assign", c.Assign))
+	}
+	return ps
 }

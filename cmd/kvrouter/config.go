@@ -135,6 +135,10 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.IntVar(&cfg.EjectConsecutive, "eject-consecutive", cfg.EjectConsecutive, "failed requests in a row that eject a replica")
 	fs.DurationVar(&cfg.EjectBase, "eject-base", cfg.EjectBase, "first ejection's duration, doubled for each ejection in a row")
 	fs.DurationVar(&cfg.EjectMax, "eject-max", cfg.EjectMax, "longest ejection; also the time in service that resets the doubling")
+	fs.StringVar(&cfg.Redis, "redis", cfg.Redis, "Redis URL through which several routers share sessions, in-flight load and routed blocks, redis://host:port[/db] (empty: this router decides alone)")
+	fs.DurationVar(&cfg.SyncInterval, "sync-interval", cfg.SyncInterval, "how often the shared state is published to and read from --redis (0: 50ms)")
+	fs.DurationVar(&cfg.SharedTTL, "shared-ttl", cfg.SharedTTL, "how long a router's load counts after its last publication to --redis (0: 20 sync intervals, at least 1s)")
+	fs.StringVar(&cfg.RouterID, "router-id", cfg.RouterID, "this router's name among its peers on --redis (empty: random)")
 	return bl
 }
 

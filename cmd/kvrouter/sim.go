@@ -74,6 +74,9 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	interconnect := fs.Float64("interconnect-gbps", 0, "let replicas import KV from each other over links of this many GB/s each way (policies that can order transfers do: kv-aware, mooncake-global); 0: no transfers")
 	cpuBlocks := fs.Int("cpu-kv-blocks", 0, "give every replica a CPU offload tier of this many KV blocks (see kvrouter engine -h); 0: none")
 	pcie := fs.Float64("pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s; 0: %d", engine.DefaultPCIeGBps))
+	routers := fs.Int("routers", 1, "routers in front of the fleet, each with its own fleet state, exchanging their shares every --sync-interval (as --redis does live)")
+	syncInterval := fs.Duration("sync-interval", sim.DefaultSyncInterval, "virtual time between the routers' exchanges (with --routers > 1; negative: never, each router decides alone)")
+	assign := fs.String("assign", sim.AssignRoundRobin, "how requests are given to routers: round-robin or hash (of the session, else the request id)")
 	adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout}
 	admissionFlags(fs, &adm.MaxWait, &adm.MaxQueue, &adm.QueueTimeout)
 	if err := parseFlags(fs, args, simHelp, stderr); err != nil {
@@ -96,6 +99,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
 		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect,
+		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign,
 	}
 	runs, err := runCells(cells(base, ws, loads), stderr)
 	if err != nil {

@@ -1,0 +1,367 @@
+package peers
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/kvrouter/kvrouter/fleet"
+)
+
+// Defaults of Config's zero fields.
+const (
+	// DefaultInterval is how often a router publishes and reads.
+	DefaultInterval = 50 * time.Millisecond
+	// DefaultPrefix is the Redis key prefix.
+	DefaultPrefix = "kvrouter"
+	// DefaultStreamLen is about how many rounds' deltas the stream keeps.
+	DefaultStreamLen = 10_000
+	// MaxShareBytes is the largest share a Syncer decodes; a larger value
+	// in Redis is skipped (and counted as a decode error).
+	MaxShareBytes = 16 << 20
+	// MaxRouters is the most routers a Syncer reads.
+	MaxRouters = 1024
+	// readCount is the most stream entries one round reads.
+	readCount = 256
+)
+
+// Config describes a Syncer.
+type Config struct {
+	// URL is the Redis URL (redis://[user:pass@]host:port[/db], or
+	// rediss:// for TLS).
+	URL string
+	// Router names this router among its peers; empty means a random id.
+	Router string
+	// Interval is the time between rounds; zero means DefaultInterval.
+	Interval time.Duration
+	// TTL is how long a router's load is counted after its last round;
+	// zero means 20 × Interval, at least 1 s.
+	TTL time.Duration
+	// Timeout bounds each round's Redis commands; zero means 2 × Interval,
+	// at least 250 ms, at most TTL/2 (a slow round only delays the next:
+	// the request path never waits for one).
+	Timeout time.Duration
+	// Prefix starts every key; zero means DefaultPrefix.
+	Prefix string
+	// StreamLen is about how many rounds' deltas the stream keeps; zero
+	// means DefaultStreamLen.
+	StreamLen int64
+	// Logger receives the transitions to and from degraded mode; nil
+	// means discard.
+	Logger *slog.Logger
+	// Registry receives the kvrouter_shared_state_* metrics; nil means
+	// none.
+	Registry prometheus.Registerer
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Syncer shares a fleet's view through Redis: Run does every round.
+type Syncer struct {
+	cfg    Config
+	f      *fleet.Fleet
+	client *redis.Client
+	log    *slog.Logger
+	m      *metrics
+	keys   keys
+
+	up      atomic.Bool
+	peers   atomic.Int64
+	rounds  atomic.Int64 // successful rounds
+	pending fleet.Share  // deltas not yet published (owned by Run)
+	lastID  string       // last stream entry read (owned by Run)
+	lastOK  time.Time    // last successful round (owned by Run)
+	merged  bool         // the last Merge had peers' shares
+}
+
+// keys are the Redis keys of one prefix.
+type keys struct{ prefix, routers, events string }
+
+func keysOf(prefix string) keys {
+	return keys{prefix: prefix, routers: prefix + ":routers", events: prefix + ":events"}
+}
+
+func (k keys) load(router string) string { return k.prefix + ":load:" + router }
+
+// New returns a Syncer of f for cfg; it tells f to keep its deltas
+// (fleet.Fleet.SharePeers). Nothing connects until Run.
+func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
+	opts, err := redis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("peers: redis url: %w", err)
+	}
+	if cfg.Interval < 0 || cfg.TTL < 0 || cfg.Timeout < 0 || cfg.StreamLen < 0 {
+		return nil, errors.New("peers: negative Interval, TTL, Timeout or StreamLen")
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = max(20*cfg.Interval, time.Second)
+	}
+	if cfg.TTL < 2*cfg.Interval {
+		return nil, fmt.Errorf("peers: TTL %v shorter than two intervals (%v)", cfg.TTL, 2*cfg.Interval)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = min(max(2*cfg.Interval, 250*time.Millisecond), cfg.TTL/2)
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.StreamLen == 0 {
+		cfg.StreamLen = DefaultStreamLen
+	}
+	if cfg.Router == "" {
+		var b [6]byte
+		rand.Read(b[:])
+		cfg.Router = hex.EncodeToString(b[:])
+	}
+	if strings.ContainsAny(cfg.Router, " \t\r\n") || len(cfg.Router) > 128 {
+		return nil, fmt.Errorf("peers: router id %q: want up to 128 bytes without spaces", cfg.Router)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = cfg.Timeout, cfg.Timeout, cfg.Timeout
+	opts.MaxRetries = -1 // the next round is the retry
+	opts.PoolSize, opts.MinIdleConns = 2, 0
+	opts.ContextTimeoutEnabled = true
+	opts.DisableIdentity = true
+	opts.Protocol = 2
+	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	s := &Syncer{cfg: cfg, f: f, log: cfg.Logger, keys: keysOf(cfg.Prefix), lastID: "0"}
+	if s.m, err = newMetrics(cfg.Registry, s); err != nil {
+		return nil, err
+	}
+	s.client = redis.NewClient(opts)
+	f.SharePeers(0)
+	return s, nil
+}
+
+// Router returns the router's id.
+func (s *Syncer) Router() string { return s.cfg.Router }
+
+// Up reports whether the last round reached Redis.
+func (s *Syncer) Up() bool { return s.up.Load() }
+
+// Rounds returns the rounds that reached Redis so far: what a router
+// decided before round k of its own was published is in every peer's view
+// once each has completed a round after that.
+func (s *Syncer) Rounds() int64 { return s.rounds.Load() }
+
+// Peers returns the other routers seen in the last successful round.
+func (s *Syncer) Peers() int { return int(s.peers.Load()) }
+
+// Run runs a round every Interval until ctx is done, then removes this
+// router's load from Redis (best effort: its TTL does it otherwise) and
+// closes the client. It returns nil.
+func (s *Syncer) Run(ctx context.Context) error {
+	defer s.client.Close()
+	s.lastOK = s.cfg.Now()
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		s.round(ctx)
+		select {
+		case <-ctx.Done():
+			s.leave()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// leave deletes this router's load key and set entry.
+func (s *Syncer) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	pipe.Del(ctx, s.keys.load(s.cfg.Router))
+	pipe.SRem(ctx, s.keys.routers, s.cfg.Router)
+	pipe.Exec(ctx)
+}
+
+// round publishes the fleet's share and merges the others'.
+func (s *Syncer) round(ctx context.Context) {
+	now := s.cfg.Now()
+	s.hold(s.f.Export(now))
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	shares, err := s.exchange(rctx, now)
+	s.m.round.Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.failed(ctx, now, err)
+		return
+	}
+	s.lastOK = now
+	s.f.Merge(now, shares)
+	s.merged = len(shares) > 0
+	s.rounds.Add(1)
+	if !s.up.Swap(true) {
+		s.log.Info("shared state up: routing on the routers' shared view", "redis", s.client.Options().Addr, "router", s.cfg.Router)
+	}
+}
+
+// failed handles a round that did not reach Redis: degraded mode.
+func (s *Syncer) failed(ctx context.Context, now time.Time, err error) {
+	if ctx.Err() != nil {
+		return // stopping
+	}
+	s.m.errors.Inc()
+	if s.up.Swap(false) || s.m.errors.get() == 1 {
+		s.log.Warn("shared state down: routing on this router's own view until Redis answers", "redis", s.client.Options().Addr, "err", err)
+	}
+	if s.merged && now.Sub(s.lastOK) > s.cfg.TTL {
+		s.f.Merge(now, nil) // the peers' load is as unknown as they are gone
+		s.merged = false
+		s.peers.Store(0)
+	}
+}
+
+// hold adds an export's deltas to those waiting to be published, keeping
+// at most fleet.DefaultMaxShared of each (the oldest dropped).
+func (s *Syncer) hold(x fleet.Share) {
+	p := &s.pending
+	p.Load, p.At = x.Load, x.At
+	p.Sessions = keepLast(append(p.Sessions, x.Sessions...), fleet.DefaultMaxShared, &p.Dropped)
+	p.Touches = keepLast(append(p.Touches, x.Touches...), fleet.DefaultMaxShared, &p.Dropped)
+	p.Dropped += x.Dropped
+	s.m.dropped.Add(float64(x.Dropped))
+}
+
+// keepLast returns the last n of s, counting those cut in dropped.
+func keepLast[T any](s []T, n int, dropped *int) []T {
+	if len(s) <= n {
+		return s
+	}
+	*dropped += len(s) - n
+	return append(s[:0:0], s[len(s)-n:]...)
+}
+
+// exchange runs one round's commands and returns the other routers'
+// shares: their load, and the deltas the stream holds since lastID.
+func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, error) {
+	load, err := json.Marshal(fleet.Share{Router: s.cfg.Router, At: now, Load: s.pending.Load})
+	if err != nil {
+		return nil, err
+	}
+	deltas := len(s.pending.Sessions)+len(s.pending.Touches) > 0
+	pipe := s.client.Pipeline()
+	pipe.Set(ctx, s.keys.load(s.cfg.Router), load, s.cfg.TTL)
+	pipe.SAdd(ctx, s.keys.routers, s.cfg.Router)
+	var xadd *redis.StringCmd
+	if deltas {
+		d, err := json.Marshal(fleet.Share{At: now, Sessions: s.pending.Sessions, Touches: s.pending.Touches, Dropped: s.pending.Dropped})
+		if err != nil {
+			return nil, err
+		}
+		xadd = pipe.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.events, MaxLen: s.cfg.StreamLen, Approx: true,
+			Values: []any{"r", s.cfg.Router, "d", d}})
+	}
+	members := pipe.SMembers(ctx, s.keys.routers)
+	xr := pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{s.keys.events, s.lastID}, Count: readCount, Block: -1})
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	if xadd != nil {
+		if err := xadd.Err(); err != nil {
+			return nil, err
+		}
+		s.pending.Sessions, s.pending.Touches, s.pending.Dropped = nil, nil, 0
+	}
+	shares := s.readStream(xr)
+	peersLoad, err := s.readLoads(ctx, members.Val())
+	if err != nil {
+		return nil, err
+	}
+	return append(peersLoad, shares...), nil
+}
+
+// readStream decodes the stream entries of other routers, moving lastID
+// past them.
+func (s *Syncer) readStream(xr *redis.XStreamSliceCmd) []fleet.Share {
+	var out []fleet.Share
+	for _, st := range xr.Val() {
+		for _, msg := range st.Messages {
+			s.lastID = msg.ID
+			if r, _ := msg.Values["r"].(string); r == s.cfg.Router {
+				continue
+			}
+			d, _ := msg.Values["d"].(string)
+			var sh fleet.Share
+			if err := decode(d, &sh); err != nil {
+				s.m.decodeErrors.Inc()
+				continue
+			}
+			out = append(out, sh)
+		}
+	}
+	return out
+}
+
+// readLoads reads the load of every router in members but this one, and
+// forgets those whose key expired.
+func (s *Syncer) readLoads(ctx context.Context, members []string) ([]fleet.Share, error) {
+	others := make([]string, 0, len(members))
+	for _, m := range members {
+		if m != s.cfg.Router && len(others) < MaxRouters {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		s.peers.Store(0)
+		return nil, nil
+	}
+	ks := make([]string, len(others))
+	for i, m := range others {
+		ks[i] = s.keys.load(m)
+	}
+	vals, err := s.client.MGet(ctx, ks...).Result()
+	if err != nil {
+		return nil, err
+	}
+	var out []fleet.Share
+	var gone []any
+	for i, v := range vals {
+		str, ok := v.(string)
+		if !ok {
+			gone = append(gone, others[i])
+			continue
+		}
+		var sh fleet.Share
+		if err := decode(str, &sh); err != nil {
+			s.m.decodeErrors.Inc()
+			continue
+		}
+		sh.Sessions, sh.Touches = nil, nil // loads only: deltas come by the stream
+		out = append(out, sh)
+	}
+	s.peers.Store(int64(len(out)))
+	if len(gone) > 0 {
+		s.client.SRem(ctx, s.keys.routers, gone...) // best effort: the next round retries
+	}
+	return out, nil
+}
+
+// decode parses one share, refusing one larger than MaxShareBytes.
+func decode(data string, sh *fleet.Share) error {
+	if len(data) > MaxShareBytes {
+		return fmt.Errorf("share of %d bytes > %d", len(data), MaxShareBytes)
+	}
+	return json.Unmarshal([]byte(data), sh)
+}
