@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,13 @@ type buildError struct {
 func (e *buildError) Error() string { return "go build: " + e.err.Error() + "\n" + e.out }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(serveEnv) == "1" { // a router process of routers_test.go
+		if err := runServe(context.Background(), os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	code := m.Run()
 	if bin, err := built(); err == nil {
 		os.RemoveAll(filepath.Dir(bin))

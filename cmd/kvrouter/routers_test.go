@@ -2,9 +2,7 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,27 +21,6 @@ import (
 // (TestMain), so that a test can start routers as real processes and kill
 // them with SIGKILL.
 const serveEnv = "KVROUTER_TEST_SERVE"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(serveEnv) == "1" {
-		if err := runServe(context.Background(), os.Args[1:]); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // routerProc is one `kvrouter serve` process.
 type routerProc struct {
