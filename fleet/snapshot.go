@@ -117,7 +117,7 @@ func (c *snapCache) begin(f *Fleet, dst *route.Snapshot, unit int) {
 	}
 	for _, i := range c.forced {
 		if int(i) < n {
-			dst.Replicas[i].Healthy = f.reps[i].healthy.Load()
+			dst.Replicas[i].Healthy = f.reps[i].available()
 		}
 	}
 	c.forced = c.forced[:0]
@@ -237,7 +237,7 @@ func (d divider) div(n int64) int64 {
 func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *published {
 	*out = route.Replica{
 		ID:            r.id,
-		Healthy:       r.healthy.Load(),
+		Healthy:       r.available(),
 		InFlight:      int(r.inFlight.Load()),
 		PrefillTokens: int(max(r.prefillTokens.Load(), 0)),
 		Decoding:      int(r.decoding.Load()),
