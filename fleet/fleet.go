@@ -105,6 +105,9 @@ type Replica struct {
 	// operator. Empty means learned from the replica (SetModels), and any
 	// model until then.
 	Models []string
+	// Draining adds the replica draining (see Drain): no request goes to
+	// it until Undrain.
+	Draining bool
 }
 
 // IndexKind returns the residency index a policy with needs reads: a
@@ -319,6 +322,9 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
+	if rc.Draining {
+		r.member.Store(memberDraining)
+	}
 	r.changed()
 	f.reps[i] = r
 	f.byID[rc.ID] = r

@@ -95,7 +95,7 @@ func (c *call) settle() {
 			rt.st.reportFailure(c.replica)
 		}
 	}
-	name := rt.names[c.replica]
+	name := rt.name(c.replica)
 	if c.routed {
 		rt.m.requests.WithLabelValues(name, rt.policyName, c.dec.Reason).Inc()
 		// The three totals cover the same requests, those whose usage
@@ -130,7 +130,7 @@ func (rt *Router) logRequest(c *call) {
 	}
 	replica := ""
 	if c.replica >= 0 {
-		replica = rt.names[c.replica]
+		replica = rt.name(c.replica)
 	}
 	rt.log.Debug("request", "id", c.id, "path", c.path, "replica", replica,
 		"reason", c.dec.Reason, "session", c.sessionSrc, "predicted_cached", c.dec.Matched,

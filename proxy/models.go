@@ -50,10 +50,12 @@ func (rt *Router) serveModels(w http.ResponseWriter, r *http.Request) {
 func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	lists := make([][]modelCard, len(rt.names))
-	errs := make([]error, len(rt.names))
+	bes := rt.st.bes.list()
+	lists := make([][]modelCard, len(bes))
+	errs := make([]error, len(bes))
 	var wg sync.WaitGroup
-	for i, name := range rt.names {
+	for i, be := range bes {
+		name := be.cfg.URL
 		if !rt.st.healthy(i) {
 			continue
 		}
@@ -158,7 +160,7 @@ func (c *call) passTo(i int) bool {
 		return false
 	}
 	now := c.rt.now()
-	tk, err := c.rt.st.fleet.Acquire(c.rt.names[i], fleet.Claim{}, now)
+	tk, err := c.rt.st.fleet.Acquire(c.rt.name(i), fleet.Claim{}, now)
 	if err != nil {
 		return false
 	}

@@ -77,7 +77,7 @@ func (lr *liveReplay) play(t *testing.T, s sim.Step) (*call, bool) {
 	t.Helper()
 	rt := lr.rt
 	lr.now = parityEpoch.Add(s.At)
-	id := rt.names[max(s.Replica, 0)]
+	id := rt.name(max(s.Replica, 0))
 	switch s.Kind {
 	case sim.StepArrival:
 		c := rt.newCall(httptest.NewRequest("POST", "/v1/completions", nil), true)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/fleet"
@@ -22,20 +23,20 @@ const watchInterval = 50 * time.Millisecond
 // replica's stream health (the tracker matches a replica against the
 // precise index only while its stream is healthy) and block size.
 type precise struct {
-	names []string // replica base URLs
-	log   *slog.Logger
-	fl    *fleet.Fleet
-	sub   *kvevents.Subscriber
-	// followed is true for replicas whose events the Subscriber follows
-	// (kv=, or bind mode).
-	followed []bool
+	bes *backendSet // replica base URLs
+	log *slog.Logger
+	fl  *fleet.Fleet
+	sub *kvevents.Subscriber
+	// followed is true, by slot, for replicas whose events the Subscriber
+	// follows (kv=, or bind mode): backends given at start, until removed.
+	followed []atomic.Bool
 }
 
 // startPrecise starts the Subscriber over cfg's backends, named names
 // (binding Config.KVEventsBind at once), into fl's tracker; now and start
 // are the router's clock and its reading at the start.
-func startPrecise(cfg *Config, names []string, fl *fleet.Fleet, log *slog.Logger, now func() time.Time, start time.Time) (*precise, error) {
-	p := &precise{names: names, log: log, fl: fl, followed: make([]bool, len(cfg.Backends))}
+func startPrecise(cfg *Config, bes *backendSet, fl *fleet.Fleet, log *slog.Logger, now func() time.Time, start time.Time) (*precise, error) {
+	p := &precise{bes: bes, log: log, fl: fl, followed: make([]atomic.Bool, cfg.maxBackends())}
 	var reps []kvevents.Replica
 	for i, b := range cfg.Backends {
 		r := kvevents.Replica{ID: i, Endpoint: b.KV, Replay: b.Replay}
@@ -49,7 +50,7 @@ func startPrecise(cfg *Config, names []string, fl *fleet.Fleet, log *slog.Logger
 			log.Warn("kv events: replica has no kv= endpoint and no --kv-events-bind; approximate tracking only", "replica", b.URL)
 			continue
 		}
-		p.followed[i] = true
+		p.followed[i].Store(true)
 		reps = append(reps, r)
 	}
 	sub, err := kvevents.Start(kvevents.Config{
@@ -101,7 +102,7 @@ func (p *precise) watch(ctx context.Context) {
 func (p *precise) check() {
 	p.fl.Tracker().Poll(func(i int, live bool) {
 		st, _ := p.sub.Status(i)
-		args := []any{"replica", p.names[i], "connected", st.Connected, "stale", st.Stale,
+		args := []any{"replica", p.bes.at(i).cfg.URL, "connected", st.Connected, "stale", st.Stale,
 			"gaps", st.Gaps, "replays", st.Replays, "resets", st.Resets, "blocks", st.Blocks}
 		if live {
 			p.log.Info("kv events healthy: replica matched against the precise index", args...)
@@ -109,19 +110,27 @@ func (p *precise) check() {
 			p.log.Warn("kv events missing or stale: replica falls back to approximate tracking", args...)
 		}
 	})
-	for i, f := range p.followed {
-		if !f {
+	for i := range p.followed {
+		if !p.followed[i].Load() {
 			continue
 		}
 		if st, ok := p.sub.Status(i); ok && st.BlockSize > 0 {
-			p.fl.SetBlockSize(p.names[i], st.BlockSize)
+			p.fl.SetBlockSize(p.bes.at(i).cfg.URL, st.BlockSize)
 		}
+	}
+}
+
+// stop stops following slot i's events (its backend was removed), so
+// that a backend later given the slot is not fed another engine's blocks.
+func (p *precise) stop(i int) {
+	if i >= 0 && i < len(p.followed) && p.followed[i].Swap(false) {
+		p.sub.Stop(i)
 	}
 }
 
 // view returns replica i's stream at now.
 func (p *precise) view(i int, now time.Time) *view.Events {
-	v := &view.Events{Followed: p.followed[i], Fallback: !p.fl.Tracker().Live(i), LastEvent: -1}
+	v := &view.Events{Followed: i >= 0 && i < len(p.followed) && p.followed[i].Load(), Fallback: !p.fl.Tracker().Live(i), LastEvent: -1}
 	st, ok := p.sub.Status(i)
 	if !ok {
 		return v
