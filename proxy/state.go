@@ -30,17 +30,17 @@ import (
 // fleet's snapshot order, in the tracker and in the KV-event feed; at
 // start it is cfg.Backends[i] (members.go changes the set).
 type state struct {
-	bes     backendSet
+	bes backendSet
 	// maxBackends is the most backends at once (Config.MaxBackends).
 	maxBackends int
-	log     *slog.Logger
-	epoch   uint64 // random per router, part of request ids
-	fleet   *fleet.Fleet
-	hasher  *hashing.Hasher
-	health  *health.Checker
-	scraper *scrape.Scraper
-	feed    *precise // nil unless KV events are followed
-	pickRR  atomic.Uint64
+	log         *slog.Logger
+	epoch       uint64 // random per router, part of request ids
+	fleet       *fleet.Fleet
+	hasher      *hashing.Hasher
+	health      *health.Checker
+	scraper     *scrape.Scraper
+	feed        *precise // nil unless KV events are followed
+	pickRR      atomic.Uint64
 	// m counts ejections; set by New once the metrics exist (nil: not
 	// counted).
 	m *metrics
@@ -219,7 +219,9 @@ func (st *state) onHold(id, reason string) {
 }
 
 // eject takes replica i out of service at once: it refused a connection.
-func (st *state) eject(i int, reason string) { st.health.Eject(st.bes.at(i).cfg.URL, "connect: "+reason) }
+func (st *state) eject(i int, reason string) {
+	st.health.Eject(st.bes.at(i).cfg.URL, "connect: "+reason)
+}
 
 // reportFailure feeds passive health: a request to replica i failed
 // (connect error, 5xx, broken stream).
