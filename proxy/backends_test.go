@@ -234,3 +234,53 @@ func TestAddRemoveLeaksNoGoroutine(t *testing.T) {
 	buf := make([]byte, 1<<20)
 	t.Errorf("goroutines: %d before, %d after 20 add/remove rounds:\n%s", before, after, buf[:runtime.Stack(buf, true)])
 }
+
+// TestSetBackendsBySource applies lists from the config and from
+// discovery: each changes its own backends, and leaves the admin API's.
+func TestSetBackendsBySource(t *testing.T) {
+	reps := replicas(t, 4, 0.01)
+	a, b, c, d := reps[0].URL(), reps[1].URL(), reps[2].URL(), reps[3].URL()
+	rt := newTestRouter(t, "round-robin", nil, a)
+	runRouter(t, rt)
+	if err := rt.AddBackend(Backend{URL: b}, SourceAdmin); err != nil {
+		t.Fatal(err)
+	}
+	state := func() string {
+		var s []string
+		for _, x := range rt.Backends() {
+			s = append(s, fmt.Sprintf("%d:%s", x.Slot, strings.TrimPrefix(x.URL, "http://")))
+		}
+		return strings.Join(s, " ")
+	}
+	steps := []struct {
+		source string
+		want   []Backend
+		after  []string
+	}{
+		{SourceConfig, []Backend{{URL: a}, {URL: c}}, []string{a, b, c}},
+		{SourceDiscover, []Backend{{URL: d}}, []string{a, b, c, d}},
+		{SourceConfig, []Backend{{URL: c}}, []string{b, c, d}},
+		{SourceConfig, []Backend{{URL: c, Models: []string{"m"}}}, []string{b, c, d}}, // options changed: re-added
+		{SourceDiscover, nil, []string{b, c}},
+	}
+	for k, st := range steps {
+		if err := rt.SetBackends(st.want, st.source); err != nil {
+			t.Fatalf("step %d: %v", k, err)
+		}
+		got := map[string]bool{}
+		for _, x := range rt.Backends() {
+			got[x.URL] = true
+		}
+		if len(got) != len(st.after) {
+			t.Errorf("step %d (%s): backends %s, want %d", k, st.source, state(), len(st.after))
+		}
+		for _, u := range st.after {
+			if !got[u] {
+				t.Errorf("step %d (%s): %s missing from %s", k, st.source, u, state())
+			}
+		}
+	}
+	if ms, _ := rt.st.fleet.Models(c); len(ms) != 1 || ms[0].ID != "m" {
+		t.Errorf("c's models after its options changed: %v, want [m]", ms)
+	}
+}

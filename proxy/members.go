@@ -31,8 +31,25 @@ type backend struct {
 // finished: an index a request holds always names the backend it was
 // sent to.
 type backendSet struct {
-	mu  sync.Mutex // serialises membership changes (add, drain, remove)
+	mu  sync.Mutex // serialises membership changes (add, drain, remove); guards owner
 	cur atomic.Pointer[[]*backend]
+	// owner is, per backend URL, the source that added it (SourceConfig
+	// for those given at start): SetBackends of a source changes only its
+	// own.
+	owner map[string]string
+	// apply serialises SetBackends.
+	apply sync.Mutex
+}
+
+// owners returns a copy of the owner map.
+func (s *backendSet) owners() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]string, len(s.owner))
+	for k, v := range s.owner {
+		out[k] = v
+	}
+	return out
 }
 
 // list returns the backends by slot; do not modify it.
@@ -130,12 +147,12 @@ func (rt *Router) changed(op, source, id string, err error, args ...any) {
 // followed: an added replica is tracked approximately (see README). source
 // names who asked (SourceAdmin, ...) for the log and metrics.
 func (rt *Router) AddBackend(b Backend, source string) error {
-	err := rt.addBackend(b)
+	err := rt.addBackend(b, source)
 	rt.changed("add", source, b.URL, err, "models", b.Models, "kv", b.KV)
 	return err
 }
 
-func (rt *Router) addBackend(b Backend) error {
+func (rt *Router) addBackend(b Backend, source string) error {
 	be, err := newBackend(b)
 	if err != nil {
 		return err
@@ -156,6 +173,7 @@ func (rt *Router) addBackend(b Backend) error {
 	}
 	i := fl.At(b.URL)
 	set.setLocked(i, be)
+	set.own(b.URL, source)
 	rt.st.health.Add(b.URL)
 	rt.st.scraper.Add(b.URL)
 	return fl.Undrain(b.URL)
@@ -202,6 +220,7 @@ func (rt *Router) removeBackend(id string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("backend %q: %w", id, ErrNoBackend)
 	}
+	delete(set.owner, id)
 	rt.st.health.Remove(id)
 	rt.st.scraper.Remove(id)
 	if p := rt.st.feed; p != nil {
@@ -252,26 +271,35 @@ func (rt *Router) Backends() []BackendState {
 	return out
 }
 
-// SetBackends makes the backend list want: backends not in it are removed
-// (their streams finish, see RemoveBackend), new ones added, and one whose
-// options (kv, replay, models) changed is removed and added again. It
-// returns the errors of the changes that failed; the others are applied.
+// SetBackends makes the backends source added (SourceConfig: also those
+// given at start) the list want: those not in it are removed (their
+// streams finish, see RemoveBackend), new ones added, and one of source's
+// whose options (kv, replay, models) changed is removed and added again.
+// A wanted URL that another source added (the admin API, say) is left as
+// it is and becomes source's too. It returns the errors of the changes
+// that failed; the others are applied.
 func (rt *Router) SetBackends(want []Backend, source string) error {
-	have := map[string]Backend{}
-	for _, b := range rt.Backends() {
-		if b.State != fleet.StateRemoved {
-			have[b.URL] = rt.st.bes.at(b.Slot).cfg
-		}
-	}
+	set := &rt.st.bes
+	set.apply.Lock()
+	defer set.apply.Unlock()
+	owners := set.owners()
 	wanted := map[string]bool{}
 	var errs []error
 	for _, b := range want {
 		wanted[b.URL] = true
-		old, ok := have[b.URL]
-		if ok && sameBackend(old, b) {
+		owner, ok := owners[b.URL]
+		i := rt.st.fleet.At(b.URL)
+		switch {
+		case ok && i >= 0 && sameBackend(set.at(i).cfg, b):
+			if owner != source {
+				set.mu.Lock()
+				set.own(b.URL, source)
+				set.mu.Unlock()
+			}
 			continue
-		}
-		if ok {
+		case ok && i >= 0 && owner != source:
+			continue // another source's, configured otherwise: theirs to change
+		case ok && i >= 0:
 			if _, err := rt.RemoveBackend(b.URL, source); err != nil {
 				errs = append(errs, err)
 				continue
@@ -281,14 +309,22 @@ func (rt *Router) SetBackends(want []Backend, source string) error {
 			errs = append(errs, err)
 		}
 	}
-	for id := range have {
-		if !wanted[id] {
+	for id, owner := range owners {
+		if owner == source && !wanted[id] {
 			if _, err := rt.RemoveBackend(id, source); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// own records source as url's owner; mu is held.
+func (s *backendSet) own(url, source string) {
+	if s.owner == nil {
+		s.owner = map[string]string{}
+	}
+	s.owner[url] = source
 }
 
 // sameBackend reports whether a and b are configured alike.

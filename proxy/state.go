@@ -66,6 +66,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 			return nil, err
 		}
 		st.bes.setLocked(i, b)
+		st.bes.own(be.URL, SourceConfig)
 	}
 	st.hasher, err = hashing.New(hashing.Config{
 		ChunkChars: cfg.ChunkChars, Tokenizer: cfg.Tokenizer, Tokenizers: cfg.Tokenizers,
