@@ -122,6 +122,9 @@ type Config struct {
 	// OnChange receives the backends' base URLs, sorted, after the first
 	// successful resolution and whenever the list changes. Required.
 	OnChange func(urls []string)
+	// OnResolve, when set, is called after every resolution with its
+	// error (nil: it succeeded), for metrics.
+	OnResolve func(err error)
 	// Logger receives failed resolutions; nil means discard.
 	Logger *slog.Logger
 }
@@ -181,6 +184,9 @@ func (d *Discoverer) Run(ctx context.Context) error {
 // returns the resolution's error (the list is then kept).
 func (d *Discoverer) Once(ctx context.Context) error {
 	urls, err := d.Resolve(ctx)
+	if d.cfg.OnResolve != nil && ctx.Err() == nil {
+		d.cfg.OnResolve(err)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			d.cfg.Logger.Warn("discovery failed; keeping the last backend list", "target", d.cfg.Target.String(), "backends", len(d.last), "err", err)

@@ -43,6 +43,10 @@ type Config struct {
 	// DiscoverInterval is how often Discover is resolved again; zero
 	// means 10 s.
 	DiscoverInterval time.Duration `yaml:"discover-interval"`
+	// ConfigPollInterval is how often serve checks its --config file for
+	// a change (then reloaded, as on SIGHUP); zero means 2 s, negative
+	// never (SIGHUP only).
+	ConfigPollInterval time.Duration `yaml:"config-poll-interval"`
 	// Policy names the routing policy (route.Names()); empty means kv-aware.
 	Policy string `yaml:"policy"`
 	// SessionHeader is the request header that carries a session id.
