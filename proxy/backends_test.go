@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // listBackends returns GET /admin/v1/backends by URL.
@@ -282,5 +285,60 @@ func TestSetBackendsBySource(t *testing.T) {
 	}
 	if ms, _ := rt.st.fleet.Models(c); len(ms) != 1 || ms[0].ID != "m" {
 		t.Errorf("c's models after its options changed: %v, want [m]", ms)
+	}
+}
+
+// TestAddedBackendFollowsKVEvents: in precise mode a backend added with a
+// kv= endpoint gets its own KV-event subscriber (connected, its replica
+// matched against the precise index), and its removal closes it.
+func TestAddedBackendFollowsKVEvents(t *testing.T) {
+	var reps []*emulator.Server
+	for range 2 {
+		s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.01,
+			KVEventsEndpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*"}, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		reps = append(reps, s)
+	}
+	first := Backend{URL: reps[0].URL(), KV: reps[0].KVEventsEndpoint(), Replay: reps[0].ReplayEndpoint()}
+	rt := newTestRouter(t, "kv-aware", func(c *Config) { c.Backends, c.Tokenizer = []Backend{first}, Remote })
+	runRouter(t, rt)
+	b := Backend{URL: reps[1].URL(), KV: reps[1].KVEventsEndpoint(), Replay: reps[1].ReplayEndpoint(), Models: []string{"m"}}
+	if err := rt.AddBackend(b, SourceAdmin); err != nil {
+		t.Fatal(err)
+	}
+	replicaView := func() *view.Replica {
+		for _, r := range rt.View(time.Now()).Replicas {
+			if r.ID == b.URL {
+				return &r
+			}
+		}
+		return nil
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := replicaView()
+		if r != nil && r.Events != nil && r.Events.Followed && r.Events.Connected && r.IndexMode == IndexPrecise {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("added backend's KV events: %+v, want followed, connected, matched precisely", r)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	slot := rt.st.fleet.At(b.URL)
+	if _, err := rt.RemoveBackend(b.URL, SourceAdmin); err != nil {
+		t.Fatal(err)
+	}
+	if s := rt.st.feed.added[slot].Load(); s != nil || rt.st.feed.followed[slot].Load() {
+		t.Errorf("slot %d still followed after the removal", slot)
+	}
+	// The watch polls the feed every watchInterval.
+	for deadline := time.Now().Add(time.Second); rt.st.fleet.Tracker().Live(slot); time.Sleep(watchInterval) {
+		if time.Now().After(deadline) {
+			t.Fatalf("slot %d still matched against the precise index after the removal", slot)
+		}
 	}
 }

@@ -143,8 +143,9 @@ func (rt *Router) changed(op, source, id string, err error, args ...any) {
 
 // AddBackend adds a replica while the router runs: it is scraped and
 // probed from now on and gets requests at once (healthy until its probes
-// say otherwise, as at start). In precise mode its KV events are not
-// followed: an added replica is tracked approximately (see README). source
+// say otherwise, as at start). In precise mode its KV events are followed
+// when it has a kv= endpoint (precisemembers.go), else it is tracked
+// approximately. source
 // names who asked (SourceAdmin, ...) for the log and metrics.
 func (rt *Router) AddBackend(b Backend, source string) error {
 	err := rt.addBackend(b, source)
@@ -176,6 +177,11 @@ func (rt *Router) addBackend(b Backend, source string) error {
 	set.own(b.URL, source)
 	rt.st.health.Add(b.URL)
 	rt.st.scraper.Add(b.URL)
+	if p := rt.st.feed; p != nil {
+		if err := p.add(i, b); err != nil {
+			rt.log.Warn("added backend tracked approximately", "backend", b.URL, "err", err)
+		}
+	}
 	return fl.Undrain(b.URL)
 }
 

@@ -55,7 +55,7 @@ func newLiveReplay(t *testing.T, policy string, n int, model string, events bool
 		t.Fatal(err)
 	}
 	if rt.st.feed != nil {
-		t.Cleanup(func() { rt.st.feed.sub.Close() })
+		t.Cleanup(rt.st.feed.closeAll)
 		// Every engine's stream is healthy, as in the simulator.
 		rt.st.fleet.Tracker().SetFeed(nil)
 	}

@@ -26,7 +26,13 @@ type precise struct {
 	bes *backendSet // replica base URLs
 	log *slog.Logger
 	fl  *fleet.Fleet
-	sub *kvevents.Subscriber
+	sub *kvevents.Subscriber // the backends given at start
+	// added are the Subscribers of backends added later with a kv=
+	// endpoint, by slot (precisemembers.go).
+	added []atomic.Pointer[kvevents.Subscriber]
+	// startOne starts a Subscriber for one added backend, with the
+	// router's KV-event settings.
+	startOne func(kvevents.Replica) (*kvevents.Subscriber, error)
 	// followed is true, by slot, for replicas whose events the Subscriber
 	// follows (kv=, or bind mode): backends given at start, until removed.
 	followed []atomic.Bool
@@ -36,7 +42,8 @@ type precise struct {
 // (binding Config.KVEventsBind at once), into fl's tracker; now and start
 // are the router's clock and its reading at the start.
 func startPrecise(cfg *Config, bes *backendSet, fl *fleet.Fleet, log *slog.Logger, now func() time.Time, start time.Time) (*precise, error) {
-	p := &precise{bes: bes, log: log, fl: fl, followed: make([]atomic.Bool, cfg.maxBackends())}
+	p := &precise{bes: bes, log: log, fl: fl, followed: make([]atomic.Bool, cfg.maxBackends()),
+		added: make([]atomic.Pointer[kvevents.Subscriber], cfg.maxBackends())}
 	var reps []kvevents.Replica
 	for i, b := range cfg.Backends {
 		r := kvevents.Replica{ID: i, Endpoint: b.KV, Replay: b.Replay}
@@ -53,19 +60,25 @@ func startPrecise(cfg *Config, bes *backendSet, fl *fleet.Fleet, log *slog.Logge
 		p.followed[i].Store(true)
 		reps = append(reps, r)
 	}
-	sub, err := kvevents.Start(kvevents.Config{
+	kc := kvevents.Config{
 		Index: fl.Tracker().Precise(), Replicas: reps, Bind: cfg.KVEventsBind,
 		Now: func() time.Duration { return now().Sub(start) }, Logger: log,
 		Allow: splitList(cfg.KVEventsAllow), MaxMessageBytes: cfg.KVEventsMaxMessageBytes,
 		MaxReplayBytes: cfg.KVEventsMaxReplayBytes, MaxQueueBytes: cfg.KVEventsMaxQueueBytes, MaxConns: cfg.KVEventsMaxConns,
 		HandshakeTimeout: cfg.KVEventsHandshakeTimeout, ReadTimeout: cfg.KVEventsReadTimeout,
 		MaxSeqJump: cfg.KVEventsMaxSeqJump,
-	})
+	}
+	sub, err := kvevents.Start(kc)
 	if err != nil {
 		return nil, fmt.Errorf("kv events: %w", err)
 	}
+	p.startOne = func(r kvevents.Replica) (*kvevents.Subscriber, error) {
+		one := kc
+		one.Replicas, one.Bind = []kvevents.Replica{r}, ""
+		return kvevents.Start(one)
+	}
 	p.sub = sub
-	fl.Tracker().SetFeed(sub)
+	fl.Tracker().SetFeed(feedOf{p})
 	return p, nil
 }
 
@@ -83,7 +96,7 @@ func splitList(s string) []string {
 // watch follows every replica's stream until ctx is done, then closes the
 // Subscriber.
 func (p *precise) watch(ctx context.Context) {
-	defer p.sub.Close()
+	defer p.closeAll()
 	t := time.NewTicker(watchInterval)
 	defer t.Stop()
 	for {
@@ -101,7 +114,7 @@ func (p *precise) watch(ctx context.Context) {
 // the block size of its events is the replica's.
 func (p *precise) check() {
 	p.fl.Tracker().Poll(func(i int, live bool) {
-		st, _ := p.sub.Status(i)
+		st, _ := p.subOf(i).Status(i)
 		args := []any{"replica", p.bes.at(i).cfg.URL, "connected", st.Connected, "stale", st.Stale,
 			"gaps", st.Gaps, "replays", st.Replays, "resets", st.Resets, "blocks", st.Blocks}
 		if live {
@@ -114,24 +127,16 @@ func (p *precise) check() {
 		if !p.followed[i].Load() {
 			continue
 		}
-		if st, ok := p.sub.Status(i); ok && st.BlockSize > 0 {
+		if st, ok := p.subOf(i).Status(i); ok && st.BlockSize > 0 {
 			p.fl.SetBlockSize(p.bes.at(i).cfg.URL, st.BlockSize)
 		}
-	}
-}
-
-// stop stops following slot i's events (its backend was removed), so
-// that a backend later given the slot is not fed another engine's blocks.
-func (p *precise) stop(i int) {
-	if i >= 0 && i < len(p.followed) && p.followed[i].Swap(false) {
-		p.sub.Stop(i)
 	}
 }
 
 // view returns replica i's stream at now.
 func (p *precise) view(i int, now time.Time) *view.Events {
 	v := &view.Events{Followed: i >= 0 && i < len(p.followed) && p.followed[i].Load(), Fallback: !p.fl.Tracker().Live(i), LastEvent: -1}
-	st, ok := p.sub.Status(i)
+	st, ok := p.subOf(i).Status(i)
 	if !ok {
 		return v
 	}
