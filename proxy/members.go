@@ -264,7 +264,9 @@ func (rt *Router) Backends() []BackendState {
 		if m.Index < len(bes) {
 			b.KV = bes[m.Index].cfg.KV
 		}
-		if ms, _ := rt.st.fleet.Models(m.ID); len(ms) > 0 {
+		if m.State == fleet.StateRemoved && m.Index < len(bes) {
+			b.Models = append(b.Models, bes[m.Index].cfg.Models...) // the fleet forgot them
+		} else if ms, _ := rt.st.fleet.Models(m.ID); len(ms) > 0 {
 			for _, x := range ms {
 				b.Models = append(b.Models, x.ID)
 			}
