@@ -20,9 +20,6 @@ const (
 	FormatArray = "array"
 )
 
-// medium is the storage tier of every block the emulator stores.
-const medium = "GPU"
-
 // batchEncoder turns one step's block events into a msgpack event batch
 // [ts, [event, ...], data_parallel_rank]. It is used by the engine goroutine
 // only.
@@ -119,7 +116,7 @@ func (b *batchEncoder) stored(ev *engine.Event) {
 		e.EncodeInt(b.loraID(ev.LoRA))
 	}
 	b.key("medium")
-	e.EncodeString(medium)
+	e.EncodeString(ev.Medium.String())
 	b.key("lora_name")
 	if ev.LoRA == "" {
 		e.EncodeNil()
@@ -147,7 +144,7 @@ func (b *batchEncoder) removed(ev *engine.Event) {
 	b.key("block_hashes")
 	b.hashes(ev)
 	b.key("medium")
-	e.EncodeString(medium)
+	e.EncodeString(ev.Medium.String())
 	if !b.array {
 		e.EncodeString("group_idx")
 		e.EncodeInt(0)

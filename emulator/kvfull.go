@@ -77,8 +77,8 @@ func (l *loop) admissible(r *engine.Request) error {
 // track follows the engine's cached blocks through its block events, when
 // Config.KVFullStatus is set.
 func (l *loop) track(ev *engine.Event) {
-	if l.cached == nil {
-		return
+	if l.cached == nil || ev.Medium != engine.GPU {
+		return // only GPU blocks spare the GPU's free ones
 	}
 	switch ev.Kind {
 	case engine.BlockStored:

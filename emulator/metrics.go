@@ -56,6 +56,10 @@ func vllmMetrics(reg prometheus.Registerer, model string, ec engine.Config, stat
 		func(s *engine.Stats) float64 { return float64(s.PrefixQueries) }, stats)
 	f.counter("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
 		func(s *engine.Stats) float64 { return float64(s.PrefixHits) }, stats)
+	f.counter("external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+		func(s *engine.Stats) float64 { return float64(s.CPUQueries) }, stats)
+	f.counter("external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+		func(s *engine.Stats) float64 { return float64(s.CPUHits) }, stats)
 	f.counter("num_preemptions_total", "Cumulative number of preemption from the engine.",
 		func(s *engine.Stats) float64 { return float64(s.Preemptions) }, stats)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -63,7 +67,7 @@ func vllmMetrics(reg prometheus.Registerer, model string, ec engine.Config, stat
 		ConstLabels: prometheus.Labels{
 			"block_size":             strconv.Itoa(ec.BlockSize),
 			"num_gpu_blocks":         strconv.Itoa(ec.NumBlocks),
-			"num_cpu_blocks":         "0",
+			"num_cpu_blocks":         strconv.Itoa(ec.CPUBlocks),
 			"enable_prefix_caching":  "True",
 			"cache_dtype":            "auto",
 			"gpu_memory_utilization": "0.9",

@@ -84,6 +84,11 @@ type Config struct {
 	// zero keeps the preset's (16). Without KVBlocks the capacity in tokens
 	// stays the preset's.
 	BlockSize int
+	// CPUKVBlocks gives the engine a CPU offload tier of that many blocks
+	// (engine.Config.CPUBlocks), loaded back at PCIeGBps (GB/s; zero: the
+	// engine's default); zero keeps the preset's (none).
+	CPUKVBlocks int
+	PCIeGBps    float64
 	// TimeScale is wall seconds per engine second: 0.05 runs the model 20×
 	// faster than real time. Zero means 1.
 	TimeScale float64
@@ -230,8 +235,14 @@ func engineConfig(cfg Config) (engine.Config, error) {
 		}
 		ec = p
 	}
-	if cfg.MaxNumSeqs < 0 || cfg.KVBlocks < 0 || cfg.BlockSize < 0 {
-		return ec, errors.New("emulator: negative max num seqs, kv blocks or block size")
+	if cfg.MaxNumSeqs < 0 || cfg.KVBlocks < 0 || cfg.BlockSize < 0 || cfg.CPUKVBlocks < 0 || cfg.PCIeGBps < 0 {
+		return ec, errors.New("emulator: negative max num seqs, kv blocks, block size, CPU blocks or PCIe bandwidth")
+	}
+	if cfg.CPUKVBlocks > 0 {
+		ec.CPUBlocks = cfg.CPUKVBlocks
+	}
+	if cfg.PCIeGBps > 0 {
+		ec.PCIeGBps = cfg.PCIeGBps
 	}
 	if bs := cfg.BlockSize; bs > 0 && bs != ec.BlockSize {
 		old := max(ec.BlockSize, 16)

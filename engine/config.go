@@ -37,6 +37,18 @@ type Config struct {
 	// the replica, in bytes; zero means 131072 (Llama-3-8B, bf16). The model
 	// uses it only to report memory; NumBlocks sets the capacity.
 	KVBytesPerToken int
+	// CPUBlocks is the capacity, in blocks, of the host-memory offload
+	// tier (see tier); zero means none, as a vLLM without a KV connector.
+	CPUBlocks int
+	// PCIeGBps is the host-to-device bandwidth in GB/s (10⁹ bytes per
+	// second) at which blocks load back from the CPU tier; zero means
+	// DefaultPCIeGBps.
+	PCIeGBps float64
+	// InterconnectGBps is the bandwidth, in GB/s each way, at which the
+	// replica sends KV blocks to and receives them from its peers
+	// (Request.RemoteBlocks; the RDMA NICs a KV connector such as NIXL
+	// uses); zero means the preset's (one 400 Gb/s NIC per GPU, 50 GB/s).
+	InterconnectGBps float64
 	// Root is the hash the engine's block chains start from (before the
 	// LoRA name is folded in). It need not equal the router's root: the
 	// engine hashes its own blocks, as vLLM does.
@@ -82,6 +94,12 @@ func (c Config) defaults() Config {
 	def(&c.MaxBatchedTokens, 8192)
 	def(&c.MaxModelLen, p.MaxModelLen)
 	def(&c.KVBytesPerToken, p.KVBytesPerToken)
+	if c.PCIeGBps == 0 {
+		c.PCIeGBps = DefaultPCIeGBps
+	}
+	if c.InterconnectGBps == 0 {
+		c.InterconnectGBps = p.InterconnectGBps
+	}
 	defD(&c.StepOverhead, p.StepOverhead)
 	defD(&c.PrefillPerToken, p.PrefillPerToken)
 	defD(&c.AttnPerMPairs, p.AttnPerMPairs)
@@ -109,11 +127,39 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine config: max batched tokens %d < 1", c.MaxBatchedTokens)
 	case c.MaxModelLen < 2:
 		return fmt.Errorf("engine config: max model len %d < 2", c.MaxModelLen)
+	case c.CPUBlocks < 0 || c.CPUBlocks >= 1<<31-1:
+		return fmt.Errorf("engine config: %d CPU blocks out of range", c.CPUBlocks)
+	case !(c.PCIeGBps > 0) || c.PCIeGBps > 1e6:
+		return fmt.Errorf("engine config: PCIe bandwidth %g GB/s out of range", c.PCIeGBps)
+	case !(c.InterconnectGBps > 0) || c.InterconnectGBps > 1e6:
+		return fmt.Errorf("engine config: interconnect bandwidth %g GB/s out of range", c.InterconnectGBps)
 	case c.StepOverhead < 0 || c.PrefillPerToken < 0 || c.AttnPerMPairs < 0 ||
 		c.DecodeStep < 0 || c.DecodePerSeq < 0 || c.DecodePerMTokens < 0:
 		return fmt.Errorf("engine config: negative timing figure")
 	}
 	return nil
+}
+
+// blockLoad is the time one KV block takes over the PCIe link.
+func (c *Config) blockLoad() time.Duration { return c.blockTime(c.PCIeGBps) }
+
+// BlockTransfer is the time one KV block takes over the interconnect
+// (InterconnectGBps); c's defaults must be filled (Engine.Config).
+func (c *Config) BlockTransfer() time.Duration { return c.blockTime(c.InterconnectGBps) }
+
+// TransferPerMTokens is the time a million tokens of KV take over the
+// interconnect (route.Rates.TransferPerMTokens); c's defaults must be
+// filled.
+func (c *Config) TransferPerMTokens() time.Duration {
+	return time.Duration(1e6 * float64(c.KVBytesPerToken) / (c.InterconnectGBps * 1e9) * float64(time.Second))
+}
+
+// BlockBytes is the size of one KV block, in bytes.
+func (c *Config) BlockBytes() int64 { return int64(c.BlockSize) * int64(c.KVBytesPerToken) }
+
+// blockTime is the time one block takes over a link of gbps GB/s.
+func (c *Config) blockTime(gbps float64) time.Duration {
+	return time.Duration(float64(c.BlockBytes()) / (gbps * 1e9) * float64(time.Second))
 }
 
 // CheckLength reports why an engine of this configuration refuses, for its
@@ -155,5 +201,6 @@ func (c Config) Rates() route.Rates {
 		DecodePerMTokens: c.DecodePerMTokens,
 		MaxSeqs:          c.MaxNumSeqs,
 		MaxBatchedTokens: c.MaxBatchedTokens,
+		LoadPerMTokens:   time.Duration(1e6 * float64(c.KVBytesPerToken) / (c.PCIeGBps * 1e9) * float64(time.Second)),
 	}
 }

@@ -41,7 +41,17 @@ type seq struct {
 	// n is the tokens scheduled in the iteration in flight.
 	n int
 
-	cached                  int
+	cached int
+	// cpuCached and remoteCached are the parts of cached loaded from the
+	// CPU tier and received from a peer.
+	cpuCached, remoteCached int
+	// remote and remoteSent are Request.RemoteBlocks and RemoteSent.
+	remote     int
+	remoteSent time.Duration
+	// loading is the blocks being loaded from the CPU tier, in the block
+	// table after the computed ones, until loadedAt; zero when none.
+	loading                 int
+	loadedAt                time.Duration
 	admitted                bool
 	arrived, started, first time.Duration
 	preemptions             int
@@ -66,6 +76,16 @@ type Stats struct {
 	// the prefix cache at admission (vllm:prefix_cache_queries_total and
 	// vllm:prefix_cache_hits_total).
 	PrefixQueries, PrefixHits int64
+	// CPUQueries and CPUHits are prompt tokens looked up in the CPU tier
+	// (those the GPU cache missed) and found there, at admission
+	// (vllm:external_prefix_cache_queries_total and ..._hits_total, as a
+	// KV connector reports them); CPUBlocks and CPUCachedBlocks are the
+	// tier's capacity and content.
+	CPUQueries, CPUHits        int64
+	CPUBlocks, CPUCachedBlocks int
+	// RemoteHits is prompt tokens received from peers (Request.RemoteBlocks)
+	// at admission; SentBlocks the blocks sent to peers (Send).
+	RemoteHits, SentBlocks int64
 	// Preemptions counts requests preempted (recompute).
 	Preemptions int64
 	// StoredBlocks and RemovedBlocks count blocks reported in BlockStored
@@ -86,6 +106,16 @@ type Stats struct {
 type Engine struct {
 	cfg  Config
 	pool *pool
+	// cpu is the CPU offload tier, nil without one; loads counts the
+	// running requests whose blocks are loading from it.
+	cpu   *tier
+	loads int
+	// netIn and netOut are the interconnect's two directions.
+	netIn, netOut link
+	// cpuEvicted collects the hashes the CPU tier dropped since the last
+	// Step (BlockRemoved on CPU); cpuSpare is the array the last Step's
+	// events hold. They swap on every Step.
+	cpuEvicted, cpuSpare []prefix.Hash
 
 	waiting deque
 	running []*seq
@@ -113,11 +143,17 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		cfg:  cfg,
 		pool: newPool(cfg.NumBlocks),
 		byID: make(map[string]*seq),
-	}, nil
+	}
+	if cfg.CPUBlocks > 0 {
+		e.cpu = newTier(cfg.CPUBlocks, cfg.blockLoad())
+	}
+	e.netIn.perBlock = cfg.BlockTransfer()
+	e.netOut.perBlock = e.netIn.perBlock
+	return e, nil
 }
 
 // Config returns the engine's configuration, zero fields filled in.
@@ -143,7 +179,11 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	if _, dup := e.byID[r.ID]; dup {
 		return fmt.Errorf("request %s: already in the engine", r.ID)
 	}
-	s := &seq{id: r.ID, tokens: r.Tokens, prompt: p, maxTokens: r.MaxTokens, lora: r.LoRA, arrived: now}
+	if r.RemoteBlocks < 0 {
+		return fmt.Errorf("request %s: %d remote blocks", r.ID, r.RemoteBlocks)
+	}
+	s := &seq{id: r.ID, tokens: r.Tokens, prompt: p, maxTokens: r.MaxTokens, lora: r.LoRA, arrived: now,
+		remote: r.RemoteBlocks, remoteSent: r.RemoteSent}
 	s.parent = e.cfg.Root
 	if r.LoRA != "" {
 		s.parent = prefix.Chain(e.cfg.Root, []byte(r.LoRA))
@@ -184,7 +224,7 @@ func (e *Engine) Cancel(now time.Duration, id string) bool {
 	return true
 }
 
-// Reset drops every cached block, as vLLM's reset_prefix_cache, and
+// Reset drops every cached block, on every tier, as vLLM's reset_prefix_cache, and
 // reports AllCleared at the next Step. Like vLLM it refuses, returning
 // false, while requests hold blocks (an iteration in flight or requests
 // running); waiting requests are kept.
@@ -196,6 +236,9 @@ func (e *Engine) Reset(now time.Duration) bool {
 		return false
 	}
 	e.pool.clear()
+	if e.cpu != nil {
+		e.cpu.clear()
+	}
 	e.pend = append(e.pend, Event{Kind: AllCleared, At: now, BlockSize: e.cfg.BlockSize})
 	return true
 }
@@ -208,7 +251,31 @@ func (e *Engine) Stats() Stats {
 	st.UsedBlocks = e.pool.used()
 	st.TotalBlocks = e.cfg.NumBlocks
 	st.CachedBlocks = e.pool.table.n
+	if e.cpu != nil {
+		st.CPUBlocks, st.CPUCachedBlocks = e.cfg.CPUBlocks, e.cpu.len()
+	}
 	return st
+}
+
+// Holds is how many of the leading blocks of hashes the GPU cache holds,
+// as a KV connector's source checks before it sends them.
+func (e *Engine) Holds(hashes []prefix.Hash) int {
+	n := 0
+	for n < len(hashes) {
+		if _, ok := e.pool.lookup(hashes[n]); !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Send queues blocks KV blocks on the replica's outbound interconnect at
+// now, for a peer that imports them (Request.RemoteBlocks), and returns
+// when they are sent: the peer's RemoteSent.
+func (e *Engine) Send(now time.Duration, blocks int) time.Duration {
+	e.stats.SentBlocks += int64(max(blocks, 0))
+	return e.netOut.reserve(now, max(blocks, 0))
 }
 
 // Cached returns the hashes of all computed cached blocks, held or free,
@@ -226,6 +293,10 @@ func (e *Engine) free(s *seq) {
 		e.pool.release(s.blocks[i])
 	}
 	s.blocks = s.blocks[:0]
+	if s.loading > 0 {
+		s.loading = 0
+		e.loads--
+	}
 }
 
 // done reports s finished at t and forgets it.
@@ -235,6 +306,7 @@ func (e *Engine) done(s *seq, t time.Duration, canceled bool) {
 	e.pend = append(e.pend, Event{
 		Kind: Done, At: t, Req: s.id,
 		PromptTokens: s.prompt, CachedTokens: s.cached, OutputTokens: s.output,
+		CPUCachedTokens: s.cpuCached, RemoteCachedTokens: s.remoteCached,
 		Arrived: s.arrived, Started: s.started, First: s.first,
 		Preemptions: s.preemptions, Canceled: canceled,
 	})

@@ -98,5 +98,46 @@ func (e *Engine) store(s *seq, t time.Duration) {
 		flush(i)
 	}
 	flush(upto)
+	if e.cpu != nil {
+		e.offload(s, s.stored, upto, t)
+	}
 	s.stored = upto
+}
+
+// offload copies s's prompt blocks from..upto, just computed or loaded,
+// to the CPU tier (write-through), reporting the blocks it dropped for
+// room (BlockRemoved on CPU) and then the new ones (BlockStored on CPU,
+// one event per run), as vLLM's offloading connector does.
+func (e *Engine) offload(s *seq, from, upto int, t time.Duration) {
+	bs := e.cfg.BlockSize
+	gone := len(e.cpuEvicted)
+	type span struct{ from, to int }
+	var runs [4]span // most stores are one run; more spill to the heap
+	added := runs[:0]
+	for i := from; i < upto; i++ {
+		isNew, victim, evicted := e.cpu.put(s.hashes[i])
+		if evicted {
+			e.cpuEvicted = append(e.cpuEvicted, victim)
+		}
+		switch {
+		case !isNew:
+		case len(added) > 0 && added[len(added)-1].to == i:
+			added[len(added)-1].to = i + 1
+		default:
+			added = append(added, span{i, i + 1})
+		}
+	}
+	if len(e.cpuEvicted) > gone {
+		e.pend = append(e.pend, Event{Kind: BlockRemoved, At: t, Medium: CPU, Hashes: e.cpuEvicted[gone:], BlockSize: bs})
+	}
+	for _, r := range added {
+		ev := Event{Kind: BlockStored, At: t, Medium: CPU, Hashes: s.hashes[r.from:r.to], BlockSize: bs, LoRA: s.lora}
+		if r.from > 0 {
+			ev.Parent, ev.HasParent = s.hashes[r.from-1], true
+		}
+		if s.tokens != nil {
+			ev.TokenIDs = s.tokens[r.from*bs : r.to*bs]
+		}
+		e.pend = append(e.pend, ev)
+	}
 }

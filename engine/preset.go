@@ -59,6 +59,8 @@ func llama8B() Config {
 		// max_position_embeddings of Llama 3.1.
 		MaxModelLen:     131072,
 		KVBytesPerToken: 128 * kib,
+		// One 400 Gb/s RDMA NIC per GPU (ConnectX-7, as in DGX H100).
+		InterconnectGBps: 50,
 		// 1-2 ms of scheduler, launch and sampling per step (vLLM v1 blog:
 		// blog.vllm.ai/2025/01/27/v1-alpha-release.html).
 		StepOverhead: 1500 * time.Microsecond,
@@ -89,6 +91,7 @@ func llama70B() Config {
 		MaxBatchedTokens: 8192,
 		MaxModelLen:      131072,
 		KVBytesPerToken:  320 * kib,
+		InterconnectGBps: 8 * 50,
 		// Tensor-parallel all-reduces add to the per-step overhead.
 		StepOverhead: 2500 * time.Microsecond,
 		// 141.2 GFLOP/token at 30% of 8·989 TFLOPS (TP=8 communication
@@ -115,9 +118,10 @@ func qwen32B() Config {
 		MaxNumSeqs:       256,
 		MaxBatchedTokens: 8192,
 		// max_position_embeddings of Qwen3-32B (without YaRN).
-		MaxModelLen:     40960,
-		KVBytesPerToken: 256 * kib,
-		StepOverhead:    2000 * time.Microsecond,
+		MaxModelLen:      40960,
+		KVBytesPerToken:  256 * kib,
+		InterconnectGBps: 2 * 50,
+		StepOverhead:     2000 * time.Microsecond,
 		// 65.6 GFLOP/token at 35% of 2·989 TFLOPS = 692 TFLOPS → 95 µs
 		// (≈ 10.5k tokens/s).
 		PrefillPerToken: 95 * time.Microsecond,

@@ -19,6 +19,9 @@ import (
 // for it) comes first, then for each request in batch order its
 // BlockStored, its FirstToken or Token, and its Done.
 func (e *Engine) Step(now time.Duration) (events []Event, next time.Duration) {
+	// The pending events hold cpuEvicted; this Step's new ones go to the
+	// array the last Step's events held.
+	e.cpuEvicted, e.cpuSpare = e.cpuSpare[:0], e.cpuEvicted
 	if e.busy && e.end <= now {
 		e.finish()
 	}
@@ -26,10 +29,24 @@ func (e *Engine) Step(now time.Duration) (events []Event, next time.Duration) {
 		e.schedule(now)
 	}
 	e.out, e.pend = e.pend, e.out[:0]
-	if e.busy {
+	switch {
+	case e.busy:
 		return e.out, e.end
+	case e.loads > 0:
+		return e.out, e.nextLoaded()
 	}
 	return e.out, Idle
+}
+
+// nextLoaded is when the first of the loads from the CPU tier completes.
+func (e *Engine) nextLoaded() time.Duration {
+	next := Idle
+	for _, s := range e.running {
+		if s.loading > 0 {
+			next = min(next, s.loadedAt)
+		}
+	}
+	return next
 }
 
 // schedule picks the next iteration's batch as vLLM v1's Scheduler.schedule
@@ -45,6 +62,12 @@ func (e *Engine) schedule(now time.Duration) {
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
+		if s.loading > 0 {
+			if s.loadedAt > now {
+				continue // its blocks are still crossing the link
+			}
+			e.loaded(s, now)
+		}
 		n := min(s.need(), budget)
 		for !e.grow(s, n) {
 			v := e.running[len(e.running)-1]
@@ -102,7 +125,15 @@ func (e *Engine) admit(now time.Duration, budget int) {
 			s.blocks = append(s.blocks, i)
 		}
 		hits := len(s.blocks)
+		// Then the blocks the CPU tier holds, and those a peer sends:
+		// loaded, not computed.
+		fromCPU := e.onCPU(s, hits, limit)
+		fromPeer := max(min(s.remote, limit)-hits-fromCPU, 0)
+		loads := fromCPU + fromPeer
 		n := min(total-hits*bs, budget)
+		if loads > 0 {
+			n = loads * bs // blocks to hold; nothing computed this step
+		}
 		if (hits*bs+n+bs-1)/bs-hits+evictable > e.pool.nfree {
 			s.blocks = s.blocks[:0]
 			return
@@ -110,22 +141,73 @@ func (e *Engine) admit(now time.Duration, budget int) {
 		e.waiting.popFront()
 		for _, i := range s.blocks {
 			e.pool.touch(i)
+			if e.cpu != nil {
+				e.cpu.touch(e.pool.blocks[i].hash)
+			}
 		}
 		s.computed = hits * bs
 		s.stored = hits
 		e.grow(s, n)
 		e.stats.PrefixQueries += int64(total)
 		e.stats.PrefixHits += int64(hits * bs)
+		if e.cpu != nil {
+			e.stats.CPUQueries += int64(total - hits*bs)
+			e.stats.CPUHits += int64(fromCPU * bs)
+		}
+		e.stats.RemoteHits += int64(fromPeer * bs)
 		if s.preemptions == 0 {
-			s.cached = hits * bs
+			s.cached, s.cpuCached, s.remoteCached = (hits+loads)*bs, fromCPU*bs, fromPeer*bs
 			s.started = now
 		}
 		s.admitted = true
+		e.running = append(e.running, s)
+		if loads > 0 {
+			s.loading, s.loadedAt = loads, e.loadBoth(now, s, fromCPU, fromPeer)
+			e.loads++
+			continue
+		}
 		s.n = n
 		budget -= n
-		e.running = append(e.running, s)
 		e.batch = append(e.batch, s)
 	}
+}
+
+// onCPU is how many of s's prompt blocks after its first hits, up to
+// limit, the CPU tier holds in a row.
+func (e *Engine) onCPU(s *seq, hits, limit int) int {
+	if e.cpu == nil {
+		return 0
+	}
+	n := 0
+	for hits+n < limit && e.cpu.has(s.hashes[hits+n]) {
+		n++
+	}
+	return n
+}
+
+// loadBoth queues s's loads, fromCPU blocks over PCIe and fromPeer over
+// the interconnect (no earlier than the peer sent them), side by side,
+// and returns when both are done. The peer's blocks are received once: a
+// preempted request recomputes them.
+func (e *Engine) loadBoth(now time.Duration, s *seq, fromCPU, fromPeer int) time.Duration {
+	done := now
+	if fromCPU > 0 {
+		done = e.cpu.pcie.reserve(now, fromCPU)
+	}
+	if fromPeer > 0 {
+		done = max(done, s.remoteSent, e.netIn.reserve(now, fromPeer))
+	}
+	s.remote = 0
+	return done
+}
+
+// loaded ends s's load from the CPU tier at now: its loaded blocks count
+// as computed, and are cached on the GPU again (BlockStored).
+func (e *Engine) loaded(s *seq, now time.Duration) {
+	s.computed += s.loading * e.cfg.BlockSize
+	s.loading = 0
+	e.loads--
+	e.store(s, now)
 }
 
 // grow gives s the blocks for n more tokens, evicting cached free blocks
@@ -150,7 +232,7 @@ func (e *Engine) grow(s *seq, n int) bool {
 // preempt frees s's blocks and puts it back at the front of the queue, to
 // recompute from scratch (vLLM's preemption by recompute).
 func (e *Engine) preempt(s *seq) {
-	e.free(s)
+	e.free(s) // and any load in flight: its link time is spent
 	s.computed = 0
 	s.stored = 0
 	s.admitted = false

@@ -22,6 +22,14 @@ type Request struct {
 	MaxTokens int
 	// LoRA names the adapter; it is an extra key of every block hash.
 	LoRA string
+	// RemoteBlocks is how many of the prompt's leading blocks a peer
+	// replica sends before the prefill, as a KV connector (vLLM's
+	// do_remote_prefill) does: those not already on the GPU or the CPU
+	// tier arrive over the interconnect, no earlier than RemoteSent, when
+	// the peer's side of the link has sent them (Engine.Send). Zero means
+	// none.
+	RemoteBlocks int
+	RemoteSent   time.Duration
 }
 
 // Kind says what an Event reports.
@@ -54,6 +62,10 @@ type Event struct {
 
 	// Done carries the request's usage and timing.
 	PromptTokens, CachedTokens, OutputTokens int
+	// CPUCachedTokens and RemoteCachedTokens are the parts of
+	// CachedTokens loaded from the CPU tier and received from a peer
+	// (Request.RemoteBlocks) rather than hit on the GPU.
+	CPUCachedTokens, RemoteCachedTokens int
 	// Arrived, Started and First are when the request was added, when its
 	// prefill was first scheduled, and when its first token came out.
 	Arrived, Started, First time.Duration
@@ -62,6 +74,9 @@ type Event struct {
 	// Canceled is true for a request ended by Cancel.
 	Canceled bool
 
+	// Medium is the tier the blocks were stored on or removed from
+	// (BlockStored, BlockRemoved); AllCleared clears every tier.
+	Medium Medium
 	// Hashes are the blocks stored or removed, in chain order for BlockStored.
 	Hashes []prefix.Hash
 	// Parent is the hash of the block before Hashes[0]; HasParent is false at

@@ -41,6 +41,7 @@ type Scratch struct {
 	Request  route.Request
 	match    []int
 	age      []time.Duration
+	off      []int
 	costs    []route.Cost
 	ms       residency.MatchScratch
 	cache    snapCache
@@ -78,13 +79,20 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	} else {
 		f.tr.Match(r.Chains, t, snap.BlockSize, sc.match, sc.age, &sc.ms)
 	}
+	var off []int
+	if f.kind == route.Precise {
+		sc.off = fit(sc.off, n)
+		if f.tr.MatchOffloaded(r.Chains, t, snap.BlockSize, sc.off, &sc.ms) {
+			off = sc.off
+		}
+	}
 	if len(r.Chains) > 0 && snap.BlockSize > 0 {
 		blocks = len(r.Chains[0].Hashes) * r.Chains[0].Tokens / snap.BlockSize
 	}
 	sc.Request = route.Request{
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
 		Tokens: r.Tokens, MaxTokens: r.MaxTokens, Blocks: blocks,
-		Match: sc.match, Age: sc.age, Pinned: f.pin(r.Session, snap, now),
+		Match: sc.match, Age: sc.age, Offloaded: off, Pinned: f.pin(r.Session, snap, now),
 		Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
 	}
 	d := f.policy.Pick(&sc.Request, snap)
@@ -111,6 +119,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	c.Streamed = r.TTFT
 	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
 	tk := f.acquire(rep, c, now)
+	f.bookLinks(d, now)
 	if r.Session != "" {
 		f.bind(r.Session, rep, now)
 	}
@@ -119,8 +128,9 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 }
 
 // predictedTTFT is the chosen candidate's time to first token at Scale 1:
-// its Wait + Prefill, which the policy scaled by the replica's
-// Scale; zero when the policy recorded no terms for it.
+// its Wait + Prefill, which the policy scaled by the replica's Scale,
+// plus the KV import before them (on the links: no Scale); zero when the
+// policy recorded no terms for it.
 func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 	for _, k := range d.Costs {
 		if k.Replica != d.Replica || k.Pruned {
@@ -130,7 +140,7 @@ func predictedTTFT(d route.Decision, rp *route.Replica) time.Duration {
 		if scale <= 0 {
 			scale = 1
 		}
-		return time.Duration(float64(k.Wait+k.Prefill) / scale)
+		return time.Duration(float64(k.Wait+k.Prefill)/scale) + k.Import.Time + k.Load
 	}
 	return 0
 }

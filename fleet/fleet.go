@@ -174,6 +174,9 @@ type replica struct {
 	member atomic.Int32
 	// The router's own accounting, released by Ticket.Done.
 	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
+	// linkUntil is when the transfers the router ordered through the
+	// replica's interconnect end, in Unix ns; zero: none (bookLinks).
+	linkUntil atomic.Int64
 	// prefilled is the predicted time, at Scale 1, of the prefills that
 	// finished here (at their first token), in all: what lengthened the
 	// iterations of the requests decoding meanwhile (observeITL).

@@ -33,6 +33,7 @@ func (f *Fleet) Snapshot(dst *route.Snapshot, now time.Time, unit int) {
 		}
 		f.recentPrefill(out, r, now)
 	}
+	f.linkWaits(dst, now)
 	f.mu.RUnlock()
 	f.tr.EachBlocks(len(dst.Replicas), func(r, b int) { dst.Replicas[r].IndexBlocks = b })
 }
@@ -167,6 +168,7 @@ func (f *Fleet) refresh(dst *route.Snapshot, c *snapCache, now time.Time, unit i
 			f.recentPrefill(&dst.Replicas[i], r, now)
 		}
 	}
+	f.linkWaits(dst, now)
 	f.mu.RUnlock()
 	f.tr.EachBlocks(n, func(r, b int) {
 		if c.blocks[r] != b {

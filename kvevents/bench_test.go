@@ -36,7 +36,7 @@ func BenchmarkIngest(b *testing.B) {
 				payloads = append(payloads, pack(b, []any{float64(round), st, 0}), pack(b, []any{float64(round), rm, 0}))
 			}
 			idx := residency.New(residency.Config{MaxReplicas: 8, DefaultCapacity: 1 << 20})
-			c := newChain(1, "m", idx, func() time.Duration { return 0 })
+			c := newChain(1, "m", idx, nil, func() time.Duration { return 0 })
 			d := NewDecoder()
 			var batch Batch
 			if err := d.Decode(payloads[0], &batch); err != nil {

@@ -7,11 +7,11 @@ import (
 	"github.com/kvrouter/kvrouter/residency"
 )
 
-// gpuBit is the media bit of GPU, the only medium whose blocks go to the
-// index. Blocks on other media (CPU, disk, ...) are known to the chain, so
-// that blocks chained onto them and their removals are understood, and
-// counted (chain.offloaded), but not indexed: a router that prices them
-// lower needs a per-entry weight residency does not have yet.
+// gpuBit is the media bit of GPU, whose blocks go to the index. Blocks on
+// other media (CPU, disk, ...) go to the offload index when there is one
+// (a block on the GPU and the CPU tier, as write-through offloading keeps
+// it, is in both), and are counted when held off the GPU only
+// (chain.offloaded).
 const gpuBit = uint8(1) << GPU
 
 // chain is one replica's view of its engine's cache: engine block hash →
@@ -24,14 +24,17 @@ type chain struct {
 	replica int
 	model   string
 	idx     *residency.Index
+	off     *residency.Index // blocks on other media; nil: not indexed
 	now     func() time.Duration
 
-	roots     map[string]prefix.Hash // LoRA name → chain root
-	blocks    map[uint64]block       // engine key (ekey) → block
-	refs      map[prefix.Hash]int32  // router key → engine blocks holding it on GPU
-	offloaded int                    // engine blocks held on non-GPU media only
-	blockSize int                    // tokens per block of the BlockStored events, 0 before one
-	add, del  []prefix.Hash          // scratch: keys to store, to remove
+	roots      map[string]prefix.Hash // LoRA name → chain root
+	blocks     map[uint64]block       // engine key (ekey) → block
+	refs       map[prefix.Hash]int32  // router key → engine blocks holding it on GPU
+	orefs      map[prefix.Hash]int32  // router key → engine blocks holding it on other media (when off is set)
+	offloaded  int                    // engine blocks held on non-GPU media only
+	blockSize  int                    // tokens per block of the BlockStored events, 0 before one
+	add, del   []prefix.Hash          // scratch: keys to store, to remove
+	oadd, odel []prefix.Hash          // the same for off
 }
 
 // block is one engine block the router can key.
@@ -46,14 +49,17 @@ func (b block) onGPU() bool { return b.media&gpuBit != 0 }
 // offGPU reports whether the block is held only on non-GPU media.
 func (b block) offGPU() bool { return b.media != 0 && b.media&gpuBit == 0 }
 
+// onOther reports whether the block is held on a non-GPU medium.
+func (b block) onOther() bool { return b.media&^gpuBit != 0 }
+
 // applied counts what applying a batch did.
 type applied struct {
 	events, stored, removed, orphans, resets int
 	unknown                                  int // removed blocks the chain did not hold (on that medium)
 }
 
-func newChain(replica int, model string, idx *residency.Index, now func() time.Duration) *chain {
-	c := &chain{replica: replica, model: model, idx: idx, now: now}
+func newChain(replica int, model string, idx, off *residency.Index, now func() time.Duration) *chain {
+	c := &chain{replica: replica, model: model, idx: idx, off: off, now: now}
 	c.reset()
 	return c
 }
@@ -63,6 +69,7 @@ func (c *chain) reset() {
 	c.roots = map[string]prefix.Hash{}
 	c.blocks = map[uint64]block{}
 	c.refs = map[prefix.Hash]int32{}
+	c.orefs = map[prefix.Hash]int32{}
 	c.offloaded = 0
 }
 
@@ -70,6 +77,9 @@ func (c *chain) reset() {
 // (AllBlocksCleared, an engine restart, a gap replay cannot fill).
 func (c *chain) clear() {
 	c.idx.Clear(c.replica)
+	if c.off != nil {
+		c.off.Clear(c.replica)
+	}
 	c.reset()
 }
 
@@ -195,6 +205,14 @@ func (c *chain) set(k uint64, old, b block) {
 	if b.onGPU() && (moved || !old.onGPU()) {
 		c.ref(b.key)
 	}
+	if c.off != nil {
+		if old.onOther() && (moved || !b.onOther()) {
+			c.oadd, c.odel = unref(c.orefs, old.key, c.oadd, c.odel)
+		}
+		if b.onOther() && (moved || !old.onOther()) {
+			c.oadd, c.odel = ref(c.orefs, b.key, c.oadd, c.odel)
+		}
+	}
 	c.offloaded += b2i(b.offGPU()) - b2i(old.offGPU())
 	if b.media == 0 {
 		delete(c.blocks, k)
@@ -203,22 +221,30 @@ func (c *chain) set(k uint64, old, b block) {
 	}
 }
 
-func (c *chain) ref(key prefix.Hash) {
-	n := c.refs[key] + 1
-	c.refs[key] = n
+func (c *chain) ref(key prefix.Hash)   { c.add, c.del = ref(c.refs, key, c.add, c.del) }
+func (c *chain) unref(key prefix.Hash) { c.add, c.del = unref(c.refs, key, c.add, c.del) }
+
+// ref counts one more engine block holding router key in refs, queueing
+// the key for the index (add) when it is the first.
+func ref(refs map[prefix.Hash]int32, key prefix.Hash, add, del []prefix.Hash) ([]prefix.Hash, []prefix.Hash) {
+	n := refs[key] + 1
+	refs[key] = n
 	if n == 1 {
-		c.add = append(c.add, key)
+		add = append(add, key)
 	}
+	return add, del
 }
 
-func (c *chain) unref(key prefix.Hash) {
-	n := c.refs[key] - 1
+// unref counts one engine block fewer, queueing the key's removal (del)
+// when it was the last.
+func unref(refs map[prefix.Hash]int32, key prefix.Hash, add, del []prefix.Hash) ([]prefix.Hash, []prefix.Hash) {
+	n := refs[key] - 1
 	if n > 0 {
-		c.refs[key] = n
-		return
+		refs[key] = n
+		return add, del
 	}
-	delete(c.refs, key)
-	c.del = append(c.del, key)
+	delete(refs, key)
+	return add, append(del, key)
 }
 
 // flush writes the pending stores and removals to the index, removals
@@ -231,4 +257,14 @@ func (c *chain) flush() {
 		c.idx.Store(c.replica, c.add, c.now())
 	}
 	c.add, c.del = c.add[:0], c.del[:0]
+	if c.off == nil {
+		return
+	}
+	if len(c.odel) > 0 {
+		c.off.Remove(c.replica, c.odel)
+	}
+	if len(c.oadd) > 0 {
+		c.off.Store(c.replica, c.oadd, c.now())
+	}
+	c.oadd, c.odel = c.oadd[:0], c.odel[:0]
 }

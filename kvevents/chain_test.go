@@ -14,7 +14,7 @@ import (
 
 func newTestChain(model string) (*chain, *residency.Index) {
 	idx := residency.New(residency.Config{MaxReplicas: 4})
-	return newChain(1, model, idx, func() time.Duration { return 0 }), idx
+	return newChain(1, model, idx, nil, func() time.Duration { return 0 }), idx
 }
 
 // keys returns the router keys of tokens cut in blocks of bs under model

@@ -78,7 +78,7 @@ func newIngester(rep Replica, cfg *Config, rej *rejects) *ingester {
 		rej: rej,
 		log: cfg.Logger.With("replica", rep.ID),
 		in:  make(chan message, cfg.QueueLen),
-		ch:  newChain(rep.ID, rep.Model, cfg.Index, cfg.Now),
+		ch:  newChain(rep.ID, rep.Model, cfg.Index, cfg.Offloaded, cfg.Now),
 		dec: NewDecoder(),
 	}
 }

@@ -6,8 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // TestLibzmqPublisher follows a vLLM-shaped publisher running on libzmq
@@ -60,4 +64,47 @@ func startPy(t *testing.T, py string, args ...string) (pport, rport int) {
 		t.Fatalf("read ports: %v", err)
 	}
 	return pport, rport
+}
+
+// TestLibzmqOffloadedEarnCredit follows a libzmq publisher whose engine
+// offloads to a CPU tier (medium "CPU", vLLM's encoding): the GPU ends
+// with the chain's first 50 blocks, the CPU tier with all 100. The GPU
+// index and the offload index say so, and kv-aware credits the blocks
+// past the GPU's at their load time: the replica is predicted to cache
+// the whole chain, loading its second half over PCIe, far cheaper than
+// computing it.
+func TestLibzmqOffloadedEarnCredit(t *testing.T) {
+	py := "/usr/bin/python3"
+	if err := exec.Command(py, "-c", "import zmq, msgpack").Run(); err != nil {
+		t.Skipf("no %s with zmq and msgpack: %v", py, err)
+	}
+	pport, rport := startPy(t, py, "testdata/vllm_pub.py", "0", "offload")
+	off := residency.New(residency.Config{MaxReplicas: 8, DefaultCapacity: 1 << 20})
+	sub, idx := startSub(t, Config{Offloaded: off, Replicas: []Replica{{ID: 0, Model: "m",
+		Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pport), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", rport)}}})
+	eventually(t, "the publisher's 50 batches", func() bool { return status(t, sub, 0).Batches == 50 })
+	chain := keys("m", "", utoks(0, 50*8), 4)
+	gpu, cpu := make([]int, 2), make([]int, 2)
+	idx.Match(chain, 0, gpu, nil)
+	off.Match(chain, 0, cpu, nil)
+	if gpu[0] != 50 || cpu[0] != 100 {
+		t.Fatalf("GPU index matches %d blocks, offload index %d; want 50 and 100", gpu[0], cpu[0])
+	}
+
+	rates := route.Rates{LoadPerMTokens: 2621 * time.Millisecond} // 128 KiB a token at 50 GB/s
+	s := &route.Snapshot{BlockSize: 4, Replicas: []route.Replica{
+		{ID: "offloading", Healthy: true, Rates: rates}, {ID: "cold", Healthy: true, Rates: rates}}}
+	r := &route.Request{ID: "r", Tokens: 401, Blocks: 100, Match: gpu, Offloaded: cpu, Pinned: -1, Costs: make([]route.Cost, 0, 2)}
+	d := route.KVAware{Precise: true}.Pick(r, s)
+	if d.Replica != 0 || d.Matched != 400 {
+		t.Fatalf("decision %+v, want replica 0 predicted to cache all 400 tokens", d)
+	}
+	k := d.Costs[0]
+	if want := time.Duration(200 * float64(rates.LoadPerMTokens) * 1e-6); k.Load != want {
+		t.Errorf("load of the CPU tier's 200 tokens priced %v, want %v", k.Load, want)
+	}
+	r.Offloaded, r.Costs = nil, r.Costs[:0]
+	if d := (route.KVAware{Precise: true}).Pick(r, s); d.Matched != 200 {
+		t.Errorf("without the offload index: %d cached tokens predicted, want the GPU's 200", d.Matched)
+	}
 }

@@ -45,8 +45,12 @@ type Config struct {
 	// Index receives the blocks in GPU memory. Required. Its per-replica
 	// capacity must be at least the engine's number of GPU blocks, or the
 	// index evicts blocks the engine still holds. Blocks held only on other
-	// media (CPU, disk) are not indexed, only counted (Status.Offloaded).
+	// media (CPU, disk) go to Offloaded.
 	Index *residency.Index
+	// Offloaded, if not nil, receives the blocks held on other media (a
+	// CPU tier), whether or not they are also in GPU memory; nil means
+	// they are only counted (Status.Offloaded).
+	Offloaded *residency.Index
 	// Replicas are the engines to follow; IDs must be distinct.
 	Replicas []Replica
 	// Bind, if not empty, is the endpoint of one SUB socket that engines

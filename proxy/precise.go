@@ -61,7 +61,7 @@ func startPrecise(cfg *Config, bes *backendSet, fl *fleet.Fleet, log *slog.Logge
 		reps = append(reps, r)
 	}
 	kc := kvevents.Config{
-		Index: fl.Tracker().Precise(), Replicas: reps, Bind: cfg.KVEventsBind,
+		Index: fl.Tracker().Precise(), Offloaded: fl.Tracker().Offloaded(), Replicas: reps, Bind: cfg.KVEventsBind,
 		Now: func() time.Duration { return now().Sub(start) }, Logger: log,
 		Allow: splitList(cfg.KVEventsAllow), MaxMessageBytes: cfg.KVEventsMaxMessageBytes,
 		MaxReplayBytes: cfg.KVEventsMaxReplayBytes, MaxQueueBytes: cfg.KVEventsMaxQueueBytes, MaxConns: cfg.KVEventsMaxConns,

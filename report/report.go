@@ -137,6 +137,10 @@ type Result struct {
 	// Duration; SLOMet is their fraction of all requests, 0..1.
 	Goodput float64 `json:"goodput_req_s"`
 	SLOMet  float64 `json:"slo_met"`
+	// Transfers and TransferBytes count the KV imports between replicas
+	// the policy ordered and the engines made, and their size.
+	Transfers     int   `json:"transfers"`
+	TransferBytes int64 `json:"transfer_bytes"`
 	// MaxLoad and MeanLoad are the in-flight requests of the busiest
 	// replica and of the average replica, each averaged over time;
 	// MaxLoad/MeanLoad is the imbalance (1 is perfect). PeakLoad is the

@@ -87,7 +87,11 @@ type Tracker struct {
 	approx  *Index // nil when neither kind is kept
 	precise *Index // nil in approximate mode
 	overlay *Index // nil in approximate mode
-	feed    Feed   // nil: every precise stream is trusted
+	// offload is the precise index of the blocks engines hold off the GPU
+	// only (their CPU tier, from KV events with another medium); nil in
+	// approximate mode.
+	offload *Index
+	feed    Feed // nil: every precise stream is trusted
 
 	// Per replica: the engine's tokens per block (0 unknown), whether its
 	// precise stream is trusted (live), the approximate share's capacity
@@ -128,6 +132,7 @@ func NewTracker(cfg TrackerConfig) *Tracker {
 	if cfg.Precise {
 		t.precise = New(Config{MaxReplicas: n, DefaultCapacity: cfg.DefaultCapacity})
 		t.overlay = New(Config{MaxReplicas: n, TTL: cfg.OverlayTTL})
+		t.offload = New(Config{MaxReplicas: n, DefaultCapacity: cfg.DefaultCapacity})
 	}
 	return t
 }
@@ -148,6 +153,10 @@ func (t *Tracker) Kept() bool { return t.approx != nil }
 // Precise returns the index engine events write (Store, Remove, Clear), or
 // nil in approximate mode.
 func (t *Tracker) Precise() *Index { return t.precise }
+
+// Offloaded returns the index engine events write the blocks held off the
+// GPU to (a CPU tier), nil in approximate mode.
+func (t *Tracker) Offloaded() *Index { return t.offload }
 
 // AddReplica starts tracking replica r with the default capacity.
 func (t *Tracker) AddReplica(r int) {
@@ -292,7 +301,7 @@ func (t *Tracker) Poll(changed func(r int, live bool)) {
 // Clear forgets everything the tracker believes replica r holds (an engine
 // restart): approximate, precise and overlay.
 func (t *Tracker) Clear(r int) {
-	for _, x := range []*Index{t.approx, t.precise, t.overlay} {
+	for _, x := range []*Index{t.approx, t.precise, t.overlay, t.offload} {
 		if x != nil {
 			x.Clear(r)
 		}

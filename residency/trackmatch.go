@@ -9,9 +9,9 @@ import (
 // MatchScratch holds one decision's per-replica buffers between Match and
 // Touch. Keep one per goroutine and reuse it: Match then allocates nothing.
 type MatchScratch struct {
-	am, pm, om []int
-	aa         []time.Duration
-	coarse     []prefix.Hash
+	am, pm, om, cm []int
+	aa             []time.Duration
+	coarse         []prefix.Hash
 	// prec is, per replica, the blocks of its chain the precise index held
 	// (Touch expects events for the rest).
 	prec []int
@@ -19,6 +19,7 @@ type MatchScratch struct {
 
 func (sc *MatchScratch) grow(n int) {
 	sc.am, sc.pm, sc.om, sc.prec = fit(sc.am, n), fit(sc.pm, n), fit(sc.om, n), fit(sc.prec, n)
+	sc.cm = fit(sc.cm, n)
 	sc.aa = fit(sc.aa, n)
 }
 
@@ -130,6 +131,37 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 			}
 		}
 	}
+}
+
+// MatchOffloaded fills, for every replica r < len(out) whose precise
+// stream is trusted, out[r] with the leading blocks of unit tokens of the
+// request the replica holds off the GPU only (its CPU tier), and with 0
+// for the others. It reports whether any replica holds one. Engines that
+// offload write through (every computed block is copied), so a chain's
+// off-GPU run is usually at least its GPU run: the blocks past the GPU's
+// load from host memory.
+func (t *Tracker) MatchOffloaded(chains []Chain, now time.Duration, unit int, out []int, sc *MatchScratch) bool {
+	clear(out)
+	if t.offload == nil || unit <= 0 || t.offload.Len() == 0 {
+		return false
+	}
+	n := len(out)
+	sc.grow(n)
+	any := false
+	for ci := range chains {
+		c := &chains[ci]
+		if c.Tokens <= 0 || len(c.Hashes) == 0 {
+			continue
+		}
+		t.offload.Match(c.Hashes, now, sc.cm, nil)
+		for r := range n {
+			if sc.cm[r] > 0 && t.chainOf(chains, r) == ci && t.Live(r) {
+				out[r] = sc.cm[r] * c.Tokens / unit
+				any = true
+			}
+		}
+	}
+	return any
 }
 
 // fallback reports whether the approximate index is fed: always in

@@ -122,10 +122,13 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	costs := costsFor(r, len(rs))
 	prune = prune && r.Tokens >= 0
 	best, bestTotal, bestCached, maxCached, maxPruned := -1, 0.0, 0, 0, 0
+	var bestImport Transfer
 	consider := func(i int, k *Cost, total float64) {
-		maxCached = max(maxCached, k.Matched)
+		if k.Import.Blocks == 0 {
+			maxCached = max(maxCached, k.Matched)
+		}
 		if best < 0 || total < bestTotal || total == bestTotal && p.tieBefore(r, i, best) {
-			best, bestTotal, bestCached = i, total, k.Matched
+			best, bestTotal, bestCached, bestImport = i, total, k.Matched, k.Import
 		}
 	}
 	first, firstCost := -1, Cost{}
@@ -170,7 +173,11 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	if maxPruned > bestCached {
 		maxCached = max(maxCached, q.deepest(rs, bestCached))
 	}
-	return Decision{Replica: best, Reason: kvReason(r, best, bestCached, maxCached, q.bs), Matched: bestCached, Costs: costs}
+	reason := kvReason(r, best, bestCached, maxCached, q.bs)
+	if bestImport.Blocks > 0 {
+		reason = ReasonTransfer
+	}
+	return Decision{Replica: best, Reason: reason, Matched: bestCached, Costs: costs, Transfer: bestImport}
 }
 
 // kvPruneAbove is the fleet size up to which every candidate is priced in

@@ -41,6 +41,12 @@ type kvRequest struct {
 	// decodeLen is the request's decode in units of τ, the time a
 	// sequence stays in a batch (MeanOutput iterations): out/MeanOutput.
 	decodeLen float64
+	// src is the healthy replica that can send KV (TransferPerMTokens > 0)
+	// with the most expected cached tokens, srcCached; src is −1 when
+	// none has a block of the prompt.
+	src       int
+	srcCached float64
+	reps      []Replica
 }
 
 func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
@@ -50,7 +56,8 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 		out = p.MeanOutput
 	}
 	tokens := float64(max(r.Tokens, 0))
-	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2}
+	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2,
+		src: -1, reps: s.Replicas}
 	// One pass: the fleet's means, the deepest match, and the likely
 	// cheapest replica (the least uncached tokens times the batch they
 	// would stall, plus the queue), which a pruned scan prices first.
@@ -67,6 +74,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 		if matchOf(r, i) > 0 {
 			m = q.matched(i)
 			q.deepMatch = max(q.deepMatch, m)
+			q.source(rp, i)
 		}
 		if key := float64(rp.PrefillTokens) + (tokens-m)*(1+b); q.first < 0 || key < least {
 			q.first, least = i, key
@@ -76,7 +84,19 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 		q.meanBatch, q.meanContext = q.meanBatch/n, q.meanContext/n
 	}
 	q.decodeLen = q.out / float64(p.MeanOutput)
+	q.haveRates = false // source filled the cache before the means were known
 	return q
+}
+
+// source makes matched replica i the transfer source if it can send KV
+// and caches more of the prompt than the source so far.
+func (q *kvRequest) source(rp *Replica, i int) {
+	if rp.Rates.TransferPerMTokens <= 0 {
+		return
+	}
+	if c := q.cached(rp, i, q.rates(&rp.Rates)); c >= float64(q.bs) && c > q.srcCached {
+		q.src, q.srcCached = i, c
+	}
 }
 
 // rates returns raw with defaults filled, from the cache when its shared
@@ -118,10 +138,64 @@ func (q *kvRequest) setRates(raw *Rates) {
 
 // price is the kv-aware cost model of one candidate (KVAware's doc says
 // what each term is): its terms and their total, in float64 nanoseconds.
+// It is the cheaper of computing what the replica does not cache and,
+// when the transfer source caches more, importing that first (import).
 func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	rt := q.rates(&rp.Rates)
-	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
 	cached := q.cached(rp, i, rt)
+	k, total := q.priceWith(rp, i, rt, cached, cached, 0, Transfer{})
+	if imp, ok := q.importing(rp, i, rt, cached); ok {
+		if k2, t2 := q.priceWith(rp, i, rt, cached, q.srcCached, 0, imp); t2 < total {
+			k, total = k2, t2
+		}
+	}
+	if tier, load, ok := q.loading(i, rt, cached); ok {
+		if k2, t2 := q.priceWith(rp, i, rt, cached, tier, load, Transfer{}); t2 < total {
+			k, total = k2, t2
+		}
+	}
+	return k, total
+}
+
+// loading is what replica i's CPU tier holds of the prompt beyond the
+// cached tokens on its GPU, in tokens, and the time it takes to load it;
+// ok is false when that is less than a block or the tier earns no credit.
+func (q *kvRequest) loading(i int, rt *Rates, cached float64) (tier, load float64, ok bool) {
+	if i >= len(q.r.Offloaded) || rt.LoadPerMTokens <= 0 {
+		return 0, 0, false
+	}
+	tier = min(float64(q.r.Offloaded[i]*q.bs), q.tokens)
+	if tier-cached < float64(q.bs) {
+		return 0, 0, false
+	}
+	return tier, (tier - cached) * float64(rt.LoadPerMTokens) * 1e-6, true
+}
+
+// importing is the transfer of the source's cached prefix to replica i,
+// which caches local tokens of it: the tokens it lacks cross the slower
+// of the two replicas' links, after what either link still carries. ok
+// is false when there is no source, it is i, either cannot transfer, or
+// it caches less than a block more.
+func (q *kvRequest) importing(rp *Replica, i int, rt *Rates, local float64) (Transfer, bool) {
+	if q.src < 0 || q.src == i || rt.TransferPerMTokens <= 0 {
+		return Transfer{}, false
+	}
+	missing := q.srcCached - local
+	if missing < float64(q.bs) {
+		return Transfer{}, false
+	}
+	src := &q.reps[q.src]
+	per := float64(max(rt.TransferPerMTokens, src.Rates.TransferPerMTokens))
+	t := missing*per*1e-6 + float64(max(rp.LinkWait, src.LinkWait))
+	return Transfer{From: q.src, Blocks: int(q.srcCached) / q.bs, Time: time.Duration(t)}, true
+}
+
+// priceWith prices replica i with local tokens of the prompt cached on its
+// GPU and cached ones cached when the prefill starts: more than local
+// when imp brings them, in imp.Time before it, or its CPU tier does, in
+// load.
+func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load float64, imp Transfer) (Cost, float64) {
+	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
 	uncached := q.tokens - cached
 	compute := q.compute0 // this prefill's compute
 	if cached > 0 {
@@ -149,7 +223,9 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 		wait += over * q.out * full / seats * rt.DecodeScale
 	}
 
-	// Prefill: its compute, in ⌈uncached/budget⌉ iterations.
+	// Prefill: its compute, in ⌈uncached/budget⌉ iterations. An import
+	// runs before it, on the links, not the GPU: it delays this request's
+	// tokens but stalls nobody.
 	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/budget)*step*rt.DecodeScale
 
 	// Decode: its own output, one iteration per token.
@@ -160,14 +236,14 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	// that arrive during its prefill.
 	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + 2*q.behind(rt, prefill)
 
-	memory := q.memory(rp, rt, fresh, uncached) * rt.Scale
-	total := 2*(wait+prefill) + decode + others + memory
+	memory := q.memory(rp, rt, fresh, q.tokens-local) * rt.Scale // imported blocks take room too
+	total := 2*(wait+float64(imp.Time)+load+prefill) + decode + others + memory
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
 	return Cost{Replica: i, Matched: int(cached), Wait: time.Duration(wait), Prefill: time.Duration(prefill),
 		Decode: time.Duration(decode), Others: time.Duration(others), Memory: time.Duration(memory),
-		Total: time.Duration(total)}, total
+		Total: time.Duration(total), Import: imp, Load: time.Duration(load)}, total
 }
 
 // life is the replica's batch averaged over the request's decode, and the
@@ -321,6 +397,8 @@ func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	m, compute, iters := 0.0, q.compute0, q.iters0
 	if matchOf(q.r, i) > 0 {
 		m, compute, iters = q.matched(i), q.computeDeep, 1
+	} else if q.src >= 0 {
+		compute, iters = q.computeDeep, 1 // it may import the source's prefix
 	}
 	batch := float64(rp.InFlight)
 	prefill := compute * rt.Scale

@@ -22,6 +22,7 @@ func constructors() map[string]func() Policy {
 		"aibrix-prefix":      func() Policy { return AIBrixPrefix{} },
 		"preble-e2":          func() Policy { return PrebleE2{} },
 		"mooncake":           func() Policy { return Mooncake{} },
+		"mooncake-global":    func() Policy { return MooncakeGlobal{} },
 		"kv-aware":           func() Policy { return KVAware{} },
 	}
 }

@@ -35,6 +35,10 @@ const (
 	// over because its load cost more than computing the prefix again on
 	// another, which becomes a second holder.
 	ReasonReplicate = "replicate"
+	// ReasonTransfer: the prefix is imported from a replica holding more
+	// of it (Decision.Transfer), cheaper than recomputing it or waiting
+	// for the holder.
+	ReasonTransfer = "transfer"
 	// ReasonExploit: Preble's exploitation branch (cached prefix holder).
 	ReasonExploit = "exploit"
 	// ReasonExplore: Preble's exploration branch (lowest load).

@@ -51,6 +51,10 @@ type Replica struct {
 	// Rates is the replica's timing model, started from a preset and
 	// corrected online from observed TTFTs.
 	Rates Rates
+	// LinkWait is how long the replica's interconnect is still busy with
+	// the KV transfers the router ordered through it, either way; zero
+	// means idle.
+	LinkWait time.Duration
 }
 
 // Rates is a replica's timing model, in the units the cost model needs.
@@ -93,6 +97,15 @@ type Rates struct {
 	// times the residency model) from the engine's reported ones: actual /
 	// predicted, learned online; zero means 1.
 	HitScale float64
+	// TransferPerMTokens is the time a million tokens of KV take over the
+	// replica's interconnect, to or from a peer (KV transfer through a
+	// connector such as NIXL: KV bytes per token ÷ bandwidth); zero means
+	// the replica cannot transfer.
+	TransferPerMTokens time.Duration
+	// LoadPerMTokens is the time a million tokens of KV take to load from
+	// the replica's CPU tier into GPU memory (KV bytes per token ÷ PCIe
+	// bandwidth); zero means blocks on the CPU tier earn no credit.
+	LoadPerMTokens time.Duration
 }
 
 // Snapshot is the fleet as the policy sees it. It is read-only; Pick must not
@@ -123,6 +136,11 @@ type Request struct {
 	// Age holds, per replica, how long ago the deepest matched block was last
 	// touched there. Nil means fresh.
 	Age []time.Duration
+	// Offloaded holds, per replica, the leading blocks its CPU tier holds
+	// (from the engine's KV events: precise, no decay); they load over
+	// PCIe (Rates.LoadPerMTokens) rather than compute. Nil means none
+	// anywhere.
+	Offloaded []int
 	// Session is a hash of the session id, zero when the request has none.
 	Session uint64
 	// Pinned is the replica the session is bound to, or -1.
@@ -162,6 +180,14 @@ type Cost struct {
 	// minimised (an in-flight count, blocks, a negated weighted score);
 	// Total and the other terms are then zero.
 	Score float64
+	// Import is the KV transfer the candidate's price assumes (Blocks
+	// zero: none): importing the prefix from a holder was cheaper there
+	// than recomputing it.
+	Import Transfer
+	// Load is the time the candidate's price spends loading the prompt's
+	// blocks from its own CPU tier before the prefill (zero: none);
+	// Matched counts them.
+	Load time.Duration
 	// Pruned says the candidate was not priced in full: a lower bound of
 	// its Total, kept in Total, already exceeded a cheaper candidate's, so
 	// it could not win. Matched is then the tokens its index entry matched
@@ -182,6 +208,17 @@ type Decision struct {
 	Matched int
 	// Costs aliases Request.Costs when the caller supplied it.
 	Costs []Cost
+	// Transfer is the KV import the decision orders before the prefill;
+	// Blocks zero means none.
+	Transfer Transfer
+}
+
+// Transfer is a KV import: the chosen replica receives the prompt's
+// first Blocks blocks (of Snapshot.BlockSize tokens) from replica From,
+// predicted to take Time, instead of computing them.
+type Transfer struct {
+	From, Blocks int
+	Time         time.Duration
 }
 
 // Policy picks a replica for a request.

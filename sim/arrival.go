@@ -50,6 +50,7 @@ func (r *runner) dispatch(j int) bool {
 	rp := &r.reps[i]
 	er := &r.ereq[j]
 	*er = engine.Request{ID: jb.id, Prompt: jb.prompt, Hashes: jb.hashes, MaxTokens: jb.output}
+	r.importFrom(d.Transfer, er, jb)
 	// A replica that does not serve the model answers 404, as an engine
 	// does: an error the policy caused.
 	if !rp.alive || rp.model != jb.model || rp.eng.Add(r.now, er) != nil {
@@ -65,6 +66,24 @@ func (r *runner) dispatch(j int) bool {
 		r.step(i)
 	}
 	return true
+}
+
+// importFrom makes er import transfer t's blocks, as the emulated engine
+// asks its peer for them: the source sends what its GPU cache still holds
+// of them, after what its link sends already. A source that holds none
+// sends nothing, and the request computes its prompt.
+func (r *runner) importFrom(t route.Transfer, er *engine.Request, jb *job) {
+	if t.Blocks <= 0 || t.From < 0 || t.From >= len(r.reps) || !r.reps[t.From].alive {
+		return
+	}
+	src := r.reps[t.From].eng
+	n := src.Holds(jb.hashes[:min(t.Blocks, len(jb.hashes))])
+	if n == 0 {
+		return
+	}
+	er.RemoteBlocks, er.RemoteSent = n, src.Send(r.now, n)
+	r.res.transfers++
+	r.res.transferBytes += int64(n) * r.cfg.Preset.BlockBytes()
 }
 
 // reject records job j as not served: rejected by the policy, refused by

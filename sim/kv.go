@@ -13,6 +13,7 @@ type kvEvent struct {
 	due    time.Duration
 	rep    int32
 	kind   engine.Kind
+	medium engine.Medium
 	hashes []prefix.Hash
 }
 
@@ -20,19 +21,20 @@ type kvEvent struct {
 // KVEventDelay late, as the live router's KV-event subscriber would write
 // it. The event's hashes are copied (the engine reuses them). Due times
 // are monotonic (events come out in time order, the delay is constant),
-// so a FIFO drained before each event replaces heap entries.
+// so a FIFO drained before each event replaces heap entries. Blocks on
+// the CPU tier go to the offload index, as package kvevents writes them.
 func (r *runner) queueKV(i int, ev *engine.Event) {
 	if r.reps[i].removed {
 		return // its subscriber stopped with it
 	}
 	if r.cfg.KVEventDelay == 0 {
-		r.applyKV(i, ev.Kind, ev.Hashes)
+		r.applyKV(i, ev.Kind, ev.Medium, ev.Hashes)
 		return
 	}
 	if r.kvq0 > 0 && r.kvq0 == len(r.kvq) {
 		r.kvq, r.kvq0 = r.kvq[:0], 0
 	}
-	r.kvq = append(r.kvq, kvEvent{due: ev.At + r.cfg.KVEventDelay, rep: int32(i), kind: ev.Kind,
+	r.kvq = append(r.kvq, kvEvent{due: ev.At + r.cfg.KVEventDelay, rep: int32(i), kind: ev.Kind, medium: ev.Medium,
 		hashes: append([]prefix.Hash(nil), ev.Hashes...)})
 }
 
@@ -41,16 +43,20 @@ func (r *runner) drainKV() {
 	for r.kvq0 < len(r.kvq) && r.kvq[r.kvq0].due <= r.now {
 		e := &r.kvq[r.kvq0]
 		if e.rep >= 0 && r.reps[e.rep].alive && !r.reps[e.rep].removed {
-			r.applyKV(int(e.rep), e.kind, e.hashes)
+			r.applyKV(int(e.rep), e.kind, e.medium, e.hashes)
 		}
 		e.hashes = nil
 		r.kvq0++
 	}
 }
 
-// applyKV updates the precise index with one event of replica i.
-func (r *runner) applyKV(i int, k engine.Kind, hashes []prefix.Hash) {
+// applyKV updates the precise index (or, for the CPU tier, the offload
+// index) with one event of replica i.
+func (r *runner) applyKV(i int, k engine.Kind, m engine.Medium, hashes []prefix.Hash) {
 	x := r.fl.Tracker().Precise()
+	if m != engine.GPU {
+		x = r.fl.Tracker().Offloaded()
+	}
 	if r.cfg.Trace != nil {
 		r.trace(Step{Kind: StepKV, Replica: i, Event: k, Hashes: slices.Clone(hashes)})
 	}
@@ -61,5 +67,6 @@ func (r *runner) applyKV(i int, k engine.Kind, hashes []prefix.Hash) {
 		x.Remove(i, hashes)
 	case engine.AllCleared:
 		x.Clear(i)
+		r.fl.Tracker().Offloaded().Clear(i)
 	}
 }

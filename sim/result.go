@@ -14,6 +14,10 @@ type result struct {
 	replicas int // fleet size at the end (added replicas included)
 	finished int // requests ended, for progress
 	end      time.Duration
+	// transfers and transferBytes count the KV imports the engines made,
+	// and their size.
+	transfers     int
+	transferBytes int64
 }
 
 // Reject causes.

@@ -96,7 +96,7 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 		// gets them in precise mode only, so that both modes compare.
 		Events:      precise || cfg.Mode == ModePrecise || needs.Index == route.Precise,
 		Engine:      true,
-		Rates:       cfg.Preset.Rates(),
+		Rates:       rates(cfg),
 		BlockSize:   cfg.Preset.BlockSize,
 		CacheBlocks: cfg.Preset.NumBlocks,
 		Start:       epoch,
@@ -116,6 +116,16 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 		}
 	}
 	return r, nil
+}
+
+// rates is the cost model's start: the preset's, with the interconnect
+// when replicas may transfer.
+func rates(cfg *Config) route.Rates {
+	rt := cfg.Preset.Rates()
+	if cfg.InterconnectGBps > 0 {
+		rt.TransferPerMTokens = cfg.Preset.TransferPerMTokens()
+	}
+	return rt
 }
 
 // policyOf returns the policy a run name names, and whether the name asks

@@ -74,8 +74,14 @@ type Config struct {
 	// PresetName names Preset in the report ("llama3-8b-h100").
 	PresetName string
 	// Preset is every replica's engine configuration (engine.Preset).
-	// NoTokenEvents is forced on.
+	// NoTokenEvents is forced on. Its CPUBlocks gives every replica a CPU
+	// offload tier.
 	Preset engine.Config
+	// InterconnectGBps, when positive, lets replicas import KV from one
+	// another over links of that many GB/s each way (the engines'
+	// InterconnectGBps), and the policies that can order transfers
+	// (route.Decision.Transfer) do; zero means no transfers.
+	InterconnectGBps float64
 	// Load is the offered work as a fraction of the fleet's capacity (see
 	// work): arrival times are scaled to meet it. Zero keeps the requests'
 	// own times.
@@ -169,6 +175,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.Policies = route.Names()
 	}
 	c.Preset.NoTokenEvents = true
+	if c.InterconnectGBps < 0 {
+		return c, fmt.Errorf("sim: interconnect bandwidth %g GB/s < 0", c.InterconnectGBps)
+	}
+	if c.InterconnectGBps > 0 {
+		c.Preset.InterconnectGBps = c.InterconnectGBps
+	}
 	e, err := engine.New(c.Preset)
 	if err != nil {
 		return c, fmt.Errorf("sim: preset: %w", err)
@@ -287,9 +299,9 @@ func Run(cfg Config) (report.Run, error) {
 		if err != nil {
 			return report.Run{}, err
 		}
-		run.Policies = append(run.Policies, report.Summarize(res.samples, report.Options{
-			Policy: name, SLO: slo, Replicas: res.replicas,
-		}))
+		pr := report.Summarize(res.samples, report.Options{Policy: name, SLO: slo, Replicas: res.replicas})
+		pr.Transfers, pr.TransferBytes = res.transfers, res.transferBytes
+		run.Policies = append(run.Policies, pr)
 	}
 	return run, nil
 }

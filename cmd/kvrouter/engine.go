@@ -62,6 +62,8 @@ func engineFlags(args []string) (emulator.Config, string, error) {
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "max running requests; 0: the preset's")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV cache capacity in blocks; 0: the preset's")
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "tokens per KV block, as vLLM's --block-size; 0: the preset's (16)")
+	fs.IntVar(&cfg.CPUKVBlocks, "cpu-kv-blocks", 0, "CPU offload tier in blocks (as vLLM's CPU offloading or LMCache): computed blocks are copied there and loaded back over PCIe instead of recomputed, reported as medium CPU in KV events; 0: none")
+	fs.Float64Var(&cfg.PCIeGBps, "pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s (gigabytes); 0: %d", engine.DefaultPCIeGBps))
 	fs.IntVar(&cfg.KVFullStatus, "kv-full-status", 0, "HTTP status (e.g. 500, as llm-d-inference-sim) answered to a request whose uncached prompt blocks exceed the free ones on arrival; 0: queue it, as vLLM does")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err

@@ -62,6 +62,9 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	mode := fs.String("mode", sim.ModeApproximate, "index of kv-aware: approximate or precise")
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
+	interconnect := fs.Float64("interconnect-gbps", 0, "let replicas import KV from each other over links of this many GB/s each way (policies that can order transfers do: kv-aware, mooncake-global); 0: no transfers")
+	cpuBlocks := fs.Int("cpu-kv-blocks", 0, "give every replica a CPU offload tier of this many KV blocks (see kvrouter engine -h); 0: none")
+	pcie := fs.Float64("pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s; 0: %d", engine.DefaultPCIeGBps))
 	adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout}
 	admissionFlags(fs, &adm.MaxWait, &adm.MaxQueue, &adm.QueueTimeout)
 	if err := fs.Parse(args); err != nil {
@@ -78,6 +81,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	if err != nil {
 		return err
 	}
+	cfg.CPUBlocks, cfg.PCIeGBps = *cpuBlocks, *pcie
 	ws, err := simWorkloads(*workload, *traceFile, *traceFormat, *seed, *requests, sim.FleetKVTokens(cfg, *replicas), stderr)
 	if err != nil {
 		return err
@@ -85,7 +89,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	base := sim.Config{
 		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
-		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(),
+		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect,
 	}
 	runs, err := runCells(cells(base, ws, loads), stderr)
 	if err != nil {

@@ -1,0 +1,104 @@
+package route_test
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/route"
+)
+
+// transferFleet is two replicas of preset rates: replica 0 holds the
+// first 8,000 tokens of the request's 8,192 but has a long queue; replica
+// 1 is idle and holds nothing. Both transfer over links of gbps GB/s.
+func transferFleet(cfg engine.Config, gbps float64, linkWait time.Duration) (*route.Request, *route.Snapshot) {
+	rates := cfg.Rates()
+	rates.TransferPerMTokens = time.Duration(1e6 * float64(cfg.KVBytesPerToken) / (gbps * 1e9) * float64(time.Second))
+	s := &route.Snapshot{BlockSize: 16, Replicas: []route.Replica{
+		{ID: "holder", Healthy: true, InFlight: 4, PrefillTokens: 500_000, Rates: rates, LinkWait: linkWait},
+		{ID: "idle", Healthy: true, Rates: rates},
+	}}
+	r := &route.Request{ID: "r", Tokens: 8192, MaxTokens: 64, Blocks: 512, Match: []int{500, 0}, Pinned: -1}
+	return r, s
+}
+
+// prefill is the model's prefill of n tokens after c cached on an idle
+// replica: the compute (linear and attention terms) and one idle
+// iteration per MaxBatchedTokens of it.
+func prefill(rt route.Rates, n, c float64) float64 {
+	compute := n*float64(rt.PrefillPerToken) + n*(c+n/2)*float64(rt.AttnPerMPairs)*1e-6
+	return compute + math.Ceil(n/float64(rt.MaxBatchedTokens))*float64(rt.DecodeStep)
+}
+
+// TestTransferBreakEven sweeps the interconnect from 1 to 400 GB/s: on
+// the idle replica, importing the holder's 8,000 tokens beats computing
+// them exactly where the import's time, 8,000 × KV bytes per token ÷
+// bandwidth, drops below what the prefill it spares would cost: its own
+// time, P = P(8,192 after 0) − P(192 after 8,000), and the wait of the
+// requests that arrive at the replica while it computes, λ·P²/2 summed
+// the same way (λ the fleet's per-replica arrival rate, by Little's law
+// the mean batch over MeanOutput mean steps; an import holds no GPU, so
+// nobody waits behind it). Without arrivals the break-even bandwidth is
+// KV bytes per token × the tokens per second of prefill at that context
+// (about 2.5 GB/s for Llama-3-8B on one H100, 5 GB/s for Llama-3-70B on
+// eight); arrivals lower it.
+func TestTransferBreakEven(t *testing.T) {
+	const step = 0.25 // GB/s
+	for _, name := range []string{"llama3-8b-h100", "llama3-70b-8xh100"} {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := engine.Preset(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt := cfg.Rates().WithDefaults()
+			full, rest := prefill(rt, 8192, 0), prefill(rt, 192, 8000)
+			meanBatch := 2.0                                                                            // 4 and 0
+			lambda := meanBatch / (256 * (float64(rt.DecodeStep) + meanBatch*float64(rt.DecodePerSeq))) // per ns
+			saved := full - rest + lambda*(full*full-rest*rest)/2
+			want := 8000 * float64(cfg.KVBytesPerToken) / saved // bytes per ns = GB/s
+			switched := 0.0
+			for gbps := 1.0; gbps <= 400; gbps += step {
+				r, s := transferFleet(cfg, gbps, 0)
+				d := route.KVAware{}.Pick(r, s)
+				if d.Replica != 1 {
+					t.Fatalf("at %v GB/s chose replica %d (%s), want the idle one", gbps, d.Replica, d.Reason)
+				}
+				importing := d.Transfer.Blocks > 0
+				switch {
+				case importing && switched == 0:
+					switched = gbps
+					if d.Reason != route.ReasonTransfer || d.Transfer.From != 0 || d.Transfer.Blocks != 500 || d.Matched != 8000 {
+						t.Errorf("at %v GB/s: %+v, want a transfer of the holder's 500 blocks", gbps, d)
+					}
+				case !importing && switched > 0:
+					t.Fatalf("back to recompute at %v GB/s after importing from %v", gbps, switched)
+				}
+			}
+			t.Logf("switched to transfer at %.2f GB/s; break-even %.2f GB/s", switched, want)
+			if switched == 0 || math.Abs(switched-want) > step {
+				t.Errorf("switched to transfer at %v GB/s, want the break-even %.2f ± %v", switched, want, step)
+			}
+		})
+	}
+}
+
+// TestTransferWaitsForTheLink: a link still busy for a second with other
+// transfers makes computing the prefix cheaper than importing it, even
+// over 50 GB/s.
+func TestTransferWaitsForTheLink(t *testing.T) {
+	cfg, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, s := transferFleet(cfg, 50, 0)
+	if d := (route.KVAware{}).Pick(r, s); d.Transfer.Blocks == 0 {
+		t.Fatalf("idle 50 GB/s link: %+v, want a transfer", d)
+	} else if want := time.Duration(8000 * float64(s.Replicas[1].Rates.TransferPerMTokens) * 1e-6); d.Transfer.Time != want {
+		t.Errorf("predicted transfer %v, want %v", d.Transfer.Time, want)
+	}
+	r, s = transferFleet(cfg, 50, time.Second)
+	if d := (route.KVAware{}).Pick(r, s); d.Transfer.Blocks != 0 || d.Replica != 1 {
+		t.Errorf("link busy for 1 s: %+v, want a recompute on the idle replica", d)
+	}
+}
