@@ -144,17 +144,30 @@ func (c Config) validate() error {
 func (c *Config) blockLoad() time.Duration { return c.blockTime(c.PCIeGBps) }
 
 // BlockTransfer is the time one KV block takes over the interconnect
-// (InterconnectGBps); c's defaults must be filled (Engine.Config).
-func (c *Config) BlockTransfer() time.Duration { return c.blockTime(c.InterconnectGBps) }
+// (InterconnectGBps). Zero fields of c take their defaults.
+func (c Config) BlockTransfer() time.Duration {
+	c = c.defaults()
+	return c.blockTime(c.InterconnectGBps)
+}
 
 // TransferPerMTokens is the time a million tokens of KV take over the
-// interconnect (route.Rates.TransferPerMTokens); c's defaults must be
-// filled.
-func (c *Config) TransferPerMTokens() time.Duration {
+// interconnect (route.Rates.TransferPerMTokens). Zero fields of c take
+// their defaults.
+func (c Config) TransferPerMTokens() time.Duration {
+	c = c.defaults()
 	return time.Duration(1e6 * float64(c.KVBytesPerToken) / (c.InterconnectGBps * 1e9) * float64(time.Second))
 }
 
-// BlockBytes is the size of one KV block, in bytes.
+// LoadPerMTokens is the time a million tokens of KV take to load from the
+// CPU tier (route.Rates.LoadPerMTokens). Zero fields of c take their
+// defaults.
+func (c Config) LoadPerMTokens() time.Duration {
+	c = c.defaults()
+	return time.Duration(1e6 * float64(c.KVBytesPerToken) / (c.PCIeGBps * 1e9) * float64(time.Second))
+}
+
+// BlockBytes is the size of one KV block, in bytes; c's defaults must be
+// filled.
 func (c *Config) BlockBytes() int64 { return int64(c.BlockSize) * int64(c.KVBytesPerToken) }
 
 // blockTime is the time one block takes over a link of gbps GB/s.
@@ -201,6 +214,5 @@ func (c Config) Rates() route.Rates {
 		DecodePerMTokens: c.DecodePerMTokens,
 		MaxSeqs:          c.MaxNumSeqs,
 		MaxBatchedTokens: c.MaxBatchedTokens,
-		LoadPerMTokens:   time.Duration(1e6 * float64(c.KVBytesPerToken) / (c.PCIeGBps * 1e9) * float64(time.Second)),
 	}
 }

@@ -257,6 +257,10 @@ func (e *Engine) Stats() Stats {
 	return st
 }
 
+// Busy reports whether an iteration is in flight: an engine that is not
+// busy admits what Add queued at the next Step, even while loads run.
+func (e *Engine) Busy() bool { return e.busy }
+
 // Holds is how many of the leading blocks of hashes the GPU cache holds,
 // as a KV connector's source checks before it sends them.
 func (e *Engine) Holds(hashes []prefix.Hash) int {

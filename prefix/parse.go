@@ -66,7 +66,26 @@ var (
 	// ErrNoPrompt: neither "messages" nor "prompt" is present, or
 	// "messages" is empty.
 	ErrNoPrompt = errors.New("request has neither messages nor prompt")
+	// ErrType: a field's value has the wrong JSON type (wrapped in a
+	// FieldError naming the top-level field).
+	ErrType = errors.New("wrong type")
+	// ErrRange: a field's value is outside its range, such as a negative
+	// max_tokens (wrapped in a FieldError naming the field).
+	ErrRange = errors.New("value out of range")
 )
+
+// FieldError is an error in the value of one top-level field of the
+// request, such as "max_tokens" or "messages": OpenAI's "param".
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+// Error implements error.
+func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *FieldError) Unwrap() error { return e.Err }
 
 // Parse reads an OpenAI chat or completions request body under the
 // default Limits. It returns an error wrapping ErrMalformed, ErrNoModel or
@@ -91,14 +110,16 @@ func parse(body []byte, lim Limits) (*Prompt, error) {
 	if p.Model == "" {
 		return nil, ErrNoModel
 	}
+	field := ""
 	switch {
 	case f.hasMaxCompletion:
-		p.MaxTokens = f.maxCompletion
+		p.MaxTokens, field = f.maxCompletion, "max_completion_tokens"
 	case f.hasMax:
-		p.MaxTokens = f.max
+		p.MaxTokens, field = f.max, "max_tokens"
 	}
 	if p.MaxTokens < 0 {
-		return nil, fmt.Errorf("%w: max_tokens %d is negative", ErrMalformed, p.MaxTokens)
+		return nil, fmt.Errorf("%w: %w", ErrMalformed,
+			&FieldError{field, fmt.Errorf("%w: got %d, want >= 0", ErrRange, p.MaxTokens)})
 	}
 	switch {
 	case p.Chat:
@@ -108,6 +129,9 @@ func parse(body []byte, lim Limits) (*Prompt, error) {
 	case f.promptAt > 0:
 		s.i, s.depth = f.promptAt, 1
 		if err := s.prompt(p); err != nil {
+			if errors.Is(err, ErrType) {
+				return nil, malformed("", &FieldError{"prompt", err})
+			}
 			return nil, malformed("prompt: ", err)
 		}
 	default:
@@ -122,7 +146,7 @@ func malformed(what string, err error) error {
 	if errors.Is(err, ErrLimit) {
 		return fmt.Errorf("%s%w", what, err)
 	}
-	return fmt.Errorf("%w: %s%v", ErrMalformed, what, err)
+	return fmt.Errorf("%w: %s%w", ErrMalformed, what, err)
 }
 
 // fields holds what request reads before Parse interprets it.
@@ -166,6 +190,8 @@ func (s *scanner) requestField(p *Prompt, f *fields) error {
 	if err != nil {
 		return err
 	}
+	var key [32]byte // k may be scratch the field's own keys reuse
+	n := copy(key[:], k)
 	switch string(k) {
 	case "model":
 		p.Model, err = s.text("model")
@@ -192,6 +218,9 @@ func (s *scanner) requestField(p *Prompt, f *fields) error {
 		f.maxCompletion, f.hasMaxCompletion, err = s.maxTokens("max_completion_tokens")
 	default:
 		err = s.skip()
+	}
+	if errors.Is(err, ErrType) {
+		err = &FieldError{string(key[:n]), err}
 	}
 	return err
 }

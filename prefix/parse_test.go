@@ -175,3 +175,39 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+func TestFieldErrors(t *testing.T) {
+	for _, tc := range []struct {
+		body, field string
+		want        error // ErrType, ErrRange, or nil: a syntax error, no field
+	}{
+		{`{"model":`, "", nil},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":`, "", nil},
+		{`{"model":3}`, "model", ErrType},
+		{`{"model":"m","messages":"hi"}`, "messages", ErrType},
+		{`{"model":"m","messages":[{"role":"user","content":3}]}`, "messages", ErrType},
+		{`{"model":"m","prompt":3}`, "prompt", ErrType},
+		{`{"model":"m","prompt":"a","stream":"yes"}`, "stream", ErrType},
+		{`{"model":"m","prompt":"a","max_tokens":-5}`, "max_tokens", ErrRange},
+		{`{"model":"m","prompt":"a","max_completion_tokens":-1}`, "max_completion_tokens", ErrRange},
+	} {
+		_, err := Parse([]byte(tc.body))
+		if !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: got %v, want ErrMalformed", tc.body, err)
+			continue
+		}
+		var fe *FieldError
+		got := ""
+		if errors.As(err, &fe) {
+			got = fe.Field
+		}
+		if got != tc.field {
+			t.Errorf("%s: field %q, want %q (%v)", tc.body, got, tc.field, err)
+		}
+		for _, e := range []error{ErrType, ErrRange} {
+			if errors.Is(err, e) != (e == tc.want) {
+				t.Errorf("%s: errors.Is(%v) = %v (%v)", tc.body, e, errors.Is(err, e), err)
+			}
+		}
+	}
+}

@@ -2,7 +2,6 @@ package prefix
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/bits"
 	"unicode/utf16"
@@ -29,9 +28,6 @@ type scanner struct {
 	key   [32]byte // scratch for object keys
 }
 
-// errType marks a value of the wrong JSON type for its field.
-var errType = errors.New("wrong type")
-
 // syntaxErr reports a syntax error at the current offset.
 func (s *scanner) syntaxErr(what string) error {
 	if s.i >= len(s.b) {
@@ -40,9 +36,13 @@ func (s *scanner) syntaxErr(what string) error {
 	return fmt.Errorf("offset %d: invalid character %q, want %s", s.i, s.b[s.i], what)
 }
 
-// typeErr reports a value of the wrong type for field.
+// typeErr reports a value of the wrong type for field, or, at the end of
+// the input, a syntax error: a truncated body is not JSON at all.
 func (s *scanner) typeErr(field, want string) error {
-	return fmt.Errorf("offset %d: %s: %w, want %s", s.i, field, errType, want)
+	if s.i >= len(s.b) {
+		return s.syntaxErr(want)
+	}
+	return fmt.Errorf("offset %d: %s: %w, want %s", s.i, field, ErrType, want)
 }
 
 // ws skips whitespace and returns the next byte, or 0 at the end.

@@ -91,6 +91,15 @@ type Config struct {
 	Retries int `yaml:"retries"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log-level"`
+	// LogFormat is how log lines are written: text (slog's key=value) or
+	// json (one JSON object per line); empty means text.
+	LogFormat string `yaml:"log-format"`
+	// OTLPEndpoint is the OpenTelemetry collector's OTLP/HTTP base URL
+	// (http://host:4318; spans go to its /v1/traces), as
+	// OTEL_EXPORTER_OTLP_ENDPOINT, over which it takes precedence. Empty
+	// means tracing is off unless OTEL_EXPORTER_OTLP_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (package tracing).
+	OTLPEndpoint string `yaml:"otlp-endpoint"`
 	// KVEventsBind is the endpoint of one ZMQ SUB socket that engines dial
 	// to publish their KV events (e.g. "tcp://0.0.0.0:5557"); an engine is
 	// matched to the backend whose host:port its topic
@@ -388,6 +397,7 @@ func DefaultConfig() Config {
 		Preset:         DefaultPreset,
 		Retries:        DefaultRetries,
 		LogLevel:       DefaultLogLevel,
+		LogFormat:      LogText,
 		MaxWait:        fleet.DefaultMaxWait,
 		MaxQueue:       fleet.DefaultMaxQueue,
 		QueueTimeout:   fleet.DefaultQueueTimeout,
@@ -454,7 +464,13 @@ func ParseBackend(s string) (Backend, error) {
 	return b, nil
 }
 
+// checkURL checks a backend's base URL, with a message that says how to
+// fix it: a scheme (http:// or https://) and a host are needed, and the
+// path must not end in /v1 (the router appends each request's own path).
 func checkURL(s string) error {
+	if !strings.Contains(s, "://") {
+		return fmt.Errorf("URL needs a scheme, e.g. http://%s", s)
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return err
@@ -462,8 +478,11 @@ func checkURL(s string) error {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return fmt.Errorf("scheme must be http or https, got %q", u.Scheme)
 	}
-	if u.Host == "" {
+	if u.Hostname() == "" {
 		return errors.New("no host")
+	}
+	if p := strings.TrimRight(u.Path, "/"); strings.HasSuffix(p, "/v1") {
+		return fmt.Errorf("give the server's base URL, without /v1 (the router appends each request's path), e.g. %s://%s%s", u.Scheme, u.Host, strings.TrimSuffix(p, "/v1"))
 	}
 	return nil
 }
@@ -483,15 +502,63 @@ func (b Backend) String() string {
 	return s
 }
 
-// UnmarshalYAML reads a backend from its string form.
+// UnmarshalYAML reads a backend from its string form
+// ("http://a:8000,kv=tcp://a:5557,model=m") or from a mapping with the
+// keys url, kv, replay and models (a list, or one name).
 func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: backend must be a string like http://host:port[,kv=...]", n.Line)
+	switch n.Kind {
+	case yaml.ScalarNode:
+		var s string
+		if err := n.Decode(&s); err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		v, err := ParseBackend(s)
+		if err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		*b = v
+		return nil
+	case yaml.MappingNode:
+		return b.unmarshalMapping(n)
 	}
-	v, err := ParseBackend(s)
-	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
+	return fmt.Errorf("line %d: a backend is a string like http://host:port[,kv=...] or a mapping with url, kv, replay, models", n.Line)
+}
+
+// unmarshalMapping reads the mapping form of a backend: unknown keys are
+// errors, url is required and checked as --backend's is.
+func (b *Backend) unmarshalMapping(n *yaml.Node) error {
+	var v Backend
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		var err error
+		switch k.Value {
+		case "url":
+			err = val.Decode(&v.URL)
+			v.URL = strings.TrimRight(strings.TrimSpace(v.URL), "/")
+		case "kv":
+			err = val.Decode(&v.KV)
+		case "replay":
+			err = val.Decode(&v.Replay)
+		case "models", "model":
+			if val.Kind == yaml.ScalarNode {
+				var m string
+				err = val.Decode(&m)
+				v.Models = append(v.Models, m)
+			} else {
+				err = val.Decode(&v.Models)
+			}
+		default:
+			return fmt.Errorf("line %d: backend: unknown key %q (known: url, kv, replay, models)", k.Line, k.Value)
+		}
+		if err != nil {
+			return fmt.Errorf("line %d: backend %s: %w", val.Line, k.Value, err)
+		}
+	}
+	if v.URL == "" {
+		return fmt.Errorf("line %d: backend: url is required", n.Line)
+	}
+	if err := checkURL(v.URL); err != nil {
+		return fmt.Errorf("line %d: backend %q: %w", n.Line, v.URL, err)
 	}
 	*b = v
 	return nil
@@ -501,7 +568,8 @@ func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 func (b Backend) MarshalYAML() (any, error) { return b.String(), nil }
 
 // ReadConfigFile overlays the YAML file at path on cfg. Keys are the flag
-// names; unknown keys are errors.
+// names; unknown keys are errors. The backends may also be given under
+// "backends" (not both).
 func ReadConfigFile(path string, cfg *Config) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -510,9 +578,24 @@ func ReadConfigFile(path string, cfg *Config) error {
 	defer f.Close()
 	dec := yaml.NewDecoder(f)
 	dec.KnownFields(true)
-	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+	var file struct {
+		Config   `yaml:",inline"`
+		Backends []Backend `yaml:"backends"`
+	}
+	file.Config = *cfg
+	file.Config.Backends = nil
+	if err := dec.Decode(&file); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
+	switch {
+	case file.Config.Backends != nil && file.Backends != nil:
+		return fmt.Errorf("config %s: both backend and backends are set: use one", path)
+	case file.Backends != nil:
+		file.Config.Backends = file.Backends
+	case file.Config.Backends == nil:
+		file.Config.Backends = cfg.Backends
+	}
+	*cfg = file.Config
 	return nil
 }
 
@@ -589,6 +672,7 @@ func (c *Config) Validate() error {
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateTelemetry()...)
 	errs = append(errs, c.validateKV()...)
 	errs = append(errs, c.validateSurface()...)
 	errs = append(errs, c.validateLimits()...)
@@ -673,6 +757,28 @@ func checkEndpoint(s string) error {
 		}
 	}
 	return errors.New("want a ZMQ endpoint tcp://host:port, ipc://path or inproc://name")
+}
+
+// Log formats, the values of Config.LogFormat.
+const (
+	LogText = "text"
+	LogJSON = "json"
+)
+
+// validateTelemetry checks the log format and the OTLP endpoint.
+func (c *Config) validateTelemetry() []error {
+	var errs []error
+	switch c.LogFormat {
+	case "", LogText, LogJSON:
+	default:
+		errs = append(errs, fmt.Errorf("log-format %q: want text or json", c.LogFormat))
+	}
+	if c.OTLPEndpoint != "" {
+		if err := checkURL(c.OTLPEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("otlp-endpoint %q: %w (the collector's OTLP/HTTP base URL, e.g. http://localhost:4318)", c.OTLPEndpoint, err))
+		}
+	}
+	return errs
 }
 
 // ParseLogLevel reads debug, info, warn or error.

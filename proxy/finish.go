@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"time"
 
 	"github.com/kvrouter/kvrouter/fleet"
@@ -29,8 +28,8 @@ func (c *call) firstByte(at time.Time) {
 }
 
 // finish settles the call on every path: releases the replica's load,
-// feeds passive health, records metrics, completes the decision record and
-// logs a line. It runs once, when the handler returns (also when it
+// feeds passive health, records metrics, completes the decision record,
+// logs the access line and ends the server span. It runs once, when the handler returns (also when it
 // panics with http.ErrAbortHandler after a mid-stream failure).
 func (c *call) finish(ctx context.Context) {
 	rt := c.rt
@@ -51,7 +50,9 @@ func (c *call) finish(ctx context.Context) {
 	if c.rec != 0 {
 		c.record()
 	}
-	rt.logRequest(c)
+	rt.observe(c)
+	rt.logAccess(c)
+	c.endSpan()
 	rt.recycle(c)
 }
 
@@ -107,10 +108,6 @@ func (c *call) settle() {
 			rt.m.prompt.WithLabelValues(name).Add(float64(u.PromptTokens))
 		}
 	}
-	if c.ttft > 0 {
-		rt.m.ttft.WithLabelValues(name).Observe(c.ttft.Seconds())
-	}
-	rt.m.e2e.WithLabelValues(name).Observe(c.end.Sub(c.start).Seconds())
 }
 
 // recycle returns c to the pool unless the upstream transport may still
@@ -122,18 +119,4 @@ func (rt *Router) recycle(c *call) {
 	}
 	c.prompt, c.ticket, c.tap.body, c.tap.onFirst = nil, nil, nil, nil
 	rt.pool.Put(c)
-}
-
-func (rt *Router) logRequest(c *call) {
-	if !rt.log.Enabled(context.Background(), slog.LevelDebug) {
-		return
-	}
-	replica := ""
-	if c.replica >= 0 {
-		replica = rt.name(c.replica)
-	}
-	rt.log.Debug("request", "id", c.id, "path", c.path, "replica", replica,
-		"reason", c.dec.Reason, "session", c.sessionSrc, "predicted_cached", c.dec.Matched,
-		"actual_cached", c.usage.CachedTokens, "status", c.status, "outcome", c.outcome,
-		"retries", len(c.failed), "dur", c.end.Sub(c.start))
 }

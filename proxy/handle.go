@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/hashing"
@@ -54,6 +55,7 @@ type call struct {
 	rt         *Router
 	id         string
 	start      time.Time
+	method     string
 	path       string
 	prompt     *prefix.Prompt
 	session    string
@@ -70,10 +72,12 @@ type call struct {
 	status     int
 	errCode    string          // router error code, if the router answered
 	routed     bool            // a completion routed by the policy (not a pass-through)
+	pass       string          // a pass-through's matched Config.PassThrough prefix
 	priority   int             // HeaderPriority
 	ctx        context.Context // the request's, while it is routed
 	rec        uint64          // the decision record's sequence number; 0: none
 	index      string          // the chosen replica's residency feed
+	span       trace.Span      // the server span; nil when tracing is off
 
 	scratch // reused across requests
 	tap     tap
@@ -145,7 +149,7 @@ func callFrom(ctx context.Context) *call {
 func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := rt.pool.Get().(*call)
 	*c = call{
-		rt: rt, start: rt.now(), path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
+		rt: rt, start: rt.now(), method: r.Method, path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
 		failed: c.failed[:0], scratch: c.scratch.reset(), tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
 	}
 	return c
@@ -154,6 +158,7 @@ func (rt *Router) newCall(r *http.Request, routed bool) *call {
 // serveCompletion routes POST /v1/chat/completions and /v1/completions.
 func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	c := rt.newCall(r, true)
+	r = c.startSpan(r)
 	defer c.finish(r.Context())
 	body, ok := c.readBody(w, r)
 	if !ok {
@@ -261,22 +266,24 @@ func (c *call) tooLarge(w http.ResponseWriter, limit int64) {
 }
 
 func (c *call) parseError(w http.ResponseWriter, err error) {
-	switch {
-	case c.limitError(w, err):
-	case errors.Is(err, prefix.ErrNoModel):
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "missing_model", "you must provide a model parameter")
-	case errors.Is(err, prefix.ErrNoPrompt):
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "missing_prompt", err.Error())
-	default:
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_json", err.Error())
+	if c.limitError(w, err) {
+		return
 	}
+	code, param, msg := parseErrorOf(err, c.path)
+	c.failParam(w, http.StatusBadRequest, errInvalidRequest, code, param, msg)
 }
 
 // fail answers with a router error.
 func (c *call) fail(w http.ResponseWriter, status int, typ, code, msg string) {
+	c.failParam(w, status, typ, code, "", msg)
+}
+
+// failParam answers with a router error naming the request field at
+// fault, param ("": none).
+func (c *call) failParam(w http.ResponseWriter, status int, typ, code, param, msg string) {
 	c.status, c.errCode = status, code
 	c.rt.m.errors.WithLabelValues(code).Inc()
-	writeError(w, status, typ, code, msg)
+	writeParamError(w, status, typ, code, param, msg)
 }
 
 // appendInjectUsage appends to dst the body of p with
@@ -331,7 +338,7 @@ func (c *call) route(w http.ResponseWriter) bool {
 	p := c.prompt
 	if !fl.Serves(p.Model) {
 		if w != nil {
-			c.fail(w, http.StatusNotFound, errInvalidRequest, "model_not_found", "The model `"+p.Model+"` does not exist.")
+			c.failParam(w, http.StatusNotFound, errInvalidRequest, codeModelNotFound, "model", "The model `"+p.Model+"` does not exist.")
 		}
 		return false
 	}
@@ -439,6 +446,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	c.status = resp.StatusCode
+	reshapeError(resp)
 	resp.Header.Set(HeaderReplica, rt.name(c.replica))
 	if c.routed {
 		resp.Header.Set(HeaderDecision, c.summary())

@@ -15,12 +15,20 @@ type metrics struct {
 	requests  *prometheus.CounterVec   // replica, policy, reason
 	errors    *prometheus.CounterVec   // code
 	retries   *prometheus.CounterVec   // replica (the one that failed)
-	ttft      *prometheus.HistogramVec // replica
-	e2e       *prometheus.HistogramVec // replica
+	ttft      *prometheus.HistogramVec // replica, model: routed requests answered ok
+	e2e       *prometheus.HistogramVec // replica, model: routed requests answered ok
 	predicted *prometheus.CounterVec   // replica
 	actual    *prometheus.CounterVec   // replica
 	prompt    *prometheus.CounterVec   // replica
 	decide    prometheus.Histogram
+
+	// Outcomes (issue 15): every completion request and every
+	// pass-through call, by how it ended; the model label is bounded by
+	// models.
+	completions *prometheus.CounterVec   // endpoint, model, outcome, code
+	pass        *prometheus.CounterVec   // prefix, outcome, code
+	passDur     *prometheus.HistogramVec // prefix
+	models      modelLabels
 
 	// Safety surface (issue 13).
 	adminErrors *prometheus.CounterVec // code: the admin surface's errors
@@ -58,14 +66,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"replica"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvrouter_ttft_seconds",
-			Help:    "Time from request arrival at the router to the first response byte, seconds.",
+			Help:    "Time from request arrival at the router to the first response byte, seconds, of the routed completion requests answered ok (not pass-through calls, not errors), by replica and model.",
 			Buckets: latencyBuckets,
-		}, []string{"replica"}),
+		}, []string{"replica", "model"}),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvrouter_e2e_seconds",
-			Help:    "Time from request arrival at the router to the end of the response, seconds.",
+			Help:    "Time from request arrival at the router to the end of the response, seconds, of the routed completion requests answered ok (not pass-through calls, not errors), by replica and model.",
 			Buckets: latencyBuckets,
-		}, []string{"replica"}),
+		}, []string{"replica", "model"}),
 		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_predicted_cached_tokens_total",
 			Help: "Prompt tokens the policy predicted cached on the chosen replica, in the engine's tokens (the predicted share of the router's estimate), over the requests whose usage reported prompt and cached tokens.",
@@ -121,10 +129,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "kvrouter_readmission_refused_total",
 		Help: "Times a replica whose ejection was over was kept out, by replica: its /v1/models did not list the expected models, or could not be read.",
 	}, []string{"replica"})
+	// The fixed label sets start at zero, so that rate() and the
+	// dashboard see them before the first failure.
+	for _, k := range []string{timeoutConnect, timeoutTTFT, timeoutIdle, timeoutTotal, timeoutProbe} {
+		m.timeouts.WithLabelValues(k)
+	}
+	m.midstream.WithLabelValues(midContinued)
+	m.midstream.WithLabelValues(midError)
 	for _, c := range []prometheus.Collector{m.timeouts, m.midstream, m.ejections, m.readmitted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
+	}
+
+	if err := m.registerOutcomes(reg); err != nil {
+		return nil, err
 	}
 
 	// Limits (issue 13).

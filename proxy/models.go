@@ -14,40 +14,85 @@ import (
 // modelsTTL is how long the union of the backends' models is cached.
 const modelsTTL = 5 * time.Second
 
-// modelsCache holds the last union of /v1/models. mu guards body and at.
+// modelsCache holds the last union of /v1/models. mu guards body, cards
+// and at.
 type modelsCache struct {
-	mu   sync.Mutex
-	body []byte
-	at   time.Time
+	mu    sync.Mutex
+	body  []byte
+	cards []modelCard
+	at    time.Time
 }
 
 // modelCard is one entry of /v1/models; unknown fields are kept as they came.
 type modelCard map[string]any
 
 // serveModels answers GET /v1/models with the union, by id, of the healthy
-// backends' models, cached for modelsTTL.
+// backends' models, cached for modelsTTL. With no healthy replica it
+// answers 503 (with Retry-After), as /health does: OpenAI clients retry a
+// 503 after Retry-After, while an empty list would tell them, wrongly and
+// for good, that the model does not exist.
 func (rt *Router) serveModels(w http.ResponseWriter, r *http.Request) {
-	rt.models.mu.Lock()
-	body := rt.models.body
-	fresh := rt.now().Sub(rt.models.at) < modelsTTL
-	rt.models.mu.Unlock()
-	if body == nil || !fresh {
-		b, err := rt.fetchModels(r.Context())
-		if err != nil {
-			writeUnavailable(w, rt.cfg.HealthInterval, "no replica listed its models: "+err.Error())
-			return
-		}
-		body = b
-		rt.models.mu.Lock()
-		rt.models.body, rt.models.at = b, rt.now()
-		rt.models.mu.Unlock()
+	body, _, ok := rt.modelList(w, r)
+	if !ok {
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(body)
 }
 
+// serveModel answers GET /v1/models/{id} with the model object of id from
+// the union of /v1/models, an OpenAI 404 (model_not_found) for an id no
+// healthy replica lists, and 503 as serveModels does.
+func (rt *Router) serveModel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	_, cards, ok := rt.modelList(w, r)
+	if !ok {
+		return
+	}
+	for _, m := range cards {
+		if m["id"] == id {
+			b, _ := json.Marshal(m)
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(append(b, '\n'))
+			return
+		}
+	}
+	rt.countAPI(codeModelNotFound)
+	writeParamError(w, http.StatusNotFound, errInvalidRequest, codeModelNotFound, "model",
+		"The model `"+id+"` does not exist.")
+}
+
+// modelList returns the union of the healthy replicas' models, as the
+// /v1/models body and as cards, from the cache when it is fresh; when
+// none can be had it answers 503 itself and returns ok false.
+func (rt *Router) modelList(w http.ResponseWriter, r *http.Request) (body []byte, cards []modelCard, ok bool) {
+	if rt.anyHealthy(nil) < 0 {
+		rt.countAPI(codeNoHealthy)
+		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+		return nil, nil, false
+	}
+	rt.models.mu.Lock()
+	body, cards = rt.models.body, rt.models.cards
+	fresh := rt.now().Sub(rt.models.at) < modelsTTL
+	rt.models.mu.Unlock()
+	if body != nil && fresh {
+		return body, cards, true
+	}
+	cards, err := rt.fetchModels(r.Context())
+	if err != nil {
+		rt.countAPI(codeNoHealthy)
+		writeUnavailable(w, rt.cfg.HealthInterval, "no replica listed its models: "+err.Error())
+		return nil, nil, false
+	}
+	body, _ = json.Marshal(map[string]any{"object": "list", "data": cards})
+	rt.models.mu.Lock()
+	rt.models.body, rt.models.cards, rt.models.at = body, cards, rt.now()
+	rt.models.mu.Unlock()
+	return body, cards, true
+}
+
 // fetchModels asks every healthy backend, concurrently, and merges.
-func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
+func (rt *Router) fetchModels(ctx context.Context) ([]modelCard, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	bes := rt.st.bes.list()
@@ -86,7 +131,7 @@ func (rt *Router) fetchModels(ctx context.Context) ([]byte, error) {
 	if !ok && firstErr != nil {
 		return nil, firstErr
 	}
-	return json.Marshal(map[string]any{"object": "list", "data": out})
+	return out, nil
 }
 
 func (rt *Router) fetchModelList(ctx context.Context, base string) ([]modelCard, error) {
@@ -127,12 +172,14 @@ func (e *statusError) Error() string {
 // a healthy replica, with the same retry rule as completions; others get
 // a JSON 404 and never reach a replica.
 func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
-	if !rt.sf.pass.allows(r) {
+	pre, allowed := rt.sf.pass.match(r)
+	if !allowed {
 		rt.countAPI(codeUnknownURL)
 		writeNotFound(w, r)
 		return
 	}
 	c := rt.newCall(r, false)
+	c.pass = pre
 	defer c.finish(r.Context())
 	body, ok := c.readBody(w, r)
 	if !ok {
@@ -140,7 +187,8 @@ func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
 	}
 	c.id = "kvr-pass"
 	if !c.passTo(rt.anyHealthy(nil)) {
-		c.status, c.errCode = http.StatusServiceUnavailable, "no_healthy_replica"
+		c.status, c.errCode = http.StatusServiceUnavailable, codeNoHealthy
+		rt.countAPI(codeNoHealthy)
 		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
 		return
 	}

@@ -30,25 +30,32 @@ func newPassList(prefixes []string) passList {
 // percent-encoding (or are encoded twice), never pass (unless every path
 // does): a replica could resolve them to a path the list does not allow.
 func (l passList) allows(r *http.Request) bool {
+	_, ok := l.match(r)
+	return ok
+}
+
+// match is allows that also returns the listed prefix r's path matched
+// ("/" when every path passes): the pass-through metrics' bounded label.
+func (l passList) match(r *http.Request) (string, bool) {
 	if l.all {
-		return true
+		return "/", true
 	}
 	p := r.URL.Path
 	if p == "" || path.Clean(p) != p || strings.ContainsAny(p, "\\%") || hidesSeparator(r.URL.EscapedPath()) {
-		return false
+		return "", false
 	}
 	for _, pre := range l.prefixes {
 		if strings.HasSuffix(pre, "/") {
 			if strings.HasPrefix(p, pre) {
-				return true
+				return pre, true
 			}
 			continue
 		}
 		if p == pre || strings.HasPrefix(p, pre) && p[len(pre)] == '/' {
-			return true
+			return pre, true
 		}
 	}
-	return false
+	return "", false
 }
 
 // hidesSeparator reports whether an escaped path percent-encodes a slash,

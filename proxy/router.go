@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -32,9 +33,14 @@ type Deps struct {
 	// Gatherer serves /metrics; nil means Registry when it is also a
 	// Gatherer (a *prometheus.Registry), else no /metrics route.
 	Gatherer prometheus.Gatherer
-	// Logger receives one line per request at debug level and operational
-	// messages; nil means discard.
+	// Logger receives the access log, one line per request at info level
+	// (accesslog.go), and operational messages; nil means discard.
 	Logger *slog.Logger
+	// TracerProvider makes the spans of routed requests: a server span
+	// per request, a client span per upstream attempt, W3C trace context
+	// sent upstream (spans.go). Nil (or a no-op provider) means no spans,
+	// and a client's traceparent passes through unchanged.
+	TracerProvider trace.TracerProvider
 	// Transport carries upstream requests; nil means a pooled
 	// http.Transport tuned for many concurrent streams to few hosts.
 	Transport http.RoundTripper
@@ -70,6 +76,8 @@ type Router struct {
 	start      time.Time // the router's start: time zero of the residency index
 	sf         surface   // keys, pass-through list, id hashing
 	live       liveSet   // API requests in flight, for the drain
+
+	tracer trace.Tracer // nil: tracing off (Deps.TracerProvider)
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -109,6 +117,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		}
 		rt.upstream = t
 	}
+	rt.tracer, rt.upstream = newTracer(deps.TracerProvider, rt.upstream)
 	reg := deps.Registry
 	if reg == nil {
 		r := prometheus.NewRegistry()
@@ -210,17 +219,19 @@ func (rt *Router) url(i int) *url.URL { return rt.st.bes.at(i).url }
 // Policy returns the name of the routing policy.
 func (rt *Router) Policy() string { return rt.policyName }
 
-// Handler returns the API surface: the OpenAI routes, /v1/models, the
-// probes /health, /livez and /readyz, and a pass-through to a replica for
-// the paths Config.PassThrough allows; any other path is a JSON 404, a
-// wrong method a JSON 405. With Config.APIKeys every path but the probes
-// asks for a key. The dashboard, /debug and /metrics are on AdminHandler.
+// Handler returns the API surface: the OpenAI routes, /v1/models and
+// /v1/models/{id}, the probes /health, /livez and /readyz, and a
+// pass-through to a replica for the paths Config.PassThrough allows; any
+// other path is a JSON 404, a wrong method a JSON 405. With Config.APIKeys
+// every path but the probes asks for a key. The dashboard, /debug and
+// /metrics are on AdminHandler.
 func (rt *Router) Handler() http.Handler {
 	mux := http.NewServeMux()
 	count := rt.countAPI
 	handle(mux, http.MethodPost, "/v1/chat/completions", rt.serveCompletion, count)
 	handle(mux, http.MethodPost, "/v1/completions", rt.serveCompletion, count)
 	handle(mux, http.MethodGet, "/v1/models", rt.serveModels, count)
+	handle(mux, http.MethodGet, "/v1/models/{id...}", rt.serveModel, count)
 	handle(mux, http.MethodGet, "/health", rt.serveHealth, count)
 	handle(mux, http.MethodGet, "/livez", rt.serveLive, count)
 	handle(mux, http.MethodGet, "/readyz", rt.serveReady, count)

@@ -90,7 +90,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		Events:      cfg.Precise(),
 		Engine:      st.hasher.Engine(),
 		TextTokens:  st.hasher.TextTokens(),
-		Rates:       scaleRates(ecfg.Rates(), cfg.TimeScale),
+		Rates:       scaleRates(presetRates(ecfg), cfg.TimeScale),
 		CacheBlocks: cacheBlocks,
 		SessionTTL:  cfg.SessionTTL,
 		MaxSessions: cfg.MaxSessions,
@@ -155,6 +155,15 @@ func (st *state) declared(id string) []string {
 // seconds per engine second; zero or 1 leaves r as it is). Horizon,
 // Scale and DecodeScale are learned, not the preset's, and stay. A zero duration (route's
 // default) stays zero: engine.Config.Rates fills every field.
+// presetRates is the cost model's start from the engines' preset: its
+// timing, and the load time of a CPU tier's blocks, which earn credit
+// when the engines report some (precise mode).
+func presetRates(ecfg engine.Config) route.Rates {
+	rt := ecfg.Rates()
+	rt.LoadPerMTokens = ecfg.LoadPerMTokens()
+	return rt
+}
+
 func scaleRates(r route.Rates, timeScale float64) route.Rates {
 	if timeScale <= 0 || timeScale == 1 {
 		return r
@@ -170,6 +179,8 @@ func scaleRates(r route.Rates, timeScale float64) route.Rates {
 	r.DecodeStep = scale(r.DecodeStep)
 	r.DecodePerSeq = scale(r.DecodePerSeq)
 	r.DecodePerMTokens = scale(r.DecodePerMTokens)
+	r.TransferPerMTokens = scale(r.TransferPerMTokens)
+	r.LoadPerMTokens = scale(r.LoadPerMTokens)
 	return r
 }
 

@@ -21,7 +21,7 @@ const (
 	// finish ends a choice.
 	finish = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{},\"finish_reason\": \"stop\"}]}\n\n"
 	// cut is the event that ends a stream the replica cut.
-	cut = "data: {\"error\":{\"message\":\"the replica ended the stream before it finished\",\"type\":\"upstream_error\",\"code\":\"upstream_stream_cut\"}}\n\n"
+	cut = "data: {\"error\":{\"message\":\"the replica ended the stream before it finished\",\"type\":\"upstream_error\",\"param\":null,\"code\":\"upstream_stream_cut\"}}\n\n"
 )
 
 func TestTap(t *testing.T) {

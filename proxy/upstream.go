@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Timeout kinds, the values of kvrouter_upstream_timeouts_total's kind
@@ -77,6 +79,7 @@ type attempt struct {
 	total  *time.Timer // nil without a request timeout
 	idle   time.Duration
 	rt     *Router
+	span   trace.Span // the attempt's client span; nil when tracing is off
 	// answered is set once the first token (or a non-streaming answer's
 	// headers) arrived: a probe ejection no longer cancels the attempt.
 	answered atomic.Bool
@@ -87,8 +90,9 @@ type attempt struct {
 // phase timer to the stream-idle timeout.
 func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt {
 	rt := c.rt
-	ctx, cancel := context.WithCancelCause(parent)
-	a := &attempt{parent: parent, ctx: ctx, cancel: cancel, idle: rt.cfg.StreamIdleTimeout, rt: rt}
+	spanCtx, span := c.startAttempt(parent)
+	ctx, cancel := context.WithCancelCause(spanCtx)
+	a := &attempt{parent: parent, ctx: ctx, cancel: cancel, idle: rt.cfg.StreamIdleTimeout, rt: rt, span: span}
 	if first > 0 {
 		cause := &timeoutError{kind: timeoutTTFT, d: first, flag: "ttft-timeout"}
 		a.phase = time.AfterFunc(first, func() { cancel(cause) })
@@ -151,6 +155,7 @@ func (a *attempt) stop() {
 	if a.total != nil {
 		a.total.Stop()
 	}
+	a.endSpan()
 	a.cancel(context.Canceled)
 }
 

@@ -45,6 +45,20 @@ import "time"
 //     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);
 //     above 1 a running sequence is preempted and recomputed.
 //
+// The prefix a replica lacks need not be computed. Each candidate is
+// priced three ways and keeps the cheapest: computing what its GPU does
+// not cache; loading what its CPU tier holds past that over PCIe
+// (Request.Offloaded, Rates.LoadPerMTokens: Cost.Load); and importing the
+// prefix from the replica that caches most of it (Rates.TransferPerMTokens
+// over the slower of the two links, after what either still carries,
+// Replica.LinkWait: Cost.Import, Decision.Transfer). A load or an import
+// delays the request's first token (twice in the total, as Wait does)
+// but runs on a link, not the GPU: it stalls no decode and nobody waits
+// behind it, which is why it can win even where it takes longer than the
+// prefill it spares. Where it does not win, the holder's own price (go
+// there and wait) or a recompute does; an import that makes a hot prefix
+// resident on a second replica is also a replication.
+//
 // Total = 2 × (Wait + Prefill) + Decode + Others + Memory, Others
 // counting the arrivals' wait twice too: a time to first token is part of
 // both latencies. Wait, Prefill and the prefill stall are prefill work and
@@ -156,7 +170,7 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			if lb, m := q.bound(rp, i); lb > bestTotal*(1+1e-9) {
 				maxPruned = max(maxPruned, m)
 				if costs != nil {
-					costs = append(costs, Cost{Replica: i, Matched: m, Total: time.Duration(lb), Pruned: true})
+					costs = append(costs, Cost{Replica: i, Matched: m, Total: ns(lb), Pruned: true})
 				}
 				continue
 			}

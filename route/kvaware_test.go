@@ -234,3 +234,25 @@ func TestKVAwareMonotone(t *testing.T) {
 		t.Error("memory term never rose at KV usage near 1")
 	}
 }
+
+// TestKVAwareHugeOutputSaturates: a request asking for a billion output
+// tokens prices beyond what a Duration holds; its terms read as the
+// longest Duration, never as negative ones (which would rank it first).
+func TestKVAwareHugeOutputSaturates(t *testing.T) {
+	s := &Snapshot{BlockSize: 16, Replicas: []Replica{
+		{ID: "a", Healthy: true, CacheBlocks: 28000, DecodeBlocks: 27000, InFlight: 30},
+		{ID: "b", Healthy: true, CacheBlocks: 28000},
+	}}
+	r := &Request{ID: "huge", Tokens: 1000, MaxTokens: 1_000_000_000, Pinned: -1, Costs: make([]Cost, 0, 2)}
+	d := KVAware{}.Pick(r, s)
+	for _, k := range d.Costs {
+		for _, v := range []time.Duration{k.Wait, k.Prefill, k.Decode, k.Others, k.Memory, k.Total} {
+			if v < 0 {
+				t.Fatalf("replica %d: a negative term in %+v", k.Replica, k)
+			}
+		}
+	}
+	if d.Replica != 1 {
+		t.Errorf("chose %d, want the idle replica", d.Replica)
+	}
+}

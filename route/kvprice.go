@@ -46,6 +46,7 @@ type kvRequest struct {
 	// none has a block of the prompt.
 	src       int
 	srcCached float64
+	srcWorth  float64 // the source's cached tokens as compute time, less its link's wait
 	reps      []Replica
 }
 
@@ -89,13 +90,18 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 }
 
 // source makes matched replica i the transfer source if it can send KV
-// and caches more of the prompt than the source so far.
+// and is worth more than the source so far: what it caches, at what
+// computing it would take, less the time its link is still busy. Of a
+// hot prefix's holders, the least busy links send its imports.
 func (q *kvRequest) source(rp *Replica, i int) {
 	if rp.Rates.TransferPerMTokens <= 0 {
 		return
 	}
-	if c := q.cached(rp, i, q.rates(&rp.Rates)); c >= float64(q.bs) && c > q.srcCached {
-		q.src, q.srcCached = i, c
+	rt := q.rates(&rp.Rates)
+	c := q.cached(rp, i, rt)
+	worth := c*float64(rt.PrefillPerToken)*rt.Scale - float64(rp.LinkWait)
+	if c >= float64(q.bs) && (q.src < 0 || worth > q.srcWorth) {
+		q.src, q.srcCached, q.srcWorth = i, c, worth
 	}
 }
 
@@ -187,7 +193,7 @@ func (q *kvRequest) importing(rp *Replica, i int, rt *Rates, local float64) (Tra
 	src := &q.reps[q.src]
 	per := float64(max(rt.TransferPerMTokens, src.Rates.TransferPerMTokens))
 	t := missing*per*1e-6 + float64(max(rp.LinkWait, src.LinkWait))
-	return Transfer{From: q.src, Blocks: int(q.srcCached) / q.bs, Time: time.Duration(t)}, true
+	return Transfer{From: q.src, Blocks: int(q.srcCached) / q.bs, Time: ns(t)}, true
 }
 
 // priceWith prices replica i with local tokens of the prompt cached on its
@@ -223,10 +229,15 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		wait += over * q.out * full / seats * rt.DecodeScale
 	}
 
-	// Prefill: its compute, in ⌈uncached/budget⌉ iterations. An import
-	// runs before it, on the links, not the GPU: it delays this request's
-	// tokens but stalls nobody.
+	// Prefill: its compute, in ⌈uncached/budget⌉ iterations. An import or
+	// a load runs before it, on a link, not the GPU: it delays this
+	// request's tokens but stalls nobody. The engine starts it when it
+	// admits the request and computes the rest at the first iteration
+	// after it lands: one more iteration boundary to wait for.
 	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/budget)*step*rt.DecodeScale
+	if imp.Blocks > 0 || load > 0 {
+		wait += step * rt.DecodeScale
+	}
 
 	// Decode: its own output, one iteration per token.
 	decode := q.out * (lifeStep + grow) * rt.DecodeScale
@@ -241,9 +252,9 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
-	return Cost{Replica: i, Matched: int(cached), Wait: time.Duration(wait), Prefill: time.Duration(prefill),
-		Decode: time.Duration(decode), Others: time.Duration(others), Memory: time.Duration(memory),
-		Total: time.Duration(total), Import: imp, Load: time.Duration(load)}, total
+	return Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
+		Decode: ns(decode), Others: ns(others), Memory: ns(memory),
+		Total: ns(total), Import: imp, Load: ns(load)}, total
 }
 
 // life is the replica's batch averaged over the request's decode, and the
@@ -428,6 +439,16 @@ func (q *kvRequest) deepest(rs []Replica, floor int) int {
 		}
 	}
 	return most
+}
+
+// ns converts float64 nanoseconds to a Duration, saturating: a request
+// asking for a billion output tokens prices beyond what a Duration holds,
+// and must read as the longest one, not wrap to a negative.
+func ns(x float64) time.Duration {
+	if x >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(x)
 }
 
 // prefillNS is the compute time of n new tokens after c cached, in ns.

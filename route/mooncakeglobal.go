@@ -37,9 +37,13 @@ func (p MooncakeGlobal) Pick(r *Request, s *Snapshot) Decision {
 	if threshold <= 0 {
 		threshold = 1
 	}
+	// The holder of the longest prefix; of several, the least busy link.
 	src, best := -1, 0
 	for i := range s.Replicas {
-		if m := min(matchOf(r, i)*bs, r.Tokens); s.Replicas[i].Healthy && s.Replicas[i].Rates.TransferPerMTokens > 0 && m > best {
+		rp := &s.Replicas[i]
+		m := min(matchOf(r, i)*bs, r.Tokens)
+		if rp.Healthy && rp.Rates.TransferPerMTokens > 0 && m > 0 &&
+			(m > best || m == best && rp.LinkWait < s.Replicas[src].LinkWait) {
 			src, best = i, m
 		}
 	}

@@ -50,7 +50,7 @@ func (r *runner) dispatch(j int) bool {
 	rp := &r.reps[i]
 	er := &r.ereq[j]
 	*er = engine.Request{ID: jb.id, Prompt: jb.prompt, Hashes: jb.hashes, MaxTokens: jb.output}
-	r.importFrom(d.Transfer, er, jb)
+	r.importFrom(d.Transfer, er, jb, i)
 	// A replica that does not serve the model answers 404, as an engine
 	// does: an error the policy caused.
 	if !rp.alive || rp.model != jb.model || rp.eng.Add(r.now, er) != nil {
@@ -62,28 +62,29 @@ func (r *runner) dispatch(j int) bool {
 	r.flights[j] = flight{rep: int32(i), ticket: tk, predicted: min(d.Matched, jb.prompt), reason: d.Reason, active: true}
 	r.byID[jb.id] = int32(j)
 	r.live++
-	if rp.wake < 0 {
-		r.step(i)
+	if rp.wake < 0 || !rp.eng.Busy() {
+		r.step(i) // an engine waiting only for loads admits it now, as the emulator's does
 	}
 	return true
 }
 
-// importFrom makes er import transfer t's blocks, as the emulated engine
-// asks its peer for them: the source sends what its GPU cache still holds
-// of them, after what its link sends already. A source that holds none
-// sends nothing, and the request computes its prompt.
-func (r *runner) importFrom(t route.Transfer, er *engine.Request, jb *job) {
+// importFrom makes er, bound for replica dst, import transfer t's blocks,
+// as the emulated engine asks its peer for them: the source sends what
+// its GPU cache still holds of them past what dst's holds, after what its
+// link sends already. A source that holds no more sends nothing, and the
+// request computes the rest. Transfers are counted when they arrive
+// (onDone).
+func (r *runner) importFrom(t route.Transfer, er *engine.Request, jb *job, dst int) {
 	if t.Blocks <= 0 || t.From < 0 || t.From >= len(r.reps) || !r.reps[t.From].alive {
 		return
 	}
-	src := r.reps[t.From].eng
-	n := src.Holds(jb.hashes[:min(t.Blocks, len(jb.hashes))])
-	if n == 0 {
+	want := jb.hashes[:min(t.Blocks, len(jb.hashes))]
+	src, have := r.reps[t.From].eng, r.reps[dst].eng.Holds(want)
+	n := src.Holds(want)
+	if n <= have {
 		return
 	}
-	er.RemoteBlocks, er.RemoteSent = n, src.Send(r.now, n)
-	r.res.transfers++
-	r.res.transferBytes += int64(n) * r.cfg.Preset.BlockBytes()
+	er.RemoteBlocks, er.RemoteSent = n, src.Send(r.now, n-have)
 }
 
 // reject records job j as not served: rejected by the policy, refused by

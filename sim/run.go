@@ -118,10 +118,12 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 	return r, nil
 }
 
-// rates is the cost model's start: the preset's, with the interconnect
-// when replicas may transfer.
+// rates is the cost model's start, as the live router's (proxy's
+// presetRates): the preset's, PCIe for the CPU tier blocks its engines may
+// report, and the interconnect when replicas may transfer.
 func rates(cfg *Config) route.Rates {
 	rt := cfg.Preset.Rates()
+	rt.LoadPerMTokens = cfg.Preset.LoadPerMTokens()
 	if cfg.InterconnectGBps > 0 {
 		rt.TransferPerMTokens = cfg.Preset.TransferPerMTokens()
 	}
@@ -300,6 +302,10 @@ func (r *runner) onEngine(i int, ev *engine.Event) {
 }
 
 func (r *runner) onDone(i int, ev *engine.Event) {
+	if ev.RemoteCachedTokens > 0 {
+		r.res.transfers++
+		r.res.transferBytes += int64(ev.RemoteCachedTokens) * int64(r.cfg.Preset.KVBytesPerToken)
+	}
 	j, ok := r.byID[ev.Req]
 	if !ok {
 		return

@@ -52,8 +52,8 @@ func simWorkloads(list, file, format string, seed uint64, requests, kvTokens int
 		return nil, errors.New("no --workload given")
 	}
 	for _, n := range names {
-		if !slices.Contains(trace.Names(), n) {
-			return nil, fmt.Errorf("unknown workload %q (known: %s, or all)", n, strings.Join(trace.Names(), ", "))
+		if !slices.Contains(knownWorkloads(), n) {
+			return nil, fmt.Errorf("unknown workload %q (known: %s, or all)", n, strings.Join(knownWorkloads(), ", "))
 		}
 	}
 	var ws []*trace.Workload
@@ -61,7 +61,8 @@ func simWorkloads(list, file, format string, seed uint64, requests, kvTokens int
 		w, err := loadWorkload(n, "", "", seed, requests, kvTokens)
 		switch {
 		case all && errors.Is(err, os.ErrNotExist):
-			fmt.Fprintf(stderr, "kvrouter sim: skipping %v\n", err) // "workload NAME: ..."
+			first, _, _ := strings.Cut(err.Error(), "\n") // "workload NAME: ..."; named alone, it says where to get it
+			fmt.Fprintf(stderr, "kvrouter sim: skipping %s\n", first)
 		case err != nil:
 			return nil, err
 		default:

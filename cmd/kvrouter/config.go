@@ -67,6 +67,9 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", cfg.CacheBlocks, "replica KV capacity in blocks when its metrics do not say (0: the preset's)")
 	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other replicas tried before the first byte reaches the client")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log lines as text (key=value) or json (one object per line); the access log is one line per request at info")
+	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", cfg.OTLPEndpoint,
+		"OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318; spans to /v1/traces); empty: tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.StringVar(&cfg.KVEventsBind, "kv-events-bind", cfg.KVEventsBind,
 		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
 	admissionFlags(fs, &cfg.MaxWait, &cfg.MaxQueue, &cfg.QueueTimeout)
@@ -161,6 +164,27 @@ func envName(name string) string {
 	return "KVROUTER_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
+var serveHelp = help{
+	synopsis: "kvrouter serve --backend URL [--backend URL ...] [flags]",
+	about: "Runs the router: an OpenAI-compatible proxy (/v1/chat/completions,\n" +
+		"/v1/completions, /v1/models) in front of vLLM, SGLang or any OpenAI-compatible\n" +
+		"replicas, sending each request where it will be served soonest given what each\n" +
+		"replica caches, its queue and its KV memory. The dashboard, /metrics and\n" +
+		"/debug/decisions are on --admin-listen. SIGTERM drains; SIGINT too.\n\n" +
+		"Every flag can also be set as KVROUTER_<FLAG> (e.g. KVROUTER_SCRAPE_INTERVAL=250ms;\n" +
+		"KVROUTER_BACKEND takes space-separated backends) or as a key of the --config YAML\n" +
+		"file, where backends may also be a list of mappings (backend:\n" +
+		"  - url: http://a:8000\n" +
+		"    kv: tcp://a:5557\n" +
+		"    models: [m]).\n" +
+		"Precedence: flags > environment > file > defaults.",
+	examples: []string{
+		"kvrouter serve --backend http://10.0.0.1:8000 --backend http://10.0.0.2:8000",
+		"kvrouter serve --listen 0.0.0.0:8000 --policy kv-aware --config kvrouter.yaml",
+		"kvrouter serve --tokenizer remote --backend http://10.0.0.5:8000,kv=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558",
+	},
+}
+
 // loadServeConfig builds the serve configuration with precedence
 // flags > KVROUTER_* environment > config file > defaults. getenv is
 // os.Getenv outside tests.
@@ -171,18 +195,8 @@ func loadServeConfig(args []string, getenv func(string) string, stderr io.Writer
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	serveFlags(fs, &scratch, &path)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvrouter serve --backend URL [--backend URL ...] [flags]")
-		fmt.Fprintln(stderr, "\nEvery flag can also be set as KVROUTER_<FLAG> (e.g. KVROUTER_SCRAPE_INTERVAL=250ms;")
-		fmt.Fprintln(stderr, "KVROUTER_BACKEND takes space-separated backends) or as a key of the --config YAML file.")
-		fmt.Fprintln(stderr, "Precedence: flags > environment > file > defaults.\n\nflags:")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, serveHelp, stderr); err != nil {
 		return proxy.Config{}, err
-	}
-	if fs.NArg() > 0 {
-		return proxy.Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })

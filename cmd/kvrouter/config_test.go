@@ -8,6 +8,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvrouter/kvrouter/proxy"
 )
 
 func TestLoadServeConfigPrecedence(t *testing.T) {
@@ -104,5 +108,94 @@ func TestLoadServeConfigErrors(t *testing.T) {
 				t.Errorf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestBackendURLErrors: a backend URL without a scheme, with another
+// scheme, or ending in /v1 is refused with a message that says how to fix
+// it, whether it came from a flag, the environment or the config file.
+func TestBackendURLErrors(t *testing.T) {
+	dir := t.TempDir()
+	file := func(body string) string {
+		p := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_", " ", "_", "\n", "_").Replace(body)+".yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	noScheme := `backend "localhost:8000": URL needs a scheme, e.g. http://localhost:8000`
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"flag without scheme", []string{"--backend", "localhost:8000"}, nil, noScheme},
+		{"flag with options, without scheme", []string{"--backend", "localhost:8000,kv=tcp://localhost:5557"}, nil,
+			`backend "localhost:8000,kv=tcp://localhost:5557": URL needs a scheme, e.g. http://localhost:8000`},
+		{"environment", nil, map[string]string{"KVROUTER_BACKEND": "localhost:8000"}, "KVROUTER_BACKEND=\"localhost:8000\": " + noScheme},
+		{"file, string form", []string{"--config", file("backend: [localhost:8000]\n")}, nil, "line 1: " + noScheme},
+		{"file, mapping form", []string{"--config", file("backends:\n  - url: localhost:8000\n")}, nil, "line 2: " + noScheme},
+		{"other scheme", []string{"--backend", "tcp://a:8000"}, nil, `backend "tcp://a:8000": scheme must be http or https, got "tcp"`},
+		{"no host", []string{"--backend", "http://:8000"}, nil, `backend "http://:8000": no host`},
+		{"path ending in /v1", []string{"--backend", "http://a:8000/v1/"}, nil,
+			`backend "http://a:8000/v1/": give the server's base URL, without /v1 (the router appends each request's path), e.g. http://a:8000`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := loadServeConfig(c.args, func(k string) string { return c.env[k] }, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("got error %v, want one containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestConfigBackendMappings: in the YAML file, backends are a list of
+// mappings (url, kv, replay, models), strings in the flag's comma form, or
+// both mixed, under backend or backends.
+func TestConfigBackendMappings(t *testing.T) {
+	dir := t.TempDir()
+	want := []proxy.Backend{
+		{URL: "http://a:8000", KV: "tcp://a:5557", Replay: "tcp://a:5558", Models: []string{"m", "lora-1"}},
+		{URL: "http://b:8000", Models: []string{"m"}},
+		{URL: "http://c:8000", KV: "tcp://c:5557", Models: []string{"n"}},
+	}
+	body := func(key string) string {
+		return "tokenizer: remote\n" + key + ":\n" +
+			"  - url: http://a:8000/\n    kv: tcp://a:5557\n    replay: tcp://a:5558\n    models: [m, lora-1]\n" +
+			"  - url: http://b:8000\n    models: m\n" +
+			"  - http://c:8000,kv=tcp://c:5557,model=n\n"
+	}
+	for _, key := range []string{"backends", "backend"} {
+		path := filepath.Join(dir, key+".yaml")
+		os.WriteFile(path, []byte(body(key)), 0o644)
+		cfg, err := loadServeConfig([]string{"--config", path}, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if diff := cmp.Diff(want, cfg.Backends); diff != "" {
+			t.Errorf("%s: backends (-want +got):\n%s", key, diff)
+		}
+	}
+	bad := []struct{ name, body, want string }{
+		{"unknown key", "backends:\n  - url: http://a:8000\n    kv_endpoint: tcp://a:5557\n", `line 3: backend: unknown key "kv_endpoint" (known: url, kv, replay, models)`},
+		{"no url", "backends:\n  - kv: tcp://a:5557\n", "line 2: backend: url is required"},
+		{"both keys", "backend: [http://a:8000]\nbackends: [http://b:8000]\n", "both backend and backends are set"},
+		{"not a list of backends", "backends:\n  - [http://a:8000]\n", "line 2: a backend is a string like http://host:port[,kv=...] or a mapping"},
+	}
+	for _, b := range bad {
+		path := filepath.Join(dir, "bad.yaml")
+		os.WriteFile(path, []byte(b.body), 0o644)
+		_, err := loadServeConfig([]string{"--config", path}, func(string) string { return "" }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("%s: got error %v, want one containing %q", b.name, err, b.want)
+		}
+	}
+	// Flags still replace the file's backends.
+	path := filepath.Join(dir, "backends.yaml")
+	cfg, err := loadServeConfig([]string{"--config", path, "--backend", "http://flag:1"}, func(string) string { return "" }, io.Discard)
+	if err != nil || len(cfg.Backends) != 1 || cfg.Backends[0].URL != "http://flag:1" {
+		t.Errorf("flag over file: got %+v, %v; want only http://flag:1", cfg.Backends, err)
 	}
 }

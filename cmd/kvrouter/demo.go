@@ -15,20 +15,46 @@ import (
 	"github.com/kvrouter/kvrouter/trace"
 )
 
+var demoHelp = help{
+	synopsis: "kvrouter demo [flags]",
+	about: "Starts emulated vLLM replicas and the router in this process (real HTTP, SSE and\n" +
+		"ZMQ on loopback, time-scaled), replays the same multi-turn workload with a shared\n" +
+		"system prompt through it once per policy, each on a cold fleet, and compares the\n" +
+		"policies by what the engines report (usage.cached_tokens, their own counters).\n" +
+		"Prints a table and a plain-language reading of it, and writes an HTML report.\n" +
+		"No GPU needed; about a minute with the defaults.",
+	examples: []string{
+		"kvrouter demo",
+		"kvrouter demo --policies all --requests 120          # every policy, shorter runs",
+		"kvrouter demo --workload shared-prefix --replicas 8 --report demo.html",
+	},
+}
+
+// demoPolicies parses --policies: comma-separated names, or all (every
+// policy route.New knows).
+func demoPolicies(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "all" {
+		return route.Names(), nil
+	}
+	var names []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if _, err := route.New(p); err != nil {
+			return nil, err
+		}
+		names = append(names, p)
+	}
+	return names, nil
+}
+
 // runDemo runs the live demo: emulated replicas and the router in process,
 // the same workload through each policy, a side-by-side table.
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kvrouter demo [flags]\n\n"+
-			"Starts emulated vLLM replicas and the router in this process (real HTTP, SSE and\n"+
-			"ZMQ on loopback, time-scaled), replays the same multi-turn workload with a shared\n"+
-			"system prompt through it once per policy, each on a cold fleet, and compares the\n"+
-			"policies by what the engines report (usage.cached_tokens, their own counters).\n\nflags:\n")
-		fs.PrintDefaults()
-	}
 	var cfg demo.Config
-	policies := fs.String("policies", strings.Join(demo.DefaultPolicies(), ","), "comma-separated policies: "+strings.Join(route.Names(), ", "))
+	policies := fs.String("policies", strings.Join(demo.DefaultPolicies(), ","), "comma-separated policies, or all: "+strings.Join(route.Names(), ", "))
 	fs.IntVar(&cfg.Replicas, "replicas", demo.DefaultReplicas, "emulated replicas")
 	fs.StringVar(&cfg.Workload, "workload", demo.ChatWorkload, "workload: "+strings.Join(append([]string{demo.ChatWorkload}, trace.Names()...), ", "))
 	fs.IntVar(&cfg.Requests, "requests", demo.DefaultRequests, "requests per policy")
@@ -38,21 +64,12 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "workload seed")
 	htmlOut := fs.String("report", "kvrouter-demo.html", "write the HTML report here; empty: none")
 	asJSON := fs.Bool("json", false, "print the report's JSON instead of the table")
-	if err := fs.Parse(args); err != nil {
+	err := parseFlags(fs, args, demoHelp, os.Stderr)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	for _, p := range strings.Split(*policies, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			cfg.Policies = append(cfg.Policies, p)
-		}
-	}
-	for _, p := range cfg.Policies {
-		if _, err := route.New(p); err != nil {
-			return err
-		}
+	if cfg.Policies, err = demoPolicies(*policies); err != nil {
+		return err
 	}
 	n := len(cfg.Policies)
 	if n == 0 {

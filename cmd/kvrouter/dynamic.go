@@ -60,7 +60,7 @@ func newDynMetrics(reg prometheus.Registerer) (*dynMetrics, error) {
 	return m, nil
 }
 
-func result(err error) string {
+func outcomeOf(err error) string {
 	if err != nil {
 		return "error"
 	}
@@ -138,7 +138,7 @@ func (r *reloader) reload(trigger string) error {
 		return err
 	}
 	err = r.rt.SetBackends(cfg.Backends, proxy.SourceConfig)
-	r.m.reloads.WithLabelValues(trigger, result(err)).Inc()
+	r.m.reloads.WithLabelValues(trigger, outcomeOf(err)).Inc()
 	if moved := changedSettings(r.cur, cfg); len(moved) > 0 {
 		r.log.Warn("config reload: only the backend list is applied while running; these settings need a restart", "settings", moved)
 	}
@@ -218,7 +218,7 @@ func newDiscoverer(cfg proxy.Config, rt *proxy.Router, m *dynMetrics, log *slog.
 			err := rt.SetBackends(bes, proxy.SourceDiscover)
 			log.Info("discovered backends", "target", tg.String(), "backends", urls, "err", err)
 		},
-		OnResolve: func(err error) { m.resolutions.WithLabelValues(result(err)).Inc() },
+		OnResolve: func(err error) { m.resolutions.WithLabelValues(outcomeOf(err)).Inc() },
 	})
 }
 

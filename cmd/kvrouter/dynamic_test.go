@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,17 +19,6 @@ import (
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/proxy"
 )
-
-// freeAddr returns a loopback address free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // adminBackends returns the URLs GET /admin/v1/backends lists, sorted.
 func adminBackends(admin string) ([]string, error) {

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/proxy"
 )
 
 // runEngine runs one emulated vLLM-compatible replica until ctx is done.
@@ -19,8 +19,7 @@ func runEngine(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cfg.Logger = log
+	log := cfg.Logger // engineFlags made it, as --log-format says
 	s, err := emulator.Start(cfg, listen)
 	if err != nil {
 		return err
@@ -33,19 +32,28 @@ func runEngine(ctx context.Context, args []string) error {
 		"kv_events", s.KVEventsEndpoint(), "replay", s.ReplayEndpoint(), "topic", s.Topic())
 	<-ctx.Done()
 	log.Info("kvrouter engine stopping")
-	return s.Close()
+	err = s.Close()
+	log.Info("kvrouter engine stopped")
+	return err
+}
+
+var engineHelp = help{
+	synopsis: "kvrouter engine [flags]",
+	about: "Runs an emulated vLLM replica: the engine model (paged KV cache with prefix\n" +
+		"caching, continuous batching, a timing preset) on a wall clock behind vLLM's\n" +
+		"OpenAI API, /metrics, /health, /tokenize and ZMQ KV-cache events. A stand-in for\n" +
+		"a GPU replica, for trying the router, tests and benchmarks. Runs until SIGINT or\n" +
+		"SIGTERM.",
+	examples: []string{
+		"kvrouter engine --listen 127.0.0.1:8001 --time-scale 0.05   # 20x faster than real time",
+		"kvrouter engine --listen 127.0.0.1:8002 --model m --kv-events-endpoint 'tcp://*:5557'",
+	},
 }
 
 // engineFlags parses the engine subcommand's flags into a config and the
 // listen address.
 func engineFlags(args []string) (emulator.Config, string, error) {
 	fs := flag.NewFlagSet("engine", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kvrouter engine [flags]\n\n"+
-			"Runs an emulated vLLM replica: the engine model on a wall clock behind the\n"+
-			"OpenAI API, /metrics, /tokenize and ZMQ KV-cache events.\n\nflags:\n")
-		fs.PrintDefaults()
-	}
 	var cfg emulator.Config
 	models := &nameList{list: []string{"emulated"}}
 	loras := &nameList{}
@@ -64,13 +72,15 @@ func engineFlags(args []string) (emulator.Config, string, error) {
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "tokens per KV block, as vLLM's --block-size; 0: the preset's (16)")
 	fs.IntVar(&cfg.CPUKVBlocks, "cpu-kv-blocks", 0, "CPU offload tier in blocks (as vLLM's CPU offloading or LMCache): computed blocks are copied there and loaded back over PCIe instead of recomputed, reported as medium CPU in KV events; 0: none")
 	fs.Float64Var(&cfg.PCIeGBps, "pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s (gigabytes); 0: %d", engine.DefaultPCIeGBps))
+	logFormat := fs.String("log-format", proxy.LogText, "log lines as text (key=value) or json (one object per line)")
 	fs.IntVar(&cfg.KVFullStatus, "kv-full-status", 0, "HTTP status (e.g. 500, as llm-d-inference-sim) answered to a request whose uncached prompt blocks exceed the free ones on arrival; 0: queue it, as vLLM does")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, engineHelp, os.Stderr); err != nil {
 		return cfg, "", err
 	}
-	if fs.NArg() > 0 {
-		return cfg, "", fmt.Errorf("unexpected arguments %q", fs.Args())
+	if *logFormat != proxy.LogText && *logFormat != proxy.LogJSON {
+		return cfg, "", fmt.Errorf("log-format %q: want text or json", *logFormat)
 	}
+	cfg.Logger = newLogger(os.Stderr, proxy.DefaultLogLevel, *logFormat)
 	cfg.Model, cfg.Aliases = models.list[0], models.list[1:]
 	cfg.LoRAs = loras.list
 	return cfg, *listen, nil

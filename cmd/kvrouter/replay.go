@@ -10,27 +10,31 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvrouter/kvrouter/demo"
 	"github.com/kvrouter/kvrouter/loadgen"
 	"github.com/kvrouter/kvrouter/report"
 	"github.com/kvrouter/kvrouter/trace"
 )
 
+var replayHelp = help{
+	synopsis: "kvrouter replay --target URL [flags]",
+	about: "Replays a workload against any OpenAI-compatible endpoint (kvrouter, vLLM, SGLang)\n" +
+		"as streaming chat completions with real text synthesised from the workload, and\n" +
+		"measures TTFT, ITL and end-to-end latency from the SSE stream and cached tokens\n" +
+		"from usage. Open loop by arrival times (--rate rescales them), or closed loop\n" +
+		"with --concurrency. Stops after --requests or --duration.",
+	examples: []string{
+		"kvrouter replay --target http://127.0.0.1:8000 --workload demo-chat --requests 100",
+		"kvrouter replay --target http://10.0.0.1:8000 --workload multi-turn-chat --concurrency 16 --json",
+		"kvrouter replay --target http://127.0.0.1:8000 --trace conversation_trace.jsonl --rate 4 --report replay.html",
+	},
+}
+
 // runReplay replays a workload against an OpenAI-compatible endpoint and
 // prints what the client measured.
 func runReplay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kvrouter replay --target URL [flags]\n\n"+
-			"Replays a workload against any OpenAI-compatible endpoint (kvrouter, vLLM, SGLang)\n"+
-			"as streaming chat completions with real text synthesised from the workload, and\n"+
-			"measures TTFT, ITL and end-to-end latency from the SSE stream and cached tokens\n"+
-			"from usage. Open loop by arrival times (--rate rescales them), or closed loop\n"+
-			"with --concurrency. Stops after --requests or --duration.\n\nflags:\n")
-		fs.PrintDefaults()
-	}
 	target := fs.String("target", "http://127.0.0.1:8000", "endpoint base URL")
-	workload := fs.String("workload", "multi-turn-chat", "workload: "+strings.Join(append([]string{demo.ChatWorkload}, trace.Names()...), ", "))
+	workload := fs.String("workload", "multi-turn-chat", "workload: "+strings.Join(knownWorkloads(), ", "))
 	traceFile := fs.String("trace", "", "read the requests from this trace file instead of --workload")
 	traceFormat := fs.String("trace-format", "", "format of --trace: mooncake (JSONL) or azure (CSV); empty: by extension")
 	rate := fs.Float64("rate", 0, "open loop: rescale arrivals to this many requests/s; 0: the workload's own times")
@@ -47,11 +51,8 @@ func runReplay(ctx context.Context, args []string) error {
 	seed := fs.Uint64("seed", 1, "workload seed")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	htmlOut := fs.String("report", "", "write an HTML report to this file")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, replayHelp, os.Stderr); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	reqs, name, err := replayWorkload(*workload, *traceFile, *traceFormat, *seed, *requests)
 	if err != nil {
@@ -89,12 +90,11 @@ func runReplay(ctx context.Context, args []string) error {
 	return nil
 }
 
-// replayWorkload builds the requests: the demo's workload, a trace file or
-// a generated workload.
+// replayWorkload builds the requests: a trace file or a workload of
+// loadWorkload (the demo's included), as kvrouter sim reads them.
 func replayWorkload(name, file, format string, seed uint64, n int) ([]trace.Request, string, error) {
-	if file == "" && name == demo.ChatWorkload {
-		reqs, err := demo.Workload(name, max(n, 1), seed, 0)
-		return reqs, name, err
+	if file == "" && !slices.Contains(knownWorkloads(), name) {
+		return nil, "", fmt.Errorf("unknown workload %q (known: %s)", name, strings.Join(knownWorkloads(), ", "))
 	}
 	w, err := loadWorkload(name, file, format, seed, n, 0)
 	if err != nil {

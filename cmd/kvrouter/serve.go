@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/tracing"
 )
 
 // cutGrace is how long the requests a drain ended get to unwind (their
@@ -29,22 +31,32 @@ const cutGrace = 5 * time.Second
 // then drains it: see drain. SIGHUP, or a change of the --config file,
 // reloads the backend list (dynamic.go); --discover finds backends in DNS.
 func runServe(ctx context.Context, args []string) error {
-	cfg, err := loadServeConfig(args, osGetenv, os.Stderr)
+	return serveTo(ctx, args, osGetenv, os.Stderr)
+}
+
+// serveTo is runServe with the environment read by getenv and the log
+// written to stderr.
+func serveTo(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := loadServeConfig(args, getenv, stderr)
 	if err != nil {
 		return err
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	level, _ := proxy.ParseLogLevel(cfg.LogLevel)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	tp, err := tracing.Start(ctx, tracing.Config{Endpoint: cfg.OTLPEndpoint, Getenv: getenv, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer flushTraces(tp, log) // on early returns; a second flush does nothing
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	tlsCfg, err := proxy.ServerTLS(cfg)
 	if err != nil {
 		return err
 	}
-	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg, Logger: log})
+	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg, Logger: log, TracerProvider: tp.TracerProvider()})
 	if err != nil {
 		return err
 	}
@@ -68,7 +80,8 @@ func runServe(ctx context.Context, args []string) error {
 		ln.Close()
 		return err
 	}
-	logStart(log, cfg, rt, ln, adminLn, tlsCfg != nil)
+	logStart(log, cfg, rt, ln, adminLn, tlsCfg != nil, tp.Endpoint())
+	logUnknownEnv(log)
 
 	bg, stopBg := context.WithCancel(context.Background()) // the loops outlive the signal: streams still need them
 	defer stopBg()
@@ -88,6 +101,7 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	stopBg()
 	wg.Wait()
+	flushTraces(tp, log)
 	log.Info("kvrouter stopped", "drained", drainErr == nil)
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
@@ -136,13 +150,13 @@ func isLoopback(a net.Addr) bool {
 }
 
 // logStart logs the startup line: where each surface is and what guards it.
-func logStart(log *slog.Logger, cfg proxy.Config, rt *proxy.Router, ln, adminLn net.Listener, tls bool) {
+func logStart(log *slog.Logger, cfg proxy.Config, rt *proxy.Router, ln, adminLn net.Listener, tls bool, traces string) {
 	scheme := "http://"
 	if tls {
 		scheme = "https://"
 	}
 	attrs := []any{"listen", ln.Addr().String(), "tls", tls, "policy", rt.Policy(), "backends", rt.Replicas(),
-		"api_keys", cfg.APIKeys != "", "pass_through", cfg.PassThrough, "drain_timeout", cfg.DrainTimeout}
+		"api_keys", cfg.APIKeys != "", "pass_through", cfg.PassThrough, "drain_timeout", cfg.DrainTimeout, "traces", traces}
 	if adminLn != nil {
 		attrs = append(attrs, "admin", adminLn.Addr().String(), "admin_keys", cfg.AdminAPIKeys != "",
 			"dashboard", scheme+adminLn.Addr().String()+"/ui/")

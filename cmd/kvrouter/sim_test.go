@@ -236,7 +236,7 @@ func TestSimMissingTraces(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"mooncake-conversation", "azure-conv", "azure-code"} {
-		if !strings.Contains(stderr, "kvrouter sim: skipping workload "+name+": trace directory not found") {
+		if !strings.Contains(stderr, "kvrouter sim: skipping workload "+name+": trace file ") {
 			t.Errorf("stderr lacks a note for %s:\n%s", name, stderr)
 		}
 	}
@@ -252,5 +252,15 @@ func TestSimMissingTraces(t *testing.T) {
 	}
 	if _, _, err := runSimArgs(t, "--workload", "unique,azure-conv", "--requests", "16"); err == nil || !strings.Contains(err.Error(), "azure-conv") {
 		t.Errorf("a named missing trace: error %v, want one naming it", err)
+	}
+	// Named, the Mooncake trace's error says where the public trace lives
+	// and how to pass it.
+	_, _, err = runSimArgs(t, "--workload", "mooncake-conversation")
+	for _, want := range []string{"kvcache-ai/Mooncake", "FAST25-release/traces/", "conversation_trace.jsonl",
+		"https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/conversation_trace.jsonl",
+		"--trace conversation_trace.jsonl"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("mooncake-conversation without its trace: error %v, want it to contain %q", err, want)
+		}
 	}
 }

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/epp"
+)
+
+func TestSplitEPPFlags(t *testing.T) {
+	f, rest, err := splitEPPFlags([]string{"--backend", "http://a:1", "--body-mode=buffered", "-epp-idle-timeout", "3s", "--listen", ":1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.bodyMode != epp.Buffered || f.idleTimeout != 3*time.Second || !slices.Equal(rest, []string{"--backend", "http://a:1", "--listen", ":1"}) {
+		t.Errorf("got %+v, rest %v", f, rest)
+	}
+	for _, bad := range [][]string{{"--body-mode", "streamed-ish"}, {"--epp-idle-timeout"}, {"--epp-idle-timeout=soon"}} {
+		if _, _, err := splitEPPFlags(bad); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+// freeAddr returns a loopback address nothing listens on (now).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestRunEPP: `kvrouter epp` serves ext_proc and gRPC health on --listen
+// over the backends of the serve flags, routes a request to its engine,
+// and stops cleanly when its context ends.
+func TestRunEPP(t *testing.T) {
+	eng, err := emulator.Start(emulator.Config{Model: "m", TimeScale: 0.01}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runEPP(ctx, []string{"--listen", addr, "--admin-listen", "", "--backend", eng.URL(), "--health-interval", "50ms", "--log-level", "error"})
+	}()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: epp.HealthReadiness})
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness: %v %v", resp, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := func(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{hdr(":method", "POST"), hdr(":path", "/v1/completions")}}}}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		Body: []byte(`{"model":"m","prompt":"hello","max_tokens":2}`), EndOfStream: true}}})
+	resp, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ""
+	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == epp.DefaultHeader {
+			got = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if want := eng.URL()[len("http://"):]; got != want {
+		t.Errorf("picked %q, want the engine %s (answer %v)", got, want, resp)
+	}
+	s.CloseSend()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("runEPP: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("runEPP did not stop")
+	}
+}

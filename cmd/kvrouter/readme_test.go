@@ -1,0 +1,478 @@
+package main
+
+// TestREADME runs the commands of the README, so that one that stops
+// working fails CI. The rules:
+//
+//   - Commands come from README.md's fenced code blocks. In a block tagged
+//     sh, bash, shell or console, every line that is neither blank nor a
+//     "#" comment is a command; in any other block (output, YAML), only a
+//     line starting with "$ " is. A leading "$ " is dropped, and a line
+//     ending in "\" continues on the next.
+//   - Each block runs in a fresh directory holding the fixtures the README
+//     names as the reader's own files (my-traffic.jsonl), with the
+//     kvrouter the tests build first on PATH; "go run ./cmd/kvrouter" is
+//     run as that kvrouter. Commands run with bash, in order, and must
+//     exit 0 within commandTimeout.
+//   - A kvrouter serve or kvrouter engine command is a server, with or
+//     without a trailing "&": it is started in the background, the test
+//     waits until its --listen address (else the subcommand's default)
+//     accepts connections, runs the block's later commands, and at the
+//     block's end sends SIGTERM and requires exit status 0. A server that
+//     exits before then fails the test. If a port a server would use is
+//     taken by another process, the block is skipped, except under CI=true,
+//     where that fails.
+//   - readmeRules, keyed by the exact command, says what to do with one
+//     that cannot run here as written: skip it (with the reason: it needs
+//     a GPU, a download, files the reader brings), append flags that make
+//     it small (later flags win over the README's), or start a server
+//     first. A rule whose command is no longer in the README fails the
+//     test. A command that already ran (the same text) is not run again.
+//   - -short skips the commands whose rule marks them slow.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// commandTimeout bounds each foreground command of the README.
+const commandTimeout = 60 * time.Second
+
+// readmeRule says how TestREADME runs one README command.
+type readmeRule struct {
+	// skip, if set, is why the command is not run.
+	skip string
+	// args are appended to the command (before a "> file" redirection).
+	args string
+	// server is a server command started before this one and stopped
+	// after it, as a block's server is.
+	server string
+	// slow: -short skips the command.
+	slow bool
+}
+
+// readmeRules are the README commands that need a rule, keyed by the
+// command without its comment.
+func readmeRules() map[string]readmeRule {
+	return map[string]readmeRule{
+		"go run ./cmd/kvrouter demo": {args: "--requests 24 --policies round-robin,kv-aware", slow: true},
+		"go test -race ./...":        {skip: "the test suite itself"},
+		"go install ./cmd/kvrouter":  {skip: "the tests build ./cmd/kvrouter themselves (installing would write to GOPATH/bin)"},
+		`vllm serve Qwen/Qwen3-8B --port 8000 --enable-prompt-tokens-details --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@10.0.0.5:8000@Qwen/Qwen3-8B"}'`: {
+			skip: "needs a GPU and vLLM"},
+		"kvrouter serve --tokenizer /models/Qwen3-8B --backend http://10.0.0.5:8000,kv=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558 --backend http://10.0.0.6:8000,kv=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558": {
+			skip: "needs the model's tokenizer files in /models/Qwen3-8B"},
+		"kvrouter sim --workload shared-prefix --replicas 16 --preset llama3-8b-h100 --load 0.8 --policies all": {args: "--requests 128"},
+		"curl -LO https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/conversation_trace.jsonl": {
+			skip: "downloads the public trace (no network in CI)"},
+		"kvrouter sim --trace conversation_trace.jsonl --replicas 16 --preset llama3-8b-h100 --load 0.8 --policies all": {
+			skip: "needs the downloaded Mooncake trace"},
+		"kvrouter sim --workload shared-prefix,multi-turn-chat,agentic --load 0.5,0.8,0.95 --replicas 8 --policies all --report board.html": {
+			args: "--requests 40"},
+		"kvrouter replay --target http://127.0.0.1:8000 --workload multi-turn-chat --requests 500 --rate 4": {
+			args: "--requests 16 --rate 16 --max-tokens 16", server: "kvrouter engine --listen 127.0.0.1:8000 --time-scale 0.05"},
+		"kvrouter replay --target http://10.0.0.1:8000 --workload mooncake-conversation --concurrency 16 --json": {
+			skip: "needs a fleet at 10.0.0.1 and the downloaded Mooncake trace"},
+		"go test -run TestScreenshot ./dashboard -args -screenshot=$PWD/dashboard.png": {
+			skip: "a browser test, which go test ./... runs"},
+	}
+}
+
+// readmeBlock is one fenced block's commands, with the README line each
+// starts on.
+type readmeBlock struct {
+	line     int
+	commands []readmeCommand
+}
+
+type readmeCommand struct {
+	line int
+	text string
+}
+
+// readmeBlocks extracts the commands of README text, by the rules above.
+func readmeBlocks(text string) []readmeBlock {
+	var blocks []readmeBlock
+	var cur *readmeBlock
+	shell, cont := false, ""
+	contLine := 0
+	for i, l := range strings.Split(text, "\n") {
+		n := i + 1
+		if strings.HasPrefix(l, "```") {
+			if cur == nil {
+				tag := strings.TrimSpace(strings.TrimPrefix(l, "```"))
+				shell = tag == "sh" || tag == "bash" || tag == "shell" || tag == "console"
+				cur = &readmeBlock{line: n}
+			} else {
+				if len(cur.commands) > 0 {
+					blocks = append(blocks, *cur)
+				}
+				cur, cont = nil, ""
+			}
+			continue
+		}
+		if cur == nil {
+			continue
+		}
+		if cont == "" {
+			prompt := strings.HasPrefix(l, "$ ")
+			l = strings.TrimPrefix(l, "$ ")
+			if (!shell && !prompt) || strings.TrimSpace(l) == "" || strings.HasPrefix(strings.TrimSpace(l), "#") {
+				continue
+			}
+			contLine = n
+		}
+		if s, ok := strings.CutSuffix(l, "\\"); ok {
+			cont += strings.TrimSpace(s) + " "
+			continue
+		}
+		cur.commands = append(cur.commands, readmeCommand{line: contLine, text: withoutComment(cont + strings.TrimSpace(l))})
+		cont = ""
+	}
+	return blocks
+}
+
+// TestREADME runs the README's commands: see the top of this file.
+func TestREADME(t *testing.T) {
+	text, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := readmeBlocks(string(text))
+	seen := map[string]bool{}
+	for _, b := range blocks {
+		for _, c := range b.commands {
+			seen[c.text] = true
+		}
+	}
+	rules := readmeRules()
+	for cmd := range rules {
+		if !seen[cmd] {
+			t.Errorf("readmeRules has a rule for a command the README no longer has: %q", cmd)
+		}
+	}
+	bin := kvrouterBin(t)
+	ran := map[string]bool{}
+	for _, b := range blocks {
+		t.Run(fmt.Sprintf("line%d", b.line), func(t *testing.T) {
+			runBlock(t, b, bin, rules, ran)
+		})
+	}
+}
+
+// runBlock runs one block's commands in a fresh directory.
+func runBlock(t *testing.T, b readmeBlock, bin string, rules map[string]readmeRule, ran map[string]bool) {
+	dir := t.TempDir()
+	writeFixtures(t, dir)
+	env := append(os.Environ(), "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	var servers []*server
+	defer func() {
+		for i := len(servers) - 1; i >= 0; i-- {
+			servers[i].stop(t)
+		}
+	}()
+	for _, c := range b.commands {
+		rule := rules[c.text]
+		switch {
+		case rule.skip != "":
+			t.Logf("line %d: skipped (%s): %s", c.line, rule.skip, c.text)
+			continue
+		case rule.slow && testing.Short():
+			t.Logf("line %d: skipped (slow; -short): %s", c.line, c.text)
+			continue
+		case ran[c.text]:
+			t.Logf("line %d: ran already: %s", c.line, c.text)
+			continue
+		}
+		ran[c.text] = true
+		if rule.server != "" {
+			s := startServer(t, dir, env, c.line, rule.server)
+			defer s.stop(t)
+		}
+		cmd := withArgs(strings.ReplaceAll(c.text, "go run ./cmd/kvrouter", "kvrouter"), rule.args)
+		if isServer(cmd) {
+			servers = append(servers, startServer(t, dir, env, c.line, cmd))
+			continue
+		}
+		runCommand(t, dir, env, c.line, cmd)
+	}
+}
+
+// withArgs appends args to cmd, before a "> file" redirection.
+func withArgs(cmd, args string) string {
+	if args == "" {
+		return cmd
+	}
+	rest := ""
+	if i := strings.Index(cmd, " >"); i >= 0 {
+		cmd, rest = cmd[:i], cmd[i:]
+	}
+	return strings.TrimSpace(cmd) + " " + args + rest
+}
+
+// withoutComment is line without a trailing shell comment: a "#" after
+// white space, outside quotes.
+func withoutComment(line string) string {
+	var quote rune
+	for i, r := range line {
+		switch {
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			}
+		case r == '\'' || r == '"':
+			quote = r
+		case r == '#' && (i == 0 || line[i-1] == ' ' || line[i-1] == '\t'):
+			return strings.TrimSpace(line[:i])
+		}
+	}
+	return strings.TrimSpace(line)
+}
+
+// isServer: cmd runs kvrouter serve or kvrouter engine.
+func isServer(cmd string) bool {
+	return strings.HasPrefix(cmd, "kvrouter serve ") || strings.HasPrefix(cmd, "kvrouter engine ") ||
+		cmd == "kvrouter serve" || cmd == "kvrouter engine"
+}
+
+// runCommand runs one foreground command, failing t unless it exits 0.
+func runCommand(t *testing.T, dir string, env []string, line int, cmd string) {
+	t.Helper()
+	if strings.HasPrefix(cmd, "curl ") {
+		needTool(t, "curl")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	c := exec.CommandContext(ctx, "bash", "-c", cmd)
+	c.Dir, c.Env = dir, env
+	start := time.Now()
+	out, err := c.CombinedOutput()
+	switch {
+	case ctx.Err() != nil:
+		t.Errorf("README line %d: still running after %v: %s\n%s", line, commandTimeout, cmd, tail(out))
+	case err != nil:
+		t.Errorf("README line %d: %v: %s\n%s", line, err, cmd, tail(out))
+	default:
+		t.Logf("README line %d: ok in %v: %s", line, time.Since(start).Round(time.Millisecond), cmd)
+	}
+}
+
+// server is a README server command running in the background.
+type server struct {
+	line int
+	cmd  string
+	c    *exec.Cmd
+	done chan error
+	out  *strings.Builder
+}
+
+// startServer starts cmd (its trailing "&" dropped) in its own process
+// group and waits until its listen address accepts connections.
+func startServer(t *testing.T, dir string, env []string, line int, cmd string) *server {
+	t.Helper()
+	cmd = strings.TrimSpace(strings.TrimSuffix(cmd, "&"))
+	for _, addr := range serverPorts(cmd) {
+		if ln, err := net.Listen("tcp", addr); err != nil {
+			if os.Getenv("CI") == "" {
+				t.Skipf("README line %d: %s is taken by another process here: %v", line, addr, err)
+			}
+			t.Fatalf("README line %d: %s is taken: %v", line, addr, err)
+		} else {
+			ln.Close()
+		}
+	}
+	s := &server{line: line, cmd: cmd, done: make(chan error, 1), out: &strings.Builder{}}
+	s.c = exec.Command("bash", "-c", "exec "+cmd)
+	s.c.Dir, s.c.Env = dir, env
+	s.c.Stdout, s.c.Stderr = s.out, s.out
+	s.c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := s.c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.done <- s.c.Wait() }()
+	addr := dialAddr(listenAddr(cmd))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case err := <-s.done:
+			s.done <- err
+			t.Fatalf("README line %d: the server exited (%v) before serving: %s\n%s", line, err, cmd, tail([]byte(s.out.String())))
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			t.Logf("README line %d: serving on %s: %s", line, addr, cmd)
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("README line %d: %s not accepting connections after 20s: %s", line, addr, cmd)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop sends SIGTERM to the server's process group and requires a clean
+// exit within 20 s; it does nothing the second time.
+func (s *server) stop(t *testing.T) {
+	t.Helper()
+	if s.c == nil {
+		return
+	}
+	defer func() { s.c = nil }()
+	select {
+	case err := <-s.done:
+		t.Errorf("README line %d: the server exited (%v) before the block's end: %s\n%s", s.line, err, s.cmd, tail([]byte(s.out.String())))
+		return
+	default:
+	}
+	syscall.Kill(-s.c.Process.Pid, syscall.SIGTERM)
+	select {
+	case err := <-s.done:
+		if err != nil {
+			t.Errorf("README line %d: on SIGTERM the server exited with %v, want 0: %s\n%s", s.line, err, s.cmd, tail([]byte(s.out.String())))
+		}
+	case <-time.After(20 * time.Second):
+		syscall.Kill(-s.c.Process.Pid, syscall.SIGKILL)
+		<-s.done
+		t.Errorf("README line %d: the server did not stop within 20s of SIGTERM: %s", s.line, s.cmd)
+	}
+}
+
+// listenAddr is a server command's --listen, else its subcommand's
+// default.
+func listenAddr(cmd string) string {
+	if v := flagValue(cmd, "listen"); v != "" {
+		return v
+	}
+	if strings.HasPrefix(cmd, "kvrouter engine") {
+		return "127.0.0.1:8001"
+	}
+	return "127.0.0.1:8000"
+}
+
+// serverPorts are the addresses a server command would bind: its listen
+// address and any tcp:// endpoint it binds (a "*" or 0.0.0.0 host, or the
+// KV-event bind).
+func serverPorts(cmd string) []string {
+	addrs := []string{listenAddr(cmd)}
+	for _, name := range []string{"kv-events-bind", "kv-events-endpoint", "kv-events-replay-endpoint"} {
+		v := strings.Trim(flagValue(cmd, name), `'"`)
+		hostPort, ok := strings.CutPrefix(v, "tcp://")
+		if !ok {
+			continue
+		}
+		if host, port, err := net.SplitHostPort(hostPort); err == nil && (name == "kv-events-bind" || host == "*") {
+			if host == "*" {
+				host = ""
+			}
+			addrs = append(addrs, net.JoinHostPort(host, port))
+		}
+	}
+	return addrs
+}
+
+// flagValue is the value of --name in cmd ("--name v" or "--name=v").
+func flagValue(cmd, name string) string {
+	f := strings.Fields(cmd)
+	for i, a := range f {
+		a = "-" + strings.TrimLeft(a, "-")
+		if a == "-"+name && i+1 < len(f) {
+			return f[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, "-"+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// dialAddr turns a listen address into one to dial.
+func dialAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// writeFixtures writes the files the README's commands take as the
+// reader's own: my-traffic.jsonl, a small Mooncake-format trace (120
+// requests, a shared 1,024-token prefix and per-conversation history).
+func writeFixtures(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "my-traffic.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := bufio.NewWriter(f)
+	next := 2 // hash ids 0 and 1: the shared prefix
+	hist := make([][]int, 12)
+	for i := range 120 {
+		conv := i % len(hist)
+		if hist[conv] == nil {
+			hist[conv] = []int{0, 1}
+		}
+		hist[conv] = append(hist[conv], next)
+		next++
+		ids := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(hist[conv])), ", "), "[]")
+		fmt.Fprintf(w, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%s]}`+"\n",
+			i*250, 512*len(hist[conv])-100, 32+i%64, ids)
+	}
+	if err := errors.Join(w.Flush(), f.Close()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// needTool skips t when tool is missing, unless CI is set, where that
+// fails.
+func needTool(t *testing.T, tool string) {
+	t.Helper()
+	if _, err := exec.LookPath(tool); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s not installed (.ci/run installs it): %v", tool, err)
+		}
+		t.Skipf("%s not installed (.ci/run installs it): %v", tool, err)
+	}
+}
+
+// tail is the last 40 lines of out.
+func tail(out []byte) string {
+	l := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-40):], "\n")
+}
+
+// TestReadmeBlocks: the extraction rules on a literal README.
+func TestReadmeBlocks(t *testing.T) {
+	text := "intro\n```sh\n# a comment\nkvrouter sim \\\n  --replicas 4   # trailing\n\nkvrouter version\n```\n" +
+		"```\n$ go run ./cmd/kvrouter demo\noutput line\n```\n```yaml\nbackend: []\n```\n```console\n$ kvrouter --version\n```\n"
+	got := readmeBlocks(text)
+	want := []readmeBlock{
+		{line: 2, commands: []readmeCommand{{4, "kvrouter sim --replicas 4"}, {7, "kvrouter version"}}},
+		{line: 9, commands: []readmeCommand{{10, "go run ./cmd/kvrouter demo"}}},
+		{line: 16, commands: []readmeCommand{{17, "kvrouter --version"}}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if got, want := withArgs("kvrouter sim --json > board.json", "--requests 4"), "kvrouter sim --json --requests 4 > board.json"; got != want {
+		t.Errorf("withArgs: got %q, want %q", got, want)
+	}
+	if got, want := withoutComment(`curl -d '{"a":"# not a comment"}' x # comment`), `curl -d '{"a":"# not a comment"}' x`; got != want {
+		t.Errorf("withoutComment: got %q, want %q", got, want)
+	}
+	if got := serverPorts("kvrouter engine --listen 127.0.0.1:8001 --kv-events-endpoint 'tcp://*:5557' --kv-events-replay-endpoint tcp://10.0.0.1:5558"); fmt.Sprint(got) != "[127.0.0.1:8001 :5557]" {
+		t.Errorf("serverPorts: got %v", got)
+	}
+}

@@ -1,0 +1,34 @@
+package epp
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the picker's own; the routing's (decisions, errors the
+// router answers, per-replica load) are the router's.
+type metrics struct {
+	streams  prometheus.Gauge
+	requests *prometheus.CounterVec
+	errors   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrouter_epp_streams",
+			Help: "Envoy ext_proc streams (HTTP requests) open at the endpoint picker.",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_epp_requests_total",
+			Help: "Requests the endpoint picker decided, by result: routed (an endpoint picked) or answered (the router answered with an error, kvrouter_errors_total says which).",
+		}, []string{"result"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_epp_errors_total",
+			Help: "Streams the endpoint picker ended itself, by code: request_too_large, body_timeout, idle_timeout, invalid_path, unsupported_body_mode, protocol_error.",
+		}, []string{"code"}),
+	}
+	for _, c := range []prometheus.Collector{m.streams, m.requests, m.errors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
