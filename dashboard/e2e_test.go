@@ -166,6 +166,18 @@ func TestBrowserLiveRouter(t *testing.T) {
 	if got := run(t, ctx, 5*time.Second, "replica charts", chromedp.Evaluate[int](`document.querySelectorAll('#replica-hits .mini svg').length`)); got != n {
 		t.Errorf("%d replica hit-rate charts, want %d", got, n)
 	}
+	// A replica drained through the admin API shows as draining.
+	first := run(t, ctx, 5*time.Second, "first replica", chromedp.Evaluate[string](`document.querySelector('#replicas tr[data-replica]').dataset.replica`))
+	resp, err := http.Post(admin+"/admin/v1/backends/drain", "application/json", strings.NewReader(`{"url": "`+first+`"}`))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("drain %s: %v %v", first, err, resp)
+	}
+	resp.Body.Close()
+	drained := run(t, ctx, 10*time.Second, "draining badge",
+		chromedp.Poll[string](`(() => { const b = [...document.querySelectorAll('#replicas td.id .badge.warn')].filter(b => b.textContent === 'draining'); return b.length === 1 && b[0].closest('tr').dataset.replica })()`))
+	if drained != first {
+		t.Errorf("draining badge on %q, want %q", drained, first)
+	}
 	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%v", errs)
 	}

@@ -56,7 +56,7 @@ func sample() *literal {
 					Events: &view.Events{Connected: true, LastEvent: 20 * time.Millisecond, Gaps: 1, Replays: 1},
 				},
 				{
-					ID: "http://10.0.0.2:8000", Healthy: true,
+					ID: "http://10.0.0.2:8000", Healthy: true, Draining: true,
 					InFlight: 1, Decoding: 1, DecodeBlocks: 30,
 					Running: 1, KVUsage: 0.91, Scraped: true, LoadAge: 1500 * time.Millisecond,
 					CacheBlocks: 4096, IndexBlocks: 3900, Sessions: 2,

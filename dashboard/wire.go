@@ -41,6 +41,7 @@ type totalsJSON struct {
 type replicaJSON struct {
 	ID              string      `json:"id"`
 	Healthy         bool        `json:"healthy"`
+	Draining        bool        `json:"draining"`
 	Models          []modelJSON `json:"models"`
 	ModelsKnown     bool        `json:"models_known"`
 	InFlight        int         `json:"in_flight"`
@@ -121,7 +122,7 @@ func fleetOf(f view.Fleet) fleetJSON {
 // replicaOf converts r for the API.
 func replicaOf(r view.Replica) replicaJSON {
 	out := replicaJSON{
-		ID: r.ID, Healthy: r.Healthy, Models: []modelJSON{}, ModelsKnown: r.ModelsKnown,
+		ID: r.ID, Healthy: r.Healthy, Draining: r.Draining, Models: []modelJSON{}, ModelsKnown: r.ModelsKnown,
 		InFlight: r.InFlight, PrefillTokens: r.PrefillTokens, Decoding: r.Decoding, DecodeBlocks: r.DecodeBlocks,
 		Scraped: r.Scraped, ScrapeErrors: r.ScrapeErrors, ScrapeError: r.ScrapeError, Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage,
 		BlockSize: r.BlockSize, CacheBlocks: r.CacheBlocks, IndexBlocks: r.IndexBlocks,

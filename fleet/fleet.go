@@ -105,6 +105,9 @@ type Replica struct {
 	// operator. Empty means learned from the replica (SetModels), and any
 	// model until then.
 	Models []string
+	// Draining adds the replica draining (see Drain): no request goes to
+	// it until Undrain.
+	Draining bool
 }
 
 // IndexKind returns the residency index a policy with needs reads: a
@@ -170,6 +173,9 @@ type replica struct {
 	ver *atomic.Uint64
 
 	healthy atomic.Bool
+	// member is memberServing, memberDraining or memberRemoved
+	// (membership.go).
+	member atomic.Int32
 	// The router's own accounting, released by Ticket.Done.
 	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
 	// linkUntil is when the transfers the router ordered through the
@@ -294,7 +300,9 @@ func (f *Fleet) ScrapeInterval(def time.Duration) time.Duration {
 // indexTime is now on the index clock.
 func (f *Fleet) indexTime(now time.Time) time.Duration { return now.Sub(f.cfg.Start) }
 
-// AddReplica appends a replica, healthy and unscraped, at the end of the
+// AddReplica adds a replica, healthy and unscraped: into the slot of a
+// removed replica whose requests have all finished (so that no request in
+// flight ever sees its index change owner), else at the end of the
 // snapshot order.
 func (f *Fleet) AddReplica(rc Replica) error {
 	if rc.ID == "" {
@@ -305,34 +313,48 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	if _, ok := f.byID[rc.ID]; ok {
 		return fmt.Errorf("fleet: duplicate replica %q", rc.ID)
 	}
-	if len(f.reps) >= f.cfg.MaxReplicas {
-		return fmt.Errorf("fleet: replica %q beyond MaxReplicas %d", rc.ID, f.cfg.MaxReplicas)
+	i := f.freeSlotLocked()
+	if i < 0 && len(f.reps) >= f.cfg.MaxReplicas {
+		return fmt.Errorf("fleet: replica %q beyond MaxReplicas %d: %w", rc.ID, f.cfg.MaxReplicas, ErrFull)
 	}
-	r := &replica{id: rc.ID, index: len(f.reps), ver: &f.vers[len(f.reps)], cal: f.cfg.Calibration}
+	if i < 0 {
+		i = len(f.reps)
+		f.reps = append(f.reps, nil)
+	} else {
+		f.tr.Clear(i) // what a request decided before the removal touched
+	}
+	r := &replica{id: rc.ID, index: i, ver: &f.vers[i], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.n = 0, 0
 	r.dcal = r.cal
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
+	if rc.Draining {
+		r.member.Store(memberDraining)
+	}
 	r.changed()
-	f.reps = append(f.reps, r)
+	f.reps[i] = r
 	f.byID[rc.ID] = r
 	f.models.set(r.index, rc.Models, len(rc.Models) > 0, true)
 	return nil
 }
 
-// Replicas returns the replica ids in snapshot order.
+// Replicas returns the replica ids in snapshot order; the slot of a
+// removed replica is "".
 func (f *Fleet) Replicas() []string {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	ids := make([]string, len(f.reps))
 	for i, r := range f.reps {
-		ids[i] = r.id
+		if r.member.Load() != memberRemoved {
+			ids[i] = r.id
+		}
 	}
 	return ids
 }
 
-// Len returns the number of replicas.
+// Len returns the number of replica slots (removed ones included: see
+// Members).
 func (f *Fleet) Len() int {
 	f.mu.RLock()
 	defer f.mu.RUnlock()

@@ -167,6 +167,10 @@ func (f *Fleet) pin(sessionID string, s *route.Snapshot, now time.Time) int {
 		return -1
 	}
 	i := ss.r.index
+	if ss.r.member.Load() == memberRemoved {
+		f.sessions.remove(ss)
+		return -1
+	}
 	if i < 0 || i >= len(s.Replicas) || !s.Replicas[i].Healthy {
 		return -1
 	}

@@ -118,7 +118,7 @@ func (c *snapCache) begin(f *Fleet, dst *route.Snapshot, unit int) {
 	}
 	for _, i := range c.forced {
 		if int(i) < n {
-			dst.Replicas[i].Healthy = f.reps[i].healthy.Load()
+			dst.Replicas[i].Healthy = f.reps[i].available()
 		}
 	}
 	c.forced = c.forced[:0]
@@ -240,7 +240,7 @@ func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *p
 	pl := f.peerLoad(r.index) // other routers' (peers.go); zero without
 	*out = route.Replica{
 		ID:            r.id,
-		Healthy:       r.healthy.Load(),
+		Healthy:       r.available(),
 		InFlight:      int(r.inFlight.Load() + pl.InFlight),
 		PrefillTokens: int(max(r.prefillTokens.Load(), 0) + pl.PrefillTokens),
 		Decoding:      int(r.decoding.Load() + pl.Decoding),

@@ -18,14 +18,18 @@ func (f *Fleet) View(now time.Time) view.Fleet {
 	f.mu.RLock()
 	reps := append([]*replica(nil), f.reps...)
 	f.mu.RUnlock()
-	v := view.Fleet{At: now, Index: f.IndexMode(-1), Replicas: make([]view.Replica, len(s.Replicas))}
+	v := view.Fleet{At: now, Index: f.IndexMode(-1), Replicas: make([]view.Replica, 0, len(s.Replicas))}
 	for i, p := range s.Replicas {
 		r := reps[i]
+		member := r.member.Load()
+		if member == memberRemoved {
+			continue
+		}
 		held, capacity := f.tr.Blocks(i)
 		models, known := f.Models(r.id)
 		bs := f.tr.BlockSize(i)
 		rv := view.Replica{
-			ID: p.ID, Healthy: p.Healthy, ModelsKnown: known,
+			ID: p.ID, Healthy: r.healthy.Load(), Draining: member == memberDraining, ModelsKnown: known,
 			InFlight: p.InFlight, PrefillTokens: p.PrefillTokens, Decoding: p.Decoding, DecodeBlocks: p.DecodeBlocks,
 			Running: p.Running, Waiting: p.Waiting, KVUsage: p.KVUsage, Scraped: p.Scraped, LoadAge: p.LoadAge,
 			BlockSize: bs, IndexBlocks: held, IndexCapacity: capacity, IndexMode: f.IndexMode(i),
@@ -45,7 +49,7 @@ func (f *Fleet) View(now time.Time) view.Fleet {
 		for _, m := range models {
 			rv.Models = append(rv.Models, view.Model{ID: m.ID, Parent: m.Parent})
 		}
-		v.Replicas[i] = rv
+		v.Replicas = append(v.Replicas, rv)
 		v.Sessions += counts[i]
 	}
 	return v

@@ -65,6 +65,10 @@ type ingester struct {
 	hasJump bool
 
 	queued atomic.Int64 // payload bytes in in, at most Config.MaxQueueBytes
+
+	// cancel ends the replica's goroutines (Stop); stopped is set then.
+	cancel  context.CancelFunc
+	stopped atomic.Bool
 }
 
 func newIngester(rep Replica, cfg *Config, rej *rejects) *ingester {
@@ -159,7 +163,7 @@ func (g *ingester) replayFailed(err error) {
 // full, in messages or in bytes (Config.MaxQueueBytes), is dropped and
 // counted: a gap, replayed later.
 func (g *ingester) offer(m message) {
-	if !g.reserve(m) {
+	if g.stopped.Load() || !g.reserve(m) {
 		return
 	}
 	select {

@@ -171,9 +171,11 @@ func Start(cfg Config) (*Subscriber, error) {
 		s.wg.Go(func() { l.run(ctx) })
 	}
 	for _, g := range s.reps {
-		s.wg.Go(func() { g.run(ctx) })
+		gctx, gcancel := context.WithCancel(ctx)
+		g.cancel = gcancel
+		s.wg.Go(func() { g.run(gctx) })
 		if g.rep.Endpoint != "" {
-			s.wg.Go(func() { s.connect(ctx, g) })
+			s.wg.Go(func() { s.connect(gctx, g) })
 		}
 	}
 	return s, nil
@@ -280,7 +282,7 @@ func (s *Subscriber) BindAddr() string {
 // Subscriber does not follow.
 func (s *Subscriber) Status(r int) (st Status, ok bool) {
 	g, ok := s.byID[r]
-	if !ok {
+	if !ok || g.stopped.Load() {
 		return Status{}, false
 	}
 	return g.c.snapshot(r, time.Now(), s.cfg.StaleAfter), true

@@ -34,7 +34,7 @@ func (rt *Router) logAccess(c *call) {
 		a = append(a, slog.String("error", c.errCode))
 	}
 	if c.replica >= 0 {
-		a = append(a, slog.String("replica", rt.names[c.replica]))
+		a = append(a, slog.String("replica", rt.name(c.replica)))
 	}
 	if c.routed && c.dec.Reason != "" {
 		a = append(a, slog.String("reason", c.dec.Reason), slog.Int("predicted_cached_tokens", c.dec.Matched),

@@ -236,7 +236,12 @@ func usageOf(t *testing.T, b []byte) (prompt, cached int) {
 //
 //	go test -run='^$' -bench=AccessLog -benchmem ./proxy
 func BenchmarkAccessLog(b *testing.B) {
-	rt := &Router{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), names: []string{"http://10.0.0.1:8000"}}
+	rt := &Router{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), st: &state{}}
+	be, err := newBackend(Backend{URL: "http://10.0.0.1:8000"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt.st.bes.setLocked(0, be)
 	t0 := time.Now()
 	c := &call{rt: rt, id: "kvr-abc-1", method: "POST", path: "/v1/chat/completions", prompt: &prefix.Prompt{Model: "m", Stream: true},
 		status: 200, outcome: "ok", replica: 0, routed: true, sessionSrc: SessionHeader, start: t0, end: t0.Add(40 * time.Millisecond),

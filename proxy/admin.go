@@ -71,8 +71,8 @@ func handle(mux *http.ServeMux, method, path string, h http.HandlerFunc, count f
 }
 
 // AdminHandler returns the admin surface: the dashboard at /ui (package
-// dashboard; /ui redirects to /ui/), /debug/decisions, /metrics, /livez
-// and /readyz; any other path is a JSON 404. With Config.AdminAPIKeys
+// dashboard; /ui redirects to /ui/), /debug/decisions, /metrics, /livez,
+// /readyz and the admin API's backend routes (backends.go); any other path is a JSON 404. With Config.AdminAPIKeys
 // every path but the probes asks for a key.
 func (rt *Router) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -83,6 +83,7 @@ func (rt *Router) AdminHandler() http.Handler {
 	if rt.gatherer != nil {
 		handle(mux, http.MethodGet, "/metrics", promhttp.HandlerFor(rt.gatherer, promhttp.HandlerOpts{}).ServeHTTP, count)
 	}
+	rt.routeBackends(mux, count)
 	mux.Handle("/ui/", dashboard.New(dashSource{rt}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		count(codeUnknownURL)

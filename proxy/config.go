@@ -32,6 +32,21 @@ type Config struct {
 	// Backends are the replicas, in order; their index is the replica index
 	// in route.Snapshot.
 	Backends []Backend `yaml:"backend"`
+	// MaxBackends bounds the backends at once, those added while the
+	// router runs (admin API, config reload, discovery) included; zero
+	// means max(len(Backends), DefaultMaxBackends).
+	MaxBackends int `yaml:"max-backends"`
+	// Discover is a DNS name whose records are the backends
+	// (dns://name:port, dns+srv://_service._proto.name; package
+	// discover); empty means none. With it Backends may be empty.
+	Discover string `yaml:"discover"`
+	// DiscoverInterval is how often Discover is resolved again; zero
+	// means 10 s.
+	DiscoverInterval time.Duration `yaml:"discover-interval"`
+	// ConfigPollInterval is how often serve checks its --config file for
+	// a change (then reloaded, as on SIGHUP); zero means 2 s, negative
+	// never (SIGHUP only).
+	ConfigPollInterval time.Duration `yaml:"config-poll-interval"`
 	// Policy names the routing policy (route.Names()); empty means kv-aware.
 	Policy string `yaml:"policy"`
 	// SessionHeader is the request header that carries a session id.
@@ -612,7 +627,7 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen %q: %w", c.Listen, err))
 	}
-	if len(c.Backends) == 0 {
+	if len(c.Backends) == 0 && c.Discover == "" {
 		errs = append(errs, errors.New("backend: at least one is needed (--backend http://host:port)"))
 	}
 	seen := map[string]bool{}
@@ -657,6 +672,12 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Backends) > residency.MaxReplicasLimit {
 		errs = append(errs, fmt.Errorf("backend: at most %d, got %d", residency.MaxReplicasLimit, len(c.Backends)))
+	}
+	if c.MaxBackends < 0 || c.MaxBackends > residency.MaxReplicasLimit || (c.MaxBackends > 0 && c.MaxBackends < len(c.Backends)) {
+		errs = append(errs, fmt.Errorf("max-backends: want %d..%d (at least the backends given), got %d", len(c.Backends), residency.MaxReplicasLimit, c.MaxBackends))
+	}
+	if c.DiscoverInterval < 0 {
+		errs = append(errs, fmt.Errorf("discover-interval: must not be negative, got %s", c.DiscoverInterval))
 	}
 	if c.TimeScale < 0 || math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) {
 		errs = append(errs, fmt.Errorf("time-scale: must be a positive number (1 for real engines), got %v", c.TimeScale))

@@ -429,8 +429,8 @@ func (s *stream) failover(cause error) error {
 		err := s.open(body)
 		if err == nil {
 			rt.m.midstream.WithLabelValues(midContinued).Inc()
-			rt.log.Info("stream continued on another replica", "id", c.id, "failed", rt.names[failed],
-				"replica", rt.names[c.replica], "tokens_before", sent, "err", cause)
+			rt.log.Info("stream continued on another replica", "id", c.id, "failed", rt.name(failed),
+				"replica", rt.name(c.replica), "tokens_before", sent, "err", cause)
 			return nil
 		}
 		cause = err
@@ -442,7 +442,7 @@ func (s *stream) failover(cause error) error {
 		why = fmt.Sprintf("no continuation succeeded in %d tries", s.continued)
 	}
 	rt.m.midstream.WithLabelValues(midError).Inc()
-	rt.log.Warn("stream failed after its first token", "id", c.id, "replica", rt.names[c.replica], "tokens", sent, "err", cause, "not_continued", why)
+	rt.log.Warn("stream failed after its first token", "id", c.id, "replica", rt.name(c.replica), "tokens", sent, "err", cause, "not_continued", why)
 	code := codeStreamCut
 	if timeoutKind(cause) != "" {
 		code = codeUpstreamTimeout
@@ -455,7 +455,7 @@ func (s *stream) failover(cause error) error {
 func (s *stream) open(body []byte) error {
 	c, rt := s.c, s.c.rt
 	next := s.req.Clone(s.a.parent)
-	u := *rt.urls[c.replica]
+	u := *rt.url(c.replica)
 	u.Path, u.RawPath, u.RawQuery = s.req.URL.Path, s.req.URL.RawPath, s.req.URL.RawQuery
 	next.URL, next.Host = &u, ""
 	next.Body = io.NopCloser(bytes.NewReader(body))

@@ -15,12 +15,9 @@ import (
 func ms(d time.Duration) float64 { return view.MS(d) }
 
 // appendCandidates converts a decision's cost terms, naming replicas by URL.
-func appendCandidates(out []view.Candidate, costs []route.Cost, names []string) []view.Candidate {
+func appendCandidates(out []view.Candidate, costs []route.Cost, bes *backendSet) []view.Candidate {
 	for _, c := range costs {
-		name := ""
-		if c.Replica >= 0 && c.Replica < len(names) {
-			name = names[c.Replica]
-		}
+		name := bes.at(c.Replica).cfg.URL
 		out = append(out, view.Candidate{
 			Replica: name, Matched: c.Matched,
 			WaitMS: ms(c.Wait), PrefillMS: ms(c.Prefill), DecodeMS: ms(c.Decode),
@@ -46,10 +43,10 @@ func (c *call) fill(rec *view.Decision) {
 		Status: c.status, Outcome: c.outcome,
 	}
 	if c.replica >= 0 {
-		rec.Replica = rt.names[c.replica]
+		rec.Replica = rt.name(c.replica)
 	}
 	if c.xfer.Blocks > 0 {
-		rec.Transfer = "from " + rt.names[c.xfer.From]
+		rec.Transfer = "from " + rt.name(c.xfer.From)
 		rec.TransferTokens, rec.PredictedTransferMS = c.xferTokens, ms(c.xfer.Time)
 	}
 	if rec.Index == "" {
@@ -59,7 +56,7 @@ func (c *call) fill(rec *view.Decision) {
 		rec.Model, rec.Stream = c.prompt.Model, c.prompt.Stream
 	}
 	for _, f := range c.failed {
-		failed = append(failed, rt.names[f])
+		failed = append(failed, rt.name(f))
 	}
 	rec.Failed = failed
 	if rec.Outcome == "" {
@@ -89,12 +86,12 @@ type ring struct {
 	costs [][]route.Cost // each slot's candidates
 	seqs  []uint64       // the sequence number of the record in each slot
 	n     uint64         // records ever begun
-	names []string       // replica URLs by index
+	bes   *backendSet    // replica URLs by index; set by New
 	idKey []byte         // session ids are shown hashed with it; nil: verbatim
 }
 
-func newRing(size int, names []string) *ring {
-	return &ring{recs: make([]view.Decision, size), costs: make([][]route.Cost, size), seqs: make([]uint64, size), names: names}
+func newRing(size int) *ring {
+	return &ring{recs: make([]view.Decision, size), costs: make([][]route.Cost, size), seqs: make([]uint64, size)}
 }
 
 // begin writes c's record into the next slot and returns its sequence
@@ -147,7 +144,7 @@ func (r *ring) last(n int) []view.Decision {
 		if out[k].SessionSource != SessionContent { // the router's own key shows nothing a client sent
 			out[k].Session = shownID(r.idKey, out[k].Session)
 		}
-		out[k].Candidates = appendCandidates(make([]view.Candidate, 0, len(r.costs[i])), r.costs[i], r.names)
+		out[k].Candidates = appendCandidates(make([]view.Candidate, 0, len(r.costs[i])), r.costs[i], r.bes)
 		if len(out[k].Failed) > 0 {
 			out[k].Failed = slices.Clone(out[k].Failed)
 		} else {

@@ -96,7 +96,7 @@ func (c *call) settle() {
 			rt.st.reportFailure(c.replica)
 		}
 	}
-	name := rt.names[c.replica]
+	name := rt.name(c.replica)
 	if c.routed {
 		rt.m.requests.WithLabelValues(name, rt.policyName, c.dec.Reason).Inc()
 		// The three totals cover the same requests, those whose usage

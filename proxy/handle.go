@@ -404,7 +404,7 @@ func (rt *Router) rewrite(pr *httputil.ProxyRequest) {
 	if c == nil || c.replica < 0 {
 		return
 	}
-	pr.SetURL(rt.urls[c.replica])
+	pr.SetURL(rt.url(c.replica))
 	rt.setForwarded(pr)
 	pr.Out.Header.Del("Accept-Encoding") // bytes pass through uncompressed
 }
@@ -454,7 +454,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	c.status = resp.StatusCode
 	reshapeError(resp)
-	resp.Header.Set(HeaderReplica, rt.names[c.replica])
+	resp.Header.Set(HeaderReplica, rt.name(c.replica))
 	if c.routed {
 		resp.Header.Set(HeaderDecision, c.summary())
 	}
@@ -506,7 +506,7 @@ func (rt *Router) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		return // the client went away; nobody to answer
 	}
 	if c != nil && c.replica >= 0 {
-		w.Header().Set(HeaderReplica, rt.names[c.replica])
+		w.Header().Set(HeaderReplica, rt.name(c.replica))
 		c.status, c.errCode = http.StatusBadGateway, "upstream_unreachable"
 	}
 	rt.m.errors.WithLabelValues("upstream_unreachable").Inc()

@@ -28,7 +28,11 @@ func (mc *modeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- mc.desc }
 
 // Collect implements prometheus.Collector.
 func (mc *modeCollector) Collect(ch chan<- prometheus.Metric) {
-	for i, name := range mc.p.names {
+	for i, be := range mc.p.bes.list() {
+		name := be.cfg.URL
+		if mc.p.fl.At(name) != i {
+			continue // removed
+		}
 		live := b01(mc.p.fl.Tracker().Live(i))
 		ch <- prometheus.MustNewConstMetric(mc.desc, prometheus.GaugeValue, live, name, IndexPrecise)
 		ch <- prometheus.MustNewConstMetric(mc.desc, prometheus.GaugeValue, 1-live, name, IndexApproximate)
@@ -38,10 +42,7 @@ func (mc *modeCollector) Collect(ch chan<- prometheus.Metric) {
 // label names replica i by its URL in the kvevents metrics, as every other
 // router metric does.
 func (p *precise) label(i int) string {
-	if i < 0 || i >= len(p.names) {
-		return ""
-	}
-	return p.names[i]
+	return p.bes.at(i).cfg.URL
 }
 
 var _ prometheus.Collector = (*modeCollector)(nil)

@@ -95,10 +95,12 @@ func (rt *Router) modelList(w http.ResponseWriter, r *http.Request) (body []byte
 func (rt *Router) fetchModels(ctx context.Context) ([]modelCard, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	lists := make([][]modelCard, len(rt.names))
-	errs := make([]error, len(rt.names))
+	bes := rt.st.bes.list()
+	lists := make([][]modelCard, len(bes))
+	errs := make([]error, len(bes))
 	var wg sync.WaitGroup
-	for i, name := range rt.names {
+	for i, be := range bes {
+		name := be.cfg.URL
 		if !rt.st.healthy(i) {
 			continue
 		}
@@ -206,7 +208,7 @@ func (c *call) passTo(i int) bool {
 		return false
 	}
 	now := c.rt.now()
-	tk, err := c.rt.st.fleet.Acquire(c.rt.names[i], fleet.Claim{}, now)
+	tk, err := c.rt.st.fleet.Acquire(c.rt.name(i), fleet.Claim{}, now)
 	if err != nil {
 		return false
 	}

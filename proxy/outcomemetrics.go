@@ -118,7 +118,7 @@ func (rt *Router) observe(c *call) {
 	if out != outcomeOK || c.replica < 0 {
 		return
 	}
-	name := rt.names[c.replica]
+	name := rt.name(c.replica)
 	if c.ttft > 0 {
 		rt.m.ttft.WithLabelValues(name, model).Observe(c.ttft.Seconds())
 	}

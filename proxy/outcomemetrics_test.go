@@ -85,7 +85,7 @@ func waitTotal(t *testing.T, url string, want float64, name string, labels ...st
 // in the pass-through ones, never the other's.
 func TestRoutedCountedOnce(t *testing.T) {
 	rt, url := errorRouter(t, nil)
-	replica := rt.names[0]
+	replica := rt.name(0)
 	resp, body := do(t, "POST", url+chatPath, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`)
 	if resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
 		t.Fatalf("chat: %d %s", resp.StatusCode, body)

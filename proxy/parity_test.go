@@ -55,7 +55,7 @@ func newLiveReplay(t *testing.T, policy string, n int, model string, events bool
 		t.Fatal(err)
 	}
 	if rt.st.feed != nil {
-		t.Cleanup(func() { rt.st.feed.sub.Close() })
+		t.Cleanup(rt.st.feed.closeAll)
 		// Every engine's stream is healthy, as in the simulator.
 		rt.st.fleet.Tracker().SetFeed(nil)
 	}
@@ -77,7 +77,7 @@ func (lr *liveReplay) play(t *testing.T, s sim.Step) (*call, bool) {
 	t.Helper()
 	rt := lr.rt
 	lr.now = parityEpoch.Add(s.At)
-	id := rt.names[max(s.Replica, 0)]
+	id := rt.name(max(s.Replica, 0))
 	switch s.Kind {
 	case sim.StepArrival:
 		c := rt.newCall(httptest.NewRequest("POST", "/v1/completions", nil), true)
@@ -103,6 +103,18 @@ func (lr *liveReplay) play(t *testing.T, s sim.Step) (*call, bool) {
 		rt.st.scraper.OnLoad(id, s.Load)
 	case sim.StepDown:
 		rt.st.health.OnChange(id, false)
+	case sim.StepAdd:
+		b := Backend{URL: s.Backend, Models: []string{s.Model}}
+		if rt.st.feed != nil {
+			b.KV = "tcp://127.0.0.1:1" // never reached: the test plays the events
+		}
+		if err := rt.AddBackend(b, SourceAdmin); err != nil || rt.st.fleet.At(s.Backend) != s.Replica {
+			t.Fatalf("adding %s: %v, at %d; the simulator's is at %d", s.Backend, err, rt.st.fleet.At(s.Backend), s.Replica)
+		}
+	case sim.StepRemove:
+		if _, err := rt.RemoveBackend(id, SourceAdmin); err != nil {
+			t.Fatal(err)
+		}
 	case sim.StepKV:
 		x := rt.st.fleet.Tracker().Precise()
 		switch s.Event {
@@ -120,7 +132,8 @@ func (lr *liveReplay) play(t *testing.T, s sim.Step) (*call, bool) {
 // TestParity: the same requests with the same engine responses, fed
 // through the simulator and through the live router's state on a fake
 // clock, give identical snapshots, requests and decisions at every
-// arrival, for every policy: the two sides run the same fleet code.
+// arrival, for every policy: the two sides run the same fleet code,
+// membership changes (kill, add, remove) included.
 func TestParity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every policy on three workloads")
@@ -137,6 +150,9 @@ func TestParity(t *testing.T) {
 		{"shared-prefix", trace.GenOptions{Seed: 3, Groups: 6, PerGroup: 8}},
 		{"multi-turn-chat", trace.GenOptions{Seed: 3, Requests: 120}},
 		{"hot-prefix", trace.GenOptions{Seed: 3, Requests: 120}},
+		// A kill, an add and a removal: the fleet's membership changes
+		// the same way on both sides.
+		{"failure", trace.GenOptions{Seed: 3, Requests: 120}},
 	} {
 		w, err := trace.Generate(wl.name, wl.opt)
 		if err != nil {
@@ -145,7 +161,7 @@ func TestParity(t *testing.T) {
 		for _, policy := range policies {
 			t.Run(wl.name+"/"+policy, func(t *testing.T) {
 				var steps []sim.Step
-				cfg := sim.Config{Workload: wl.name, Requests: w.Requests, Replicas: 4, Load: 0.9, Preset: preset,
+				cfg := sim.Config{Workload: wl.name, Requests: w.Requests, Fleet: w.Events, Replicas: 4, Load: 0.9, Preset: preset,
 					Policies: []string{policy}, Seed: 3, KVEventDelay: 10 * time.Millisecond,
 					Trace: func(_ string, s sim.Step) { steps = append(steps, s) }}
 				if _, err := sim.Run(cfg); err != nil {
@@ -153,11 +169,16 @@ func TestParity(t *testing.T) {
 				}
 				events := false
 				model := ""
+				kinds := map[sim.StepKind]int{}
 				for _, s := range steps {
+					kinds[s.Kind]++
 					events = events || s.Kind == sim.StepKV
 					if s.Kind == sim.StepArrival {
 						model = s.Request.Model
 					}
+				}
+				if len(w.Events) > 0 && (kinds[sim.StepDown] != 1 || kinds[sim.StepAdd] != 1 || kinds[sim.StepRemove] != 1) {
+					t.Fatalf("%d kills, %d adds, %d removals in the transcript; want one of each", kinds[sim.StepDown], kinds[sim.StepAdd], kinds[sim.StepRemove])
 				}
 				lr := newLiveReplay(t, policy, cfg.Replicas, model, events)
 				// Metrics reach both at the policy's own scrape interval.

@@ -151,8 +151,8 @@ func bursts(t *testing.T, rts []*Router, us []string, order [][]int) map[string]
 // ownInFlight is the requests a router itself has in flight.
 func ownInFlight(rt *Router) int {
 	n := 0
-	for i, id := range rt.names {
-		n += inflight(rt, i) - int(rt.st.fleet.PeerLoad(id).InFlight)
+	for i, b := range rt.st.bes.list() {
+		n += inflight(rt, i) - int(rt.st.fleet.PeerLoad(b.cfg.URL).InFlight)
 	}
 	return n
 }

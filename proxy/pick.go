@@ -52,7 +52,7 @@ func (rt *Router) Pick(w http.ResponseWriter, r *http.Request, body []byte, subs
 	}
 	c.ctx = r.Context()
 	c.failed = rt.outside(c.failed[:0], subset)
-	if len(c.failed) == len(rt.names) {
+	if len(c.failed) == len(rt.st.bes.list()) {
 		return rt.noneInSubset(w, c)
 	}
 	routed := c.route(w)    // answers w itself when it routes nowhere
@@ -68,7 +68,7 @@ func (rt *Router) Pick(w http.ResponseWriter, r *http.Request, body []byte, subs
 // subset, round robin.
 func (rt *Router) pickAny(w http.ResponseWriter, c *call, subset []string) *Pick {
 	out := rt.outside(nil, subset)
-	n := len(rt.names)
+	n := len(rt.st.bes.list())
 	start := int(rt.st.pickRR.Add(1) % uint64(max(n, 1)))
 	for k := range n {
 		i := (start + k) % n
@@ -96,8 +96,8 @@ func (rt *Router) outside(dst []int, subset []string) []int {
 	if subset == nil {
 		return dst
 	}
-	for i := range rt.names {
-		if !slices.Contains(subset, rt.urls[i].Host) {
+	for i := range rt.st.bes.list() {
+		if !slices.Contains(subset, rt.url(i).Host) {
 			dst = append(dst, i)
 		}
 	}
@@ -105,14 +105,14 @@ func (rt *Router) outside(dst []int, subset []string) []int {
 }
 
 // Replica returns the chosen replica's base URL.
-func (p *Pick) Replica() string { return p.c.rt.names[p.c.replica] }
+func (p *Pick) Replica() string { return p.c.rt.name(p.c.replica) }
 
 // Endpoint returns the chosen replica's host:port, as Envoy's
 // x-gateway-destination-endpoint wants it.
-func (p *Pick) Endpoint() string { return p.c.rt.urls[p.c.replica].Host }
+func (p *Pick) Endpoint() string { return p.c.rt.url(p.c.replica).Host }
 
 // URL returns the chosen replica's parsed base URL.
-func (p *Pick) URL() *url.URL { return p.c.rt.urls[p.c.replica] }
+func (p *Pick) URL() *url.URL { return p.c.rt.url(p.c.replica) }
 
 // ID returns the router's request id ("" for a request that is not a
 // completion).

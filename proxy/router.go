@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/peers"
 	"github.com/kvrouter/kvrouter/route"
@@ -58,8 +59,7 @@ type Deps struct {
 type Router struct {
 	cfg        Config
 	log        *slog.Logger
-	names      []string   // replica base URLs, index = replica index
-	urls       []*url.URL // parsed names
+	mm         *memberMetrics
 	policy     route.Policy
 	policyName string
 	m          *metrics
@@ -122,14 +122,6 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		rt.upstream = t
 	}
 	rt.tracer, rt.upstream = newTracer(deps.TracerProvider, rt.upstream)
-	for _, b := range cfg.Backends {
-		u, err := url.Parse(b.URL)
-		if err != nil {
-			return nil, fmt.Errorf("backend %q: %w", b.URL, err)
-		}
-		rt.names = append(rt.names, b.URL)
-		rt.urls = append(rt.urls, u)
-	}
 	reg := deps.Registry
 	if reg == nil {
 		r := prometheus.NewRegistry()
@@ -147,7 +139,10 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if rt.xm, err = newTransferMetrics(reg, cfg.Preset); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
-	rt.decisions = newRing(cfg.Decisions, rt.names)
+	rt.decisions = newRing(cfg.Decisions)
+	if rt.mm, err = newMemberMetrics(reg); err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
 	if rt.adm, err = newAdmission(cfg.admission(), reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
@@ -156,11 +151,12 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		onRelease = rt.adm.wake
 	}
 	rt.decisions.idKey = rt.sf.idKey
-	st, err := newState(&rt.cfg, rt.names, rt.policy, rt.upstream, rt.log, rt.now, rt.start, onRelease)
+	st, err := newState(&rt.cfg, rt.policy, rt.upstream, rt.log, rt.now, rt.start, onRelease)
 	if err != nil {
 		return nil, err
 	}
 	rt.st = st
+	rt.decisions.bes = &st.bes
 	st.m = m
 	st.logIndexMode(&rt.cfg, rt.policyName)
 	rt.idPrefix = "kvr-" + strconv.FormatUint(st.epoch, 36) + "-"
@@ -212,8 +208,23 @@ func newTransport(cfg *Config) *http.Transport {
 	}
 }
 
-// Replicas returns the replicas' base URLs, in replica-index order.
-func (rt *Router) Replicas() []string { return append([]string(nil), rt.names...) }
+// Replicas returns the base URLs of the replicas serving or draining, in
+// replica-index order.
+func (rt *Router) Replicas() []string {
+	var out []string
+	for _, m := range rt.st.fleet.Members() {
+		if m.State != fleet.StateRemoved {
+			out = append(out, m.ID)
+		}
+	}
+	return out
+}
+
+// name is replica i's base URL.
+func (rt *Router) name(i int) string { return rt.st.bes.at(i).cfg.URL }
+
+// url is replica i's parsed base URL.
+func (rt *Router) url(i int) *url.URL { return rt.st.bes.at(i).url }
 
 // Policy returns the name of the routing policy.
 func (rt *Router) Policy() string { return rt.policyName }
@@ -247,7 +258,7 @@ func (rt *Router) Run(ctx context.Context) error {
 
 // serveHealth answers 200 when at least one replica is healthy, else 503.
 func (rt *Router) serveHealth(w http.ResponseWriter, r *http.Request) {
-	for i := range rt.names {
+	for i := range rt.st.bes.list() {
 		if rt.st.healthy(i) {
 			w.WriteHeader(http.StatusOK)
 			return

@@ -112,7 +112,7 @@ func (c *call) endSpan() {
 // predicted time, as in the decision record), or its score.
 func (c *call) decisionAttrs() []attribute.KeyValue {
 	attrs := []attribute.KeyValue{
-		attribute.String("kvrouter.replica", c.rt.names[c.replica]),
+		attribute.String("kvrouter.replica", c.rt.name(c.replica)),
 		attribute.String("kvrouter.reason", c.dec.Reason),
 		attribute.Int("kvrouter.predicted_cached_tokens", c.dec.Matched),
 		attribute.String("kvrouter.session_source", c.sessionSrc),
@@ -147,14 +147,14 @@ func (c *call) startAttempt(parent context.Context) (context.Context, trace.Span
 	if c.span == nil || c.replica < 0 {
 		return parent, nil
 	}
-	u := c.rt.urls[c.replica]
+	u := c.rt.url(c.replica)
 	port, _ := strconv.Atoi(u.Port())
 	return c.rt.tracer.Start(parent, c.method+" "+c.path, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		attribute.String("http.request.method", c.method),
 		attribute.String("server.address", u.Hostname()),
 		attribute.Int("server.port", port),
 		attribute.String("url.full", u.String()+c.path),
-		attribute.String("kvrouter.replica", c.rt.names[c.replica]),
+		attribute.String("kvrouter.replica", c.rt.name(c.replica)),
 		attribute.Int("kvrouter.attempt", len(c.failed)+1),
 		attribute.Bool("kvrouter.continuation", c.status != 0),
 	))

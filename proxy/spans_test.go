@@ -308,7 +308,8 @@ func BenchmarkSpans(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}))
 	defer tp.Shutdown(context.Background())
 	u, _ := url.Parse("http://10.0.0.1:8000")
-	rt := &Router{names: []string{u.String()}, urls: []*url.URL{u}, policyName: "kv-aware"}
+	rt := &Router{st: &state{}, policyName: "kv-aware"}
+	rt.st.bes.setLocked(0, &backend{cfg: Backend{URL: u.String()}, url: u})
 	rt.tracer, _ = newTracer(tp, http.DefaultTransport)
 	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")

@@ -26,38 +26,48 @@ import (
 // tracking, decisions: the same code the simulator runs), hashing (request
 // → block chains), health (active /health probes plus the failures the
 // proxy reports), scrape (/metrics loops) and, in precise mode, the
-// KV-event feed (precise.go). Replica i is cfg.Backends[i] everywhere: in
-// the fleet's snapshot order, in the tracker and in rt.names.
+// KV-event feed (precise.go). Replica i is bes.at(i) everywhere: in the
+// fleet's snapshot order, in the tracker and in the KV-event feed; at
+// start it is cfg.Backends[i] (members.go changes the set).
 type state struct {
-	names   []string // replica base URLs, index = replica index
-	log     *slog.Logger
-	epoch   uint64 // random per router, part of request ids
-	fleet   *fleet.Fleet
-	hasher  *hashing.Hasher
-	health  *health.Checker
-	scraper *scrape.Scraper
-	feed    *precise // nil unless KV events are followed
-	pickRR  atomic.Uint64
+	bes backendSet
+	// maxBackends is the most backends at once (Config.MaxBackends).
+	maxBackends int
+	log         *slog.Logger
+	epoch       uint64 // random per router, part of request ids
+	fleet       *fleet.Fleet
+	hasher      *hashing.Hasher
+	health      *health.Checker
+	scraper     *scrape.Scraper
+	feed        *precise // nil unless KV events are followed
+	pickRR      atomic.Uint64
 	// m counts ejections; set by New once the metrics exist (nil: not
 	// counted).
 	m *metrics
-	// hung, per replica, is closed (and replaced) when failed probes eject
+	// hung, per slot (maxBackends of them), is closed (and replaced) when failed probes eject
 	// the replica: the attempts waiting on it for an answer or a first
 	// token give up then rather than at their timeout.
 	hung []atomic.Pointer[chan struct{}]
 }
 
-// newState builds the router's state for cfg, whose backends are named
-// names, over upstream, with policy, on the clock now whose reading at the
+// newState builds the router's state for cfg over upstream, with policy, on the clock now whose reading at the
 // router's start is start; onRelease is the fleet's Config.OnRelease.
-func newState(cfg *Config, names []string, policy route.Policy, upstream http.RoundTripper, log *slog.Logger, now func() time.Time, start time.Time, onRelease func()) (*state, error) {
+func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log *slog.Logger, now func() time.Time, start time.Time, onRelease func()) (*state, error) {
 	ecfg, err := engine.Preset(cfg.Preset)
 	if err != nil {
 		return nil, fmt.Errorf("preset: %w", err)
 	}
 	var b [8]byte
 	rand.Read(b[:])
-	st := &state{names: names, log: log, epoch: binary.LittleEndian.Uint64(b[:]) >> 16}
+	st := &state{log: log, epoch: binary.LittleEndian.Uint64(b[:]) >> 16, maxBackends: cfg.maxBackends()}
+	for i, be := range cfg.Backends {
+		b, err := newBackend(be)
+		if err != nil {
+			return nil, err
+		}
+		st.bes.setLocked(i, b)
+		st.bes.own(be.URL, SourceConfig)
+	}
 	st.hasher, err = hashing.New(hashing.Config{
 		ChunkChars: cfg.ChunkChars, Tokenizer: cfg.Tokenizer, Tokenizers: cfg.Tokenizers,
 		Client: &http.Client{Transport: upstream}, Pick: st.pickHealthy,
@@ -75,6 +85,7 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 	}
 	st.fleet, err = fleet.New(fleet.Config{
 		Replicas:    reps,
+		MaxReplicas: st.maxBackends,
 		Policy:      policy,
 		Events:      cfg.Precise(),
 		Engine:      st.hasher.Engine(),
@@ -91,13 +102,9 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		return nil, err
 	}
 	if st.fleet.Index() == route.Precise {
-		if st.feed, err = startPrecise(cfg, st.names, st.fleet, log, now, start); err != nil {
+		if st.feed, err = startPrecise(cfg, &st.bes, st.fleet, log, now, start); err != nil {
 			return nil, err
 		}
-	}
-	declared := map[string][]string{}
-	for _, be := range cfg.Backends {
-		declared[be.URL] = be.Models
 	}
 	st.health = &health.Checker{
 		Client:       &http.Client{Transport: upstream},
@@ -107,7 +114,7 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		Consecutive:  cfg.EjectConsecutive,
 		EjectBase:    cfg.EjectBase,
 		EjectMax:     cfg.EjectMax,
-		Models:       func(id string) []string { return declared[id] },
+		Models:       st.declared,
 		OnChange:     st.fleet.SetHealthy,
 		OnTransition: st.onHealth,
 		OnFallback:   st.onHealthFallback,
@@ -124,14 +131,24 @@ func newState(cfg *Config, names []string, policy route.Policy, upstream http.Ro
 		OnModels:       st.fleet.SetModels,
 		ModelsInterval: cfg.ModelsInterval,
 	}
-	st.hung = make([]atomic.Pointer[chan struct{}], len(st.names))
-	for i, name := range st.names {
+	st.hung = make([]atomic.Pointer[chan struct{}], st.maxBackends)
+	for i := range st.hung {
 		ch := make(chan struct{})
 		st.hung[i].Store(&ch)
-		st.health.Add(name)
-		st.scraper.Add(name)
+	}
+	for _, be := range st.bes.list() {
+		st.health.Add(be.cfg.URL)
+		st.scraper.Add(be.cfg.URL)
 	}
 	return st, nil
+}
+
+// declared returns the models the operator declared for backend id.
+func (st *state) declared(id string) []string {
+	if i := st.fleet.At(id); i >= 0 {
+		return st.bes.at(i).cfg.Models
+	}
+	return nil
 }
 
 // scaleRates returns r with every duration multiplied by timeScale (wall
@@ -196,11 +213,9 @@ func (st *state) onEject(id string, e health.Ejection) {
 	if e.Kind != health.KindProbe {
 		return
 	}
-	for i, name := range st.names {
-		if name == id {
-			ch := make(chan struct{})
-			close(*st.hung[i].Swap(&ch))
-		}
+	if i := st.fleet.At(id); i >= 0 && i < len(st.hung) {
+		ch := make(chan struct{})
+		close(*st.hung[i].Swap(&ch))
 	}
 }
 
@@ -216,17 +231,19 @@ func (st *state) onHold(id, reason string) {
 }
 
 // eject takes replica i out of service at once: it refused a connection.
-func (st *state) eject(i int, reason string) { st.health.Eject(st.names[i], "connect: "+reason) }
+func (st *state) eject(i int, reason string) {
+	st.health.Eject(st.bes.at(i).cfg.URL, "connect: "+reason)
+}
 
 // reportFailure feeds passive health: a request to replica i failed
 // (connect error, 5xx, broken stream).
-func (st *state) reportFailure(i int) { st.health.ReportFailure(st.names[i]) }
+func (st *state) reportFailure(i int) { st.health.ReportFailure(st.bes.at(i).cfg.URL) }
 
 // reportSuccess feeds passive health: a request to replica i succeeded.
-func (st *state) reportSuccess(i int) { st.health.ReportSuccess(st.names[i]) }
+func (st *state) reportSuccess(i int) { st.health.ReportSuccess(st.bes.at(i).cfg.URL) }
 
 // healthy reports whether replica i may get traffic.
-func (st *state) healthy(i int) bool { return st.fleet.Healthy(st.names[i]) }
+func (st *state) healthy(i int) bool { return st.fleet.Healthy(st.bes.at(i).cfg.URL) }
 
 // run runs the scrape loops, the health probes and in precise mode the
 // KV-event watch until ctx is done, and joins them.
@@ -293,11 +310,15 @@ func (st *state) indexMode() string {
 
 // pickHealthy returns a healthy replica's base URL, round robin, or "".
 func (st *state) pickHealthy() string {
-	n := len(st.names)
+	bes := st.bes.list()
+	n := len(bes)
+	if n == 0 {
+		return ""
+	}
 	start := int(st.pickRR.Add(1) % uint64(n))
 	for k := range n {
 		if i := (start + k) % n; st.healthy(i) {
-			return st.names[i]
+			return st.bes.at(i).cfg.URL
 		}
 	}
 	return ""

@@ -84,7 +84,7 @@ var paramsKey = []byte(`"kv_transfer_params"`)
 // Config.KVTransfer is on), counted; body itself otherwise.
 func (c *call) withTransfer(body []byte) []byte {
 	rt, t := c.rt, c.dec.Transfer
-	if !rt.cfg.KVTransfer || t.Blocks <= 0 || t.From < 0 || t.From >= len(rt.urls) || t.From == c.replica {
+	if !rt.cfg.KVTransfer || t.Blocks <= 0 || t.From < 0 || t.From >= len(rt.st.bes.list()) || t.From == c.replica {
 		return body
 	}
 	if bytes.Contains(body, paramsKey) {
@@ -103,9 +103,9 @@ func (c *call) withTransfer(body []byte) []byte {
 	if c.freq.Tokens > 0 {
 		tokens = min(tokens, c.freq.Tokens)
 	}
-	src := rt.urls[t.From]
+	src := rt.url(t.From)
 	p, _ := json.Marshal(kvTransferParams{
-		DoRemotePrefill: true, RemoteEngineID: rt.names[t.From], RemoteRequestID: c.id,
+		DoRemotePrefill: true, RemoteEngineID: rt.name(t.From), RemoteRequestID: c.id,
 		RemoteHost: src.Hostname(), RemotePort: portOf(src.Scheme, src.Port()),
 		RemoteBlockIDs: []uint64{}, RemoteNumTokens: tokens,
 	})
@@ -117,7 +117,7 @@ func (c *call) withTransfer(body []byte) []byte {
 	}
 	b = append(b, body[i+1:]...)
 	c.xbody, c.plain, c.xfer, c.xferTokens = b, body, t, tokens
-	from, to := rt.names[t.From], rt.names[c.replica]
+	from, to := rt.name(t.From), rt.name(c.replica)
 	rt.xm.count.WithLabelValues(from, to).Inc()
 	rt.xm.bytes.WithLabelValues(from, to).Add(float64(int64(tokens) * rt.xm.perToken))
 	c.record()
@@ -169,7 +169,7 @@ func (c *call) appendTransfer(b []byte) []byte {
 		return b
 	}
 	b = append(b, "; transfer=from "...)
-	b = append(b, c.rt.names[c.xfer.From]...)
+	b = append(b, c.rt.name(c.xfer.From)...)
 	b = append(b, ' ')
 	b = strconv.AppendFloat(b, ms(c.xfer.Time), 'f', 3, 64)
 	return append(b, "ms"...)

@@ -36,8 +36,8 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 		if !retryable(resp, err) || req.Context().Err() != nil || attempt >= rt.cfg.Retries || !replayable(req) {
 			return c.answer(req, resp, err)
 		}
-		rt.m.retries.WithLabelValues(rt.names[c.replica]).Inc()
-		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.names[c.replica], "err", errString(resp, err))
+		rt.m.retries.WithLabelValues(rt.name(c.replica)).Inc()
+		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.name(c.replica), "err", errString(resp, err))
 		c.abandon(err, errRetried)
 		if !c.repick() {
 			return c.answer(req, resp, err)
@@ -54,7 +54,7 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			next.Body = body
 		}
 		c.dropTransfer(next)
-		u := *rt.urls[c.replica]
+		u := *rt.url(c.replica)
 		u.Path, u.RawPath, u.RawQuery = req.URL.Path, req.URL.RawPath, req.URL.RawQuery
 		next.URL = &u
 		next.Host = ""

@@ -22,7 +22,7 @@ func (rt *Router) View(now time.Time) view.Fleet {
 			}
 		}
 		if p := rt.st.feed; p != nil {
-			r.Events = p.view(i, now)
+			r.Events = p.view(rt.st.fleet.At(r.ID), now)
 		}
 	}
 	return v

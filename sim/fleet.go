@@ -12,7 +12,8 @@ import (
 // instant knowledge), its requests in flight fail and are counted as
 // errors (rejectKilled, never re-sent: a client would see the failure),
 // and its engine and cache are gone. Add: a cold replica joins, appended
-// after the others.
+// after the others (or in the slot of a removed one whose requests have
+// all finished, as the fleet decides). Remove: see remove.
 func (r *runner) onFleet() {
 	fe := r.cfg.fleet[r.fleet]
 	r.fleet++
@@ -25,6 +26,36 @@ func (r *runner) onFleet() {
 	case trace.Add:
 		if err := r.addReplica(); err != nil {
 			r.err = err
+		}
+	case trace.Remove:
+		r.remove(fe.replica)
+	}
+}
+
+// remove takes replica i out of the fleet through the fleet's own
+// RemoveReplica, as the live router's admin API does: no new request goes
+// to it, its requests in flight finish on its engine (they are not
+// failed), its index entries and sessions are dropped, its KV events stop
+// reaching the index (the live router stops its subscriber) and it is no
+// longer scraped.
+func (r *runner) remove(i int) {
+	if i < 0 || i >= len(r.reps) || r.reps[i].removed {
+		return
+	}
+	rp := &r.reps[i]
+	rp.removed = true
+	r.each(func(f *fleet.Fleet) {
+		if _, err := f.RemoveReplica(rp.id); err != nil && r.err == nil {
+			r.err = err
+		}
+	})
+	if r.err != nil {
+		return
+	}
+	r.trace(Step{Kind: StepRemove, Replica: i})
+	for k := r.kvq0; k < len(r.kvq); k++ {
+		if r.kvq[k].rep == int32(i) {
+			r.kvq[k].rep, r.kvq[k].hashes = -1, nil
 		}
 	}
 }

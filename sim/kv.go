@@ -26,6 +26,9 @@ type kvEvent struct {
 // so a FIFO drained before each event replaces heap entries. Blocks on
 // the CPU tier go to the offload index, as package kvevents writes them.
 func (r *runner) queueKV(i int, ev *engine.Event) {
+	if r.reps[i].removed {
+		return // its subscriber stopped with it
+	}
 	if r.cfg.KVEventDelay == 0 {
 		r.applyKV(i, ev.Kind, ev.Medium, ev.Hashes)
 		return
@@ -41,7 +44,7 @@ func (r *runner) queueKV(i int, ev *engine.Event) {
 func (r *runner) drainKV() {
 	for r.kvq0 < len(r.kvq) && r.kvq[r.kvq0].due <= r.now {
 		e := &r.kvq[r.kvq0]
-		if r.reps[e.rep].alive {
+		if e.rep >= 0 && r.reps[e.rep].alive && !r.reps[e.rep].removed {
 			r.applyKV(int(e.rep), e.kind, e.medium, e.hashes)
 		}
 		e.hashes = nil

@@ -19,6 +19,10 @@ type replica struct {
 	model string // the model it serves
 	eng   *engine.Engine
 	alive bool
+	// removed says the replica left the fleet (trace.Remove): its engine
+	// runs until its requests in flight end, unscraped, its KV events
+	// dropped.
+	removed bool
 	// wake is the pending wake-up time, or -1 when none is queued.
 	wake time.Duration
 }
@@ -65,6 +69,7 @@ type runner struct {
 	kvq   []kvEvent // delayed KV events, FIFO (due times are monotonic)
 	kvq0  int
 	fleet int // next fleet event
+	added int // replicas added in all, the first Config.Replicas included
 
 	// Reused buffers.
 	sc     fleet.Scratch
@@ -151,10 +156,11 @@ func (r *runner) addReplica() error {
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	i := len(r.reps)
+	n := r.added
+	r.added++
 	// Replicas are named as the live router names them, by base URL (the
 	// consistent-hashing peers hash the names).
-	id, model := fmt.Sprintf("http://r%d:8000", i), modelName(i%r.cfg.Models)
+	id, model := fmt.Sprintf("http://r%d:8000", n), modelName(n%r.cfg.Models)
 	r.each(func(f *fleet.Fleet) {
 		if err == nil {
 			err = f.AddReplica(fleet.Replica{ID: id, Models: []string{model}})
@@ -163,8 +169,19 @@ func (r *runner) addReplica() error {
 	if err != nil {
 		return err
 	}
-	r.reps = append(r.reps, replica{id: id, model: model, eng: e, alive: true, wake: -1})
-	r.res.replicas = len(r.reps)
+	rp := replica{id: id, model: model, eng: e, alive: true, wake: -1}
+	// The fleet gives it the next slot, or that of a removed replica
+	// whose requests have all finished (its engine is idle).
+	i := r.fl.At(id)
+	if i == len(r.reps) {
+		r.reps = append(r.reps, rp)
+	} else {
+		r.reps[i] = rp
+	}
+	r.res.replicas = max(r.res.replicas, len(r.reps))
+	if r.added > r.cfg.Replicas {
+		r.trace(Step{Kind: StepAdd, Replica: i, Backend: id, Model: model})
+	}
 	return nil
 }
 
@@ -229,7 +246,7 @@ func (r *runner) busy() bool {
 func (r *runner) onScrape() {
 	for i := range r.reps {
 		rp := &r.reps[i]
-		if rp.alive {
+		if rp.alive && !rp.removed {
 			l := loadOf(rp.eng.Stats(), r.cfg.Preset.BlockSize, at(r.now))
 			r.each(func(f *fleet.Fleet) { f.SetLoad(rp.id, l) })
 			r.trace(Step{Kind: StepScrape, Replica: i, Load: l})

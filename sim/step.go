@@ -31,6 +31,12 @@ const (
 	StepKV
 	// StepDown: a replica went unhealthy.
 	StepDown
+	// StepAdd: a replica joined (Replica its index, Backend its id and
+	// model).
+	StepAdd
+	// StepRemove: a replica was taken out of the fleet (its requests in
+	// flight finish on it).
+	StepRemove
 )
 
 // Step is one thing the router's side of a simulated run did or was told,
@@ -59,6 +65,9 @@ type Step struct {
 	// Event and Hashes are the KV event (StepKV).
 	Event  engine.Kind
 	Hashes []prefix.Hash
+	// Backend and Model are the id and model of a replica that joined
+	// (StepAdd).
+	Backend, Model string
 }
 
 // trace sends s to Config.Trace, if set.

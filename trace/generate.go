@@ -109,6 +109,7 @@ func failure(opt GenOptions) (*Workload, error) {
 	w.Events = []FleetEvent{
 		{At: start + span/3, Kind: Kill, Replica: 0},
 		{At: start + 2*span/3, Kind: Add, Replica: -1},
+		{At: start + 5*span/6, Kind: Remove, Replica: 1},
 	}
 	return w, nil
 }

@@ -238,8 +238,9 @@ func TestFailureEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := Summary(w.Requests)
-	if len(w.Events) != 2 || w.Events[0].Kind != Kill || w.Events[1].Kind != Add || w.Events[1].Replica != -1 {
-		t.Fatalf("got events %+v, want a kill then an add", w.Events)
+	if len(w.Events) != 3 || w.Events[0].Kind != Kill || w.Events[1].Kind != Add || w.Events[1].Replica != -1 ||
+		w.Events[2].Kind != Remove || w.Events[2].Replica != 1 || w.Events[2].At <= w.Events[1].At {
+		t.Fatalf("got events %+v, want a kill, an add, then the removal of replica 1", w.Events)
 	}
 	if e := w.Events[0]; e.At <= w.Requests[0].At || e.At >= w.Requests[0].At+s.Duration {
 		t.Errorf("kill at %v, outside the run [0, %v]", e.At, s.Duration)

@@ -64,15 +64,21 @@ const (
 	// Add brings a new, empty (cold-cache) replica up at At, appended after
 	// the existing ones; Replica is -1.
 	Add
+	// Remove takes replica Replica out of the fleet at At, as the live
+	// router's admin API (DELETE) or discovery does: no new request goes
+	// to it, those in flight finish on it, and it is gone.
+	Remove
 )
 
-// String returns "kill" or "add".
+// String returns "kill", "add" or "remove".
 func (k FleetEventKind) String() string {
 	switch k {
 	case Kill:
 		return "kill"
 	case Add:
 		return "add"
+	case Remove:
+		return "remove"
 	}
 	return "unknown"
 }
@@ -82,7 +88,8 @@ type FleetEvent struct {
 	// At is when it happens, on the trace's clock (scaled with the requests).
 	At   time.Duration
 	Kind FleetEventKind
-	// Replica is the index of the replica killed (Kill), or -1 (Add).
+	// Replica is the index of the replica killed (Kill) or removed
+	// (Remove), or -1 (Add).
 	Replica int
 }
 

@@ -31,6 +31,9 @@ type Replica struct {
 	ID string
 	// Healthy is the health checker's verdict.
 	Healthy bool
+	// Draining says the replica takes no new requests while those in
+	// flight finish (the admin API's drain, or a removal by discovery).
+	Draining bool
 	// Models are the models the replica serves; ModelsKnown is false
 	// while they are not known (it is then a candidate for any model).
 	Models      []Model

@@ -28,7 +28,8 @@ import (
 const cutGrace = 5 * time.Second
 
 // runServe runs the live router until SIGTERM or SIGINT (or ctx is done),
-// then drains it: see drain. SIGHUP is logged and ignored.
+// then drains it: see drain. SIGHUP, or a change of the --config file,
+// reloads the backend list (dynamic.go); --discover finds backends in DNS.
 func runServe(ctx context.Context, args []string) error {
 	return serveTo(ctx, args, osGetenv, os.Stderr)
 }
@@ -59,6 +60,15 @@ func serveTo(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
+	dm, err := newDynMetrics(reg)
+	if err != nil {
+		return err
+	}
+	reload := newReloader(args, osGetenv, cfg, rt, dm, log)
+	disc, err := newDiscoverer(cfg, rt, dm, log)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -78,12 +88,13 @@ func serveTo(ctx context.Context, args []string, getenv func(string) string, std
 	var wg sync.WaitGroup
 	var runErr error
 	wg.Go(func() { runErr = rt.Run(bg) })
+	wg.Go(func() { runDynamic(bg, reload, cfg.ConfigPollInterval, disc) })
 	serveErr := make(chan error, 2)
 	wg.Go(func() { serveErr <- serve(srv, ln) })
 	if admin != nil {
 		wg.Go(func() { serveErr <- serve(admin, adminLn) })
 	}
-	err = waitStop(ctx, sigs, serveErr, log)
+	err = waitStop(ctx, sigs, serveErr, log, func() { reload.reload("sighup") })
 	drainErr := drain(srv, rt, cfg.DrainTimeout, sigs, log)
 	if admin != nil {
 		admin.Close()
@@ -154,14 +165,14 @@ func logStart(log *slog.Logger, cfg proxy.Config, rt *proxy.Router, ln, adminLn 
 }
 
 // waitStop waits for SIGTERM or SIGINT, ctx's end or a server's failure
-// (returned). SIGHUP is logged: reloading the configuration is not
-// supported yet.
-func waitStop(ctx context.Context, sigs <-chan os.Signal, serveErr <-chan error, log *slog.Logger) error {
+// (returned). SIGHUP calls hup (a reload).
+func waitStop(ctx context.Context, sigs <-chan os.Signal, serveErr <-chan error, log *slog.Logger, hup func()) error {
 	for {
 		select {
 		case s := <-sigs:
 			if s == syscall.SIGHUP {
-				logHangup(log)
+				log.Info("SIGHUP received: reloading the configuration")
+				hup()
 				continue
 			}
 			log.Info("kvrouter stopping", "signal", s.String())
@@ -177,7 +188,7 @@ func waitStop(ctx context.Context, sigs <-chan os.Signal, serveErr <-chan error,
 }
 
 func logHangup(log *slog.Logger) {
-	log.Warn("SIGHUP received: configuration reload is not supported yet; still serving with the configuration read at start")
+	log.Warn("SIGHUP received while draining: not reloading")
 }
 
 // drain stops the router gracefully: it turns unready (/readyz 503),

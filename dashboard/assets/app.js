@@ -132,7 +132,9 @@ function renderReplicas(f) {
   const rows = f.replicas.map((r) =>
     el("tr", { "data-replica": r.id },
       el("td", { class: "id", title: r.id },
-        el("span", { class: "badge " + (r.healthy ? "up" : "down") }, r.healthy ? "healthy" : "down"), " ", r.id),
+        el("span", { class: "badge " + (r.healthy ? "up" : "down") }, r.healthy ? "healthy" : "down"), " ",
+        r.draining ? el("span", { class: "badge warn", title: "takes no new requests; those in flight finish" }, "draining") : "",
+        r.draining ? " " : "", r.id),
       el("td", { class: "num" }, el("div", { class: "trend" }, sparkline(r.id, 90, 20), el("span", { class: "inflight" }, int(r.in_flight)))),
       el("td", { class: "num" }, r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—"),
       el("td", { class: "num" }, int(r.prefill_tokens)),
