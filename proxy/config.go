@@ -273,6 +273,10 @@ type Config struct {
 	// source (transfer.go). Only engines with a KV connector (NIXL,
 	// LMCache, kvrouter's emulator) can act on it; false never sends it.
 	KVTransfer bool `yaml:"kv-transfer"`
+	// InterconnectGBps is the replicas' link bandwidth in GB/s each way,
+	// which the cost model prices transfers at; zero means the preset's
+	// (50 GB/s per GPU).
+	InterconnectGBps float64 `yaml:"interconnect-gbps"`
 	// RetryBufferBytes is the largest non-streaming response read whole
 	// before the client gets a byte of it, so that a failure while reading
 	// it is retried; larger ones pass through past that point. Zero means
@@ -629,6 +633,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Backends) == 0 && c.Discover == "" {
 		errs = append(errs, errors.New("backend: at least one is needed (--backend http://host:port)"))
+	}
+	if !(c.InterconnectGBps >= 0 && c.InterconnectGBps <= 1e6) {
+		errs = append(errs, fmt.Errorf("interconnect-gbps %g: want 0 (the preset's) up to 1e6", c.InterconnectGBps))
 	}
 	seen := map[string]bool{}
 	for _, b := range c.Backends {

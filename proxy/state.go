@@ -90,7 +90,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		Events:      cfg.Precise(),
 		Engine:      st.hasher.Engine(),
 		TextTokens:  st.hasher.TextTokens(),
-		Rates:       scaleRates(presetRates(ecfg), cfg.TimeScale),
+		Rates:       scaleRates(presetRates(ecfg, cfg.KVTransfer, cfg.InterconnectGBps), cfg.TimeScale),
 		CacheBlocks: cacheBlocks,
 		SessionTTL:  cfg.SessionTTL,
 		MaxSessions: cfg.MaxSessions,
@@ -156,11 +156,19 @@ func (st *state) declared(id string) []string {
 // Scale and DecodeScale are learned, not the preset's, and stay. A zero duration (route's
 // default) stays zero: engine.Config.Rates fills every field.
 // presetRates is the cost model's start from the engines' preset: its
-// timing, and the load time of a CPU tier's blocks, which earn credit
-// when the engines report some (precise mode).
-func presetRates(ecfg engine.Config) route.Rates {
+// timing, the load time of a CPU tier's blocks, which earn credit when the
+// engines report some (precise mode), and with transfer (--kv-transfer)
+// the interconnect's at gbps GB/s (zero: the preset's), so that the policy
+// may order KV imports.
+func presetRates(ecfg engine.Config, transfer bool, gbps float64) route.Rates {
 	rt := ecfg.Rates()
 	rt.LoadPerMTokens = ecfg.LoadPerMTokens()
+	if transfer {
+		if gbps > 0 {
+			ecfg.InterconnectGBps = gbps
+		}
+		rt.TransferPerMTokens = ecfg.TransferPerMTokens()
+	}
 	return rt
 }
 

@@ -1,10 +1,14 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // transferBlocks is the import the test policy orders, in router blocks
@@ -247,5 +252,111 @@ func TestKVTransferContinuationDropsParams(t *testing.T) {
 	}
 	if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midContinued); got != 1 {
 		t.Errorf("kvrouter_stream_failures_total{result=continued} = %v, want 1", got)
+	}
+}
+
+// TestKVAwareOrdersTransfer: the default policy, with --kv-transfer and a
+// 5 GB/s link (where importing a 4,000-word prompt's KV beats computing
+// it), sends a repeat of a prompt whose holder has a long queue to the
+// idle replica with an import from the holder: the
+// forwarded body names the source, the destination fetches the blocks and
+// reports them cached, and the first token comes when the router
+// predicted it, within 30%.
+func TestKVAwareOrdersTransfer(t *testing.T) {
+	const scale, gbps = 0.2, 5
+	start := func() *emulator.Server {
+		e, err := emulator.Start(emulator.Config{Model: "m", Preset: DefaultPreset, TimeScale: scale, InterconnectGBps: gbps}, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	a, b := start(), start()
+	cfg := DefaultConfig()
+	cfg.Listen, cfg.KVTransfer, cfg.InterconnectGBps, cfg.TimeScale = "127.0.0.1:0", true, gbps, scale
+	cfg.Backends = []Backend{{URL: a.URL()}, {URL: b.URL()}}
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRouter(t, rt) // scrapes: the policy sees the holder's batch
+	mux := http.NewServeMux()
+	mux.Handle("/", rt.Handler())
+	mux.Handle("/debug/", rt.AdminHandler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	words := make([]string, 4000) // of 4 characters: a token each
+	for i := range words {
+		words[i] = fmt.Sprintf("w%c%c%c", 'a'+i%26, 'a'+i/26%26, 'a'+i/676)
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(words, " "), "max_tokens": 4, "stream": true})
+	resp, _ := do(t, "POST", srv.URL+"/v1/completions", string(body))
+	holder := resp.Header.Get(HeaderReplica)
+	other := map[string]*emulator.Server{a.URL(): b, b.URL(): a}[holder]
+	if other == nil {
+		t.Fatalf("warm request served by %q", holder)
+	}
+	// Give the holder a queue the router did not place (another client's
+	// long prompts, straight to the engine): its scraped Waiting.
+	var streams sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); streams.Wait() })
+	for i := range 24 {
+		other := make([]string, 2000)
+		for k := range other {
+			other[k] = fmt.Sprintf("q%d-%d", i, k)
+		}
+		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(other, " "), "max_tokens": 4})
+		req, _ := http.NewRequestWithContext(ctx, "POST", holder+"/v1/completions", strings.NewReader(string(b)))
+		streams.Go(func() {
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	eventually(t, "the holder's queue in its metrics", func() bool {
+		for _, r := range rt.st.fleet.View(time.Now()).Replicas {
+			if r.ID == holder && r.Waiting >= 8 {
+				return true
+			}
+		}
+		return false
+	})
+
+	resp, out := do(t, "POST", srv.URL+"/v1/completions", string(body))
+	if got := resp.Header.Get(HeaderReplica); got != other.URL() {
+		t.Fatalf("repeat served by %s (%s), want the idle replica with a transfer", got, resp.Header.Get(HeaderDecision))
+	}
+	if d := resp.Header.Get(HeaderDecision); !strings.Contains(d, "reason=transfer") || !strings.Contains(d, "transfer=from "+holder) {
+		t.Fatalf("decision %q, want a transfer from %s", d, holder)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(out), "data: [DONE]") {
+		t.Errorf("stream did not end: %s", out)
+	}
+	_, dec := do(t, "GET", srv.URL+"/debug/decisions?n=1", "")
+	var recs struct {
+		Decisions []view.Decision `json:"decisions"`
+	}
+	if err := json.Unmarshal([]byte(dec), &recs); err != nil || len(recs.Decisions) == 0 {
+		t.Fatalf("decisions %s: %v", dec, err)
+	}
+	rec := recs.Decisions[0]
+	if rec.Reason != route.ReasonTransfer || rec.PredictedTTFTMS <= 0 {
+		t.Fatalf("record %+v, want the transfer with its predicted TTFT", rec)
+	}
+	if rec.ActualCached < rec.PromptTokens*9/10 {
+		t.Errorf("the destination reported %d of %d prompt tokens cached, want the imported prefix", rec.ActualCached, rec.PromptTokens)
+	}
+	ratio := rec.TTFTMS / rec.PredictedTTFTMS
+	t.Logf("TTFT %.1f ms, predicted %.1f ms (import %.1f ms): %.2f×", rec.TTFTMS, rec.PredictedTTFTMS, rec.PredictedTransferMS, ratio)
+	if raceEnabled {
+		return // the race detector slows the HTTP hops several times over; the time is checked without it
+	}
+	if ratio < 0.7 || ratio > 1.3 {
+		t.Errorf("TTFT %.1f ms against %.1f ms predicted (%.2f×), want within 30%% (import predicted %.1f ms)",
+			rec.TTFTMS, rec.PredictedTTFTMS, ratio, rec.PredictedTransferMS)
 	}
 }

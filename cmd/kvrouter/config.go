@@ -131,6 +131,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.StreamIdleTimeout, "stream-idle-timeout", cfg.StreamIdleTimeout, "a stream whose replica sends nothing for this long is continued elsewhere or ended with an error event (0: none)")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "limit on a whole request, retries and continuations included (0: none)")
 	fs.BoolVar(&cfg.StreamContinue, "stream-continue", cfg.StreamContinue, "continue a stream on another replica when its replica fails after the first token (false: end it with an error event)")
+	fs.Float64Var(&cfg.InterconnectGBps, "interconnect-gbps", cfg.InterconnectGBps, "the replicas' link bandwidth in GB/s each way, at which --kv-transfer prices imports; 0: the preset's (50 per GPU)")
 	fs.BoolVar(&cfg.KVTransfer, "kv-transfer", cfg.KVTransfer, "let the router order KV transfers between replicas (kv_transfer_params naming the source, as vLLM's NixlConnector reads them); only for engines with a KV connector")
 	fs.Int64Var(&cfg.RetryBufferBytes, "retry-buffer-bytes", cfg.RetryBufferBytes, "largest non-streaming response read whole before the client gets it, so that a failure reading it is retried (0: none)")
 	fs.IntVar(&cfg.EjectConsecutive, "eject-consecutive", cfg.EjectConsecutive, "failed requests in a row that eject a replica")
