@@ -90,23 +90,21 @@ func (rt *Router) serveAddBackend(w http.ResponseWriter, r *http.Request) {
 }
 
 func (rt *Router) serveDrainBackend(w http.ResponseWriter, r *http.Request) {
-	b, ok := rt.readBackendBody(w, r, false)
-	if !ok {
-		return
-	}
-	if err := rt.DrainBackend(b.URL, SourceAdmin); err != nil {
-		rt.writeMemberError(w, err)
-		return
-	}
-	rt.writeBackend(w, http.StatusOK, b.URL)
+	rt.serveBackendOp(w, r, rt.DrainBackend)
 }
 
 func (rt *Router) serveUndrainBackend(w http.ResponseWriter, r *http.Request) {
+	rt.serveBackendOp(w, r, rt.UndrainBackend)
+}
+
+// serveBackendOp applies op (drain, undrain) to the backend the body names
+// and answers its state.
+func (rt *Router) serveBackendOp(w http.ResponseWriter, r *http.Request, op func(url, source string) error) {
 	b, ok := rt.readBackendBody(w, r, false)
 	if !ok {
 		return
 	}
-	if err := rt.UndrainBackend(b.URL, SourceAdmin); err != nil {
+	if err := op(b.URL, SourceAdmin); err != nil {
 		rt.writeMemberError(w, err)
 		return
 	}

@@ -14,9 +14,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // serveLimited runs a Router in front of backends on a real listener with
@@ -42,17 +39,7 @@ func serveLimited(t *testing.T, mod func(*Config), backends ...string) (rt *Rout
 // when absent.
 func metricValue(t *testing.T, url, name string, labels ...string) float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range mfs[name].GetMetric() {
+	for _, m := range families(t, url)[name].GetMetric() {
 		have := map[string]string{}
 		for _, l := range m.GetLabel() {
 			have[l.GetName()] = l.GetValue()
