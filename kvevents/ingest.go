@@ -298,10 +298,11 @@ func (g *ingester) applyRun(msgs []replayed) {
 }
 
 // apply decodes one batch fully, then applies it: a batch that does not
-// decode changes nothing.
+// decode changes nothing. The batch is counted last, so a reader that sees
+// it in Batches also sees everything it changed.
 func (g *ingester) apply(seq uint64, payload []byte, at time.Time) {
 	g.next, g.known, g.started = seq+1, true, true
-	g.c.batches.Add(1)
+	defer g.c.batches.Add(1)
 	if err := g.dec.Decode(payload, &g.batch); err != nil {
 		g.c.decodeErrors.Add(1)
 		g.log.Debug("kv events: undecodable batch", "seq", seq, "err", err)

@@ -20,7 +20,7 @@ type Status struct {
 	// AllBlocksCleared); Stored and Removed count their blocks.
 	Events, Stored, Removed uint64
 	// Batches counts messages (live or replayed) applied or dropped as
-	// undecodable.
+	// undecodable, each after the other counters it changes.
 	Batches uint64
 	// Gaps counts sequence gaps seen (seq > expected).
 	Gaps uint64
