@@ -118,6 +118,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	}
 	c.Streamed = r.TTFT
 	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
+	c.Stale, c.StaleReplica = stale(&sc.Request, &sc.Snapshot)
 	tk := f.acquire(rep, c, now)
 	f.bookLinks(d, now)
 	if r.Session != "" {
@@ -126,6 +127,18 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	f.tr.Touch(d.Replica, r.Chains, f.indexTime(now), &sc.ms)
 	f.peers.note(r, rep, now)
 	return tk
+}
+
+// stale is the most prompt tokens request r matched on a replica whose
+// match was last touched at least half its eviction horizon ago, and
+// that replica (Claim.Stale); both 0 when there is none.
+func stale(r *route.Request, s *route.Snapshot) (tokens, replica int) {
+	for i, m := range r.Match[:min(len(r.Match), len(r.Age), len(s.Replicas))] {
+		if h := s.Replicas[i].Rates.Horizon; m*s.BlockSize > tokens && h > 0 && r.Age[i] >= h/2 {
+			tokens, replica = m*s.BlockSize, i
+		}
+	}
+	return min(tokens, max(r.Tokens, 0)), replica
 }
 
 // predictedTTFT is the chosen candidate's time to first token at Scale 1:

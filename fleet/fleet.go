@@ -191,15 +191,16 @@ type replica struct {
 
 	// mu guards load, scraped, cal, dcal, churn, rates, recent and the
 	// shares.
-	mu      sync.Mutex
-	load    scrape.Load
-	scraped bool
-	cal     Calibrator // Scale, from times to first token
-	dcal    Calibrator // DecodeScale, from inter-token latencies
-	hits    hitTally   // HitScale, from the engines' cached tokens
-	churn   Churn
-	recent  window.Sums // recent prefill tokens (A)
-	rates   route.Rates // the preset corrected by cal, dcal and churn
+	mu        sync.Mutex
+	load      scrape.Load
+	scraped   bool
+	cal       Calibrator     // Scale, from times to first token
+	dcal      Calibrator     // DecodeScale, from inter-token latencies
+	hits      hitTally       // HitScale, from the engines' cached tokens
+	displaced displacedTally // Displaced, from the engines' cached tokens
+	churn     Churn
+	recent    window.Sums // recent prefill tokens (A)
+	rates     route.Rates // the preset corrected by cal, dcal and churn
 	// calShare and dcalShare are r's contributions to Fleet.cal and dcal.
 	calShare, dcalShare share
 
@@ -437,6 +438,7 @@ func (f *Fleet) updateLocked(r *replica) {
 	r.rates = r.cal.Apply(f.cfg.Rates)
 	r.rates.DecodeScale = r.dcal.Scale()
 	r.rates.HitScale = r.hits.scale()
+	r.rates.Displaced = r.displaced.share()
 	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0
 	r.calShare.set(&f.cal, r.rates.Scale, calibrated)
 	r.dcalShare.set(&f.dcal, r.rates.DecodeScale, dcalibrated)

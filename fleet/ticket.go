@@ -29,6 +29,12 @@ type Claim struct {
 	// HitScale is the replica's Rates.HitScale the prediction was made
 	// with (zero: 1), which the engine's cached tokens correct.
 	HitScale float64
+	// Stale is the most prompt tokens the index matched on a replica
+	// whose match was last touched at least half that replica's eviction
+	// horizon ago, and StaleReplica that replica (Stale 0: none): what of
+	// them the engine did not have cached, wherever the request went, that
+	// replica evicted (Rates.Displaced).
+	Stale, StaleReplica int
 	// Streamed says the response streams, so that its first token and its
 	// end are seen when the engine makes them: the time between, over the
 	// output tokens, is its inter-token latency, which calibrates the
@@ -173,10 +179,14 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.completed.Add(1)
 	t.learn(now, u, batch, prev == ticketDecoding)
+	if u.CachedTokens >= 0 && u.PromptTokens > 0 {
+		t.f.observeEvicted(&t.claim, u)
+	}
 }
 
 // learn takes what a completed request says of its replica: the view's
-// totals, and the corrections of Scale, DecodeScale and HitScale, learned
+// totals, and the corrections of Scale, DecodeScale, HitScale and
+// Displaced, learned
 // under one lock and published once.
 func (t *Ticket) learn(now time.Time, u Usage, batch int, decoded bool) {
 	r := t.r
@@ -199,6 +209,7 @@ func (t *Ticket) learn(now time.Time, u Usage, batch int, decoded bool) {
 	}
 	if hits {
 		t.observeHitsLocked(predicted, u.CachedTokens)
+		r.displaced.observe(0, stored(u))
 		changed = true
 	}
 	if changed {

@@ -43,7 +43,15 @@ import "time"
 //   - Memory: with u the KV usage after admitting its blocks, above
 //     HighWater it evicts cached prefixes others would reuse ((u −
 //     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);
-//     above 1 a running sequence is preempted and recomputed.
+//     above 1 a running sequence is preempted and recomputed. And a
+//     placement that stores a copy of what another replica caches (it
+//     computes or imports the prefix the best holder has) evicts as many
+//     tokens, each asked for again with the replica's measured
+//     probability Rates.Displaced: 2 × Displaced × the copy's prefill.
+//     A token stored that no replica has is worth about what it evicts;
+//     a copy's hits are the holder's anyway, save the balancing the
+//     other terms price. On a cache that has yet to evict, or under
+//     little pressure, Displaced is 0 and copies are free.
 //
 // The prefix a replica lacks need not be computed. Each candidate is
 // priced three ways and keeps the cheapest: computing what its GPU does

@@ -47,7 +47,11 @@ type kvRequest struct {
 	src       int
 	srcCached float64
 	srcWorth  float64 // the source's cached tokens as compute time, less its link's wait
-	reps      []Replica
+	// held is the most expected cached tokens of the prompt on any
+	// healthy replica: a placement that stores more of the prompt than it
+	// has stores a copy of up to that many (Memory's displacement).
+	held float64
+	reps []Replica
 }
 
 func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
@@ -75,6 +79,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 		if matchOf(r, i) > 0 {
 			m = q.matched(i)
 			q.deepMatch = max(q.deepMatch, m)
+			q.held = max(q.held, q.cached(rp, i, q.rates(&rp.Rates)))
 			q.source(rp, i)
 		}
 		if key := float64(rp.PrefillTokens) + (tokens-m)*(1+b); q.first < 0 || key < least {
@@ -247,7 +252,14 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// that arrive during its prefill.
 	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + 2*q.behind(rt, prefill)
 
-	memory := q.memory(rp, rt, fresh, q.tokens-local) * rt.Scale // imported blocks take room too
+	// Memory: KV pressure (imported blocks take room too), and the copy
+	// of what another replica holds that this placement stores: computed
+	// or imported, past what this replica had on its GPU or CPU tier.
+	own := local
+	if load > 0 {
+		own = cached
+	}
+	memory := (q.memory(rp, rt, fresh, q.tokens-local) + q.displaced(rt, own)) * rt.Scale
 	total := 2*(wait+float64(imp.Time)+load+prefill) + decode + others + memory
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
@@ -390,6 +402,26 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 		cost += prefillNS(rt, ctx, 0)
 	}
 	return cost
+}
+
+// displaced is the unscaled cost of the tokens a placement evicts to
+// store a copy of what another replica holds: the tokens of the prompt
+// the best holder has expected beyond own (what this replica has, on its
+// GPU or, when it loads them, its CPU tier), each evicting a token that
+// is asked for again with probability Displaced, whose prefill the next
+// request pays in its time to first token and so in both latencies.
+//
+// Every token a placement stores evicts one once the cache is full, but
+// a new token is worth about what it evicts, so only a copy is a loss to
+// the fleet: its hits are ones the holder would give anyway, save the
+// balancing the queue and batch terms already price. Going to the holder
+// copies nothing; a recompute or an import elsewhere copies the prefix.
+func (q *kvRequest) displaced(rt *Rates, own float64) float64 {
+	copied := q.held - own
+	if copied <= 0 || rt.Displaced <= 0 {
+		return 0
+	}
+	return 2 * rt.Displaced * prefillNS(rt, copied, 0)
 }
 
 // bound is a lower bound of price's total for replica i, and the tokens

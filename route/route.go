@@ -85,6 +85,13 @@ type Rates struct {
 	// eviction on this replica (learned from its KV churn); zero means
 	// unknown (no decay).
 	Horizon time.Duration
+	// Displaced is what a token of KV the replica newly stores costs the
+	// tokens it evicts, in prefills of a token: the share of the tokens it
+	// evicted that later requests asked it for again (learned online from
+	// the engine's cached tokens; zero: nothing measured, or a cache that
+	// has not yet had to evict). kv-aware charges it to the tokens a
+	// placement copies from another replica (KVAware, Memory).
+	Displaced float64
 	// Scale corrects the prefill side of the model (Wait and Prefill) from
 	// observed times to first token: observed / predicted, learned online;
 	// zero means 1.

@@ -102,3 +102,43 @@ func TestTransferWaitsForTheLink(t *testing.T) {
 		t.Errorf("link busy for 1 s: %+v, want a recompute on the idle replica", d)
 	}
 }
+
+// TestKVAwarePricesCopies: an import, like a recompute, stores on the idle
+// replica a copy of the 8,000 tokens the holder caches, and each token it
+// stores evicts one that requests ask for again with probability
+// Displaced (the replica's measured share): Memory carries 2 × Displaced ×
+// the prefill of the copy, which the next request pays in both
+// latencies. With nothing displaced the import to the idle replica wins
+// over the holder's queue; when what it evicts is asked for again, the
+// holder's queue is the cheaper price, and going there copies nothing.
+func TestKVAwarePricesCopies(t *testing.T) {
+	cfg, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		displaced float64
+		want      int
+	}{{0, 1}, {0.25, 1}, {1, 0}} {
+		r, s := transferFleet(cfg, 50, 0)
+		s.Replicas[0].PrefillTokens = 6000
+		for i := range s.Replicas {
+			s.Replicas[i].Rates.Displaced = tc.displaced
+		}
+		d := route.KVAware{}.Pick(r, s)
+		if d.Replica != tc.want {
+			t.Errorf("Displaced %g: chose %d (%s), want %d", tc.displaced, d.Replica, d.Reason, tc.want)
+		}
+		rt := s.Replicas[1].Rates.WithDefaults()
+		copied := 8000.0
+		want := 2 * tc.displaced * (copied*float64(rt.PrefillPerToken) + copied*copied/2*float64(rt.AttnPerMPairs)*1e-6)
+		for _, k := range d.Costs {
+			switch {
+			case k.Replica == 1 && math.Abs(float64(k.Memory)-want) > 1e3:
+				t.Errorf("Displaced %g: the idle replica's Memory %v, want %v", tc.displaced, k.Memory, time.Duration(want))
+			case k.Replica == 0 && k.Memory != 0:
+				t.Errorf("Displaced %g: the holder's Memory %v, want 0 (it copies nothing)", tc.displaced, k.Memory)
+			}
+		}
+	}
+}

@@ -81,9 +81,10 @@ type Replica struct {
 	// Scale is the learned TTFT correction factor (1: the cost model was
 	// right; zero: unknown), DecodeScale the learned inter-token latency
 	// one (the same); Horizon the estimated eviction horizon (zero:
-	// unknown).
-	Scale, DecodeScale float64
-	Horizon            time.Duration
+	// unknown); Displaced the learned share of its evicted tokens that
+	// requests asked for again (route.Rates.Displaced).
+	Scale, DecodeScale, Displaced float64
+	Horizon                       time.Duration
 	// Events is the replica's KV-event stream; nil when the router does
 	// not consume KV events.
 	Events *Events

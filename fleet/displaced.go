@@ -1,0 +1,74 @@
+package fleet
+
+// displacedTally learns a replica's Rates.Displaced: of the tokens the
+// replica stores (the prompt tokens it computed and those it generated,
+// each of which evicts one once its cache is full), the share that later
+// requests asked it for again after they were evicted. Both are summed
+// over the router's completed requests with exponentially decaying
+// weights (about the last displacedMemory). A request's evicted tokens
+// are those of its deepest match on a replica that the engine serving it
+// did not have cached, wherever it was sent, charged to the replica that
+// held the match, and counted only for a match last touched at least half
+// that replica's eviction horizon ago (Claim.Stale): LRU evicts what is
+// oldest, and a younger shortfall is a prefix still being computed, or a
+// placement elsewhere while the holder still had it, not an eviction.
+//
+// Before the cache has filled nothing is evicted and the share stays 0.
+type displacedTally struct {
+	evicted, stored float64
+}
+
+// displacedMemory is the requests the tally remembers, about: evictions
+// are rarer than hits, so it remembers longer than hitTally.
+const displacedMemory = 256
+
+// observe adds evicted tokens a request asked the replica for again and
+// stored tokens a request made it store.
+func (d *displacedTally) observe(evicted, stored float64) {
+	const keep = 1 - 1.0/displacedMemory
+	d.evicted = d.evicted*keep + evicted
+	d.stored = d.stored*keep + stored
+}
+
+// share is the learned Displaced, 0..1: 0 until the replica stored a
+// token.
+func (d *displacedTally) share() float64 {
+	if d.stored <= 0 {
+		return 0
+	}
+	return min(d.evicted/d.stored, 1)
+}
+
+// stored is the tokens a completed request made its replica store: the
+// prompt tokens it computed and those it generated.
+func stored(u Usage) float64 {
+	return float64(max(u.PromptTokens-u.CachedTokens, 0) + max(u.CompletionTokens, 0))
+}
+
+// observeEvicted adds to the tally of the claim's stale replica the
+// tokens of its stale match the engine that served the request did not
+// have cached (in the engine's tokens): what that replica evicted and was
+// asked for again, wherever the request went.
+func (f *Fleet) observeEvicted(c *Claim, u Usage) {
+	if c.Stale <= 0 || c.PromptTokens <= 0 {
+		return
+	}
+	stale := int(int64(min(c.Stale, c.PromptTokens)) * int64(u.PromptTokens) / int64(c.PromptTokens))
+	evicted := stale - u.CachedTokens
+	if evicted <= 0 {
+		return
+	}
+	f.mu.RLock()
+	var r *replica
+	if c.StaleReplica >= 0 && c.StaleReplica < len(f.reps) {
+		r = f.reps[c.StaleReplica]
+	}
+	f.mu.RUnlock()
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.displaced.observe(float64(evicted), 0)
+	f.updateLocked(r)
+	r.mu.Unlock()
+}

@@ -1,0 +1,68 @@
+package fleet
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/route"
+)
+
+// TestDisplacedIsTheEvictedShare: replica a stores 5,000 tokens per
+// request (4,000 computed, 1,000 generated); after each, a request whose
+// prefix a matched long ago is sent to b, where it finds 1,000 of the
+// 3,000 tokens a had. The 2,000 it lacked are a's evictions, asked for
+// again: a's Displaced is 2,000 / 5,000, and b's, which evicted nothing
+// anyone asked for, 0. A stale match the serving engine had cached in
+// full counts nothing.
+func TestDisplacedIsTheEvictedShare(t *testing.T) {
+	f := newFleet(t, Config{Replicas: reps(a, b)})
+	now := t0
+	for range 200 {
+		tk, err := f.Acquire(a, Claim{PrefillTokens: 4000, Tokens: 6000, PromptTokens: 5000}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Done(now, Usage{PromptTokens: 5000, CachedTokens: 1000, CompletionTokens: 1000}, nil)
+		for _, cached := range []int{1000, 3000} {
+			tk, err = f.Acquire(b, Claim{PrefillTokens: 3000, Tokens: 3100, PromptTokens: 3000, Stale: 3000, StaleReplica: 0}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tk.Done(now, Usage{PromptTokens: 3000, CachedTokens: cached, CompletionTokens: 100}, nil)
+		}
+		now = now.Add(time.Second)
+	}
+	var s route.Snapshot
+	f.Snapshot(&s, now, 16)
+	if got := s.Replicas[0].Rates.Displaced; math.Abs(got-0.4) > 0.01 {
+		t.Errorf("a's Displaced %.4f, want 0.4", got)
+	}
+	if got := s.Replicas[1].Rates.Displaced; got != 0 {
+		t.Errorf("b's Displaced %.4f, want 0", got)
+	}
+}
+
+// TestStaleMatchIsTheDeepestOld: of the replicas' matches, the one that
+// counts for Displaced is the deepest last touched at least half its
+// replica's horizon ago; a deeper but younger match is a prefix in use
+// (or still being computed), and a replica with no measured horizon
+// evicts nothing.
+func TestStaleMatchIsTheDeepestOld(t *testing.T) {
+	rep := func(h time.Duration) route.Replica { return route.Replica{Rates: route.Rates{Horizon: h}} }
+	s := &route.Snapshot{BlockSize: 16, Replicas: []route.Replica{rep(time.Minute), rep(time.Minute), rep(time.Minute), rep(0)}}
+	r := &route.Request{Tokens: 5000,
+		Match: []int{100, 250, 200, 300}, // blocks
+		Age:   []time.Duration{40 * time.Second, 20 * time.Second, 30 * time.Second, time.Hour}}
+	if tokens, i := stale(r, s); tokens != 3200 || i != 2 {
+		t.Errorf("stale = %d tokens on replica %d, want 3200 on 2", tokens, i)
+	}
+	r.Tokens = 1000
+	if tokens, i := stale(r, s); tokens != 1000 || i != 2 {
+		t.Errorf("stale of a 1,000-token prompt = %d on %d, want 1000 on 2", tokens, i)
+	}
+	r.Age = []time.Duration{time.Second, time.Second, time.Second, time.Hour}
+	if tokens, i := stale(r, s); tokens != 0 || i != 0 {
+		t.Errorf("stale with young matches = %d on %d, want 0 on 0", tokens, i)
+	}
+}
