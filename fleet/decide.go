@@ -41,6 +41,8 @@ type Scratch struct {
 	Request  route.Request
 	match    []int
 	age      []time.Duration
+	fresh    []int
+	freshAge []time.Duration
 	off      []int
 	costs    []route.Cost
 	ms       residency.MatchScratch
@@ -79,6 +81,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	} else {
 		f.tr.Match(r.Chains, t, snap.BlockSize, sc.match, sc.age, &sc.ms)
 	}
+	fresh, freshAge := f.fresh(r, snap, t, sc)
 	var off []int
 	if f.kind == route.Precise {
 		sc.off = fit(sc.off, n)
@@ -92,7 +95,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	sc.Request = route.Request{
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
 		Tokens: r.Tokens, MaxTokens: r.MaxTokens, Blocks: blocks,
-		Match: sc.match, Age: sc.age, Offloaded: off, Pinned: f.pin(r.Session, snap, now),
+		Match: sc.match, Age: sc.age, Fresh: fresh, FreshAge: freshAge, Offloaded: off, Pinned: f.pin(r.Session, snap, now),
 		Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
 	}
 	d := f.policy.Pick(&sc.Request, snap)
@@ -100,6 +103,33 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 		return d, nil
 	}
 	return d, f.commit(r, d, now, sc)
+}
+
+// fresh fills sc's Fresh and FreshAge for the replicas whose approximate
+// match is older than half their eviction horizon: how much of it other
+// requests touched since (route.Request.Fresh). It returns nil slices when
+// no replica has one.
+func (f *Fleet) fresh(r *Request, snap *route.Snapshot, t time.Duration, sc *Scratch) ([]int, []time.Duration) {
+	var fresh []int
+	var ages []time.Duration
+	for i, m := range sc.match {
+		h := snap.Replicas[i].Rates.Horizon
+		if m <= 0 || h <= 0 || sc.age[i] <= h/2 {
+			continue
+		}
+		n, a := f.tr.Fresh(r.Chains, snap.BlockSize, i, m, h/2, t, &sc.ms)
+		if n <= 0 {
+			continue
+		}
+		if fresh == nil {
+			sc.fresh, sc.freshAge = fit(sc.fresh, len(sc.match)), fit(sc.freshAge, len(sc.match))
+			clear(sc.fresh)
+			clear(sc.freshAge)
+			fresh, ages = sc.fresh, sc.freshAge
+		}
+		fresh[i], ages[i] = n, a
+	}
+	return fresh, ages
 }
 
 // commit charges the decision's replica and binds the session to it.

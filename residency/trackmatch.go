@@ -133,6 +133,24 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 	}
 }
 
+// Fresh returns, for replica r matched against the approximate index with
+// match blocks of unit tokens (Match), the leading ones of them r touched
+// within the last within, and the age of the deepest of those (Index.Fresh);
+// 0 and 0 for a replica whose precise stream is trusted (its match does
+// not decay) or without chains.
+func (t *Tracker) Fresh(chains []Chain, unit, r, match int, within, now time.Duration, sc *MatchScratch) (int, time.Duration) {
+	ci := t.chainOf(chains, r)
+	if t.approx == nil || unit <= 0 || ci < 0 || t.Live(r) || !t.fallback() {
+		return 0, 0
+	}
+	hashes, it := t.coarsen(&chains[ci], sc)
+	if it <= 0 {
+		return 0, 0
+	}
+	n, age := t.approx.Fresh(r, hashes, match*unit/it, within, now)
+	return n * it / unit, age
+}
+
 // MatchOffloaded fills, for every replica r < len(out) whose precise
 // stream is trusted, out[r] with the leading blocks of unit tokens of the
 // request the replica holds off the GPU only (its CPU tier), and with 0

@@ -21,7 +21,10 @@ import "time"
 //
 //   - Matched: the expected cached prompt tokens, p × the index's match, p
 //     the probability the prefix is still resident (resident: a smoothed
-//     step at the replica's eviction horizon).
+//     step at the replica's eviction horizon). An approximate match's age
+//     is its deepest block's; when that is old but other requests have
+//     since touched a leading part of it (a shared context under an old
+//     conversation, Request.Fresh), that part is priced at its own age.
 //   - Wait, until its prefill starts: the prefill queued ahead of it (the
 //     router's own and, from fresh metrics, the engine's other waiting
 //     requests), each of whose iterations also carries the running

@@ -94,6 +94,30 @@ func TestKVAwareDecaysOldEntries(t *testing.T) {
 	}
 }
 
+// TestKVAwareWarmPrefixOfAnOldMatch: replica 0 last served this
+// conversation long past its horizon, so its 7,000-token match as a whole
+// is likely gone; but other requests sharing the first 6,000 tokens (the
+// group's context) touched them 10 s ago (Request.Fresh). Those are still
+// resident: 6,000 tokens are expected cached there, the old turns past
+// them are not, and the request goes to replica 0 although replica 1 is
+// idle. Without the fresh part, replica 0's match counts as evicted.
+func TestKVAwareWarmPrefixOfAnOldMatch(t *testing.T) {
+	horizon := Rates{Horizon: time.Minute}
+	a, b := queued(2000), idle()
+	a.Rates, b.Rates = horizon, horizon
+	snap := Snapshot{Replicas: []Replica{a, b}}
+	r := rq(8000, 7000/16, 0)
+	r.Age = []time.Duration{5 * time.Minute, 0}
+	if d := (KVAware{}).Pick(r, &snap); d.Replica != 1 || d.Matched != 0 {
+		t.Errorf("old match, nothing known warm: got %d with %d cached, want 1 with 0", d.Replica, d.Matched)
+	}
+	r.Fresh, r.FreshAge = []int{6000 / 16, 0}, []time.Duration{10 * time.Second, 0}
+	d := KVAware{}.Pick(r, &snap)
+	if d.Replica != 0 || d.Matched != 6000 {
+		t.Errorf("warm shared context: got %d with %d cached, want 0 with 6000", d.Replica, d.Matched)
+	}
+}
+
 func TestKVAwareStickinessBreaksUnderLoad(t *testing.T) {
 	runPicks(t, KVAware{}, []pickCase{
 		// 20 ms of queue < 42 ms of prefill saved: stay.

@@ -305,14 +305,26 @@ func (q *kvRequest) behind(rt *Rates, prefill float64) float64 {
 }
 
 // cached is the expected cached prompt tokens on replica i: the index's
-// match, at most the prompt, times the probability it is still resident.
+// match, at most the prompt, times the probability it is still resident,
+// taken at two points of its age profile when the request says where it
+// changes (Request.Fresh): the warm leading part at its age, the rest at
+// the match's.
 func (q *kvRequest) cached(rp *Replica, i int, rt *Rates) float64 {
 	m := q.matched(i)
 	if m <= 0 {
 		return 0
 	}
 	capacity := float64(rp.CacheBlocks) * float64(q.bs)
-	return math.Floor(min(resident(ageOf(q.r, i), rt.Horizon, capacity, q.tokens)*rt.HitScale, 1) * m)
+	p := resident(ageOf(q.r, i), rt.Horizon, capacity, q.tokens)
+	if i < len(q.r.Fresh) && q.r.Fresh[i] > 0 && p < 1 {
+		warm := min(float64(q.r.Fresh[i]*q.bs), m)
+		pw := 1.0
+		if i < len(q.r.FreshAge) {
+			pw = resident(q.r.FreshAge[i], rt.Horizon, capacity, q.tokens)
+		}
+		p = (warm*max(pw, p) + (m-warm)*p) / m
+	}
+	return math.Floor(min(p*rt.HitScale, 1) * m)
 }
 
 // matched is the prompt tokens the index matched on replica i.

@@ -143,6 +143,13 @@ type Request struct {
 	// Age holds, per replica, how long ago the deepest matched block was last
 	// touched there. Nil means fresh.
 	Age []time.Duration
+	// Fresh holds, per replica, the leading blocks of its match touched
+	// there within half its eviction horizon, and FreshAge the age of the
+	// deepest of them: of an old match, the part that other requests
+	// sharing its prefix keep warm (a system prompt, a group's context).
+	// Zero or nil means none is known apart: the whole match has Age.
+	Fresh    []int
+	FreshAge []time.Duration
 	// Offloaded holds, per replica, the leading blocks its CPU tier holds
 	// (from the engine's KV events: precise, no decay); they load over
 	// PCIe (Rates.LoadPerMTokens) rather than compute. Nil means none
