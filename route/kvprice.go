@@ -49,9 +49,11 @@ type kvRequest struct {
 	srcWorth  float64 // the source's cached tokens as compute time, less its link's wait
 	// held is the most expected cached tokens of the prompt on any
 	// healthy replica: a placement that stores more of the prompt than it
-	// has stores a copy of up to that many (Memory's displacement).
-	held float64
-	reps []Replica
+	// has stores a copy of up to that many (Memory's displacement). It is
+	// computed when first needed (haveHeld), by a replica that displaces.
+	held     float64
+	haveHeld bool
+	reps     []Replica
 }
 
 func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
@@ -79,7 +81,6 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 		if matchOf(r, i) > 0 {
 			m = q.matched(i)
 			q.deepMatch = max(q.deepMatch, m)
-			q.held = max(q.held, q.cached(rp, i, q.rates(&rp.Rates)))
 			q.source(rp, i)
 		}
 		if key := float64(rp.PrefillTokens) + (tokens-m)*(1+b); q.first < 0 || key < least {
@@ -429,11 +430,31 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 // balancing the queue and batch terms already price. Going to the holder
 // copies nothing; a recompute or an import elsewhere copies the prefix.
 func (q *kvRequest) displaced(rt *Rates, own float64) float64 {
+	if rt.Displaced <= 0 || q.deepMatch <= own {
+		return 0
+	}
+	if !q.haveHeld {
+		q.held, q.haveHeld = q.holds(), true
+	}
 	copied := q.held - own
-	if copied <= 0 || rt.Displaced <= 0 {
+	if copied <= 0 {
 		return 0
 	}
 	return 2 * rt.Displaced * prefillNS(rt, copied, 0)
+}
+
+// holds is the most expected cached tokens of the prompt on any healthy
+// replica (held). It prices with its own copy of the rates cache, since
+// its caller holds a pointer into q's.
+func (q *kvRequest) holds() float64 {
+	c := kvRequest{p: q.p, r: q.r, bs: q.bs, tokens: q.tokens}
+	most := 0.0
+	for i := range q.reps[:min(len(q.r.Match), len(q.reps))] {
+		if rp := &q.reps[i]; rp.Healthy && matchOf(q.r, i) > 0 {
+			most = max(most, c.cached(rp, i, c.rates(&rp.Rates)))
+		}
+	}
+	return most
 }
 
 // bound is a lower bound of price's total for replica i, and the tokens
