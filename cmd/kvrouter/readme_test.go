@@ -87,9 +87,11 @@ func readmeRules() map[string]readmeRule {
 			skip: "needs a fleet at 10.0.0.1 and the downloaded Mooncake trace"},
 		"go test -run TestScreenshot ./dashboard -args -screenshot=$PWD/dashboard.png": {
 			skip: "a browser test, which go test ./... runs"},
-		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware-precise,mooncake --cpu-kv-blocks 112640": {
+		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake": {
 			args: "--requests 200", slow: true},
-		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware-precise,mooncake --interconnect-gbps 50": {
+		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake --cpu-kv-blocks 112640": {
+			args: "--requests 200", slow: true},
+		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake --interconnect-gbps 50": {
 			args: "--requests 200", slow: true},
 		"go install github.com/kvrouter/kvrouter/cmd/kvrouter@latest": {
 			skip: "fetches the published module (no network in CI); the tests build this checkout"},
