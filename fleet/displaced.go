@@ -50,7 +50,7 @@ func stored(u Usage) float64 {
 // have cached (in the engine's tokens): what that replica evicted and was
 // asked for again, wherever the request went.
 func (f *Fleet) observeEvicted(c *Claim, u Usage) {
-	if c.Stale <= 0 || c.PromptTokens <= 0 {
+	if c.Stale <= 0 || c.PromptTokens <= 0 || u.CachedTokens < 0 || u.PromptTokens <= 0 {
 		return
 	}
 	stale := int(int64(min(c.Stale, c.PromptTokens)) * int64(u.PromptTokens) / int64(c.PromptTokens))

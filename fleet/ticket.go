@@ -179,15 +179,14 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.completed.Add(1)
 	t.learn(now, u, batch, prev == ticketDecoding)
-	if u.CachedTokens >= 0 && u.PromptTokens > 0 {
-		t.f.observeEvicted(&t.claim, u)
-	}
+	t.f.observeEvicted(&t.claim, u)
 }
 
 // learn takes what a completed request says of its replica: the view's
-// totals, and the corrections of Scale, DecodeScale, HitScale and
-// Displaced, learned
-// under one lock and published once.
+// totals, the corrections of Scale, DecodeScale and HitScale, and the
+// tokens it stored for Displaced, learned under one lock and published
+// once. (What it says of the replica that evicted its prefix, another
+// one's lock, is observeEvicted's.)
 func (t *Ticket) learn(now time.Time, u Usage, batch int, decoded bool) {
 	r := t.r
 	hits := u.CachedTokens >= 0 && u.PromptTokens > 0
