@@ -113,8 +113,11 @@ func (f *Fleet) fresh(r *Request, snap *route.Snapshot, t time.Duration, sc *Scr
 	var fresh []int
 	var ages []time.Duration
 	for i, m := range sc.match {
+		if m <= 0 {
+			continue
+		}
 		h := snap.Replicas[i].Rates.Horizon
-		if m <= 0 || h <= 0 || sc.age[i] <= h/2 {
+		if h <= 0 || sc.age[i] <= h/2 {
 			continue
 		}
 		n, a := f.tr.Fresh(r.Chains, snap.BlockSize, i, m, h/2, t, &sc.ms)
@@ -164,7 +167,10 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 // that replica (Claim.Stale); both 0 when there is none.
 func stale(r *route.Request, s *route.Snapshot) (tokens, replica int) {
 	for i, m := range r.Match[:min(len(r.Match), len(r.Age), len(s.Replicas))] {
-		if h := s.Replicas[i].Rates.Horizon; m*s.BlockSize > tokens && h > 0 && r.Age[i] >= h/2 {
+		if m*s.BlockSize <= tokens {
+			continue
+		}
+		if h := s.Replicas[i].Rates.Horizon; h > 0 && r.Age[i] >= h/2 {
 			tokens, replica = m*s.BlockSize, i
 		}
 	}
