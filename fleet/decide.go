@@ -152,6 +152,14 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	c.Streamed = r.TTFT
 	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
 	c.Stale, c.StaleReplica = stale(&sc.Request, &sc.Snapshot)
+	if t := d.Transfer; t.Blocks > 0 {
+		bs := sc.Snapshot.BlockSize
+		own := 0
+		if d.Replica < len(sc.Request.Match) {
+			own = sc.Request.Match[d.Replica]
+		}
+		c.Imported = max(t.Blocks-own, 0) * bs
+	}
 	tk := f.acquire(rep, c, now)
 	f.bookLinks(d, now)
 	if r.Session != "" {

@@ -13,9 +13,12 @@ package fleet
 // oldest, and a younger shortfall is a prefix still being computed, or a
 // placement elsewhere while the holder still had it, not an eviction.
 //
-// Before the cache has filled nothing is evicted and the share stays 0.
+// Before the cache has filled nothing is evicted: the tokens that fill
+// it are not counted as stored, so that the share does not stay diluted
+// by them for the tally's memory.
 type displacedTally struct {
 	evicted, stored float64
+	filled          float64 // tokens stored so far, up to the capacity
 }
 
 // displacedMemory is the requests the tally remembers, about: evictions
@@ -23,8 +26,13 @@ type displacedTally struct {
 const displacedMemory = 256
 
 // observe adds evicted tokens a request asked the replica for again and
-// stored tokens a request made it store.
-func (d *displacedTally) observe(evicted, stored float64) {
+// stored tokens a request made it store, past the first capacity tokens
+// (zero: unknown, all count).
+func (d *displacedTally) observe(evicted, stored, capacity float64) {
+	if fill := min(stored, capacity-d.filled); fill > 0 {
+		d.filled += fill
+		stored -= fill
+	}
 	const keep = 1 - 1.0/displacedMemory
 	d.evicted = d.evicted*keep + evicted
 	d.stored = d.stored*keep + stored
@@ -40,21 +48,23 @@ func (d *displacedTally) share() float64 {
 }
 
 // stored is the tokens a completed request made its replica store: the
-// prompt tokens it computed and those it generated.
-func stored(u Usage) float64 {
-	return float64(max(u.PromptTokens-u.CachedTokens, 0) + max(u.CompletionTokens, 0))
+// prompt tokens it computed or imported (imported of the cached ones)
+// and those it generated.
+func stored(u Usage, imported int) float64 {
+	return float64(max(u.PromptTokens-u.CachedTokens+imported, 0) + max(u.CompletionTokens, 0))
 }
 
 // observeEvicted adds to the tally of the claim's stale replica the
 // tokens of its stale match the engine that served the request did not
-// have cached (in the engine's tokens): what that replica evicted and was
-// asked for again, wherever the request went.
+// have cached of its own (in the engine's tokens; imported ones were
+// another's): what that replica evicted and was asked for again,
+// wherever the request went.
 func (f *Fleet) observeEvicted(c *Claim, u Usage) {
 	if c.Stale <= 0 || c.PromptTokens <= 0 || u.CachedTokens < 0 || u.PromptTokens <= 0 {
 		return
 	}
 	stale := int(int64(min(c.Stale, c.PromptTokens)) * int64(u.PromptTokens) / int64(c.PromptTokens))
-	evicted := stale - u.CachedTokens
+	evicted := stale - max(u.CachedTokens-c.importedOf(u.PromptTokens), 0)
 	if evicted <= 0 {
 		return
 	}
@@ -68,7 +78,7 @@ func (f *Fleet) observeEvicted(c *Claim, u Usage) {
 		return
 	}
 	r.mu.Lock()
-	r.displaced.observe(float64(evicted), 0)
+	r.displaced.observe(float64(evicted), 0, 0)
 	f.updateLocked(r)
 	r.mu.Unlock()
 }

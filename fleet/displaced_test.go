@@ -66,3 +66,44 @@ func TestStaleMatchIsTheDeepestOld(t *testing.T) {
 		t.Errorf("stale with young matches = %d on %d, want 0 on 0", tokens, i)
 	}
 }
+
+// TestDisplacedCountsOnceFullAndImports: a replica of 10,000 tokens'
+// capacity evicts nothing while the first 10,000 it stores fill it, so
+// those do not count as stored. And an import is not the serving
+// engine's own: a request that imported the 2,000 tokens a's stale match
+// lacked on b finds them cached, yet a evicted them; b stored them.
+func TestDisplacedCountsOnceFullAndImports(t *testing.T) {
+	f := newFleet(t, Config{Replicas: reps(a, b), CacheBlocks: 625, BlockSize: 16})
+	now := t0
+	acquire := func(id string, c Claim) *Ticket {
+		tk, err := f.Acquire(id, c, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	// a: 5,000 stored per request; the first two fill it.
+	for range 2 {
+		acquire(a, Claim{PrefillTokens: 4000, Tokens: 6000, PromptTokens: 5000}).
+			Done(now, Usage{PromptTokens: 5000, CachedTokens: 1000, CompletionTokens: 1000}, nil)
+	}
+	// One request then charges a 2,000 evicted tokens and b, which
+	// imported them, 2,000 + 100 stored (b's first, so filling).
+	c := Claim{PrefillTokens: 1000, Tokens: 3100, PromptTokens: 3000, Stale: 3000, StaleReplica: 0, Imported: 2000}
+	acquire(b, c).Done(now, Usage{PromptTokens: 3000, CachedTokens: 3000, CompletionTokens: 100}, nil)
+	var s route.Snapshot
+	f.Snapshot(&s, now, 16)
+	if got := s.Replicas[0].Rates.Displaced; got != 0 {
+		t.Errorf("a's Displaced %.4f with nothing stored past its capacity, want 0", got)
+	}
+	acquire(a, Claim{PrefillTokens: 4000, Tokens: 6000, PromptTokens: 5000}).
+		Done(now, Usage{PromptTokens: 5000, CachedTokens: 1000, CompletionTokens: 1000}, nil)
+	f.Snapshot(&s, now, 16)
+	// 2,000 evicted over 5,000 stored, both decayed alike within 1%.
+	if got := s.Replicas[0].Rates.Displaced; math.Abs(got-0.4) > 0.01 {
+		t.Errorf("a's Displaced %.4f, want 0.4 (the import hid none of its evictions)", got)
+	}
+	if got := s.Replicas[1].Rates.Displaced; got != 0 {
+		t.Errorf("b's Displaced %.4f, want 0", got)
+	}
+}

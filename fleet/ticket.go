@@ -35,6 +35,11 @@ type Claim struct {
 	// them the engine did not have cached, wherever the request went, that
 	// replica evicted (Rates.Displaced).
 	Stale, StaleReplica int
+	// Imported is the prompt tokens the decision brings to the replica
+	// from another's GPU before its prefill, beyond what the index matched
+	// there (a KV import): counted in the engine's cached tokens, they
+	// were not the replica's own, and it stores them.
+	Imported int
 	// Streamed says the response streams, so that its first token and its
 	// end are seen when the engine makes them: the time between, over the
 	// output tokens, is its inter-token latency, which calibrates the
@@ -208,12 +213,22 @@ func (t *Ticket) learn(now time.Time, u Usage, batch int, decoded bool) {
 	}
 	if hits {
 		t.observeHitsLocked(predicted, u.CachedTokens)
-		r.displaced.observe(0, stored(u))
+		r.displaced.observe(0, stored(u, t.claim.importedOf(u.PromptTokens)), float64(r.pub.Load().capTokens))
 		changed = true
 	}
 	if changed {
 		t.f.updateLocked(r)
 	}
+}
+
+// importedOf is the claim's imported tokens counted in a prompt of
+// prompt engine tokens, at most the prompt (see PredictedOf).
+func (c *Claim) importedOf(prompt int) int {
+	p := max(c.Imported, 0)
+	if c.PromptTokens > 0 {
+		p = int(int64(min(p, c.PromptTokens)) * int64(prompt) / int64(c.PromptTokens))
+	}
+	return min(p, prompt)
 }
 
 // PredictedOf is the claim's predicted cached tokens counted in a prompt

@@ -440,7 +440,7 @@ func (q *kvRequest) displaced(rt *Rates, own float64) float64 {
 	if copied <= 0 {
 		return 0
 	}
-	return 2 * rt.Displaced * prefillNS(rt, copied, 0)
+	return (2 + q.meanBatch) * rt.Displaced * prefillNS(rt, copied, 0)
 }
 
 // holds is the most expected cached tokens of the prompt on any healthy
