@@ -39,6 +39,7 @@ type Calibrator struct {
 	MinPredicted time.Duration
 
 	logScale float64 // log of the current scale
+	dev      float64 // weighted mean squared deviation of the log ratios
 	n        int     // observations taken
 }
 
@@ -62,8 +63,26 @@ func (c *Calibrator) Observe(predicted, observed time.Duration) float64 {
 	}
 	c.n++
 	w := max(c.alpha(), 1/float64(c.n))
-	c.logScale = (1-w)*c.logScale + w*math.Log(ratio)
+	x, old := math.Log(ratio), c.logScale
+	c.logScale = (1-w)*old + w*x
+	c.dev = (1-w)*c.dev + w*(x-old)*(x-c.logScale)
 	return c.Scale()
+}
+
+// Variance is the variance of the learned log scale as an estimate: the
+// log ratios' spread times the weight the mean gives one of them (1/n
+// while averaging plainly, Alpha/(2−Alpha) once exponential). Before two
+// observations the spread is unknown and it is +Inf.
+func (c *Calibrator) Variance() float64 {
+	if c.n < 2 {
+		return math.Inf(1)
+	}
+	a := c.alpha()
+	w := a / (2 - a)
+	if float64(c.n) < 1/a {
+		w = 1 / float64(c.n)
+	}
+	return c.dev * float64(c.n) / float64(c.n-1) * w
 }
 
 // Scale returns the learned observed/predicted factor, clamped to

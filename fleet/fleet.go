@@ -325,7 +325,7 @@ func (f *Fleet) AddReplica(rc Replica) error {
 		f.tr.Clear(i) // what a request decided before the removal touched
 	}
 	r := &replica{id: rc.ID, index: i, ver: &f.vers[i], cal: f.cfg.Calibration}
-	r.cal.logScale, r.cal.n = 0, 0
+	r.cal.logScale, r.cal.dev, r.cal.n = 0, 0, 0
 	r.dcal = r.cal
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
@@ -435,13 +435,12 @@ func (f *Fleet) BlockSizes() []int { return f.tr.BlockSizes() }
 // updateLocked recomputes r.rates from the preset and publishes r's
 // state; r.mu is held.
 func (f *Fleet) updateLocked(r *replica) {
-	r.rates = r.cal.Apply(f.cfg.Rates)
-	r.rates.DecodeScale = r.dcal.Scale()
+	r.rates = f.cfg.Rates
+	r.rates.Scale = r.calShare.set(&f.cal, &r.cal)
+	r.rates.DecodeScale = r.dcalShare.set(&f.dcal, &r.dcal)
 	r.rates.HitScale = r.hits.scale()
 	r.rates.Displaced = r.displaced.share()
 	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0
-	r.calShare.set(&f.cal, r.rates.Scale, calibrated)
-	r.dcalShare.set(&f.dcal, r.rates.DecodeScale, dcalibrated)
 	if h := r.churn.Horizon(); h > 0 {
 		r.rates.Horizon = h
 	}

@@ -97,8 +97,8 @@ func (f *Fleet) RemoveReplica(id string) (inFlight int, err error) {
 	f.tr.Clear(r.index)
 	f.models.set(r.index, nil, true, true) // declared to serve nothing
 	r.mu.Lock()
-	r.calShare.set(&f.cal, 1, false)
-	r.dcalShare.set(&f.dcal, 1, false)
+	r.calShare.set(&f.cal, nil)
+	r.dcalShare.set(&f.dcal, nil)
 	r.mu.Unlock()
 	f.dropSessions(r)
 	return int(r.inFlight.Load()), nil

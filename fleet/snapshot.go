@@ -1,10 +1,7 @@
 package fleet
 
 import (
-	"math"
 	"math/bits"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvrouter/kvrouter/route"
@@ -317,62 +314,3 @@ func (pr priors) apply(rt *route.Rates, uncal uint8) bool {
 	return ok
 }
 
-// calTotals sums the learned log scales (Scale, or DecodeScale) of the
-// calibrated replicas, so that a snapshot gives the uncalibrated ones their
-// mean (priorScale) without a logarithm per replica. Without it, once one replica is
-// calibrated (say to 0.3: the engines are faster than the preset), every
-// uncalibrated one looks 3× slower and gets no traffic to calibrate on.
-// mu guards sum and n; mean and count are what snapshots read.
-type calTotals struct {
-	mu    sync.Mutex
-	sum   float64
-	n     int
-	mean  atomic.Uint64 // float64 bits of exp(sum/n)
-	count atomic.Int64  // n
-}
-
-// update replaces a replica's contribution: was (old, in) before, now
-// (now, calibrated).
-func (c *calTotals) update(old float64, in bool, now float64, calibrated bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if in {
-		c.sum -= old
-		c.n--
-	}
-	if calibrated {
-		c.sum += now
-		c.n++
-	}
-	if c.n > 0 {
-		c.mean.Store(math.Float64bits(math.Exp(c.sum / float64(c.n))))
-	}
-	c.count.Store(int64(c.n))
-}
-
-// share is one replica's contribution to a calTotals.
-type share struct {
-	log float64 // log of the scale counted
-	in  bool    // counted
-}
-
-// set replaces s's contribution to t with log(scale) when calibrated, and
-// with none otherwise.
-func (s *share) set(t *calTotals, scale float64, calibrated bool) {
-	if !calibrated && !s.in {
-		return
-	}
-	l := math.Log(scale)
-	t.update(s.log, s.in, l, calibrated)
-	s.log, s.in = l, calibrated
-}
-
-// prior returns the scale uncalibrated replicas of a fleet of total take:
-// the calibrated ones' geometric mean, or zero when none or all are
-// calibrated (nothing to give).
-func (c *calTotals) prior(total int) float64 {
-	if n := c.count.Load(); n == 0 || n >= int64(total) {
-		return 0
-	}
-	return math.Float64frombits(c.mean.Load())
-}

@@ -1,0 +1,118 @@
+package fleet
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// calTotals pools the learned log scales (Scale, or DecodeScale) of the
+// calibrated replicas, for two uses.
+//
+// A snapshot gives the uncalibrated replicas their mean (priors) without
+// a logarithm per replica. Without it, once one replica is calibrated
+// (say to 0.3: the engines are faster than the preset), every
+// uncalibrated one looks 3× slower and gets no traffic to calibrate on.
+//
+// And a replica's own scale is shrunk towards that mean by how much of
+// the replicas' spread its estimate's noise explains (shrink): each is a
+// mean of a few dozen noisy ratios, and on a fleet of equal replicas
+// their differences are noise, a few percent, which on a decode of
+// seconds outweighs the prefix a request would reuse; taken as speed,
+// they send requests after it. A replica that really differs (another
+// GPU, a noisy neighbour) makes a spread its noise does not explain, and
+// keeps its own.
+//
+// mu guards the sums; mean and count are what snapshots read.
+type calTotals struct {
+	mu    sync.Mutex
+	sum   float64       // log scales
+	sum2  float64       // their squares
+	vars  float64       // their estimates' variances (finite ones)
+	n     int           // replicas counted
+	nv    int           // of them, with a finite variance
+	mean  atomic.Uint64 // float64 bits of exp(sum/n)
+	count atomic.Int64  // n
+}
+
+// share is one replica's contribution to a calTotals.
+type share struct {
+	log, v float64 // log of the scale counted, and its variance
+	in     bool    // counted
+}
+
+// set replaces s's contribution to t with c's learned scale when c has
+// observed anything, and with none otherwise (nil c: drop it); it
+// returns c's scale shrunk towards the fleet's (1 for nil c).
+func (s *share) set(t *calTotals, c *Calibrator) float64 {
+	calibrated := c != nil && c.Observations() > 0
+	l, v := 0.0, math.Inf(1)
+	if calibrated {
+		l, v = math.Log(c.Scale()), c.Variance()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s.in {
+		t.add(s.log, s.v, -1)
+	}
+	if calibrated {
+		t.add(l, v, 1)
+	}
+	s.log, s.v, s.in = l, v, calibrated
+	if t.n > 0 {
+		t.mean.Store(math.Float64bits(math.Exp(t.sum / float64(t.n))))
+	}
+	t.count.Store(int64(t.n))
+	if !calibrated {
+		return 1
+	}
+	return math.Exp(t.shrink(l, v))
+}
+
+// add counts (sign 1) or uncounts (−1) log scale l of variance v; t.mu
+// is held.
+func (t *calTotals) add(l, v float64, sign int) {
+	f := float64(sign)
+	t.sum += f * l
+	t.sum2 += f * l * l
+	t.n += sign
+	if !math.IsInf(v, 1) {
+		t.vars += f * v
+		t.nv += sign
+	}
+	if t.n == 0 { // no rounding left behind
+		t.sum, t.sum2, t.vars, t.nv = 0, 0, 0, 0
+	}
+}
+
+// shrink is the empirical Bayes estimate of a replica's log scale from
+// its own l, of variance v, and the pooled ones: the pooled mean m plus
+// τ²/(τ²+v) of l's departure from it, where τ² is the spread of the
+// replicas' true scales: the spread of their estimates less the mean of
+// the estimates' variances, at least 0. With fewer than two estimates of
+// known variance there is nothing to pool and l stands. t.mu is held.
+func (t *calTotals) shrink(l, v float64) float64 {
+	if t.nv < 2 || t.n < 2 {
+		return l
+	}
+	n := float64(t.n)
+	m := t.sum / n
+	tau2 := max(t.sum2/n-m*m-t.vars/float64(t.nv), 0)
+	if math.IsInf(v, 1) {
+		return m
+	}
+	if tau2+v <= 0 {
+		return l
+	}
+	return m + tau2/(tau2+v)*(l-m)
+}
+
+// prior returns the scale uncalibrated replicas of a fleet of total take:
+// the calibrated ones' geometric mean, or zero when none or all are
+// calibrated (nothing to give).
+func (c *calTotals) prior(total int) float64 {
+	if n := c.count.Load(); n == 0 || n >= int64(total) {
+		return 0
+	}
+	return math.Float64frombits(c.mean.Load())
+}
