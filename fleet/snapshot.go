@@ -313,4 +313,3 @@ func (pr priors) apply(rt *route.Rates, uncal uint8) bool {
 	}
 	return ok
 }
-
