@@ -156,13 +156,28 @@ func (c Claim) CalibratedTTFT() time.Duration { return c.PricedTTFT }
 // the index mispredicted is no measure of that (it is the residency
 // model's error; taken as speed, a replica whose cache the approximate
 // index over-predicts learns a Scale many times its own and is shunned).
-// It reports whether it observed anything; r.mu is held.
+//
+// Only a request whose prediction is mostly compute says how fast the
+// replica computes: of a near-full hit's few milliseconds, the compute is
+// a sliver and the rest is what the model does not scale (the iteration
+// it waits to join, a load from a CPU tier the router did not know of),
+// and the ratio would put all of that on Scale: a replica that serves
+// such requests learns a Scale of several times its own, prices every
+// prefill at it and then serves only such requests, which keep it there
+// (16 equal replicas on multi-tenant-context learned 1.1 and, five of
+// them, 4.4 to 6.5; with a CPU tier all sixteen 10 to 20). So a request
+// whose compute is under half its predicted time to first token is not
+// observed. It reports whether it observed anything; r.mu is held.
 func (t *Ticket) observeTTFTLocked(u Usage) bool {
 	first := t.first.Load()
 	if t.claim.PredictedTTFT <= 0 || first == 0 {
 		return false
 	}
-	t.r.cal.Observe(t.predictedTTFT(u), time.Duration(first-1))
+	predicted, compute := t.predictedTTFT(u)
+	if 2*compute < predicted {
+		return false
+	}
+	t.r.cal.Observe(predicted, time.Duration(first-1))
 	return true
 }
 
@@ -170,14 +185,16 @@ func (t *Ticket) observeTTFTLocked(u Usage) bool {
 // with the engine's cached tokens, from its usage, in place of the
 // predicted ones (both in the router's units of the prompt): the
 // prediction's prefill compute swapped for that of the prefill the engine
-// did. Without cached tokens in the usage it is the prediction.
-func (t *Ticket) predictedTTFT(u Usage) time.Duration {
+// did; and that compute. Without cached tokens in the usage it is the
+// prediction and its compute.
+func (t *Ticket) predictedTTFT(u Usage) (predicted, compute time.Duration) {
 	c := &t.claim
 	if u.CachedTokens < 0 || u.PromptTokens <= 0 || c.PromptTokens <= 0 {
-		return c.PredictedTTFT
+		return c.PredictedTTFT, t.prefill
 	}
 	cached := int(int64(min(u.CachedTokens, u.PromptTokens)) * int64(c.PromptTokens) / int64(u.PromptTokens))
-	return max(c.PredictedTTFT-t.prefill+prefillTime(&t.f.preset, c.PromptTokens-cached, cached), 0)
+	compute = prefillTime(&t.f.preset, c.PromptTokens-cached, cached)
+	return max(c.PredictedTTFT-t.prefill+compute, 0), compute
 }
 
 // observeITL corrects the replica's DecodeScale from a streamed request

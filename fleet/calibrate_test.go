@@ -211,3 +211,41 @@ func TestTicketCalibratesDecode(t *testing.T) {
 		})
 	}
 }
+
+// TestNearHitsDoNotCalibrate: a near-full hit whose first token comes 3×
+// later than predicted (it waited for an iteration, or loaded its prefix
+// from a CPU tier the router did not know of) says nothing of how fast
+// the replica computes: its compute is a sliver of the prediction, and
+// Scale stays 1. A cold prefill 1.5× slower than predicted is computing,
+// and sets it.
+func TestNearHitsDoNotCalibrate(t *testing.T) {
+	f := newFleet(t, Config{Replicas: reps(a)})
+	observe := func(cached int, slowdown float64) {
+		c := Claim{PrefillTokens: 7200 - cached, PredictedCached: cached, PromptTokens: 7200, Tokens: 7300, Streamed: true}
+		compute := prefillTime(&f.preset, 7200-cached, cached)
+		c.PredictedTTFT = compute + 10*time.Millisecond // an iteration, say
+		tk, err := f.Acquire(a, c, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.FirstToken(t0.Add(time.Duration(float64(c.PredictedTTFT) * slowdown)))
+		tk.Done(t0.Add(time.Second), Usage{PromptTokens: 7200, CachedTokens: cached, CompletionTokens: 1}, nil)
+	}
+	scale := func() float64 {
+		var s route.Snapshot
+		f.Snapshot(&s, t0, 16)
+		return s.Replicas[0].Rates.Scale
+	}
+	for range 20 {
+		observe(7184, 3)
+	}
+	if got := scale(); got != 1 {
+		t.Errorf("after near-full hits 3× slow: Scale %.3f, want 1", got)
+	}
+	for range 20 {
+		observe(0, 1.5)
+	}
+	if got := scale(); math.Abs(got-1.5) > 0.01 {
+		t.Errorf("after cold prefills 1.5× slow: Scale %.3f, want 1.5", got)
+	}
+}
