@@ -249,3 +249,32 @@ func TestNearHitsDoNotCalibrate(t *testing.T) {
 		t.Errorf("after cold prefills 1.5× slow: Scale %.3f, want 1.5", got)
 	}
 }
+
+// TestChurnHorizonFromHistory: 100,000 tokens of free cache, allocated at
+// 1,000 tokens a second for 200 s and then at 10,000 for 2 s. LRU's
+// horizon is how long ago the free part began to be allocated anew: the
+// burst's 20,000 tokens and the 80 s before it. A smoothed rate would
+// follow the burst to a horizon of a fifth of that.
+func TestChurnHorizonFromHistory(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var c Churn
+	misses := 0.0
+	at := func(sec int) scrape.Load {
+		return scrape.Load{BlockSize: 16, NumBlocks: 6250, PrefixQueries: misses, At: t0.Add(time.Duration(sec) * time.Second)}
+	}
+	c.Observe(at(0))
+	for s := 1; s <= 200; s++ {
+		misses += 1000
+		c.Observe(at(s))
+	}
+	if got := c.Horizon(); absDur(got-100*time.Second) > time.Second {
+		t.Errorf("steady: Horizon %v, want 100s", got)
+	}
+	for s := 201; s <= 202; s++ {
+		misses += 10000
+		c.Observe(at(s))
+	}
+	if got := c.Horizon(); absDur(got-82*time.Second) > time.Second {
+		t.Errorf("after the burst: Horizon %v, want 82s (the smoothed rate's: %.0fs)", got, c.capacity*c.free/c.rate)
+	}
+}

@@ -38,7 +38,29 @@ type Churn struct {
 	rate     float64 // smoothed allocated (miss and generated) tokens per second
 	capacity float64 // tokens, from the latest load
 	free     float64 // smoothed share of the capacity no request holds
+
+	// The allocation history: at each kept span's end, the time and the
+	// tokens allocated since the first (cum), the oldest overwritten once
+	// historyLen are kept.
+	hist     [historyLen]allocation
+	histN    int // samples kept, ≤ historyLen
+	histEnd  int // index after the newest
+	cum      float64
+	lastKept time.Time
+	lastSpan time.Duration // the span between kept samples, at least Span
+	started  time.Time
 }
+
+// allocation is one sample of the allocation history.
+type allocation struct {
+	at  int64 // Unix ns
+	cum float64
+}
+
+// historyLen is the samples of allocation history a Churn keeps: spaced a
+// hundredth of the horizon apart (at least a Span), they cover more than
+// two horizons at 4 KB a replica.
+const historyLen = 256
 
 // Observe takes one scrape. Loads without a timestamp are ignored; a counter
 // that went backwards (engine restart) restarts the measurement.
@@ -78,20 +100,78 @@ func (c *Churn) Observe(l scrape.Load) {
 		c.rate = (1-alpha)*c.rate + alpha*rate
 		c.free = (1-alpha)*c.free + alpha*free
 	}
+	c.keep(c.ref.At, l.At, rate*dt.Seconds(), span)
 	c.ref = l
+}
+
+// keep adds the tokens allocated from `from` to at to the history, as a
+// new sample when the newest is at least a hundredth of the horizon (and
+// a span) old, else by moving the newest forward.
+func (c *Churn) keep(from, at time.Time, allocated float64, span time.Duration) {
+	if c.histN == 0 {
+		c.push(allocation{at: from.UnixNano()})
+	}
+	c.cum += allocated
+	gap := max(span, c.Horizon()/(historyLen/2))
+	if c.histN > 1 && at.Sub(c.lastKept) < gap {
+		c.hist[(c.histEnd+historyLen-1)%historyLen] = allocation{at: at.UnixNano(), cum: c.cum}
+		return
+	}
+	c.lastKept = at
+	c.push(allocation{at: at.UnixNano(), cum: c.cum})
+}
+
+func (c *Churn) push(a allocation) {
+	c.hist[c.histEnd] = a
+	c.histEnd = (c.histEnd + 1) % historyLen
+	c.histN = min(c.histN+1, historyLen)
 }
 
 // Horizon returns the estimated eviction horizon; zero (unknown, no decay)
 // until both a capacity and a positive miss rate have been seen.
+//
+// It is how long ago the engine began allocating the free part of its
+// cache anew: the time back from the newest sample of the allocation
+// history at which the tokens allocated since equal the free part. That
+// is LRU's own definition, and it holds however the allocation rate
+// swings, where the smoothed rate's quotient follows each burst and lull
+// of a few seconds (on multi-tenant-context it ranged from one to eleven
+// minutes on one replica). Before the history holds that much it is the
+// quotient.
 func (c *Churn) Horizon() time.Duration {
 	if c.capacity <= 0 || c.rate <= 0 {
 		return 0
+	}
+	if h, ok := c.fromHistory(); ok {
+		return h
 	}
 	h := c.capacity * c.free / c.rate // seconds
 	if h > (24 * time.Hour).Seconds() {
 		return 24 * time.Hour
 	}
 	return time.Duration(h * float64(time.Second))
+}
+
+// fromHistory is Horizon from the allocation history, and whether the
+// history reaches back that far.
+func (c *Churn) fromHistory() (time.Duration, bool) {
+	if c.histN < 2 {
+		return 0, false
+	}
+	free := c.capacity * c.free
+	newest := c.hist[(c.histEnd+historyLen-1)%historyLen]
+	for k := 2; k <= c.histN; k++ {
+		s := c.hist[(c.histEnd+historyLen-k)%historyLen]
+		if newest.cum-s.cum < free {
+			continue
+		}
+		// Between s and the next sample, allocation is taken as steady.
+		next := c.hist[(c.histEnd+historyLen-k+1)%historyLen]
+		over := (newest.cum - s.cum - free) / max(next.cum-s.cum, 1e-9)
+		at := float64(s.at) + over*float64(next.at-s.at)
+		return min(time.Duration(float64(newest.at)-at), 24*time.Hour), true
+	}
+	return 0, false
 }
 
 // MissRate returns the smoothed rate of allocated tokens (uncached prompt
