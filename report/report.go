@@ -157,8 +157,23 @@ type Result struct {
 	Reasons map[string]int `json:"reasons"`
 	// PerReplica counts the requests each replica served.
 	PerReplica []int `json:"per_replica"`
+	// Learned is what the router had learned of each replica by the end
+	// of the run (a simulation's; empty otherwise).
+	Learned []Learned `json:"learned,omitempty"`
 	// Series feeds the HTML charts; it is not written to JSON.
 	Series Series `json:"-"`
+}
+
+// Learned is what the router learned of one replica online (see
+// route.Rates): its prefill and decode speeds against the preset's, its
+// eviction horizon, the share of its evicted tokens asked for again, and
+// the correction of its predicted cache hits.
+type Learned struct {
+	Scale       float64 `json:"scale"`
+	DecodeScale float64 `json:"decode_scale"`
+	HorizonS    float64 `json:"horizon_s"`
+	Displaced   float64 `json:"displaced"`
+	HitScale    float64 `json:"hit_scale"`
 }
 
 // Series holds a policy's chart data.

@@ -147,7 +147,8 @@ func tokens(n int64) string {
 //	   "hit_rate", "predicted_hit_rate", "pooled_pct", "prompt_tokens",
 //	   "cached_tokens", "prefill_tokens", "output_tokens", "duration_ms",
 //	   "throughput_tok_s", "goodput_req_s", "slo_met", "max_load",
-//	   "mean_load", "peak_load", "reasons": {reason: count}, "per_replica": [n]}]}
+//	   "mean_load", "peak_load", "reasons": {reason: count}, "per_replica": [n],
+//	   "learned": [{"scale", "decode_scale", "horizon_s", "displaced", "hit_scale"}]}]}
 //
 // "slo" is there only when the run has one. The same run always gives the
 // same bytes (see the package comment). The chart series are left out.

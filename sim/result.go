@@ -18,6 +18,9 @@ type result struct {
 	// and their size.
 	transfers     int
 	transferBytes int64
+	// learned is what the (first) router learned of each replica by the
+	// end (report.Result.Learned).
+	learned []report.Learned
 	// noIndex is true when the policy reads no residency index, so it
 	// predicts no cached tokens (report.Result.NoPrediction).
 	noIndex bool

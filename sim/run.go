@@ -223,6 +223,20 @@ func (r *runner) run() {
 	}
 	r.rejectQueued()
 	r.res.end = r.now
+	r.res.learned = r.learned()
+}
+
+// learned is what the first router learned of each replica by now.
+func (r *runner) learned() []report.Learned {
+	var s route.Snapshot
+	r.fl.Snapshot(&s, at(r.now), r.cfg.Preset.BlockSize)
+	out := make([]report.Learned, len(s.Replicas))
+	for i := range s.Replicas {
+		rt := &s.Replicas[i].Rates
+		out[i] = report.Learned{Scale: rt.Scale, DecodeScale: rt.DecodeScale, HorizonS: rt.Horizon.Seconds(),
+			Displaced: rt.Displaced, HitScale: rt.HitScale}
+	}
+	return out
 }
 
 // canceled reports whether Config.Cancel is closed.

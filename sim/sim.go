@@ -317,6 +317,7 @@ func Run(cfg Config) (report.Run, error) {
 		}
 		pr := report.Summarize(res.samples, report.Options{Policy: name, SLO: slo, Replicas: res.replicas, NoPrediction: res.noIndex})
 		pr.Transfers, pr.TransferBytes = res.transfers, res.transferBytes
+		pr.Learned = res.learned
 		run.Policies = append(run.Policies, pr)
 	}
 	return run, nil

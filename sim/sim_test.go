@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -289,5 +290,40 @@ func TestModels(t *testing.T) {
 	}
 	if o.infinite.Cached > one.infinite.Cached {
 		t.Errorf("two models share more blocks (%d cached) than one (%d)", o.infinite.Cached, one.infinite.Cached)
+	}
+}
+
+// TestLearnedSpeedsOnEqualReplicas: 16 replicas of the preset, which the
+// engine model runs at exactly the preset's rates, on multi-tenant-context
+// with a CPU tier: what the router learns of each replica's prefill and
+// decode speed stays within 15% of the preset's. (Near-full hits, whose
+// time is mostly not compute, once taught all 16 a prefill 10 to 20 times
+// slower than their own.)
+func TestLearnedSpeedsOnEqualReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 6,585-request run")
+	}
+	preset, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	preset.CPUBlocks = 112640
+	w, err := trace.Generate("multi-tenant-context", trace.GenOptions{Seed: 1, FleetKVTokens: FleetKVTokens(preset, 16)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := Run(Config{Workload: "multi-tenant-context", Requests: w.Requests, Replicas: 16, PresetName: "llama3-8b-h100",
+		Preset: preset, Load: 0.95, Policies: []string{"kv-aware"}, Seed: 1, KVEventDelay: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	learned := run.Policies[0].Learned
+	if len(learned) != 16 {
+		t.Fatalf("learned %d replicas, want 16", len(learned))
+	}
+	for i, l := range learned {
+		if math.Abs(l.Scale-1) > 0.15 || math.Abs(l.DecodeScale-1) > 0.15 {
+			t.Errorf("replica %d learned Scale %.3f, DecodeScale %.3f: want both within 15%% of 1", i, l.Scale, l.DecodeScale)
+		}
 	}
 }
