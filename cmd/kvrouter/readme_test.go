@@ -93,6 +93,8 @@ func readmeRules() map[string]readmeRule {
 			args: "--requests 200", slow: true},
 		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake --interconnect-gbps 50": {
 			args: "--requests 200", slow: true},
+		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake --cpu-kv-blocks 112640 --interconnect-gbps 50": {
+			args: "--requests 200", slow: true},
 		"go install github.com/kvrouter/kvrouter/cmd/kvrouter@latest": {
 			skip: "fetches the published module (no network in CI); the tests build this checkout"},
 		"docker build -t kvrouter:latest .": {skip: "needs Docker; deploy's tests check the Dockerfile"},
