@@ -47,8 +47,7 @@ type Churn struct {
 	histEnd  int // index after the newest
 	cum      float64
 	lastKept time.Time
-	lastSpan time.Duration // the span between kept samples, at least Span
-	started  time.Time
+	horizon  time.Duration // Horizon, as of the latest span
 }
 
 // allocation is one sample of the allocation history.
@@ -102,6 +101,7 @@ func (c *Churn) Observe(l scrape.Load) {
 	}
 	c.keep(c.ref.At, l.At, rate*dt.Seconds(), span)
 	c.ref = l
+	c.horizon = c.estimate()
 }
 
 // keep adds the tokens allocated from `from` to at to the history, as a
@@ -112,7 +112,7 @@ func (c *Churn) keep(from, at time.Time, allocated float64, span time.Duration) 
 		c.push(allocation{at: from.UnixNano()})
 	}
 	c.cum += allocated
-	gap := max(span, c.Horizon()/(historyLen/2))
+	gap := max(span, c.horizon/(historyLen/2))
 	if c.histN > 1 && at.Sub(c.lastKept) < gap {
 		c.hist[(c.histEnd+historyLen-1)%historyLen] = allocation{at: at.UnixNano(), cum: c.cum}
 		return
@@ -137,8 +137,11 @@ func (c *Churn) push(a allocation) {
 // swings, where the smoothed rate's quotient follows each burst and lull
 // of a few seconds (on multi-tenant-context it ranged from one to eleven
 // minutes on one replica). Before the history holds that much it is the
-// quotient.
-func (c *Churn) Horizon() time.Duration {
+// quotient. It changes only when a span completes (Observe).
+func (c *Churn) Horizon() time.Duration { return c.horizon }
+
+// estimate computes Horizon.
+func (c *Churn) estimate() time.Duration {
 	if c.capacity <= 0 || c.rate <= 0 {
 		return 0
 	}
