@@ -171,7 +171,7 @@ type Result struct {
 type Learned struct {
 	Scale       float64 `json:"scale"`
 	DecodeScale float64 `json:"decode_scale"`
-	HorizonS    float64 `json:"horizon_s"`
+	HorizonMS   float64 `json:"horizon_ms"`
 	Displaced   float64 `json:"displaced"`
 	HitScale    float64 `json:"hit_scale"`
 }

@@ -233,7 +233,7 @@ func (r *runner) learned() []report.Learned {
 	out := make([]report.Learned, len(s.Replicas))
 	for i := range s.Replicas {
 		rt := &s.Replicas[i].Rates
-		out[i] = report.Learned{Scale: rt.Scale, DecodeScale: rt.DecodeScale, HorizonS: rt.Horizon.Seconds(),
+		out[i] = report.Learned{Scale: rt.Scale, DecodeScale: rt.DecodeScale, HorizonMS: float64(rt.Horizon) / float64(time.Millisecond),
 			Displaced: rt.Displaced, HitScale: rt.HitScale}
 	}
 	return out
