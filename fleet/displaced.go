@@ -17,8 +17,8 @@ package fleet
 // it are not counted as stored, so that the share does not stay diluted
 // by them for the tally's memory.
 type displacedTally struct {
-	evicted, stored float64
-	filled          float64 // tokens stored so far, up to the capacity
+	r      decayingRatio // evicted over stored
+	filled float64       // tokens stored so far, up to the capacity
 }
 
 // displacedMemory is the requests the tally remembers, about: evictions
@@ -33,18 +33,17 @@ func (d *displacedTally) observe(evicted, stored, capacity float64) {
 		d.filled += fill
 		stored -= fill
 	}
-	const keep = 1 - 1.0/displacedMemory
-	d.evicted = d.evicted*keep + evicted
-	d.stored = d.stored*keep + stored
+	d.r.add(evicted, stored, displacedMemory)
 }
 
 // share is the learned Displaced, 0..1: 0 until the replica stored a
 // token.
 func (d *displacedTally) share() float64 {
-	if d.stored <= 0 {
+	v, ok := d.r.ratio()
+	if !ok {
 		return 0
 	}
-	return min(d.evicted/d.stored, 1)
+	return min(v, 1)
 }
 
 // stored is the tokens a completed request made its replica store: the

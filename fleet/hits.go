@@ -9,7 +9,7 @@ package fleet
 // expected to hit 6,000 tokens that found none weighs as much as it
 // missed, and one expected to hit nothing says nothing.
 type hitTally struct {
-	expected, actual float64
+	r decayingRatio // actual over expected
 }
 
 // hitMemory is the requests the tally remembers, about.
@@ -25,17 +25,16 @@ const (
 // observe adds one request that expected expected cached tokens at
 // HitScale 1 and found actual.
 func (h *hitTally) observe(expected, actual float64) {
-	const keep = 1 - 1.0/hitMemory
-	h.expected = h.expected*keep + expected
-	h.actual = h.actual*keep + actual
+	h.r.add(actual, expected, hitMemory)
 }
 
 // scale is the learned HitScale: 1 until a request expected a hit.
 func (h *hitTally) scale() float64 {
-	if h.expected <= 0 {
+	v, ok := h.r.ratio()
+	if !ok {
 		return 1
 	}
-	return min(max(h.actual/h.expected, minHitScale), maxHitScale)
+	return min(max(v, minHitScale), maxHitScale)
 }
 
 // observeHitsLocked corrects the replica's HitScale from one completed
