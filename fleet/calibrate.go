@@ -95,12 +95,6 @@ func (c *Calibrator) Scale() float64 {
 // Observations returns how many observations were taken.
 func (c *Calibrator) Observations() int { return c.n }
 
-// Apply returns base with Scale set to the learned scale.
-func (c *Calibrator) Apply(base route.Rates) route.Rates {
-	base.Scale = c.Scale()
-	return base
-}
-
 func (c *Calibrator) alpha() float64 {
 	if c.Alpha > 0 && c.Alpha <= 1 {
 		return c.Alpha
