@@ -149,9 +149,11 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	best, bestTotal, bestCached, maxCached, maxPruned := -1, 0.0, 0, 0, 0
 	var bestImport Transfer
 	consider := func(i int, k *Cost, total float64) {
-		if k.Import.Blocks == 0 {
-			maxCached = max(maxCached, k.Matched)
+		local := k.Matched // what it caches on its GPU, as deepest counts
+		if k.Import.Blocks > 0 || k.Load > 0 {
+			local = int(q.cached(&rs[i], i, q.rates(&rs[i].Rates)))
 		}
+		maxCached = max(maxCached, local)
 		if best < 0 || total < bestTotal || total == bestTotal && p.tieBefore(r, i, best) {
 			best, bestTotal, bestCached, bestImport = i, total, k.Matched, k.Import
 		}
@@ -178,7 +180,16 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			continue
 		}
 		if prune && i != r.Pinned && best >= 0 {
-			if lb, m := q.bound(rp, i); lb > bestTotal*(1+1e-9) {
+			lb, m := 0.0, 0
+			if !q.mixed {
+				lb = q.quick(rp, i)
+			}
+			if lb <= bestTotal*(1+1e-9) {
+				lb, m = q.bound(rp, i)
+			} else {
+				m = int(q.matched(i))
+			}
+			if lb > bestTotal*(1+1e-9) {
 				maxPruned = max(maxPruned, m)
 				if costs != nil {
 					costs = append(costs, Cost{Replica: i, Matched: m, Total: ns(lb), Pruned: true})

@@ -233,11 +233,14 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(20240611, 3))
 	pruned := 0
-	for c := range 2 * goldenCases {
+	for c := range 3 * goldenCases {
 		if c == goldenCases {
 			rng = rand.New(rand.NewPCG(7, uint64(c)))
 		}
 		p, r, s := goldenCase(rng, c)
+		if c >= 2*goldenCases {
+			withPaths(rng, r, s)
+		}
 		rr := *r
 		if r.Costs != nil {
 			rr.Costs = make([]Cost, 0, cap(r.Costs))
@@ -266,11 +269,12 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 			pruned++
 			// A term beyond MaxInt64 ns converts to MinInt64 on amd64:
 			// no order to check. The bound sums its terms in another
-			// order, so it may exceed the full Total by a rounding.
+			// order, so it may exceed the full Total by a rounding, and
+			// by a nanosecond once both are truncated to whole ones.
 			le := func(a, b time.Duration) bool {
-				return float64(a) <= float64(b)*(1+1e-12) || a == math.MinInt64 || b == math.MinInt64
+				return float64(a) <= float64(b)*(1+1e-12)+1 || a == math.MinInt64 || b == math.MinInt64
 			}
-			if k.Replica != w.Replica || k.Matched < w.Matched || k.Wait != 0 || k.Prefill != 0 || k.Decode != 0 || k.Others != 0 ||
+			if k.Replica != w.Replica || k.Matched < w.Matched && w.Import.Blocks == 0 && w.Load == 0 || k.Wait != 0 || k.Prefill != 0 || k.Decode != 0 || k.Others != 0 ||
 				k.Memory != 0 || !le(k.Total, w.Total) || !le(chosen, k.Total) || k.Replica == got.Replica {
 				t.Fatalf("case %d: candidate %d pruned %+v, full pricing %+v, winner's total %v", c, i, k, w, chosen)
 			}
@@ -280,6 +284,25 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 		t.Error("no candidate pruned: the cases do not exercise the bound")
 	}
 	t.Logf("%d candidates pruned", pruned)
+}
+
+// withPaths gives the replicas of a golden case the other ways to a
+// prefix (links to import it over, CPU tiers to load it from) and a
+// measured Displaced, so that the pruned scan is checked on them too.
+func withPaths(rng *rand.Rand, r *Request, s *Snapshot) {
+	r.Offloaded = make([]int, len(s.Replicas))
+	for i := range s.Replicas {
+		rt := &s.Replicas[i].Rates
+		if rng.IntN(3) != 0 {
+			rt.TransferPerMTokens = time.Duration(1+rng.IntN(20)) * time.Millisecond
+			s.Replicas[i].LinkWait = time.Duration(rng.IntN(3)) * time.Duration(rng.IntN(int(time.Second)))
+		}
+		if rng.IntN(4) == 0 {
+			rt.LoadPerMTokens = time.Duration(1+rng.IntN(50)) * time.Millisecond
+			r.Offloaded[i] = rng.IntN(r.Blocks + 8)
+		}
+		rt.Displaced = []float64{0, 0, 0.3, 1}[rng.IntN(4)]
+	}
 }
 
 // TestKVAwarePrunesLargeFleets shows what pruning does on the benchmark's

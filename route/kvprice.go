@@ -19,9 +19,10 @@ type kvRequest struct {
 	// meanBatch and meanContext are the fleet's mean running sequences
 	// and their KV context per healthy replica.
 	meanBatch, meanContext float64
-	// raw and rt cache the last Rates seen with defaults filled (all but
-	// the per-replica Horizon, Scale and DecodeScale), so that a fleet on
-	// one preset fills them once per Pick; haveRates says they are set.
+	// raw and rt cache the last Rates seen with defaults filled, so that
+	// a fleet on one preset fills them once per Pick; haveRates says they
+	// are set. The fields each replica has its own of (Horizon, the
+	// scales, Displaced, the links) are copied at every rates call.
 	raw, rt   Rates
 	haveRates bool
 	// compute0 is the prefill compute of the whole prompt with rt, and
@@ -38,6 +39,10 @@ type kvRequest struct {
 	decodeFloor float64
 	// first is the healthy replica a pruned scan prices first, or −1.
 	first int
+	// mixed says the healthy replicas' Rates differ in more than their
+	// learned fields (Horizon, the scales, ...): a fleet of several
+	// presets, which quick cannot price from one.
+	mixed bool
 	// decodeLen is the request's decode in units of τ, the time a
 	// sequence stays in a batch (MeanOutput iterations): out/MeanOutput.
 	decodeLen float64
@@ -74,6 +79,9 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 		rp := &s.Replicas[i]
 		if !rp.Healthy {
 			continue
+		}
+		if q.first >= 0 && !q.mixed {
+			q.mixed = !samePreset(&rp.Rates, &s.Replicas[q.first].Rates)
 		}
 		b, c := q.batch(rp, rp.Scraped && rp.LoadAge <= p.StaleAfter)
 		q.meanBatch, q.meanContext, n = q.meanBatch+b, q.meanContext+c, n+1
@@ -114,13 +122,11 @@ func (q *kvRequest) source(rp *Replica, i int) {
 // rates returns raw with defaults filled, from the cache when its shared
 // fields equal the last ones'.
 func (q *kvRequest) rates(raw *Rates) *Rates {
-	if !q.haveRates || (raw.PrefillPerToken^q.raw.PrefillPerToken)|(raw.AttnPerMPairs^q.raw.AttnPerMPairs)|
-		(raw.DecodeStep^q.raw.DecodeStep)|(raw.DecodePerSeq^q.raw.DecodePerSeq)|
-		(raw.DecodePerMTokens^q.raw.DecodePerMTokens)|time.Duration(raw.MaxSeqs^q.raw.MaxSeqs)|
-		time.Duration(raw.MaxBatchedTokens^q.raw.MaxBatchedTokens) != 0 {
+	if !q.haveRates || !samePreset(raw, &q.raw) {
 		q.setRates(raw)
 	}
 	q.rt.Horizon, q.rt.Scale, q.rt.DecodeScale, q.rt.HitScale = raw.Horizon, 1, 1, 1
+	q.rt.Displaced, q.rt.TransferPerMTokens, q.rt.LoadPerMTokens = raw.Displaced, raw.TransferPerMTokens, raw.LoadPerMTokens
 	if raw.HitScale > 0 {
 		q.rt.HitScale = raw.HitScale
 	}
@@ -131,6 +137,15 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 		q.rt.DecodeScale = raw.DecodeScale
 	}
 	return &q.rt
+}
+
+// samePreset reports whether a and b agree on the fields rates caches:
+// all but the learned, per-replica ones.
+func samePreset(a, b *Rates) bool {
+	return (a.PrefillPerToken^b.PrefillPerToken)|(a.AttnPerMPairs^b.AttnPerMPairs)|
+		(a.DecodeStep^b.DecodeStep)|(a.DecodePerSeq^b.DecodePerSeq)|
+		(a.DecodePerMTokens^b.DecodePerMTokens)|time.Duration(a.MaxSeqs^b.MaxSeqs)|
+		time.Duration(a.MaxBatchedTokens^b.MaxBatchedTokens) == 0
 }
 
 // setRates fills the cache of rates from raw: once per Pick on a fleet of
@@ -459,32 +474,66 @@ func (q *kvRequest) holds() float64 {
 
 // bound is a lower bound of price's total for replica i, and the tokens
 // its index entry matched. It keeps the terms that tell replicas apart
-// cheaply: the router's own queue, the prefill's compute as if the
-// deepest match of any replica were cached here (exact when nothing
-// matches here), in at least one iteration of the router's own in-flight
-// batch (the least price may use), its stall of that batch and the wait of the
-// arrivals behind it; the decode it takes at its floor, the fleet's mean
-// batch (a replica's batch over a decode is never below it: see life).
-// Each term of price is at least its counterpart here (the others'
-// queue, seat wait, context and memory only add), so a candidate whose
+// cheaply: the queue ahead and the running batch, as price has them; the
+// prefill's compute as if the deepest match of any replica were cached
+// here (exact when nothing matches here and nothing can be imported or
+// loaded), in at least one iteration of that batch, its stall of the
+// batch and the wait of the arrivals behind it; the decode it takes at
+// its floor, the fleet's mean batch and context (a replica's batch over a
+// decode is never below it: see life). Each term of price is at least its
+// counterpart here (a seat's wait, an import's or a load's time, the
+// excess context over a decode and memory only add), so a candidate whose
 // bound exceeds a priced one's Total cannot win.
 func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	rt := q.rates(&rp.Rates)
 	m, compute, iters := 0.0, q.compute0, q.iters0
 	if matchOf(q.r, i) > 0 {
-		m, compute, iters = q.matched(i), q.computeDeep, 1
-	} else if q.src >= 0 {
-		compute, iters = q.computeDeep, 1 // it may import the source's prefix
+		m = q.matched(i)
 	}
-	batch := float64(rp.InFlight)
-	prefill := compute * rt.Scale
-	step := float64(rt.DecodeStep) + batch*float64(rt.DecodePerSeq)
-	total := (2*float64(rp.PrefillTokens)*float64(rt.PrefillPerToken)+compute*batch)*rt.Scale + 2*prefill +
-		(q.decodeFloor+2*iters*step)*rt.DecodeScale + 2*q.behind(rt, prefill)
+	switch {
+	case i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
+		compute, iters = 0, 1 // its CPU tier may hold more than any GPU
+	case m > 0 || q.src >= 0: // it may import the source's prefix
+		compute, iters = q.computeDeep, 1
+	}
+	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
+	batch, context := q.batch(rp, fresh)
+	step := stepNS(rt, batch, context) * rt.DecodeScale
+	queued := q.queued(rp, fresh)
+	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
+	prefill := compute*rt.Scale + iters*step
+	total := 2*(wait+prefill) + q.decodeFloor*rt.DecodeScale + batch*compute*rt.Scale + 2*q.behind(rt, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
 	return total, int(m)
+}
+
+// quick is a lower bound of bound's total for replica i, cheaper to
+// take: the decode at its floor, the prefill's compute as bound takes it,
+// twice and once for each sequence it stalls, and the router's own queue
+// ahead of it, twice. It reads q.rt's preset fields, so it holds only on
+// a fleet of one preset (!q.mixed), after rates has been called once.
+func (q *kvRequest) quick(rp *Replica, i int) float64 {
+	compute := q.compute0
+	if matchOf(q.r, i) > 0 || q.src >= 0 {
+		compute = q.computeDeep
+	}
+	if i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0 {
+		compute = 0
+	}
+	n := rp.InFlight
+	if rp.Running > n && rp.Scraped && rp.LoadAge <= q.p.StaleAfter {
+		n = rp.Running
+	}
+	scale, decodeScale := rp.Rates.Scale, rp.Rates.DecodeScale
+	if !(scale > 0) { // as rates fills it
+		scale = 1
+	}
+	if !(decodeScale > 0) {
+		decodeScale = 1
+	}
+	return q.decodeFloor*decodeScale + (compute*float64(n+2)+2*float64(rp.PrefillTokens)*float64(q.rt.PrefillPerToken))*scale
 }
 
 // deepest is the most expected cached tokens over the healthy replicas
