@@ -193,7 +193,7 @@ func stale(r *route.Request, s *route.Snapshot) (tokens, replica int) {
 // it.
 func predictedTTFT(d route.Decision, rp *route.Replica) (scale1, priced time.Duration) {
 	for _, k := range d.Costs {
-		if k.Replica != d.Replica || k.Pruned {
+		if k.Replica != d.Replica {
 			continue
 		}
 		scale := rp.Rates.Scale

@@ -103,7 +103,7 @@ func (r *ring) begin(c *call) uint64 {
 	i := (r.n - 1) % uint64(len(r.recs))
 	r.seqs[i] = r.n
 	c.fill(&r.recs[i])
-	r.costs[i], r.recs[i].PrunedCandidates = priced(r.costs[i][:0], c.dec.Costs)
+	r.costs[i], r.recs[i].PrunedCandidates = append(r.costs[i][:0], c.dec.Costs...), c.dec.Pruned
 	return r.n
 }
 
@@ -114,22 +114,8 @@ func (r *ring) update(seq uint64, c *call) {
 	i := (seq - 1) % uint64(len(r.recs))
 	if r.seqs[i] == seq {
 		c.fill(&r.recs[i])
-		r.costs[i], r.recs[i].PrunedCandidates = priced(r.costs[i][:0], c.dec.Costs)
+		r.costs[i], r.recs[i].PrunedCandidates = append(r.costs[i][:0], c.dec.Costs...), c.dec.Pruned
 	}
-}
-
-// priced appends to dst the candidates of costs priced in full, and
-// returns it with the number of pruned ones.
-func priced(dst, costs []route.Cost) ([]route.Cost, int) {
-	pruned := 0
-	for _, k := range costs {
-		if k.Pruned {
-			pruned++
-			continue
-		}
-		dst = append(dst, k)
-	}
-	return dst, pruned
 }
 
 // last returns copies of up to n records, newest first.

@@ -133,20 +133,26 @@ func (p KVAware) withDefaults() KVAware {
 // Pick prices every healthy replica with price and keeps the cheapest. Up
 // to kvPruneAbove replicas every candidate is priced in full; above, a
 // candidate whose lower bound already exceeds the cheapest Total found is
-// recorded as Pruned instead (see bound), which leaves the decision
-// unchanged (TestKVAwarePruningMatchesFullPricing). Pick allocates
-// nothing.
+// counted in Decision.Pruned instead of priced (see quick and bound),
+// which leaves the decision unchanged
+// (TestKVAwarePruningMatchesFullPricing). Pick allocates nothing.
 func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 	return p.pick(r, s, len(s.Replicas) > kvPruneAbove)
 }
 
-// pick is Pick, pruning with the bound if prune.
+// pick is Pick, pruning with the bounds if prune.
 func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
-	q := newKVRequest(p, r, s)
 	rs := s.Replicas
-	costs := costsFor(r, len(rs))
 	prune = prune && r.Tokens >= 0
-	best, bestTotal, bestCached, maxCached, maxPruned := -1, 0.0, 0, 0, 0
+	var sc *screen
+	if prune {
+		sc = screens.Get().(*screen)
+		defer screens.Put(sc)
+		sc.size(len(rs))
+	}
+	q := newKVRequest(p, r, s, sc)
+	costs := costsFor(r, len(rs))
+	best, bestTotal, bestCached, maxCached, maxPruned, pruned := -1, 0.0, 0, 0, 0, 0
 	var bestImport Transfer
 	consider := func(i int, k *Cost, total float64) {
 		local := k.Matched // what it caches on its GPU, as deepest counts
@@ -159,18 +165,32 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 		}
 	}
 	first, firstCost := -1, Cost{}
-	if prune {
-		// A good first candidate makes the bound bite; it is priced once,
-		// and recorded in its place in the scan.
-		if first = q.first; first >= 0 {
-			var total float64
-			firstCost, total = q.price(&rs[first], first)
-			consider(first, &firstCost, total)
-		}
+	if prune && q.first >= 0 {
+		// A good first candidate makes the bounds bite: the least quick
+		// bound's on a fleet of one preset. It is priced once, and
+		// recorded in its place in the scan.
+		first = q.screen(sc)
+		var total float64
+		firstCost, total = q.price(&rs[first], first)
+		consider(first, &firstCost, total)
 	}
 	for i := range rs {
-		rp := &rs[i]
-		if !rp.Healthy {
+		if prune {
+			// sc.quick is +Inf for an unhealthy replica, 0 for all on a
+			// fleet of several presets.
+			if lb := sc.quick[i]; lb > bestTotal*(1+1e-9) && i != r.Pinned {
+				if sc.terms[i].healthy() {
+					if sc.terms[i].path != pathWhole { // matched, or a CPU tier
+						maxPruned = max(maxPruned, int(q.matched(i)))
+					}
+					pruned++
+				}
+				continue
+			}
+			if !sc.terms[i].healthy() {
+				continue
+			}
+		} else if !rs[i].Healthy {
 			continue
 		}
 		if i == first {
@@ -179,32 +199,21 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			}
 			continue
 		}
-		if prune && i != r.Pinned && best >= 0 {
-			lb, m := 0.0, 0
-			if !q.mixed {
-				lb = q.quick(rp, i)
-			}
-			if lb <= bestTotal*(1+1e-9) {
-				lb, m = q.bound(rp, i)
-			} else {
-				m = int(q.matched(i))
-			}
-			if lb > bestTotal*(1+1e-9) {
-				maxPruned = max(maxPruned, m)
-				if costs != nil {
-					costs = append(costs, Cost{Replica: i, Matched: m, Total: ns(lb), Pruned: true})
-				}
+		if prune && i != r.Pinned {
+			if lb, _ := q.bound(&rs[i], i); lb > bestTotal*(1+1e-9) {
+				maxPruned = max(maxPruned, int(q.matched(i)))
+				pruned++
 				continue
 			}
 		}
-		k, total := q.price(rp, i)
+		k, total := q.price(&rs[i], i)
 		if costs != nil {
 			costs = append(costs, k)
 		}
 		consider(i, &k, total)
 	}
 	if best < 0 {
-		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs}
+		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs, Pruned: pruned}
 	}
 	if maxPruned > bestCached {
 		maxCached = max(maxCached, q.deepest(rs, bestCached))
@@ -213,7 +222,7 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	if bestImport.Blocks > 0 {
 		reason = ReasonTransfer
 	}
-	return Decision{Replica: best, Reason: reason, Matched: bestCached, Costs: costs, Transfer: bestImport}
+	return Decision{Replica: best, Reason: reason, Matched: bestCached, Costs: costs, Transfer: bestImport, Pruned: pruned}
 }
 
 // kvPruneAbove is the fleet size up to which every candidate is priced in

@@ -226,13 +226,17 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 }
 
 // TestKVAwarePruningMatchesFullPricing checks the pruned scan against the
-// full pricing on the digest's cases and as many more: the same decision and reason, the
-// same terms for every candidate priced in full, and for a pruned one a
-// Total between the winner's (it could not win) and its full pricing's, a
-// Matched no smaller than the expected cached tokens, and no other terms.
+// full pricing on the digest's cases, as many more, and as many again with
+// links, CPU tiers and Displaced: the same decision and reason, the same
+// terms for every candidate priced in full, the others counted as pruned;
+// and for every candidate, bound at most its full Total and quick at most
+// bound.
 func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(20240611, 3))
 	pruned := 0
+	// The bounds sum their terms in another order, so they may exceed
+	// the full Total by a rounding.
+	le := func(a, b float64) bool { return a <= b*(1+1e-12) }
 	for c := range 3 * goldenCases {
 		if c == goldenCases {
 			rng = rand.New(rand.NewPCG(7, uint64(c)))
@@ -247,36 +251,38 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 		}
 		want := p.pick(&rr, s, false)
 		got := p.pick(r, s, true)
-		if got.Replica != want.Replica || got.Reason != want.Reason || got.Matched != want.Matched ||
-			len(got.Costs) != len(want.Costs) || (got.Costs == nil) != (want.Costs == nil) {
-			t.Fatalf("case %d: got %d %s matched %d with %d costs, want %d %s matched %d with %d costs",
-				c, got.Replica, got.Reason, got.Matched, len(got.Costs), want.Replica, want.Reason, want.Matched, len(want.Costs))
+		if got.Replica != want.Replica || got.Reason != want.Reason || got.Matched != want.Matched || got.Transfer != want.Transfer ||
+			(got.Costs == nil) != (want.Costs == nil) || got.Costs != nil && len(got.Costs)+got.Pruned != len(want.Costs) {
+			t.Fatalf("case %d: got %d %s matched %d with %d costs and %d pruned, want %d %s matched %d with %d costs",
+				c, got.Replica, got.Reason, got.Matched, len(got.Costs), got.Pruned, want.Replica, want.Reason, want.Matched, len(want.Costs))
 		}
-		var chosen time.Duration
-		for _, k := range want.Costs {
-			if k.Replica == want.Replica {
-				chosen = k.Total
+		pruned += got.Pruned
+		j := 0
+		for _, k := range got.Costs {
+			for j < len(want.Costs) && want.Costs[j].Replica != k.Replica {
+				j++
+			}
+			if j == len(want.Costs) || k != want.Costs[j] {
+				t.Fatalf("case %d: candidate %d priced %+v, not as in full pricing", c, k.Replica, k)
 			}
 		}
-		for i, k := range got.Costs {
-			w := want.Costs[i]
-			if !k.Pruned {
-				if k != w {
-					t.Fatalf("case %d: candidate %d priced %+v, want %+v", c, i, k, w)
-				}
+		sc := new(screen)
+		sc.size(len(s.Replicas))
+		q := newKVRequest(p, r, s, sc)
+		if q.first >= 0 {
+			q.screen(sc)
+		}
+		for i := range s.Replicas {
+			if !s.Replicas[i].Healthy || i == r.Pinned {
 				continue
 			}
-			pruned++
-			// A term beyond MaxInt64 ns converts to MinInt64 on amd64:
-			// no order to check. The bound sums its terms in another
-			// order, so it may exceed the full Total by a rounding, and
-			// by a nanosecond once both are truncated to whole ones.
-			le := func(a, b time.Duration) bool {
-				return float64(a) <= float64(b)*(1+1e-12)+1 || a == math.MinInt64 || b == math.MinInt64
+			_, total := q.price(&s.Replicas[i], i)
+			lb, _ := q.bound(&s.Replicas[i], i)
+			if !le(lb, total) {
+				t.Fatalf("case %d: candidate %d bound %g above its total %g", c, i, lb, total)
 			}
-			if k.Replica != w.Replica || k.Matched < w.Matched && w.Import.Blocks == 0 && w.Load == 0 || k.Wait != 0 || k.Prefill != 0 || k.Decode != 0 || k.Others != 0 ||
-				k.Memory != 0 || !le(k.Total, w.Total) || !le(chosen, k.Total) || k.Replica == got.Replica {
-				t.Fatalf("case %d: candidate %d pruned %+v, full pricing %+v, winner's total %v", c, i, k, w, chosen)
+			if ql := q.quick(&sc.terms[i]); !q.mixed && !le(ql, lb) {
+				t.Fatalf("case %d: candidate %d quick bound %g above its bound %g", c, i, ql, lb)
 			}
 		}
 	}
@@ -306,8 +312,8 @@ func withPaths(rng *rand.Rand, r *Request, s *Snapshot) {
 }
 
 // TestKVAwarePrunesLargeFleets shows what pruning does on the benchmark's
-// fleets: at 1,000 replicas nearly every candidate is recorded as pruned,
-// none of the winner's terms are, and the decision is the reference's; up
+// fleets: at 1,000 replicas nearly every candidate is pruned, the winner
+// is not, and the decision is the reference's; up
 // to kvPruneAbove replicas every candidate is priced in full.
 func TestKVAwarePrunesLargeFleets(t *testing.T) {
 	for _, n := range []int{kvPruneAbove, 1000} {
@@ -321,18 +327,16 @@ func TestKVAwarePrunesLargeFleets(t *testing.T) {
 		want := KVAware{}.pick(&Request{ID: r.ID, Hash: r.Hash, Tokens: r.Tokens, Blocks: r.Blocks, Pinned: r.Pinned,
 			Match: r.Match, Age: r.Age}, s, false)
 		d := KVAware{}.Pick(r, s)
-		pruned := 0
+		pruned, winner := d.Pruned, false
 		for _, k := range d.Costs {
-			if k.Pruned {
-				pruned++
-				if k.Replica == d.Replica {
-					t.Errorf("%d replicas: the winner %d is pruned", n, d.Replica)
-				}
-			}
+			winner = winner || k.Replica == d.Replica
 		}
-		if d.Replica != want.Replica || d.Reason != want.Reason || d.Matched != want.Matched || len(d.Costs) != healthy {
-			t.Errorf("%d replicas: got %d %s %d with %d costs, want %d %s %d with %d", n, d.Replica, d.Reason, d.Matched,
-				len(d.Costs), want.Replica, want.Reason, want.Matched, healthy)
+		if !winner {
+			t.Errorf("%d replicas: the winner %d is not priced in full", n, d.Replica)
+		}
+		if d.Replica != want.Replica || d.Reason != want.Reason || d.Matched != want.Matched || len(d.Costs)+pruned != healthy {
+			t.Errorf("%d replicas: got %d %s %d with %d costs and %d pruned, want %d %s %d with %d", n, d.Replica, d.Reason, d.Matched,
+				len(d.Costs), pruned, want.Replica, want.Reason, want.Matched, healthy)
 		}
 		switch {
 		case n <= kvPruneAbove && pruned != 0:

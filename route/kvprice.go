@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"sync"
 	"time"
 )
 
@@ -37,8 +38,11 @@ type kvRequest struct {
 	// decodeFloor is the least decode and decode slowdown of others the
 	// request can cost on a replica of rt, unscaled (bound).
 	decodeFloor float64
-	// first is the healthy replica a pruned scan prices first, or −1.
+	// first is the first healthy replica, or −1.
 	first int
+	// computes is the compute of the prompt that bounds a prefill's on
+	// each path of quickTerms (screen sets it).
+	computes [4]float64
 	// mixed says the healthy replicas' Rates differ in more than their
 	// learned fields (Horizon, the scales, ...): a fleet of several
 	// presets, which quick cannot price from one.
@@ -61,7 +65,9 @@ type kvRequest struct {
 	reps     []Replica
 }
 
-func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
+// newKVRequest derives q from r and s in one pass over the replicas, and
+// fills sc (when not nil) with each one's quick terms.
+func newKVRequest(p KVAware, r *Request, s *Snapshot, sc *screen) kvRequest {
 	p = p.withDefaults()
 	out := r.MaxTokens
 	if out <= 0 {
@@ -70,29 +76,33 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 	tokens := float64(max(r.Tokens, 0))
 	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2,
 		src: -1, reps: s.Replicas}
-	// One pass: the fleet's means, the deepest match, and the likely
-	// cheapest replica (the least uncached tokens times the batch they
-	// would stall, plus the queue), which a pruned scan prices first.
-	n, least := 0.0, 0.0
+	// One pass: the fleet's means, the deepest match, and the screen's
+	// terms; the first healthy replica is the preset's reference.
+	n := 0.0
 	q.first = -1
+	match, off := r.Match, r.Offloaded
 	for i := range s.Replicas {
 		rp := &s.Replicas[i]
 		if !rp.Healthy {
+			if sc != nil {
+				sc.terms[i] = quickTerms{decodeScale: -1}
+			}
 			continue
 		}
-		if q.first >= 0 && !q.mixed {
+		if q.first < 0 {
+			q.first = i
+		} else if !q.mixed {
 			q.mixed = !samePreset(&rp.Rates, &s.Replicas[q.first].Rates)
 		}
 		b, c := q.batch(rp, rp.Scraped && rp.LoadAge <= p.StaleAfter)
 		q.meanBatch, q.meanContext, n = q.meanBatch+b, q.meanContext+c, n+1
-		m := 0.0
-		if matchOf(r, i) > 0 {
-			m = q.matched(i)
-			q.deepMatch = max(q.deepMatch, m)
+		matched := i < len(match) && match[i] > 0
+		if matched {
+			q.deepMatch = max(q.deepMatch, q.matched(i))
 			q.source(rp, i)
 		}
-		if key := float64(rp.PrefillTokens) + (tokens-m)*(1+b); q.first < 0 || key < least {
-			q.first, least = i, key
+		if sc != nil {
+			sc.terms[i].set(rp, b, matched, i < len(off) && off[i] > 0)
 		}
 	}
 	if n > 0 {
@@ -101,6 +111,24 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot) kvRequest {
 	q.decodeLen = q.out / float64(p.MeanOutput)
 	q.haveRates = false // source filled the cache before the means were known
 	return q
+}
+
+// likely is the healthy replica a pruned scan on a fleet of several
+// presets prices first (screen): the least uncached tokens times the batch they
+// would stall, plus the queue.
+func (q *kvRequest) likely(rs []Replica) int {
+	first, least := -1, 0.0
+	for i := range rs {
+		rp := &rs[i]
+		if !rp.Healthy {
+			continue
+		}
+		b, _ := q.batch(rp, rp.Scraped && rp.LoadAge <= q.p.StaleAfter)
+		if key := float64(rp.PrefillTokens) + (q.tokens-q.matched(i))*(1+b); first < 0 || key < least {
+			first, least = i, key
+		}
+	}
+	return first
 }
 
 // source makes matched replica i the transfer source if it can send KV
@@ -356,16 +384,14 @@ func (q *kvRequest) matched(i int) float64 {
 // the router's own footprint, or the engine's used KV when fresh and
 // more.
 func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
-	n, context = float64(rp.InFlight), float64(rp.DecodeBlocks)*float64(q.bs)
+	seqs, blocks := rp.InFlight, float64(rp.DecodeBlocks)
 	if fresh {
-		n = max(n, float64(rp.Running))
-		if rp.CacheBlocks > 0 {
-			if u := rp.KVUsage; u > 0 { // not NaN
-				context = max(context, u*float64(rp.CacheBlocks)*float64(q.bs))
-			}
+		seqs = max(seqs, rp.Running)
+		if used := rp.KVUsage * float64(rp.CacheBlocks); used > blocks && rp.CacheBlocks > 0 { // false for NaN
+			blocks = used
 		}
 	}
-	return n, context
+	return float64(seqs), blocks * float64(q.bs)
 }
 
 // queued is the prompt tokens queued ahead of the request: the router's
@@ -509,31 +535,109 @@ func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	return total, int(m)
 }
 
-// quick is a lower bound of bound's total for replica i, cheaper to
-// take: the decode at its floor, the prefill's compute as bound takes it,
-// twice and once for each sequence it stalls, and the router's own queue
-// ahead of it, twice. It reads q.rt's preset fields, so it holds only on
-// a fleet of one preset (!q.mixed), after rates has been called once.
-func (q *kvRequest) quick(rp *Replica, i int) float64 {
-	compute := q.compute0
-	if matchOf(q.r, i) > 0 || q.src >= 0 {
-		compute = q.computeDeep
+// screen holds a pruned scan's quick terms and bounds, one per replica,
+// so that the scan reads a few bytes of each replica it does not price,
+// not its Replica. Picks take one from screens and return it.
+type screen struct {
+	terms []quickTerms
+	quick []float64
+}
+
+var screens = sync.Pool{New: func() any { return new(screen) }}
+
+// size makes sc's slices n long.
+func (sc *screen) size(n int) {
+	if cap(sc.terms) < n {
+		sc.terms, sc.quick = make([]quickTerms, n), make([]float64, n)
 	}
-	if i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0 {
-		compute = 0
-	}
-	n := rp.InFlight
-	if rp.Running > n && rp.Scraped && rp.LoadAge <= q.p.StaleAfter {
-		n = rp.Running
-	}
-	scale, decodeScale := rp.Rates.Scale, rp.Rates.DecodeScale
-	if !(scale > 0) { // as rates fills it
+	sc.terms, sc.quick = sc.terms[:n], sc.quick[:n]
+}
+
+// quickTerms is what quick needs of a replica: its DecodeScale (−1 for an
+// unhealthy one), its Scale × (batch + 2), the prefill of the router's
+// own queue ahead, twice, at its Scale; and which compute of the prompt
+// bounds its prefill's (kvRequest.computes).
+type quickTerms struct {
+	decodeScale, stall, queue float64
+	path                      uint8
+}
+
+// The paths of quickTerms: the whole prompt's compute; the compute after
+// the deepest match, for a replica that matches (or may import); none,
+// for a replica whose CPU tier may hold it all.
+const (
+	pathWhole uint8 = iota
+	pathDeep
+	pathTier
+)
+
+// set makes t rp's quick terms, its batch being n; matched says it
+// matches the prompt, offloaded that its CPU tier holds some of it.
+func (t *quickTerms) set(rp *Replica, n float64, matched, offloaded bool) {
+	scale, decodeScale, perToken := rp.Rates.Scale, rp.Rates.DecodeScale, rp.Rates.PrefillPerToken
+	if !(scale > 0) { // as rates fills them
 		scale = 1
 	}
 	if !(decodeScale > 0) {
 		decodeScale = 1
 	}
-	return q.decodeFloor*decodeScale + (compute*float64(n+2)+2*float64(rp.PrefillTokens)*float64(q.rt.PrefillPerToken))*scale
+	if perToken <= 0 {
+		perToken = DefaultPrefillPerToken
+	}
+	t.decodeScale, t.stall, t.queue, t.path = decodeScale, scale*(n+2), 2*float64(rp.PrefillTokens)*float64(perToken)*scale, pathWhole
+	if offloaded {
+		t.path = pathTier
+	} else if matched {
+		t.path = pathDeep
+	}
+}
+
+func (t *quickTerms) healthy() bool { return t.decodeScale >= 0 }
+
+// quick is a lower bound of bound's total for the replica of terms t,
+// cheaper to take: the decode at its floor, the prefill's compute as bound
+// takes it, twice and once for each sequence it stalls, and the router's
+// own queue ahead of it, twice. It takes q.rt's preset fields for the
+// replica's, so it holds only on a fleet of one preset (!q.mixed), once
+// screen has set q.computes.
+func (q *kvRequest) quick(t *quickTerms) float64 {
+	return q.decodeFloor*t.decodeScale + q.computes[t.path&3]*t.stall + t.queue
+}
+
+// screen fills sc.quick with each replica's quick bound (+Inf for an
+// unhealthy one; 0 on a fleet of several presets, where quick does not
+// hold) and returns the replica a pruned scan prices first: the least
+// bound's, or on a fleet of several presets, likely's. q.first must be
+// healthy.
+func (q *kvRequest) screen(sc *screen) int {
+	if q.mixed {
+		for i := range sc.terms {
+			sc.quick[i] = 0
+			if !sc.terms[i].healthy() {
+				sc.quick[i] = math.Inf(1)
+			}
+		}
+		return q.likely(q.reps)
+	}
+	q.rates(&q.reps[q.first].Rates) // fills the preset's fields quick reads
+	whole := q.compute0
+	if q.src >= 0 {
+		whole = q.computeDeep // every replica may import the source's prefix
+	}
+	q.computes = [4]float64{pathWhole: whole, pathDeep: q.computeDeep, pathTier: 0}
+	best, least := q.first, math.Inf(1)
+	quick := sc.quick[:len(sc.terms)]
+	for i := range sc.terms {
+		t := &sc.terms[i]
+		lb := math.Inf(1)
+		if t.healthy() {
+			lb = q.quick(t)
+		}
+		if quick[i] = lb; lb < least {
+			best, least = i, lb
+		}
+	}
+	return best
 }
 
 // deepest is the most expected cached tokens over the healthy replicas

@@ -163,8 +163,8 @@ type Request struct {
 	// message (or prompt) and the LoRA name, for consistent-hashing policies.
 	PrefixKey uint64
 	// Costs, when its capacity is at least len(Snapshot.Replicas), receives
-	// each candidate's cost terms (kv-aware marks Pruned the candidates it
-	// proved could not win without pricing them in full), and
+	// each candidate's cost terms (but those kv-aware proved could not
+	// win without pricing them in full: Decision.Pruned), and
 	// Decision.Costs aliases it. Nil means the policy records none. Callers
 	// reuse it to keep Pick allocation-free.
 	Costs []Cost
@@ -202,12 +202,6 @@ type Cost struct {
 	// blocks from its own CPU tier before the prefill (zero: none);
 	// Matched counts them.
 	Load time.Duration
-	// Pruned says the candidate was not priced in full: a lower bound of
-	// its Total, kept in Total, already exceeded a cheaper candidate's, so
-	// it could not win. Matched is then the tokens its index entry matched
-	// (an upper bound: the residency discount is not computed), and Wait,
-	// Prefill, Decode and Memory are zero.
-	Pruned bool
 }
 
 // Decision is a policy's choice.
@@ -222,6 +216,10 @@ type Decision struct {
 	Matched int
 	// Costs aliases Request.Costs when the caller supplied it.
 	Costs []Cost
+	// Pruned counts the candidates kv-aware proved could not win without
+	// pricing them in full (a lower bound of their Total already exceeded
+	// a cheaper candidate's): they are not in Costs.
+	Pruned int
 	// Transfer is the KV import the decision orders before the prefill;
 	// Blocks zero means none.
 	Transfer Transfer

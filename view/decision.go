@@ -44,7 +44,7 @@ type Decision struct {
 	Blocks     int         `json:"blocks"`
 	Candidates []Candidate `json:"candidates"`
 	// PrunedCandidates counts the candidates kv-aware proved could not
-	// win without pricing them in full (route.Cost.Pruned), left out of
+	// win without pricing them in full (route.Decision.Pruned), left out of
 	// Candidates.
 	PrunedCandidates int `json:"pruned_candidates,omitempty"`
 	// Replica is the chosen replica (empty when none could take the
