@@ -32,10 +32,13 @@ import "time"
 //     expected time to free.
 //   - Prefill: its uncached tokens after the cached ones (with the
 //     attention term), and the iterations that carry them.
-//   - Decode: its own output, output × (step + Δ), with the batch
-//     averaged over its decode: the router steers arrivals towards the
-//     lighter replicas, so a batch below the fleet's mean is soon at it,
-//     and one above drains as its sequences finish (kvRequest.life).
+//   - Decode: its own output, output × (step + Δ), with the batch and
+//     its context averaged over its decode: the router steers arrivals
+//     towards the lighter replicas, so a batch below the fleet's mean is
+//     soon at it, and one above drains as its sequences finish
+//     (kvRequest.life); the context its sequences hold leaves only as
+//     they finish, replaced by the fleet's mean context per sequence
+//     (kvRequest.lifeContext).
 //   - Others: the delay it imposes: its prefill stalls each of the B
 //     running decodes (B × its prefill compute), which their last tokens
 //     feel; its presence slows every iteration it shares with the batch

@@ -177,3 +177,30 @@ func TestKVAwareIgnoresNaNUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestKVAwareContextOutlivesArrivals: two replicas run four sequences
+// each, below the fleet's mean of eight, one holding long contexts (64,000
+// tokens) and one short ones (3,200). Arrivals bring both to the mean
+// batch at once, but the context their sequences hold now leaves only as
+// they finish: over a decode of one sequence life (256 tokens), (1 −
+// e^{−1}) of it is still there on average. So the long one's decode costs
+// 256 × 56 ms per million tokens × 60,800 × 0.632 = 551 ms more, and the
+// request goes to the short one, where pricing the batch alone saw two
+// replicas at the fleet's mean.
+func TestKVAwareContextOutlivesArrivals(t *testing.T) {
+	long, short := up("long", 4), up("short", 4)
+	long.DecodeBlocks, short.DecodeBlocks = 4*1000, 4*50
+	busy := up("busy", 12)
+	busy.DecodeBlocks = 12 * 300
+	r := rq(1000)
+	r.MaxTokens = 256
+	r.Costs = make([]Cost, 0, 4)
+	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{long, short, busy, busy}})
+	if d.Replica != 1 {
+		t.Errorf("got %d, want 1: the short contexts", d.Replica)
+	}
+	want := 256 * 56 * 60800 / 1e6 * (1 - math.Exp(-1)) // ms
+	if got := float64(d.Costs[0].Decode-d.Costs[1].Decode) / 1e6; math.Abs(got-want) > 1 {
+		t.Errorf("Decode of the long contexts − of the short = %.1f ms, want %.1f", got, want)
+	}
+}

@@ -35,9 +35,16 @@ type kvRequest struct {
 	deepMatch float64
 	// arrivals is λ at DecodeScale 1 for rt, per ns (behind).
 	arrivals float64
+	// persist is the share of a replica's KV context now that is still
+	// there on average over the request's decode, (1 − e^{−x})/x for a
+	// decode of x = decodeLen sequence lives; perSeq is the fleet's mean
+	// context per running sequence (lifeContext).
+	persist, perSeq float64
 	// decodeFloor is the least decode and decode slowdown of others the
-	// request can cost on a replica of rt, unscaled (bound).
-	decodeFloor float64
+	// request can cost on a replica of rt with no KV context, unscaled;
+	// outPerToken what each token of the replica's averaged context adds
+	// to its decode (bound, quick).
+	decodeFloor, outPerToken float64
 	// first is the first healthy replica, or −1.
 	first int
 	// computes is the compute of the prompt that bounds a prefill's on
@@ -102,13 +109,20 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sc *screen) kvRequest {
 			q.source(rp, i)
 		}
 		if sc != nil {
-			sc.terms[i].set(rp, b, matched, i < len(off) && off[i] > 0)
+			sc.terms[i].set(rp, b, c, matched, i < len(off) && off[i] > 0)
 		}
 	}
 	if n > 0 {
 		q.meanBatch, q.meanContext = q.meanBatch/n, q.meanContext/n
 	}
 	q.decodeLen = q.out / float64(p.MeanOutput)
+	q.persist = 1.0
+	if x := q.decodeLen; x > 0 {
+		q.persist = (1 - expNeg(x)) / x
+	}
+	if q.meanBatch > 0 {
+		q.perSeq = q.meanContext / q.meanBatch
+	}
 	q.haveRates = false // source filled the cache before the means were known
 	return q
 }
@@ -186,8 +200,9 @@ func (q *kvRequest) setRates(raw *Rates) {
 	q.computeDeep = prefillNS(&q.rt, q.tokens-q.deepMatch, q.deepMatch)
 	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
+	q.decodeFloor = q.out * (stepNS(&q.rt, q.meanBatch, 0) + grow + q.meanBatch*grow)
+	q.outPerToken = q.out * float64(q.rt.DecodePerMTokens) * 1e-6
 	meanStep := stepNS(&q.rt, q.meanBatch, q.meanContext)
-	q.decodeFloor = q.out * (meanStep + grow + q.meanBatch*grow)
 	q.arrivals = q.meanBatch / (float64(q.p.MeanOutput) * meanStep)
 }
 
@@ -258,12 +273,13 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	}
 
 	// The running batch: its size and KV context, and one iteration now;
-	// and averaged over the request's decode (q.life), during which the
-	// batch relaxes to the fleet's mean.
+	// and averaged over the request's decode (q.life, q.lifeContext),
+	// during which the batch relaxes to the fleet's mean and the context
+	// its sequences hold now leaves as they finish.
 	batch, context := q.batch(rp, fresh)
 	step := stepNS(rt, batch, context)
-	life, share := q.life(batch)
-	lifeStep := stepNS(rt, life, q.meanContext+max(context-q.meanContext, 0)*share)
+	life := q.life(batch)
+	lifeStep := stepNS(rt, life, q.lifeContext(batch, context, life))
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	budget := float64(rt.MaxBatchedTokens)
 
@@ -313,28 +329,45 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		Total: ns(total), Import: imp, Load: ns(load)}, total
 }
 
-// life is the replica's batch averaged over the request's decode, and the
-// share of its departure from the fleet's mean that this average keeps
-// (for the excess of its KV context too). A replica below the mean draws the arrivals
-// the router steers to it, the fleet's rate times the replicas, and is at
-// the mean almost at once. One above it draws none until it is back: its
-// B sequences finish at B/τ while the others' arrivals keep the mean, so
-// its excess e = B − B̄ decays as de/dt = −(B̄ + e)/τ, reaching zero at
+// life is the replica's batch averaged over the request's decode. A
+// replica below the fleet's mean draws the arrivals the router steers to
+// it, the fleet's rate times the replicas, and is at the mean almost at
+// once. One above it draws none until it is back: its B sequences finish
+// at B/τ while the others' arrivals keep the mean, so its excess
+// e = B − B̄ decays as de/dt = −(B̄ + e)/τ, reaching zero at
 // t* = τ·ln(1 + e₀/B̄) (never, on a fleet with no batch to steer to). Its
 // mean over a decode of D = decodeLen·τ is the integral of e up to
 // min(D, t*), over D.
-func (q *kvRequest) life(batch float64) (life, share float64) {
+func (q *kvRequest) life(batch float64) float64 {
 	e0, mean := batch-q.meanBatch, q.meanBatch
 	if e0 <= 0 {
-		return mean, 0
+		return mean
 	}
 	x := q.decodeLen
 	if mean > 0 {
 		x = min(x, math.Log1p(e0/mean))
 	}
 	excess := ((e0+mean)*(1-expNeg(x)) - mean*x) / q.decodeLen
-	share = min(max(excess/e0, 0), 1)
-	return mean + e0*share, share
+	return mean + e0*min(max(excess/e0, 0), 1)
+}
+
+// lifeContext is the replica's KV context, in tokens, averaged over the
+// request's decode, its batch averaging life. The context its sequences
+// hold now leaves only as they finish, each at rate 1/τ whatever the
+// arrivals do: on average over the decode, q.persist of it is still
+// there. The sequences that join to make up the average batch bring the
+// fleet's mean context per sequence (q.perSeq). So a replica of a few
+// long contexts stays dear for a long decode, and one of short contexts
+// stays cheap, where counting only its batch would price both at the
+// fleet's mean.
+func (q *kvRequest) lifeContext(batch, context, life float64) float64 {
+	return context*q.persist + max(life-batch*q.persist, 0)*q.perSeq
+}
+
+// lowContext is a lower bound of lifeContext for any batch average
+// (life is at least the fleet's mean batch): bound's and quick's.
+func (q *kvRequest) lowContext(batch, context float64) float64 {
+	return context*q.persist + max(q.meanBatch-batch*q.persist, 0)*q.perSeq
 }
 
 // behind is the wait a prefill of the given length imposes on the requests
@@ -528,7 +561,8 @@ func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	queued := q.queued(rp, fresh)
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
 	prefill := compute*rt.Scale + iters*step
-	total := 2*(wait+prefill) + q.decodeFloor*rt.DecodeScale + batch*compute*rt.Scale + 2*q.behind(rt, prefill)
+	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
+	total := 2*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + 2*q.behind(rt, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
@@ -555,10 +589,12 @@ func (sc *screen) size(n int) {
 
 // quickTerms is what quick needs of a replica: its DecodeScale (−1 for an
 // unhealthy one), its Scale × (batch + 2), the prefill of the router's
-// own queue ahead, twice, at its Scale; and which compute of the prompt
-// bounds its prefill's (kvRequest.computes).
+// own queue ahead, twice, at its Scale; its batch and their KV context
+// (lowContext); and which compute of the prompt bounds its prefill's
+// (kvRequest.computes).
 type quickTerms struct {
 	decodeScale, stall, queue float64
+	batch, context            float64
 	path                      uint8
 }
 
@@ -571,9 +607,10 @@ const (
 	pathTier
 )
 
-// set makes t rp's quick terms, its batch being n; matched says it
+// set makes t rp's quick terms, its batch being n sequences holding
+// context tokens of KV; matched says it
 // matches the prompt, offloaded that its CPU tier holds some of it.
-func (t *quickTerms) set(rp *Replica, n float64, matched, offloaded bool) {
+func (t *quickTerms) set(rp *Replica, n, context float64, matched, offloaded bool) {
 	scale, decodeScale, perToken := rp.Rates.Scale, rp.Rates.DecodeScale, rp.Rates.PrefillPerToken
 	if !(scale > 0) { // as rates fills them
 		scale = 1
@@ -585,6 +622,7 @@ func (t *quickTerms) set(rp *Replica, n float64, matched, offloaded bool) {
 		perToken = DefaultPrefillPerToken
 	}
 	t.decodeScale, t.stall, t.queue, t.path = decodeScale, scale*(n+2), 2*float64(rp.PrefillTokens)*float64(perToken)*scale, pathWhole
+	t.batch, t.context = n, context
 	if offloaded {
 		t.path = pathTier
 	} else if matched {
@@ -601,7 +639,7 @@ func (t *quickTerms) healthy() bool { return t.decodeScale >= 0 }
 // replica's, so it holds only on a fleet of one preset (!q.mixed), once
 // screen has set q.computes.
 func (q *kvRequest) quick(t *quickTerms) float64 {
-	return q.decodeFloor*t.decodeScale + q.computes[t.path&3]*t.stall + t.queue
+	return (q.decodeFloor+q.outPerToken*q.lowContext(t.batch, t.context))*t.decodeScale + q.computes[t.path&3]*t.stall + t.queue
 }
 
 // screen fills sc.quick with each replica's quick bound (+Inf for an
