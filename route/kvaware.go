@@ -203,7 +203,7 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			continue
 		}
 		if prune && i != r.Pinned {
-			if lb, _ := q.bound(&rs[i], i); lb > bestTotal*(1+1e-9) {
+			if lb := q.bound(&rs[i], i); lb > bestTotal*(1+1e-9) {
 				maxPruned = max(maxPruned, int(q.matched(i)))
 				pruned++
 				continue

@@ -277,7 +277,7 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 				continue
 			}
 			_, total := q.price(&s.Replicas[i], i)
-			lb, _ := q.bound(&s.Replicas[i], i)
+			lb := q.bound(&s.Replicas[i], i)
 			if !le(lb, total) {
 				t.Fatalf("case %d: candidate %d bound %g above its total %g", c, i, lb, total)
 			}

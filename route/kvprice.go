@@ -531,28 +531,24 @@ func (q *kvRequest) holds() float64 {
 	return most
 }
 
-// bound is a lower bound of price's total for replica i, and the tokens
-// its index entry matched. It keeps the terms that tell replicas apart
-// cheaply: the queue ahead and the running batch, as price has them; the
-// prefill's compute as if the deepest match of any replica were cached
-// here (exact when nothing matches here and nothing can be imported or
-// loaded), in at least one iteration of that batch, its stall of the
-// batch and the wait of the arrivals behind it; the decode it takes at
-// its floor, the fleet's mean batch and context (a replica's batch over a
-// decode is never below it: see life). Each term of price is at least its
-// counterpart here (a seat's wait, an import's or a load's time, the
-// excess context over a decode and memory only add), so a candidate whose
-// bound exceeds a priced one's Total cannot win.
-func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
+// bound is a lower bound of price's total for replica i. It keeps the
+// terms that tell replicas apart cheaply: the queue ahead and the running
+// batch, as price has them; the prefill's compute as if the deepest match
+// of any replica were cached here (exact when nothing matches here and
+// nothing can be imported or loaded), in at least one iteration of that
+// batch, its stall of the batch and the wait of the arrivals behind it;
+// the decode at its floor, the fleet's mean batch (a replica's batch over
+// a decode is never below it: see life) and lowContext. Each term of price
+// is at least its counterpart here (a seat's wait, an import's or a
+// load's time and memory only add), so a candidate whose bound exceeds a
+// priced one's Total cannot win.
+func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	rt := q.rates(&rp.Rates)
-	m, compute, iters := 0.0, q.compute0, q.iters0
-	if matchOf(q.r, i) > 0 {
-		m = q.matched(i)
-	}
+	compute, iters := q.compute0, q.iters0
 	switch {
 	case i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
 		compute, iters = 0, 1 // its CPU tier may hold more than any GPU
-	case m > 0 || q.src >= 0: // it may import the source's prefix
+	case matchOf(q.r, i) > 0 || q.src >= 0: // it may import the source's prefix
 		compute, iters = q.computeDeep, 1
 	}
 	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
@@ -566,7 +562,7 @@ func (q *kvRequest) bound(rp *Replica, i int) (float64, int) {
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
-	return total, int(m)
+	return total
 }
 
 // screen holds a pruned scan's quick terms and bounds, one per replica,
