@@ -125,9 +125,11 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 				match[r] = max(sc.pm[r], sc.om[r]) * c.Tokens / unit
 				continue
 			}
-			match[r] = sc.am[r] * it / unit
-			if age != nil {
-				age[r] = sc.aa[r]
+			if m := sc.am[r]; m > 0 { // most replicas match nothing: no division
+				match[r] = m * it / unit
+				if age != nil {
+					age[r] = sc.aa[r]
+				}
 			}
 		}
 	}
