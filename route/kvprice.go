@@ -604,8 +604,8 @@ const (
 )
 
 // set makes t rp's quick terms, its batch being n sequences holding
-// context tokens of KV; matched says it
-// matches the prompt, offloaded that its CPU tier holds some of it.
+// context tokens of KV; matched says it matches the prompt, offloaded
+// that its CPU tier holds some of it.
 func (t *quickTerms) set(rp *Replica, n, context float64, matched, offloaded bool) {
 	scale, decodeScale, perToken := rp.Rates.Scale, rp.Rates.DecodeScale, rp.Rates.PrefillPerToken
 	if !(scale > 0) { // as rates fills them
