@@ -204,3 +204,26 @@ func TestKVAwareContextOutlivesArrivals(t *testing.T) {
 		t.Errorf("Decode of the long contexts − of the short = %.1f ms, want %.1f", got, want)
 	}
 }
+
+// TestKVAwareEachReplicaItsOwnDisplaced: a copy of the holder's prefix
+// costs each replica what its own measured Displaced says. Replica 1
+// evicts nothing anyone asks for again (0), replica 2 only such tokens
+// (1), the holder something in between; all share one preset, whose
+// filled-in rates kv-aware caches once per Pick, so a per-replica field
+// the cache kept would price them all as the first one priced.
+func TestKVAwareEachReplicaItsOwnDisplaced(t *testing.T) {
+	s := &Snapshot{Replicas: []Replica{up("holder", 0), up("free", 0), up("full", 0)}}
+	s.Replicas[0].PrefillTokens = 20000 // a long queue: the copies are priced
+	s.Replicas[0].Rates.Displaced, s.Replicas[1].Rates.Displaced, s.Replicas[2].Rates.Displaced = 0.5, 0, 1
+	r := rq(1000, 62, 0, 0) // 992 tokens cached on the holder
+	r.Costs = make([]Cost, 0, 3)
+	d := KVAware{}.Pick(r, s)
+	rt := s.Replicas[2].Rates.WithDefaults()
+	want := 2 * prefillNS(&rt, 992, 0) // (2 + mean batch 0) × Displaced 1 × the copy's prefill
+	if m := d.Costs[1].Memory; m != 0 {
+		t.Errorf("Memory of the replica that displaces nothing = %v, want 0", m)
+	}
+	if m := float64(d.Costs[2].Memory); math.Abs(m-want) > 1e3 {
+		t.Errorf("Memory of the replica whose evictions are all asked for again = %v, want %v", time.Duration(m), time.Duration(want))
+	}
+}
