@@ -178,7 +178,7 @@ func (s *scanner) request(p *Prompt, f *fields) error {
 			return err
 		}
 	}
-	if s.ws() != 0 {
+	if s.ws(); s.i < len(s.b) { // a NUL byte is not the end
 		return s.syntaxErr("the end of the body")
 	}
 	return nil

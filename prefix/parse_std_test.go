@@ -251,6 +251,8 @@ func TestParseMatchesStd(t *testing.T) {
 		`{"model":"m","prompt":"x","stream_options":[]}`,
 		`{"model":"m","prompt":"x","user":null,"tools":null}`,
 		`{"model":"m","prompt":"x"} x`,
+		"{}\x00",
+		"{\"model\":\"m\",\"prompt\":\"x\"}\x00",
 		`{"model":"m","prompt":"x",}`,
 		`{"model":"m","prompt":"x" "user":"u"}`,
 		`{"model":"m","prompt":"a` + "\x01" + `"}`,
