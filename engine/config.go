@@ -210,6 +210,7 @@ func (c Config) Rates() route.Rates {
 		PrefillPerToken:  c.PrefillPerToken,
 		AttnPerMPairs:    c.AttnPerMPairs,
 		DecodeStep:       c.StepOverhead + c.DecodeStep,
+		StepOverhead:     c.StepOverhead,
 		DecodePerSeq:     c.DecodePerSeq,
 		DecodePerMTokens: c.DecodePerMTokens,
 		MaxSeqs:          c.MaxNumSeqs,

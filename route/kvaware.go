@@ -25,13 +25,18 @@ import "time"
 //     is its deepest block's; when that is old but other requests have
 //     since touched a leading part of it (a shared context under an old
 //     conversation, Request.Fresh), that part is priced at its own age.
-//   - Wait, until its prefill starts: the prefill queued ahead of it (the
+//   - Wait, until its prefill starts: on a replica that decodes with
+//     nothing queued, the rest of the iteration under way (step/2 on
+//     average: the engine admits requests between iterations); else the
+//     prefill queued ahead of it (the
 //     router's own and, from fresh metrics, the engine's other waiting
 //     requests), each of whose iterations also carries the running
 //     decodes; and when the engine's seats are all taken, a seat's
 //     expected time to free.
 //   - Prefill: its uncached tokens after the cached ones (with the
-//     attention term), and the iterations that carry them.
+//     attention term), and the iterations that carry them: a decode step
+//     each, or on an idle replica only Rates.StepOverhead, since nothing
+//     else runs in them.
 //   - Decode: its own output, output × (step + Δ), with the batch and
 //     its context averaged over its decode: the router steers arrivals
 //     towards the lighter replicas, so a batch below the fleet's mean is

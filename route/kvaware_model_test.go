@@ -227,3 +227,32 @@ func TestKVAwareEachReplicaItsOwnDisplaced(t *testing.T) {
 		t.Errorf("Memory of the replica whose evictions are all asked for again = %v, want %v", time.Duration(m), time.Duration(want))
 	}
 }
+
+// TestKVAwareWaitsForTheIterationUnderWay: an engine admits a request
+// between iterations, so on a replica that is decoding the request first
+// waits for the rest of the iteration under way (half a step on average),
+// and its prefill then runs in a decode step; on an idle replica it starts
+// at once, in an iteration of only the step overhead.
+func TestKVAwareWaitsForTheIterationUnderWay(t *testing.T) {
+	busy := up("busy", 3)
+	busy.Decoding, busy.DecodeBlocks = 3, 3*100
+	r := rq(1000)
+	r.Costs = make([]Cost, 0, 2)
+	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{busy, idle()}})
+	rt := Rates{}.WithDefaults()
+	step := stepNS(&rt, 3, 3*100*16)
+	compute := prefillNS(&rt, 1000, 0)
+	for _, c := range []struct {
+		name          string
+		got           Cost
+		wait, prefill float64
+	}{
+		{"busy", d.Costs[0], step / 2, compute + step},
+		{"idle", d.Costs[1], 0, compute + float64(DefaultStepOverhead)},
+	} {
+		if math.Abs(float64(c.got.Wait)-c.wait) > 1 || math.Abs(float64(c.got.Prefill)-c.prefill) > 1 {
+			t.Errorf("%s: Wait %v, Prefill %v; want %v, %v", c.name, c.got.Wait, c.got.Prefill,
+				time.Duration(c.wait), time.Duration(c.prefill))
+		}
+	}
+}

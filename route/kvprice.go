@@ -283,10 +283,17 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	budget := float64(rt.MaxBatchedTokens)
 
-	// Wait: the prefill queued ahead, in iterations that also step the
-	// running decodes, and a seat when every seat is taken.
+	// Wait: the rest of the iteration under way, the prefill queued
+	// ahead, in iterations that also step the running decodes, and a
+	// seat when every seat is taken.
 	queued := q.queued(rp, fresh)
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/budget*step*rt.DecodeScale
+	if batch > 0 && queued == 0 {
+		// A decoding engine admits it at its next iteration: half of the
+		// one under way remains, on average, when it arrives. (Behind a
+		// queue, the queue's iterations count that one.)
+		wait += step / 2 * rt.DecodeScale
+	}
 	if seats, occupied := float64(rt.MaxSeqs), q.occupancy(rp, fresh); occupied >= seats {
 		// A seat frees every out × step(MaxSeqs) / MaxSeqs on average.
 		over := occupied - seats + 1
@@ -294,14 +301,16 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		wait += over * q.out * full / seats * rt.DecodeScale
 	}
 
-	// Prefill: its compute, in ⌈uncached/budget⌉ iterations. An import or
+	// Prefill: its compute, in ⌈uncached/budget⌉ iterations (a decode
+	// step each, or the step overhead on an idle replica). An import or
 	// a load runs before it, on a link, not the GPU: it delays this
 	// request's tokens but stalls nobody. The engine starts it when it
 	// admits the request and computes the rest at the first iteration
 	// after it lands: one more iteration boundary to wait for.
-	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/budget)*step*rt.DecodeScale
+	iter := iterNS(rt, batch, context) * rt.DecodeScale
+	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/budget)*iter
 	if imp.Blocks > 0 || load > 0 {
-		wait += step * rt.DecodeScale
+		wait += iter
 	}
 
 	// Decode: its own output, one iteration per token.
@@ -556,7 +565,7 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	step := stepNS(rt, batch, context) * rt.DecodeScale
 	queued := q.queued(rp, fresh)
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
-	prefill := compute*rt.Scale + iters*step
+	prefill := compute*rt.Scale + iters*iterNS(rt, batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
 	total := 2*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + 2*q.behind(rt, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
@@ -712,4 +721,15 @@ func prefillNS(rt *Rates, n, c float64) float64 {
 // KV, in ns.
 func stepNS(rt *Rates, n, context float64) float64 {
 	return float64(rt.DecodeStep) + n*float64(rt.DecodePerSeq) + context*float64(rt.DecodePerMTokens)*1e-6
+}
+
+// iterNS is one iteration that carries a prefill on a replica of n
+// sequences holding context tokens, beside the prefill's compute: a decode
+// step of them, or on an idle replica (n = 0) the step overhead alone,
+// since nothing decodes (engine.Engine's iteration time).
+func iterNS(rt *Rates, n, context float64) float64 {
+	if n <= 0 {
+		return float64(rt.StepOverhead)
+	}
+	return stepNS(rt, n, context)
 }

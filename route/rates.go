@@ -19,6 +19,9 @@ const (
 	// DefaultDecodeStep is one decode iteration of a batch of one: 1.5 ms
 	// of step overhead and 6.8 ms to read the weights.
 	DefaultDecodeStep = 8300 * time.Microsecond
+	// DefaultStepOverhead is that 1.5 ms: what an iteration with no decode
+	// takes beside its prefill's compute.
+	DefaultStepOverhead = 1500 * time.Microsecond
 	// DefaultDecodePerSeq is the extra decode iteration time per sequence.
 	DefaultDecodePerSeq = 60 * time.Microsecond
 	// DefaultDecodePerMTokens is the extra decode iteration time per
@@ -44,6 +47,10 @@ func (r Rates) WithDefaults() Rates {
 	if r.DecodeStep <= 0 {
 		r.DecodeStep = DefaultDecodeStep
 	}
+	if r.StepOverhead <= 0 {
+		r.StepOverhead = DefaultStepOverhead
+	}
+	r.StepOverhead = min(r.StepOverhead, r.DecodeStep)
 	if r.DecodePerSeq <= 0 {
 		r.DecodePerSeq = DefaultDecodePerSeq
 	}

@@ -71,6 +71,11 @@ type Rates struct {
 	// DecodeStep is the duration of one decode iteration of a batch of
 	// one, step overhead included (reading the weights once).
 	DecodeStep time.Duration
+	// StepOverhead is the part of DecodeStep every iteration pays,
+	// whatever it carries (scheduling, launches, sampling): an iteration
+	// that only prefills takes it plus its compute; zero means 1.5 ms,
+	// at most DecodeStep.
+	StepOverhead time.Duration
 	// DecodePerSeq is the extra decode iteration time per running sequence.
 	DecodePerSeq time.Duration
 	// DecodePerMTokens is the extra decode iteration time per million

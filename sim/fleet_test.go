@@ -60,7 +60,10 @@ func TestRemoveDrainsReplica(t *testing.T) {
 			if after != 0 {
 				t.Errorf("%d requests routed to replica 1 after its removal, want 0", after)
 			}
-			if drained == 0 || failed != 0 || len(inFlight) != 0 {
+			// Round-robin sends replica 1 every fourth request, so some are
+			// in flight when it is removed; kv-aware may have left it idle
+			// by then (the drain is the fleet's, whatever the policy).
+			if drained == 0 && policy == "round-robin" || failed != 0 || len(inFlight) != 0 {
 				t.Errorf("requests in flight at the removal: %d finished, %d failed, %d never ended; want some, 0, 0", drained, failed, len(inFlight))
 			}
 		})
