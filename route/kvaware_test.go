@@ -1,6 +1,7 @@
 package route
 
 import (
+	"reflect"
 	"testing"
 	"time"
 )
@@ -279,5 +280,32 @@ func TestKVAwareHugeOutputSaturates(t *testing.T) {
 	}
 	if d.Replica != 1 {
 		t.Errorf("chose %d, want the idle replica", d.Replica)
+	}
+}
+
+// TestSamePresetCoversTheSharedRates: kv-aware fills in one replica's
+// Rates and reuses them for every replica whose shared fields agree
+// (samePreset), copying only the learned, per-replica ones. So every
+// other field of Rates must tell two presets apart, including one added
+// later.
+func TestSamePresetCoversTheSharedRates(t *testing.T) {
+	perReplica := map[string]bool{"Horizon": true, "Displaced": true, "Scale": true, "DecodeScale": true,
+		"HitScale": true, "TransferPerMTokens": true, "LoadPerMTokens": true}
+	typ := reflect.TypeFor[Rates]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		a, b := Rates{}, Rates{}
+		v := reflect.ValueOf(&b).Elem().Field(i)
+		switch v.Kind() {
+		case reflect.Int, reflect.Int64:
+			v.SetInt(3)
+		case reflect.Float64:
+			v.SetFloat(3)
+		default:
+			t.Fatalf("Rates.%s: kind %v not handled", f.Name, v.Kind())
+		}
+		if got := samePreset(&a, &b); got != perReplica[f.Name] {
+			t.Errorf("samePreset with Rates.%s changed = %v, want %v", f.Name, got, perReplica[f.Name])
+		}
 	}
 }

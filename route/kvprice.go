@@ -185,7 +185,7 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 // all but the learned, per-replica ones.
 func samePreset(a, b *Rates) bool {
 	return (a.PrefillPerToken^b.PrefillPerToken)|(a.AttnPerMPairs^b.AttnPerMPairs)|
-		(a.DecodeStep^b.DecodeStep)|(a.DecodePerSeq^b.DecodePerSeq)|
+		(a.DecodeStep^b.DecodeStep)|(a.StepOverhead^b.StepOverhead)|(a.DecodePerSeq^b.DecodePerSeq)|
 		(a.DecodePerMTokens^b.DecodePerMTokens)|time.Duration(a.MaxSeqs^b.MaxSeqs)|
 		time.Duration(a.MaxBatchedTokens^b.MaxBatchedTokens) == 0
 }
