@@ -256,3 +256,38 @@ func TestKVAwareWaitsForTheIterationUnderWay(t *testing.T) {
 		}
 	}
 }
+
+// TestKVAwareImportWaitsForOneBoundary: a request whose prefix crosses a
+// link first is admitted at an iteration boundary and computes the rest
+// at the first boundary after the blocks land. On a decoding replica each
+// is half a step away on average; an idle one starts at once and runs the
+// rest's iteration when the blocks land.
+func TestKVAwareImportWaitsForOneBoundary(t *testing.T) {
+	link := Rates{TransferPerMTokens: 2600 * time.Microsecond} // 50 GB/s of 128 KiB tokens
+	holder, busy, idle := up("holder", 0), up("busy", 3), up("idle", 0)
+	holder.PrefillTokens = 100_000 // a long queue: the others import
+	busy.Decoding, busy.DecodeBlocks = 3, 3*100
+	for _, rp := range []*Replica{&holder, &busy, &idle} {
+		rp.Rates = link
+	}
+	r := rq(8192, 500, 0, 0)
+	r.Costs = make([]Cost, 0, 3)
+	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{holder, busy, idle}})
+	rt := link.WithDefaults()
+	step := stepNS(&rt, 3, 3*100*16)
+	for _, c := range []struct {
+		name string
+		got  Cost
+		wait float64
+	}{
+		{"busy", d.Costs[1], step},
+		{"idle", d.Costs[2], 0},
+	} {
+		if c.got.Import.Blocks == 0 {
+			t.Fatalf("%s: %+v, want an import", c.name, c.got)
+		}
+		if math.Abs(float64(c.got.Wait)-c.wait) > 1 {
+			t.Errorf("%s: Wait %v, want %v", c.name, c.got.Wait, time.Duration(c.wait))
+		}
+	}
+}

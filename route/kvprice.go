@@ -306,11 +306,12 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// a load runs before it, on a link, not the GPU: it delays this
 	// request's tokens but stalls nobody. The engine starts it when it
 	// admits the request and computes the rest at the first iteration
-	// after it lands: one more iteration boundary to wait for.
+	// after it lands: on a decoding replica, half a step later on
+	// average; an idle one starts that iteration when it lands.
 	iter := iterNS(rt, batch, context) * rt.DecodeScale
 	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/budget)*iter
-	if imp.Blocks > 0 || load > 0 {
-		wait += iter
+	if (imp.Blocks > 0 || load > 0) && batch > 0 {
+		wait += step / 2 * rt.DecodeScale
 	}
 
 	// Decode: its own output, one iteration per token.

@@ -25,10 +25,10 @@ func transferFleet(cfg engine.Config, gbps float64, linkWait time.Duration) (*ro
 
 // prefill is the model's prefill of n tokens after c cached on an idle
 // replica: the compute (linear and attention terms) and one idle
-// iteration per MaxBatchedTokens of it.
+// iteration (the step overhead) per MaxBatchedTokens of it.
 func prefill(rt route.Rates, n, c float64) float64 {
 	compute := n*float64(rt.PrefillPerToken) + n*(c+n/2)*float64(rt.AttnPerMPairs)*1e-6
-	return compute + math.Ceil(n/float64(rt.MaxBatchedTokens))*float64(rt.DecodeStep)
+	return compute + math.Ceil(n/float64(rt.MaxBatchedTokens))*float64(rt.StepOverhead)
 }
 
 // TestTransferBreakEven sweeps the interconnect from 1 to 400 GB/s: on
