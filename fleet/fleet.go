@@ -181,6 +181,13 @@ type replica struct {
 	// linkUntil is when the transfers the router ordered through the
 	// replica's interconnect end, in Unix ns; zero: none (bookLinks).
 	linkUntil atomic.Int64
+	// scrapes counts the scrapes taken (SetLoad); gone is the router's
+	// requests that the last scrape counted in the engine's Running (they
+	// were in flight when it was taken) and that finished since: the
+	// snapshot takes them off the scraped Running, which the engine
+	// reported before they left. gone is written under mu.
+	scrapes atomic.Uint64
+	gone    atomic.Int64
 	// prefilled is the predicted time, at Scale 1, of the prefills that
 	// finished here (at their first token), in all: what lengthened the
 	// iterations of the requests decoding meanwhile (observeITL).
@@ -400,6 +407,8 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 	}
 	r.mu.Lock()
 	r.load, r.scraped = l, true
+	r.scrapes.Add(1)
+	r.gone.Store(0)
 	r.churn.Observe(l)
 	f.updateLocked(r)
 	r.mu.Unlock()

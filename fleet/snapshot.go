@@ -245,8 +245,12 @@ func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *p
 	}
 	p := r.pub.Load()
 	if p.scraped {
+		// Running less the router's requests the scrape counted that
+		// finished since (replica.gone; read after p: a newer scrape only
+		// resets it). Their KV is not taken off the usage: what they
+		// shared with the requests still running stays in use.
 		out.Scraped = true
-		out.Running, out.Waiting, out.KVUsage = p.running, p.waiting, p.kvUsage
+		out.Running, out.Waiting, out.KVUsage = max(p.running-int(r.gone.Load()), 0), p.waiting, p.kvUsage
 	}
 	out.CacheBlocks, out.Rates = int(d.div(int64(p.capTokens))), p.rates
 	prior.apply(&out.Rates, p.uncal())

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -136,5 +137,44 @@ func TestDecideAllocs(t *testing.T) {
 	})
 	if allocs > 2 {
 		t.Errorf("Decide, FirstToken, Done: %v allocs, want ≤ 2 (the ticket, the rates)", allocs)
+	}
+}
+
+// TestScrapeLessFinished: a scrape counts the router's requests in flight
+// when it was taken; one of them that finished since is taken off its
+// Running (not its KV usage: what it shared stays in use) until the next
+// scrape, and a request sent after the scrape, which it never counted, is
+// not.
+func TestScrapeLessFinished(t *testing.T) {
+	f := newFleet(t, Config{})
+	a := f.reps[0].id
+	claim := Claim{PrefillTokens: 100, Tokens: 1600}
+	before := make([]*Ticket, 3)
+	for i := range before {
+		before[i], _ = f.Acquire(a, claim, t0)
+	}
+	at := t0.Add(10 * time.Millisecond)
+	f.SetLoad(a, scrape.Load{Running: 3, KVUsage: 0.5, BlockSize: 16, NumBlocks: 1000, At: at})
+	after, _ := f.Acquire(a, claim, at.Add(time.Millisecond))
+	seen := func() (int, float64) {
+		var s route.Snapshot
+		f.Snapshot(&s, at.Add(time.Second), 16)
+		return s.Replicas[0].Running, s.Replicas[0].KVUsage
+	}
+	if run, kv := seen(); run != 3 || kv != 0.5 {
+		t.Fatalf("before any finished: Running %d, KVUsage %v; want the scrape's 3, 0.5", run, kv)
+	}
+	before[0].FirstToken(at.Add(20 * time.Millisecond))
+	before[0].Done(at.Add(30*time.Millisecond), NoUsage, nil)
+	after.Done(at.Add(40*time.Millisecond), NoUsage, nil) // never in the scrape
+	if run, kv := seen(); run != 2 || kv != 0.5 {
+		t.Fatalf("one counted request finished: Running %d, KVUsage %v; want 2, 0.5", run, kv)
+	}
+	for _, tk := range before[1:] {
+		tk.Done(at.Add(50*time.Millisecond), NoUsage, errors.New("canceled"))
+	}
+	f.SetLoad(a, scrape.Load{Running: 1, KVUsage: 0.2, BlockSize: 16, NumBlocks: 1000, At: at.Add(time.Second)})
+	if run, kv := seen(); run != 1 || kv != 0.2 {
+		t.Fatalf("after the next scrape: Running %d, KVUsage %v; want its own 1, 0.2", run, kv)
 	}
 }

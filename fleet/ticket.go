@@ -70,6 +70,8 @@ type Ticket struct {
 	r     *replica
 	claim Claim
 	sent  time.Time // when the replica was chosen
+	// scrapes is the replica's scrape count at Acquire (replica.gone).
+	scrapes uint64
 	// state is ticketPrefill, ticketDecoding or ticketDone.
 	state atomic.Uint32
 	// prefill is the claim's predicted prefill time at Scale 1.
@@ -108,7 +110,7 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 		r.recent.Add(now, w, int64(c.PrefillTokens), 0)
 		r.mu.Unlock()
 	}
-	return &Ticket{f: f, r: r, claim: c, sent: now, prefill: prefillTime(&f.preset, c.PrefillTokens, c.PredictedCached)}
+	return &Ticket{f: f, r: r, claim: c, sent: now, scrapes: r.scrapes.Load(), prefill: prefillTime(&f.preset, c.PrefillTokens, c.PredictedCached)}
 }
 
 // Replica returns the id of the ticket's replica.
@@ -176,6 +178,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.decodeTokens.Add(-int64(t.claim.Tokens))
 	r.inFlight.Add(-1)
+	t.leftScrape()
 	r.changed()
 	t.f.released()
 	if err != nil {
@@ -185,6 +188,22 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	r.completed.Add(1)
 	t.learn(now, u, batch, prev == ticketDecoding)
 	t.f.observeEvicted(&t.claim, u)
+}
+
+// leftScrape counts the finished request in its replica's gone when the
+// last scrape was taken while it was in flight (since its Acquire, and
+// not before it was sent): that scrape counted it in the engine's
+// Running, which until the next one overstates it.
+func (t *Ticket) leftScrape() {
+	r := t.r
+	if r.scrapes.Load() == t.scrapes {
+		return
+	}
+	r.mu.Lock()
+	if at := r.load.At; at.IsZero() || !at.Before(t.sent) {
+		r.gone.Add(1)
+	}
+	r.mu.Unlock()
 }
 
 // learn takes what a completed request says of its replica: the view's

@@ -110,13 +110,7 @@ func TestConversationStaysUnderKVAware(t *testing.T) {
 		for _, s := range reps {
 			s.Reset()
 		}
-		// The turns follow each other within milliseconds, where a user's
-		// come seconds apart: a scrape taken during one turn would still
-		// count it running at the next (a known gap: the snapshot does not
-		// discount the router's own requests finished since the scrape),
-		// and on a loaded machine that moved turn 2 off its replica about
-		// once in six runs. Only the router's own counts here.
-		rt, url := startRouter(t, policy, func(c *Config) { c.ScrapeInterval = time.Hour }, urls(reps)...)
+		rt, url := startRouter(t, policy, nil, urls(reps)...)
 		runRouter(t, rt)
 		served, cached, prompt := converse(t, url, 8, 1)
 		distinct := map[string]bool{}
