@@ -125,6 +125,9 @@ func TestSyncerDegraded(t *testing.T) {
 	waitFor(t, 3*time.Second, "both up again", func() bool { return sa.Up() && sb.Up() })
 	id := replicas[d.Replica].ID
 	waitFor(t, 2*time.Second, "b sees a's load after the restart", func() bool { return fb.PeerLoad(id).InFlight == 1 })
+	// The binding comes through the stream, the load through a's key: a
+	// round of b's can read the one before a's round wrote the other.
+	waitFor(t, 2*time.Second, "b sees the session a bound during the outage", func() bool { return fb.Sessions() == 1 })
 	var sc2 fleet.Scratch
 	if d2, tk2 := fb.Decide(&fleet.Request{ID: "q2", Session: "during-outage", Tokens: 10}, nil, time.Now(), &sc2); d2.Replica != d.Replica {
 		t.Errorf("b routed the session bound during the outage to %d, want %d", d2.Replica, d.Replica)
