@@ -182,12 +182,15 @@ type replica struct {
 	// replica's interconnect end, in Unix ns; zero: none (bookLinks).
 	linkUntil atomic.Int64
 	// scrapes counts the scrapes taken (SetLoad); gone is the router's
-	// requests that the last scrape counted in the engine's Running (they
-	// were in flight when it was taken) and that finished since: the
-	// snapshot takes them off the scraped Running, which the engine
-	// reported before they left. gone is written under mu.
-	scrapes atomic.Uint64
-	gone    atomic.Int64
+	// requests that the last scrape may have counted in the engine's
+	// Running (in flight at some moment between its Asked and At) and
+	// that finished since: the snapshot takes them off the scraped
+	// Running, which the engine reported before they left. gone is
+	// written under mu, from finished (those that ended while the scrape
+	// was on its way) and then Ticket.Done.
+	scrapes  atomic.Uint64
+	gone     atomic.Int64
+	finished finishes
 	// prefilled is the predicted time, at Scale 1, of the prefills that
 	// finished here (at their first token), in all: what lengthened the
 	// iterations of the requests decoding meanwhile (observeITL).
@@ -408,7 +411,7 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 	r.mu.Lock()
 	r.load, r.scraped = l, true
 	r.scrapes.Add(1)
-	r.gone.Store(0)
+	r.gone.Store(int64(r.finished.since(l)))
 	r.churn.Observe(l)
 	f.updateLocked(r)
 	r.mu.Unlock()

@@ -177,4 +177,17 @@ func TestScrapeLessFinished(t *testing.T) {
 	if run, kv := seen(); run != 1 || kv != 0.2 {
 		t.Fatalf("after the next scrape: Running %d, KVUsage %v; want its own 1, 0.2", run, kv)
 	}
+
+	// A request that finished while a scrape was on its way (after it was
+	// sent, before it was applied) may be in its Running: it is taken off
+	// too; one that finished before the scrape was sent is not.
+	asked := at.Add(2 * time.Second)
+	early, _ := f.Acquire(a, claim, asked.Add(-time.Second))
+	late, _ := f.Acquire(a, claim, asked.Add(-time.Second))
+	early.Done(asked.Add(-time.Millisecond), NoUsage, nil)
+	late.Done(asked.Add(time.Millisecond), NoUsage, nil)
+	f.SetLoad(a, scrape.Load{Running: 2, BlockSize: 16, NumBlocks: 1000, Asked: asked, At: asked.Add(2 * time.Millisecond)})
+	if run, _ := seen(); run != 1 {
+		t.Fatalf("one request finished while the scrape was on its way, one before: Running %d, want the scrape's 2 less 1", run)
+	}
 }

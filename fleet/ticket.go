@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // Claim is the load one request puts on a replica.
@@ -178,7 +180,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.decodeTokens.Add(-int64(t.claim.Tokens))
 	r.inFlight.Add(-1)
-	t.leftScrape()
+	t.leftScrape(now)
 	r.changed()
 	t.f.released()
 	if err != nil {
@@ -191,19 +193,56 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 }
 
 // leftScrape counts the finished request in its replica's gone when the
-// last scrape was taken while it was in flight (since its Acquire, and
-// not before it was sent): that scrape counted it in the engine's
-// Running, which until the next one overstates it.
-func (t *Ticket) leftScrape() {
+// last scrape, taken since its Acquire, was sent for after it (the scrape
+// read the engine before now, as it was applied before), and keeps it
+// among the replica's finished, for a scrape on its way now. A scrape
+// that says nothing of when (a zero At) counts it.
+func (t *Ticket) leftScrape(now time.Time) {
 	r := t.r
-	if r.scrapes.Load() == t.scrapes {
-		return
-	}
 	r.mu.Lock()
-	if at := r.load.At; at.IsZero() || !at.Before(t.sent) {
+	r.finished.add(t.sent, now)
+	if at := r.load.At; r.scrapes.Load() != t.scrapes && (at.IsZero() || !at.Before(t.sent)) {
 		r.gone.Add(1)
 	}
 	r.mu.Unlock()
+}
+
+// finishes are a replica's last requests to finish, when each was sent
+// and when it finished: a ring, under replica.mu.
+type finishes struct {
+	sent, done [finishesKept]time.Time
+	next       int
+}
+
+// finishesKept is how many finishes a replica keeps: more than finish
+// during one scrape's round trip on any engine.
+const finishesKept = 32
+
+// add keeps one more finish, dropping the oldest.
+func (f *finishes) add(sent, done time.Time) {
+	f.sent[f.next], f.done[f.next] = sent, done
+	f.next = (f.next + 1) % finishesKept
+}
+
+// since is how many of the finishes scrape l may have counted in the
+// engine's Running, applied now: it read the engine at some moment after
+// it was sent (Asked; zero: At) and by At, so a request sent by At that
+// finished after Asked. A zero At counts none.
+func (f *finishes) since(l scrape.Load) int {
+	if l.At.IsZero() {
+		return 0
+	}
+	asked := l.Asked
+	if asked.IsZero() {
+		asked = l.At
+	}
+	n := 0
+	for k := range finishesKept {
+		if f.done[k].After(asked) && !f.sent[k].After(l.At) {
+			n++
+		}
+	}
+	return n
 }
 
 // learn takes what a completed request says of its replica: the view's

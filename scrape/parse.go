@@ -48,8 +48,10 @@ type Load struct {
 	// tokens (vllm:generation_tokens_total, sglang:generation_tokens_total):
 	// their KV takes blocks from the cache as prompt misses do.
 	GenerationTokens float64
-	// At is when the scrape completed; Parse leaves it zero.
-	At time.Time
+	// At is when the scrape completed, Asked when it was sent: the
+	// engine's figures are of some moment between. Parse leaves both
+	// zero; a zero Asked means At.
+	At, Asked time.Time
 }
 
 // Names of the metrics Parse reads. Counters are looked up both with and

@@ -177,6 +177,7 @@ func (s *Scraper) listOnce(ctx context.Context, _ string, t *target) {
 
 // fetch GETs and parses one /metrics response.
 func (s *Scraper) fetch(ctx context.Context, id string) (Load, error) {
+	asked := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout())
 	defer cancel()
 	url := strings.TrimSuffix(id, "/") + s.path()
@@ -189,7 +190,7 @@ func (s *Scraper) fetch(ctx context.Context, id string) (Load, error) {
 	if err != nil {
 		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
 	}
-	l.At = time.Now()
+	l.At, l.Asked = time.Now(), asked
 	return l, nil
 }
 
