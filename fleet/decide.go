@@ -174,15 +174,19 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 // match was last touched at least half its eviction horizon ago, and
 // that replica (Claim.Stale); both 0 when there is none.
 func stale(r *route.Request, s *route.Snapshot) (tokens, replica int) {
+	if s.BlockSize <= 0 {
+		return 0, 0
+	}
+	most := 0 // blocks
 	for i, m := range r.Match[:min(len(r.Match), len(r.Age), len(s.Replicas))] {
-		if m*s.BlockSize <= tokens {
+		if m <= most { // most replicas: no deeper than the deepest so far
 			continue
 		}
 		if h := s.Replicas[i].Rates.Horizon; h > 0 && r.Age[i] >= h/2 {
-			tokens, replica = m*s.BlockSize, i
+			most, replica = m, i
 		}
 	}
-	return min(tokens, max(r.Tokens, 0)), replica
+	return min(most*s.BlockSize, max(r.Tokens, 0)), replica
 }
 
 // predictedTTFT is the chosen candidate's time to first token at Scale 1:

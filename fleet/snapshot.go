@@ -22,6 +22,7 @@ func (f *Fleet) Snapshot(dst *route.Snapshot, now time.Time, unit int) {
 	d := divider(unit)
 	f.mu.RLock()
 	f.size(dst, unit)
+	dst.Summary = nil
 	prior := f.priors(len(f.reps))
 	for i, r := range f.reps {
 		out := &dst.Replicas[i]
@@ -80,6 +81,8 @@ type snapCache struct {
 
 	ver    []uint64 // each replica's version when filled; zero: never
 	blocks []int    // each entry's IndexBlocks
+	// indexed is the tracker's counts as a fill copies them (CopyBlocks).
+	indexed []int
 	// uncal says which of the entry's scales are the prior: uncalScale,
 	// uncalDecode.
 	uncal  []uint8
@@ -91,6 +94,11 @@ type snapCache struct {
 	// forced lists the entries Decide marked unhealthy (excluded, or not
 	// serving the request's model): the next fill restores their Healthy.
 	forced []int32
+	// sum is the snapshot's Summary when the policy asks for one
+	// (Needs.Summarize), kept as entries change; dirty lists the entries
+	// rewritten by a fill, which it summarises once their LoadAge is set.
+	sum   *route.Summary
+	dirty []int32
 }
 
 // begin readies c for a fill of dst (sized) from f at unit: when any of
@@ -103,6 +111,10 @@ func (c *snapCache) begin(f *Fleet, dst *route.Snapshot, unit int) {
 	if n > 0 {
 		base = &dst.Replicas[0]
 	}
+	c.dirty = c.dirty[:0]
+	if c.sum != nil && c.sum.Len() != n {
+		c.base = nil // a replica added: summarise all afresh
+	}
 	if c.f != f || c.unit != unit || c.base != base || len(c.ver) < n {
 		m := max(f.cfg.MaxReplicas, n)
 		c.f, c.unit, c.base = f, unit, base
@@ -111,14 +123,33 @@ func (c *snapCache) begin(f *Fleet, dst *route.Snapshot, unit int) {
 		clear(c.ver)
 		clear(c.listed)
 		c.scraped, c.forced = c.scraped[:0], c.forced[:0]
+		c.sum, dst.Summary = nil, nil
+		if f.needs.Summarize {
+			c.sum = route.NewSummary(f.needs.StaleAfter)
+			c.sum.Reset(n)
+		}
 		return
 	}
 	for _, i := range c.forced {
 		if int(i) < n {
 			dst.Replicas[i].Healthy = f.reps[i].available()
+			c.dirty = append(c.dirty, i)
 		}
 	}
 	c.forced = c.forced[:0]
+}
+
+// summarise brings c's Summary of dst up to date after a fill, once every
+// LoadAge is set: the entries rewritten or restored, and those whose
+// LoadAge crossed the Summary's StaleAfter (c.dirty).
+func (c *snapCache) summarise(dst *route.Snapshot) {
+	if c.sum == nil {
+		return
+	}
+	for _, i := range c.dirty {
+		c.sum.Update(dst, int(i))
+	}
+	dst.Summary = c.sum
 }
 
 // force marks entry i unhealthy in dst, to be restored by the next fill.
@@ -126,6 +157,9 @@ func (c *snapCache) force(dst *route.Snapshot, i int) {
 	if dst.Replicas[i].Healthy {
 		dst.Replicas[i].Healthy = false
 		c.forced = append(c.forced, int32(i))
+		if c.sum != nil {
+			c.sum.Update(dst, i)
+		}
 	}
 }
 
@@ -142,8 +176,11 @@ func (f *Fleet) refresh(dst *route.Snapshot, c *snapCache, now time.Time, unit i
 		moved := prior.moved(c.prior)
 		c.prior = prior
 		for i := range n {
-			if u := c.uncal[i] & moved; u != 0 && !prior.apply(&dst.Replicas[i].Rates, u) {
-				c.ver[i] = 0 // back to the replica's own scale: refill
+			if u := c.uncal[i] & moved; u != 0 {
+				if !prior.apply(&dst.Replicas[i].Rates, u) {
+					c.ver[i] = 0 // back to the replica's own scale: refill
+				}
+				c.dirty = append(c.dirty, int32(i))
 			}
 		}
 	}
@@ -158,6 +195,9 @@ func (f *Fleet) refresh(dst *route.Snapshot, c *snapCache, now time.Time, unit i
 	for _, i := range c.scraped {
 		if out := &dst.Replicas[i]; out.Scraped {
 			out.LoadAge = max(nowStamp.sub(c.loadAt[i]), 0)
+			if c.sum != nil && c.sum.IsFresh(out) != c.sum.Fresh(int(i)) {
+				c.dirty = append(c.dirty, i) // its metrics came of age
+			}
 		}
 	}
 	if f.needs.Window > 0 {
@@ -167,11 +207,16 @@ func (f *Fleet) refresh(dst *route.Snapshot, c *snapCache, now time.Time, unit i
 	}
 	f.linkWaits(dst, now)
 	f.mu.RUnlock()
-	f.tr.EachBlocks(n, func(r, b int) {
+	c.summarise(dst)
+	// The tracker's counts, copied dense and compared with the entries'.
+	c.indexed = fit(c.indexed, n)
+	copy(c.indexed, c.blocks[:n])
+	f.tr.CopyBlocks(c.indexed)
+	for r, b := range c.indexed {
 		if c.blocks[r] != b {
 			c.blocks[r], dst.Replicas[r].IndexBlocks = b, b
 		}
-	})
+	}
 }
 
 // refill rewrites entry i of dst, the replica being at version v; f.mu is
@@ -183,6 +228,7 @@ func (f *Fleet) refill(dst *route.Snapshot, c *snapCache, i int, v uint64, d div
 		c.scraped, c.listed[i] = append(c.scraped, int32(i)), true
 	}
 	c.ver[i], c.blocks[i], c.uncal[i], c.loadAt[i] = v, 0, p.uncal(), stampOf(p.loadAt)
+	c.dirty = append(c.dirty, int32(i))
 }
 
 // stamp is a time with, when Time.Sub between two such times is the plain

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/residency"
@@ -43,10 +44,21 @@ func TestIncrementalSnapshot(t *testing.T) {
 				for _, i := range exclude {
 					want.Replicas[i].Healthy = false
 				}
-				if d := cmp.Diff(want, *s); d != "" {
+				if d := cmp.Diff(want, *s, cmpopts.IgnoreFields(route.Snapshot{}, "Summary")); d != "" {
 					t.Fatalf("decision %d: incremental snapshot differs from a full one (-full +incremental):\n%s", r.Seq, d)
 				}
+				if s.Summary == nil {
+					t.Fatalf("decision %d: no Summary kept for a policy that asks for one", r.Seq)
+				}
+				if err := s.Summary.Check(s); err != nil {
+					t.Fatalf("decision %d: %v", r.Seq, err)
+				}
 				compared++
+				rr := *r
+				rr.Costs = make([]route.Cost, 0, len(s.Replicas))
+				if d := cmp.Diff(route.KVAware{}.Pick(&rr, &want), route.KVAware{}.Pick(r, s)); d != "" {
+					t.Fatalf("decision %d: kv-aware decides otherwise on the kept Summary (-derived +kept):\n%s", r.Seq, d)
+				}
 				return route.KVAware{}.Pick(r, s)
 			})
 			var p route.Policy = calibrating{check}
@@ -108,12 +120,14 @@ func TestIncrementalSnapshot(t *testing.T) {
 // test policy.
 type calibrating struct{ route.Func }
 
-func (calibrating) Needs() route.Needs { return route.Needs{Index: route.Approximate, Calibrate: true} }
+func (calibrating) Needs() route.Needs {
+	return route.Needs{Index: route.Approximate, Calibrate: true, Summarize: true, StaleAfter: time.Second}
+}
 
 type windowedCal struct{ route.Func }
 
 func (windowedCal) Needs() route.Needs {
-	return route.Needs{Index: route.Approximate, Calibrate: true, Window: 30 * time.Second}
+	return route.Needs{Index: route.Approximate, Calibrate: true, Window: 30 * time.Second, Summarize: true, StaleAfter: time.Second}
 }
 
 // TestDecideAllocs: a decision over a reused Scratch allocates nothing but

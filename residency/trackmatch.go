@@ -116,6 +116,10 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 			t.precise.Match(c.Hashes, now, sc.pm, nil)
 			t.overlay.Match(c.Hashes, now, sc.om, nil)
 		}
+		per := 0 // units per matched block when whole: no division per replica
+		if it%unit == 0 {
+			per = it / unit
+		}
 		for r := range n {
 			if t.chainOf(chains, r) != ci {
 				continue
@@ -125,8 +129,11 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 				match[r] = max(sc.pm[r], sc.om[r]) * c.Tokens / unit
 				continue
 			}
-			if m := sc.am[r]; m > 0 { // most replicas match nothing: no division
-				match[r] = m * it / unit
+			if m := sc.am[r]; m > 0 {
+				match[r] = m * per
+				if per == 0 {
+					match[r] = m * it / unit
+				}
 				if age != nil {
 					age[r] = sc.aa[r]
 				}
@@ -228,13 +235,26 @@ func (t *Tracker) EachBlocks(n int, f func(r, blocks int)) {
 			f(r, b)
 		}
 	})
-	if t.precise != nil {
-		t.precise.EachBlocks(n, func(r, b int) {
-			if t.Live(r) {
-				f(r, b)
-			}
-		})
+	t.precise.EachBlocks(n, func(r, b int) {
+		if t.Live(r) {
+			f(r, b)
+		}
+	})
+}
+
+// CopyBlocks is EachBlocks into dst, for every replica r < len(dst):
+// dense, for a caller that compares them with what it had. Without an
+// index it leaves dst alone.
+func (t *Tracker) CopyBlocks(dst []int) {
+	if t.approx == nil {
+		return
 	}
+	if t.precise == nil {
+		t.approx.CopyBlocks(dst, nil)
+		return
+	}
+	t.approx.CopyBlocks(dst, func(r int) bool { return !t.Live(r) })
+	t.precise.CopyBlocks(dst, t.Live)
 }
 
 // Blocks returns the blocks the tracker attributes to replica r and the

@@ -7,7 +7,8 @@ import (
 )
 
 // benchFleet builds a deterministic n-replica snapshot and a request with a
-// 64-block prompt matched to varying depths on every eighth replica.
+// 64-block prompt matched to varying depths on every eighth replica. The
+// snapshot carries its Summary, as the fleet's Decide keeps it.
 func benchFleet(n int) (*Request, *Snapshot) {
 	s := &Snapshot{BlockSize: 16, Replicas: make([]Replica, n)}
 	r := &Request{ID: "bench", Hash: 0x1234567, Tokens: 1030, Blocks: 64, Pinned: 3, Session: 99, PrefixKey: 42,
@@ -26,6 +27,8 @@ func benchFleet(n int) (*Request, *Snapshot) {
 			r.Age[i] = time.Duration(h>>12%600) * time.Second
 		}
 	}
+	s.Summary = NewSummary(0)
+	s.Summary.fill(s)
 	return r, s
 }
 
@@ -72,6 +75,26 @@ func BenchmarkPickNoCosts(b *testing.B) {
 	}
 }
 
+// BenchmarkPickNoSummary is BenchmarkPick for kv-aware on a snapshot that
+// carries no Summary, so that every Pick derives its own from every
+// replica (a caller that does not keep one):
+//
+//	go test -run='^$' -bench=PickNoSummary -benchmem -count=5 ./route
+func BenchmarkPickNoSummary(b *testing.B) {
+	for _, n := range []int{8, 64, 512, 1000} {
+		b.Run(fmt.Sprintf("policy=kv-aware/replicas=%d", n), func(b *testing.B) {
+			r, s := benchFleet(n)
+			s.Summary = nil
+			p := KVAware{}
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Seq++
+				p.Pick(r, s)
+			}
+		})
+	}
+}
+
 // BenchmarkPickIdleFleet is kv-aware on 1,000 idle replicas that differ in
 // nothing: no queue, no batch, no match, Scale 1 (a fleet at start, before
 // any calibration). Every candidate costs the same, so only the tie-break
@@ -83,6 +106,8 @@ func BenchmarkPickIdleFleet(b *testing.B) {
 	for i := range s.Replicas {
 		s.Replicas[i] = Replica{ID: fmt.Sprintf("r%d", i), Healthy: true, Scraped: true, LoadAge: 50 * time.Millisecond, CacheBlocks: 28000}
 	}
+	s.Summary = NewSummary(0)
+	s.Summary.fill(s)
 	r := &Request{ID: "bench", Hash: 0x1234567, Tokens: 1030, Blocks: 64, Pinned: -1, Costs: make([]Cost, 0, 1000)}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -116,12 +116,14 @@ type KVAware struct {
 	Precise bool
 }
 
-// Needs asks for a residency index, approximate unless Precise.
+// Needs asks for a residency index, approximate unless Precise, and a
+// Summary of the snapshots.
 func (p KVAware) Needs() Needs {
+	n := Needs{Index: Approximate, Calibrate: true, Summarize: true, StaleAfter: p.withDefaults().StaleAfter}
 	if p.Precise {
-		return Needs{Index: Precise, Calibrate: true}
+		n.Index = Precise
 	}
-	return Needs{Index: Approximate, Calibrate: true}
+	return n
 }
 
 // withDefaults fills p's zero fields.
@@ -152,13 +154,12 @@ func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	rs := s.Replicas
 	prune = prune && r.Tokens >= 0
-	var sc *screen
+	sc := screens.Get().(*screen)
+	defer screens.Put(sc)
+	q := newKVRequest(p, r, s, sc.summary(p, s))
 	if prune {
-		sc = screens.Get().(*screen)
-		defer screens.Put(sc)
 		sc.size(len(rs))
 	}
-	q := newKVRequest(p, r, s, sc)
 	costs := costsFor(r, len(rs))
 	best, bestTotal, bestCached, maxCached, maxPruned, pruned := -1, 0.0, 0, 0, 0, 0
 	var bestImport Transfer
@@ -172,53 +173,54 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			best, bestTotal, bestCached, bestImport = i, total, k.Matched, k.Import
 		}
 	}
-	first, firstCost := -1, Cost{}
-	if prune && q.first >= 0 {
+	if !prune {
+		for i := range rs {
+			if !rs[i].Healthy {
+				continue
+			}
+			k, total := q.price(&rs[i], i)
+			if costs != nil {
+				costs = append(costs, k)
+			}
+			consider(i, &k, total)
+		}
+	} else if q.first >= 0 {
 		// A good first candidate makes the bounds bite: the least quick
 		// bound's on a fleet of one preset. It is priced once, and
-		// recorded in its place in the scan.
-		first = q.screen(sc)
-		var total float64
-		firstCost, total = q.price(&rs[first], first)
+		// recorded in its place in the scan. sc.quick is +Inf for a
+		// replica that is not a candidate, 0 for every candidate on a
+		// fleet of several presets; sc.priced says which were priced.
+		first := q.screen(sc)
+		firstCost, total := q.price(&rs[first], first)
 		consider(first, &firstCost, total)
-	}
-	for i := range rs {
-		if prune {
-			// sc.quick is +Inf for an unhealthy replica, 0 for all on a
-			// fleet of several presets.
-			if lb := sc.quick[i]; lb > bestTotal*(1+1e-9) && i != r.Pinned {
-				if sc.terms[i].healthy() {
-					if sc.terms[i].path != pathWhole { // matched, or a CPU tier
-						maxPruned = max(maxPruned, int(q.matched(i)))
-					}
-					pruned++
+		priced, above, pinned := 0, bestTotal*(1+1e-9), r.Pinned
+		for i, lb := range sc.quick {
+			if lb > above && i != pinned || q.rows[i].preset < 0 {
+				continue // pruned, or not a candidate
+			}
+			if i == first {
+				if costs != nil {
+					costs = append(costs, firstCost)
 				}
+				sc.priced[i], priced = true, priced+1
 				continue
 			}
-			if !sc.terms[i].healthy() {
+			if i != pinned && q.bound(&rs[i], i) > above {
 				continue
 			}
-		} else if !rs[i].Healthy {
-			continue
-		}
-		if i == first {
+			k, total := q.price(&rs[i], i)
 			if costs != nil {
-				costs = append(costs, firstCost)
+				costs = append(costs, k)
 			}
-			continue
+			consider(i, &k, total)
+			sc.priced[i], priced, above = true, priced+1, bestTotal*(1+1e-9)
 		}
-		if prune && i != r.Pinned {
-			if lb := q.bound(&rs[i], i); lb > bestTotal*(1+1e-9) {
+		pruned = q.candidates - priced
+		for i, m := range r.Match[:min(len(r.Match), len(rs))] {
+			if m > 0 && q.rows[i].preset >= 0 && !sc.priced[i] {
 				maxPruned = max(maxPruned, int(q.matched(i)))
-				pruned++
-				continue
 			}
 		}
-		k, total := q.price(&rs[i], i)
-		if costs != nil {
-			costs = append(costs, k)
-		}
-		consider(i, &k, total)
 	}
 	if best < 0 {
 		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs, Pruned: pruned}

@@ -268,7 +268,7 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 		}
 		sc := new(screen)
 		sc.size(len(s.Replicas))
-		q := newKVRequest(p, r, s, sc)
+		q := newKVRequest(p, r, s, sc.summary(p, s))
 		if q.first >= 0 {
 			q.screen(sc)
 		}
@@ -281,8 +281,11 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 			if !le(lb, total) {
 				t.Fatalf("case %d: candidate %d bound %g above its total %g", c, i, lb, total)
 			}
-			if ql := q.quick(&sc.terms[i]); !q.mixed && !le(ql, lb) {
+			if ql := q.quick(i); !q.mixed && !le(ql, lb) {
 				t.Fatalf("case %d: candidate %d quick bound %g above its bound %g", c, i, ql, lb)
+			}
+			if ql := q.quick(i); !q.mixed && sc.quick[i] != ql {
+				t.Fatalf("case %d: candidate %d screened at %g, quick bound %g", c, i, sc.quick[i], ql)
 			}
 		}
 	}

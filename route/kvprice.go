@@ -45,8 +45,9 @@ type kvRequest struct {
 	// outPerToken what each token of the replica's averaged context adds
 	// to its decode (bound, quick).
 	decodeFloor, outPerToken float64
-	// first is the first healthy replica, or −1.
-	first int
+	// first is a candidate (a healthy replica), or −1; candidates is
+	// their number.
+	first, candidates int
 	// computes is the compute of the prompt that bounds a prefill's on
 	// each path of quickTerms (screen sets it).
 	computes [4]float64
@@ -70,11 +71,15 @@ type kvRequest struct {
 	held     float64
 	haveHeld bool
 	reps     []Replica
+	// rows are the snapshot's summary (Summary), one per replica.
+	rows []summaryRow
 }
 
-// newKVRequest derives q from r and s in one pass over the replicas, and
-// fills sc (when not nil) with each one's quick terms.
-func newKVRequest(p KVAware, r *Request, s *Snapshot, sc *screen) kvRequest {
+// newKVRequest derives q from r and s, whose replicas sum summarises:
+// the fleet's means, a candidate, one preset or several from the
+// summary's totals, and the deepest match and the transfer source in one
+// pass over the request's matches.
+func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary) kvRequest {
 	p = p.withDefaults()
 	out := r.MaxTokens
 	if out <= 0 {
@@ -82,38 +87,16 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sc *screen) kvRequest {
 	}
 	tokens := float64(max(r.Tokens, 0))
 	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2,
-		src: -1, reps: s.Replicas}
-	// One pass: the fleet's means, the deepest match, and the screen's
-	// terms; the first healthy replica is the preset's reference.
-	n := 0.0
-	q.first = -1
-	match, off := r.Match, r.Offloaded
-	for i := range s.Replicas {
-		rp := &s.Replicas[i]
-		if !rp.Healthy {
-			if sc != nil {
-				sc.terms[i] = quickTerms{decodeScale: -1}
-			}
-			continue
-		}
-		if q.first < 0 {
-			q.first = i
-		} else if !q.mixed {
-			q.mixed = !samePreset(&rp.Rates, &s.Replicas[q.first].Rates)
-		}
-		b, c := q.batch(rp, rp.Scraped && rp.LoadAge <= p.StaleAfter)
-		q.meanBatch, q.meanContext, n = q.meanBatch+b, q.meanContext+c, n+1
-		matched := i < len(match) && match[i] > 0
-		if matched {
-			q.deepMatch = max(q.deepMatch, q.matched(i))
-			q.source(rp, i)
-		}
-		if sc != nil {
-			sc.terms[i].set(rp, b, c, matched, i < len(off) && off[i] > 0)
-		}
+		src: -1, reps: s.Replicas, rows: sum.rows}
+	q.first, q.mixed, q.candidates = sum.ref, sum.presetsIn > 1, sum.candidates
+	if n := float64(sum.candidates); n > 0 {
+		q.meanBatch, q.meanContext = float64(sum.seqs)/n, float64(sum.tokens)/n
 	}
-	if n > 0 {
-		q.meanBatch, q.meanContext = q.meanBatch/n, q.meanContext/n
+	for i, m := range r.Match[:min(len(r.Match), len(q.rows))] {
+		if m > 0 && q.rows[i].preset >= 0 {
+			q.deepMatch = max(q.deepMatch, q.matched(i))
+			q.source(&s.Replicas[i], i)
+		}
 	}
 	q.decodeLen = q.out / float64(p.MeanOutput)
 	q.persist = 1.0
@@ -133,12 +116,11 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sc *screen) kvRequest {
 func (q *kvRequest) likely(rs []Replica) int {
 	first, least := -1, 0.0
 	for i := range rs {
-		rp := &rs[i]
-		if !rp.Healthy {
+		row := &q.rows[i]
+		if row.preset < 0 {
 			continue
 		}
-		b, _ := q.batch(rp, rp.Scraped && rp.LoadAge <= q.p.StaleAfter)
-		if key := float64(rp.PrefillTokens) + (q.tokens-q.matched(i))*(1+b); first < 0 || key < least {
+		if key := float64(rs[i].PrefillTokens) + (q.tokens-q.matched(i))*(1+row.batch); first < 0 || key < least {
 			first, least = i, key
 		}
 	}
@@ -420,21 +402,10 @@ func (q *kvRequest) matched(i int) float64 {
 }
 
 // batch is the replica's sequences, the batch a request sent there
-// joins, and their KV context in tokens: every request the router has in
-// flight there (those still in prefill run beside it too, and a burst
-// routed since the last scrape is in no scraped figure), or the engine's
-// Running when fresh metrics show more (other clients'); the context is
-// the router's own footprint, or the engine's used KV when fresh and
-// more.
+// joins (those still in prefill run beside it too), and their KV context
+// in tokens (batchOf).
 func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
-	seqs, blocks := rp.InFlight, float64(rp.DecodeBlocks)
-	if fresh {
-		seqs = max(seqs, rp.Running)
-		if used := rp.KVUsage * float64(rp.CacheBlocks); used > blocks && rp.CacheBlocks > 0 { // false for NaN
-			blocks = used
-		}
-	}
-	return float64(seqs), blocks * float64(q.bs)
+	return batchOf(rp, fresh, q.bs)
 }
 
 // queued is the prompt tokens queued ahead of the request: the router's
@@ -575,89 +546,82 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	return total
 }
 
-// screen holds a pruned scan's quick terms and bounds, one per replica,
-// so that the scan reads a few bytes of each replica it does not price,
-// not its Replica. Picks take one from screens and return it.
+// screen is a pick's scratch: a Summary of the snapshot when it carries
+// none (own), and a pruned scan's quick bounds and which it priced, one
+// per replica, so that the scan reads a few bytes of each replica it does
+// not price, not its Replica. Picks take one from screens and return it.
 type screen struct {
-	terms []quickTerms
-	quick []float64
+	own    Summary
+	quick  []float64
+	priced []bool
 }
 
 var screens = sync.Pool{New: func() any { return new(screen) }}
 
-// size makes sc's slices n long.
-func (sc *screen) size(n int) {
-	if cap(sc.terms) < n {
-		sc.terms, sc.quick = make([]quickTerms, n), make([]float64, n)
+// summary is s's Summary when it carries one kept for p, or sc's own
+// filled from s.
+func (sc *screen) summary(p KVAware, s *Snapshot) *Summary {
+	stale := p.withDefaults().StaleAfter
+	if m := s.Summary; m != nil && m.staleAfter == stale && m.Len() == len(s.Replicas) {
+		return m
 	}
-	sc.terms, sc.quick = sc.terms[:n], sc.quick[:n]
+	sc.own.staleAfter = stale
+	sc.own.fill(s)
+	return &sc.own
 }
 
-// quickTerms is what quick needs of a replica: its DecodeScale (−1 for an
-// unhealthy one), its Scale × (batch + 2), the prefill of the router's
-// own queue ahead, twice, at its Scale; its batch and their KV context
-// (lowContext); and which compute of the prompt bounds its prefill's
-// (kvRequest.computes).
-type quickTerms struct {
-	decodeScale, stall, queue float64
-	batch, context            float64
-	path                      uint8
+// size makes sc's slices n long, none priced.
+func (sc *screen) size(n int) {
+	if cap(sc.quick) < n {
+		sc.quick, sc.priced = make([]float64, n), make([]bool, n)
+	}
+	sc.quick, sc.priced = sc.quick[:n], sc.priced[:n]
+	clear(sc.priced)
 }
 
-// The paths of quickTerms: the whole prompt's compute; the compute after
-// the deepest match, for a replica that matches (or may import); none,
-// for a replica whose CPU tier may hold it all.
+// The paths of a prompt's prefill on a replica, whose compute bounds its
+// prefill's (kvRequest.computes): the whole prompt's compute; the compute
+// after the deepest match, for a replica that matches (or may import);
+// none, for a replica whose CPU tier may hold it all.
 const (
 	pathWhole uint8 = iota
 	pathDeep
 	pathTier
 )
 
-// set makes t rp's quick terms, its batch being n sequences holding
-// context tokens of KV; matched says it matches the prompt, offloaded
-// that its CPU tier holds some of it.
-func (t *quickTerms) set(rp *Replica, n, context float64, matched, offloaded bool) {
-	scale, decodeScale, perToken := rp.Rates.Scale, rp.Rates.DecodeScale, rp.Rates.PrefillPerToken
-	if !(scale > 0) { // as rates fills them
-		scale = 1
+// path is replica i's path for the request.
+func (q *kvRequest) path(i int) uint8 {
+	switch {
+	case i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
+		return pathTier
+	case i < len(q.r.Match) && q.r.Match[i] > 0:
+		return pathDeep
 	}
-	if !(decodeScale > 0) {
-		decodeScale = 1
-	}
-	if perToken <= 0 {
-		perToken = DefaultPrefillPerToken
-	}
-	t.decodeScale, t.stall, t.queue, t.path = decodeScale, scale*(n+2), 2*float64(rp.PrefillTokens)*float64(perToken)*scale, pathWhole
-	t.batch, t.context = n, context
-	if offloaded {
-		t.path = pathTier
-	} else if matched {
-		t.path = pathDeep
-	}
+	return pathWhole
 }
 
-func (t *quickTerms) healthy() bool { return t.decodeScale >= 0 }
-
-// quick is a lower bound of bound's total for the replica of terms t,
-// cheaper to take: the decode at its floor, the prefill's compute as bound
-// takes it, twice and once for each sequence it stalls, and the router's
-// own queue ahead of it, twice. It takes q.rt's preset fields for the
-// replica's, so it holds only on a fleet of one preset (!q.mixed), once
-// screen has set q.computes.
-func (q *kvRequest) quick(t *quickTerms) float64 {
-	return (q.decodeFloor+q.outPerToken*q.lowContext(t.batch, t.context))*t.decodeScale + q.computes[t.path&3]*t.stall + t.queue
+// quick is a lower bound of bound's total for candidate i, cheaper to
+// take from its summary row: the decode at its floor, the prefill's
+// compute as bound takes it, twice and once for each sequence it stalls,
+// and the router's own queue ahead of it, twice. It takes q.rt's preset
+// fields for the replica's, so it holds only on a fleet of one preset
+// (!q.mixed), once screen has set q.computes.
+func (q *kvRequest) quick(i int) float64 {
+	t := &q.rows[i]
+	return (q.decodeFloor+q.outPerToken*q.lowContext(t.batch, t.context))*t.decodeScale +
+		q.computes[q.path(i)&3]*t.stall + t.queue
 }
 
-// screen fills sc.quick with each replica's quick bound (+Inf for an
-// unhealthy one; 0 on a fleet of several presets, where quick does not
-// hold) and returns the replica a pruned scan prices first: the least
-// bound's, or on a fleet of several presets, likely's. q.first must be
-// healthy.
+// screen fills sc.quick with each replica's quick bound (+Inf for one
+// that is not a candidate; 0 on a fleet of several presets, where quick
+// does not hold) and returns the replica a pruned scan prices first: the
+// least bound's, or on a fleet of several presets, likely's. q.first must
+// be a candidate.
 func (q *kvRequest) screen(sc *screen) int {
 	if q.mixed {
-		for i := range sc.terms {
+		for i := range q.rows {
 			sc.quick[i] = 0
-			if !sc.terms[i].healthy() {
+			if q.rows[i].preset < 0 {
 				sc.quick[i] = math.Inf(1)
 			}
 		}
@@ -670,14 +634,33 @@ func (q *kvRequest) screen(sc *screen) int {
 	}
 	q.computes = [4]float64{pathWhole: whole, pathDeep: q.computeDeep, pathTier: 0}
 	best, least := q.first, math.Inf(1)
-	quick := sc.quick[:len(sc.terms)]
-	for i := range sc.terms {
-		t := &sc.terms[i]
-		lb := math.Inf(1)
-		if t.healthy() {
-			lb = q.quick(t)
+	// quick, for every row, with what it reads of q hoisted: the same
+	// operations in the same order (TestKVAwarePruningMatchesFullPricing
+	// compares the two).
+	floor, perToken, persist, mean, perSeq := q.decodeFloor, q.outPerToken, q.persist, q.meanBatch, q.perSeq
+	match, off := q.r.Match, q.r.Offloaded
+	quick := sc.quick[:len(q.rows)]
+	for i := range quick {
+		t := &q.rows[i]
+		if t.preset < 0 {
+			quick[i] = math.Inf(1)
+			continue
 		}
-		if quick[i] = lb; lb < least {
+		compute := whole
+		if i < len(off) && off[i] > 0 {
+			compute = 0
+		} else if i < len(match) && match[i] > 0 {
+			compute = q.computeDeep
+		}
+		short := mean - t.batch*persist // lowContext's, with its max as a branch
+		if short < 0 {
+			short = 0
+		}
+		low := t.context*persist + short*perSeq
+		quick[i] = (floor+perToken*low)*t.decodeScale + compute*t.stall + t.queue
+	}
+	for i, lb := range quick { // apart: the loop above carries nothing
+		if lb < least {
 			best, least = i, lb
 		}
 	}

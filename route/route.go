@@ -126,6 +126,10 @@ type Snapshot struct {
 	Replicas []Replica
 	// BlockSize is the tokens per block of Request.Match; zero means 16.
 	BlockSize int
+	// Summary, when not nil, is what kv-aware derives of Replicas, kept
+	// up to date by whoever fills the snapshot (see Summary); nil means
+	// kv-aware derives it at every Pick.
+	Summary *Summary
 }
 
 // Request is what a policy knows of one request.
@@ -283,6 +287,13 @@ type Needs struct {
 	// replica, divided by its Rates.Scale, predict its time to first token:
 	// the caller may then learn Rates.Scale from the observed TTFTs.
 	Calibrate bool
+	// Summarize asks a caller that keeps a snapshot between decisions to
+	// keep its Summary too (Snapshot.Summary), made by
+	// NewSummary(StaleAfter): the policy then derives less at every Pick.
+	Summarize bool
+	// StaleAfter is the age beyond which the policy ignores scraped
+	// metrics (Summarize's); zero means its default.
+	StaleAfter time.Duration
 }
 
 // Needer is implemented by policies that need more than the defaults.

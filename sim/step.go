@@ -93,6 +93,7 @@ func (r *runner) traceArrival(j int, d route.Decision) {
 	rr.Match, rr.Age, rr.Costs = slices.Clone(rr.Match), slices.Clone(rr.Age), nil
 	snap := r.sc.Snapshot
 	snap.Replicas = slices.Clone(snap.Replicas)
+	snap.Summary = nil // derived from Replicas, and rewritten by the next decision
 	d.Costs = slices.Clone(d.Costs)
 	r.trace(Step{Kind: StepArrival, Replica: d.Replica, ReqID: r.jobs[j].id, Request: req, Route: rr, Snapshot: snap, Decision: d})
 }
