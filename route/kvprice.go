@@ -638,7 +638,6 @@ func (q *kvRequest) screen(sc *screen) int {
 	// operations in the same order (TestKVAwarePruningMatchesFullPricing
 	// compares the two).
 	floor, perToken, persist, mean, perSeq := q.decodeFloor, q.outPerToken, q.persist, q.meanBatch, q.perSeq
-	match, off := q.r.Match, q.r.Offloaded
 	quick := sc.quick[:len(q.rows)]
 	for i := range quick {
 		t := &q.rows[i]
@@ -646,12 +645,7 @@ func (q *kvRequest) screen(sc *screen) int {
 			quick[i] = math.Inf(1)
 			continue
 		}
-		compute := whole
-		if i < len(off) && off[i] > 0 {
-			compute = 0
-		} else if i < len(match) && match[i] > 0 {
-			compute = q.computeDeep
-		}
+		compute := q.computes[q.path(i)&3]
 		short := mean - t.batch*persist // lowContext's, with its max as a branch
 		if short < 0 {
 			short = 0
