@@ -145,7 +145,9 @@ func (p KVAware) withDefaults() KVAware {
 // candidate whose lower bound already exceeds the cheapest Total found is
 // counted in Decision.Pruned instead of priced (see quick and bound),
 // which leaves the decision unchanged
-// (TestKVAwarePruningMatchesFullPricing). Pick allocates nothing.
+// (TestKVAwarePruningMatchesFullPricing). What it derives of the replicas
+// alone it reads from the snapshot's Summary when the caller keeps one
+// (the fleet does), else derives it. Pick allocates nothing.
 func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 	return p.pick(r, s, len(s.Replicas) > kvPruneAbove)
 }
