@@ -2,7 +2,6 @@ package route
 
 import (
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -107,12 +106,13 @@ func (m *Summary) IsFresh(rp *Replica) bool { return rp.Scraped && rp.LoadAge <=
 
 // Update summarises entry i of s anew.
 func (m *Summary) Update(s *Snapshot, i int) {
-	row := m.row(s, i)
+	var row summaryRow
+	m.row(&row, s, i)
 	if row.preset >= 0 {
 		row.preset = m.preset(&s.Replicas[i].Rates)
 	}
-	m.count(m.rows[i], -1)
-	m.count(row, 1)
+	m.count(&m.rows[i], -1)
+	m.count(&row, 1)
 	m.rows[i] = row
 	switch {
 	case row.preset >= 0 && m.ref < 0:
@@ -129,7 +129,7 @@ func (m *Summary) Update(s *Snapshot, i int) {
 }
 
 // count adds row's share of m's totals sign times (1: in, −1: out).
-func (m *Summary) count(row summaryRow, sign int) {
+func (m *Summary) count(row *summaryRow, sign int) {
 	if row.preset < 0 {
 		return
 	}
@@ -148,7 +148,8 @@ func (m *Summary) count(row summaryRow, sign int) {
 func (m *Summary) fill(s *Snapshot) {
 	m.size(len(s.Replicas))
 	for i := range m.rows {
-		row := m.row(s, i)
+		row := &m.rows[i]
+		m.row(row, s, i)
 		if row.preset >= 0 {
 			row.preset = m.preset(&s.Replicas[i].Rates)
 			if m.ref < 0 {
@@ -156,20 +157,27 @@ func (m *Summary) fill(s *Snapshot) {
 			}
 			m.count(row, 1)
 		}
-		m.rows[i] = row
 	}
 }
 
-// row is entry i of s summarised, its preset 0 for a candidate (Update
-// sets it), −1 for another (which keeps only whether it is fresh).
-func (m *Summary) row(s *Snapshot, i int) summaryRow {
+// row sets out to entry i of s summarised, its preset 0 for a candidate
+// (Update sets it), −1 for another (which keeps only whether it is fresh).
+func (m *Summary) row(out *summaryRow, s *Snapshot, i int) {
 	rp := &s.Replicas[i]
 	fresh := m.IsFresh(rp)
 	if !rp.Healthy {
-		return summaryRow{preset: -1, fresh: fresh}
+		*out = summaryRow{preset: -1, fresh: fresh}
+		return
 	}
 	batch, context := batchOf(rp, fresh, blockSize(s))
-	context = math.Floor(min(context, maxContext)) // NaN: 0, as batchOf never gives
+	switch { // whole tokens, rounded down: a truncation, far cheaper than math.Floor
+	case context >= 0 && context < maxContext:
+		context = float64(int64(context))
+	case context >= maxContext:
+		context = maxContext
+	default: // negative or NaN, which batchOf never gives
+		context = 0
+	}
 	scale, decodeScale, perToken := rp.Rates.Scale, rp.Rates.DecodeScale, rp.Rates.PrefillPerToken
 	if !(scale > 0) { // as rates fills them
 		scale = 1
@@ -180,7 +188,7 @@ func (m *Summary) row(s *Snapshot, i int) summaryRow {
 	if perToken <= 0 {
 		perToken = DefaultPrefillPerToken
 	}
-	return summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: scale * (batch + 2),
+	*out = summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: scale * (batch + 2),
 		queue: 2 * float64(rp.PrefillTokens) * float64(perToken) * scale, fresh: fresh}
 }
 
@@ -202,7 +210,8 @@ func (m *Summary) Check(s *Snapshot) error {
 		return fmt.Errorf("summary of %d replicas, snapshot of %d", len(m.rows), len(s.Replicas))
 	}
 	for i := range m.rows {
-		got, want := m.rows[i], m.row(s, i)
+		got, want := m.rows[i], summaryRow{}
+		m.row(&want, s, i)
 		if got.preset >= 0 && want.preset >= 0 {
 			if int(got.preset) >= len(m.presets) || !samePreset(&m.presets[got.preset], &s.Replicas[i].Rates) {
 				return fmt.Errorf("replica %d (%s) summarised with another preset", i, s.Replicas[i].ID)
