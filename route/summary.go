@@ -69,10 +69,6 @@ func NewSummary(staleAfter time.Duration) *Summary {
 	return &Summary{staleAfter: KVAware{StaleAfter: staleAfter}.withDefaults().StaleAfter}
 }
 
-// StaleAfter is the age beyond which the Summary counts an entry's scraped
-// metrics stale.
-func (m *Summary) StaleAfter() time.Duration { return m.staleAfter }
-
 // Reset sizes m for n replicas, none summarised yet: Update each before
 // the snapshot is picked from.
 func (m *Summary) Reset(n int) {
