@@ -63,6 +63,18 @@ import "time"
 //     a copy's hits are the holder's anyway, save the balancing the
 //     other terms price. On a cache that has yet to evict, or under
 //     little pressure, Displaced is 0 and copies are free.
+//   - Future, for the first request of a session whose requests extend
+//     each other (Request.FutureTurns > 0, a conversation): its later
+//     turns follow it to where its context is cached, so the placement
+//     is theirs too. Each is priced at the batch the replica keeps, not
+//     the one of now: its share of the router's requests (Replica.Share)
+//     of the fleet's average running sequences (Snapshot.Seqs), found
+//     decoding with probability 1 − e^{−batch} (kvRequest.turn). Less
+//     the part of a copy of the holders' prefix (a system prompt) that
+//     the later sessions starting on this replica will share while it
+//     stays (kvRequest.shared): a copy of a prefix every session asks for
+//     costs the one that makes it little, and one seldom asked for
+//     nearly all of it.
 //
 // The prefix a replica lacks need not be computed. Each candidate is
 // priced three ways and keeps the cheapest: computing what its GPU does
@@ -78,7 +90,7 @@ import "time"
 // there and wait) or a recompute does; an import that makes a hot prefix
 // resident on a second replica is also a replication.
 //
-// Total = 2 × (Wait + Prefill) + Decode + Others + Memory, Others
+// Total = 2 × (Wait + Prefill) + Decode + Others + Memory + Future, Others
 // counting the arrivals' wait twice too: a time to first token is part of
 // both latencies. Wait, Prefill and the prefill stall are prefill work and
 // scale with Rates.Scale; Decode, the decode slowdown and the decode

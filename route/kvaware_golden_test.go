@@ -237,13 +237,16 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 	// The bounds sum their terms in another order, so they may exceed
 	// the full Total by a rounding.
 	le := func(a, b float64) bool { return a <= b*(1+1e-12) }
-	for c := range 3 * goldenCases {
+	for c := range 4 * goldenCases {
 		if c == goldenCases {
 			rng = rand.New(rand.NewPCG(7, uint64(c)))
 		}
 		p, r, s := goldenCase(rng, c)
 		if c >= 2*goldenCases {
 			withPaths(rng, r, s)
+		}
+		if c >= 3*goldenCases {
+			withSession(rng, r, s)
 		}
 		rr := *r
 		if r.Costs != nil {
@@ -311,6 +314,27 @@ func withPaths(rng *rand.Rand, r *Request, s *Snapshot) {
 			r.Offloaded[i] = rng.IntN(r.Blocks + 8)
 		}
 		rt.Displaced = []float64{0, 0, 0.3, 1}[rng.IntN(4)]
+	}
+}
+
+// withSession makes r the first request of a session expected to bring
+// more, on a fleet whose replicas had random shares of the requests and
+// keep what they cache for random horizons: the terms of Future, which
+// the bounds leave out but for its copy's share.
+func withSession(rng *rand.Rand, r *Request, s *Snapshot) {
+	r.Session, r.Pinned, r.Seq = 1+rng.Uint64(), -1, uint64(rng.IntN(1000))
+	r.FutureTurns = []float64{0.5, 3, 20}[rng.IntN(3)]
+	s.Seqs = rng.Float64() * float64(len(s.Replicas)) * 8
+	for i := range s.Replicas {
+		rp := &s.Replicas[i]
+		rp.Share, rp.ShareSeq = rng.Float64()*2/float64(len(s.Replicas)), uint64(rng.IntN(1000))
+		rp.Rates.Horizon = time.Duration(rng.IntN(3)) * time.Duration(rng.IntN(int(time.Hour)))
+	}
+	if r.Age == nil {
+		r.Age = make([]time.Duration, len(s.Replicas))
+	}
+	for i := range r.Age {
+		r.Age[i] = time.Duration(rng.IntN(int(time.Minute)))
 	}
 }
 

@@ -291,3 +291,90 @@ func TestKVAwareImportWaitsForOneBoundary(t *testing.T) {
 		}
 	}
 }
+
+// TestKVAwarePricesSessionsFuture: a new conversation starts with a
+// 1,500-token system prompt that only replica 0 caches, and replica 0
+// has had 90% of the router's requests, so the later turns of this one
+// would meet the batch they keep there, 90% of the fleet's three
+// running sequences. The prompt was last asked for an hour ago, so a
+// copy of it would serve few later sessions. A request without a
+// session goes to the holder: its prefill there is shortest. The first
+// turn of a session that is expected to bring six more goes to an idle
+// replica: the system prompt's prefill is paid once, the busy holder by
+// every later turn. A turn whose long history is cached on the holder
+// stays: moving would pay the history again.
+func TestKVAwarePricesSessionsFuture(t *testing.T) {
+	holder := decoding(2)
+	holder.Share, holder.ShareSeq = 0.9, 100
+	holder.Rates.Horizon = 2 * time.Hour
+	snap := func() *Snapshot {
+		s := &Snapshot{Replicas: []Replica{holder, up("b", 0), up("c", 0), up("d", 0)}, Seqs: 3}
+		for i := 1; i < 4; i++ {
+			s.Replicas[i].Share, s.Replicas[i].ShareSeq = 0.1/3, 100
+			s.Replicas[i].Rates.Horizon = 2 * time.Hour
+		}
+		return s
+	}
+	first := func(turns float64) *Request {
+		r := rq(1600, 1500/16, 0, 0, 0)
+		r.Age = []time.Duration{time.Hour, 0, 0, 0}
+		r.Seq, r.MaxTokens, r.Session, r.FutureTurns = 101, 32, 99, turns
+		r.Costs = make([]Cost, 0, 4)
+		return r
+	}
+	if d := (KVAware{}).Pick(first(0), snap()); d.Replica != 0 || d.Reason != ReasonPrefix {
+		t.Errorf("no later turns: got %d %q, want the holder (%q)", d.Replica, d.Reason, ReasonPrefix)
+	}
+	d := (KVAware{}).Pick(first(6), snap())
+	if d.Replica == 0 || d.Reason != ReasonReplicate {
+		t.Errorf("six later turns: got %d %q, want an idle replica (%q)", d.Replica, d.Reason, ReasonReplicate)
+	}
+	if h, o := d.Costs[0].Future, d.Costs[1].Future; !(h > o && o > 0) {
+		t.Errorf("future: holder %v, idle %v; want both positive, the holder's dearer", h, o)
+	}
+	later := rq(8000, 8000/16, 0, 0, 0)
+	later.Seq, later.MaxTokens, later.Session, later.FutureTurns, later.Pinned = 101, 32, 99, 6, 0
+	if d := (KVAware{}).Pick(later, snap()); d.Replica != 0 || d.Reason != ReasonSession {
+		t.Errorf("a long history on the holder: got %d %q, want it kept (%q)", d.Replica, d.Reason, ReasonSession)
+	}
+}
+
+// TestKVAwareSharesACopyWithLaterSessions: replica 0 holds a 1,500-token
+// system prompt and had all the router's requests, a fifth of a
+// sequence running on average: a new session's later turns would meet a
+// batch there about a fifth of the time. That saves less than the system prompt's
+// prefill elsewhere costs this session, so when the prompt is seldom
+// asked for (last an hour ago) the session starts on the holder. When
+// every session asks for it (last half a second ago), a copy on an idle
+// replica serves the many sessions that will start there while it
+// stays: this one pays a sliver of it and starts there, and the credit
+// is nearly the whole prefill.
+func TestKVAwareSharesACopyWithLaterSessions(t *testing.T) {
+	holder := decoding(1)
+	holder.Share, holder.ShareSeq = 1, 100
+	holder.Rates.Horizon = 2 * time.Hour
+	for _, tc := range []struct {
+		name string
+		age  time.Duration
+		want int
+	}{{"seldom asked", time.Hour, 0}, {"asked by every session", 500 * time.Millisecond, 1}} {
+		idle := up("b", 0)
+		idle.Rates.Horizon = 2 * time.Hour // what it caches stays two hours
+		s := &Snapshot{Replicas: []Replica{holder, idle}, Seqs: 0.2}
+		r := rq(1700, 1500/16, 0)
+		r.Age = []time.Duration{tc.age, 0}
+		r.Seq, r.MaxTokens, r.Session, r.FutureTurns = 101, 32, 99, 5
+		r.Costs = make([]Cost, 0, 2)
+		d := (KVAware{}).Pick(r, s)
+		if d.Replica != tc.want {
+			t.Errorf("%s: got %d %q, want %d", tc.name, d.Replica, d.Reason, tc.want)
+		}
+		if tc.want == 1 {
+			idle, hold := d.Costs[1], d.Costs[0]
+			copy := 2 * (idle.Prefill - hold.Prefill)
+			if credit := hold.Future - idle.Future; credit < copy*9/10 {
+				t.Errorf("%s: the copy's credit %v, want most of the %v its prefill costs", tc.name, credit, copy)
+			}
+		}
+	}
+}

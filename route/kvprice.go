@@ -70,7 +70,14 @@ type kvRequest struct {
 	// computed when first needed (haveHeld), by a replica that displaces.
 	held     float64
 	haveHeld bool
-	reps     []Replica
+	// turns is Request.FutureTurns of a session's first request, else 0,
+	// and fleetSeqs the fleet's running sequences (future); holders are
+	// the candidates that match the prompt and fresh the age of the
+	// freshest match (the time since any of them last served it).
+	turns, fleetSeqs float64
+	holders          int
+	fresh            time.Duration
+	reps             []Replica
 	// rows are the snapshot's summary (Summary), one per replica.
 	rows []summaryRow
 }
@@ -96,6 +103,20 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary) kvRequest {
 		if m > 0 && q.rows[i].preset >= 0 {
 			q.deepMatch = max(q.deepMatch, q.matched(i))
 			q.source(&s.Replicas[i], i)
+		}
+	}
+	if r.Session != 0 && r.FutureTurns > 0 && r.Pinned < 0 {
+		q.turns, q.fleetSeqs, q.fresh = r.FutureTurns, s.Seqs, -1
+		if q.fleetSeqs <= 0 {
+			q.fleetSeqs = float64(sum.seqs)
+		}
+		for i, m := range r.Match[:min(len(r.Match), len(q.rows))] {
+			if m > 0 && q.rows[i].preset >= 0 {
+				q.holders++
+				if a := ageOf(r, i); q.fresh < 0 || a < q.fresh {
+					q.fresh = a
+				}
+			}
 		}
 	}
 	q.decodeLen = q.out / float64(p.MeanOutput)
@@ -312,13 +333,82 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		own = cached
 	}
 	memory := (q.memory(rp, rt, fresh, q.tokens-local) + q.displaced(rt, own)) * rt.Scale
-	total := 2*(wait+float64(imp.Time)+load+prefill) + decode + others + memory
+	future := q.future(rp, i, rt) - q.shared(rt, max(own, cached))
+	total := 2*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
 	return Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
-		Decode: ns(decode), Others: ns(others), Memory: ns(memory),
+		Decode: ns(decode), Others: ns(others), Memory: ns(memory), Future: ns(future),
 		Total: ns(total), Import: imp, Load: ns(load)}, total
+}
+
+// future is what the session's later turns cost on replica i: they follow
+// this request there, where its context is cached, so a placement
+// decides theirs too (Request.FutureTurns of them). A later turn comes
+// after the batches of now have turned over: it meets not this batch
+// but the one the replica keeps, its arrival rate times a sequence's
+// stay by Little's law, which is its share of the router's requests
+// (Replica.Share) of the fleet's running sequences (Snapshot.Seqs).
+// Each turn pays turn at that mean. Zero for a request without a
+// session.
+func (q *kvRequest) future(rp *Replica, i int, rt *Rates) float64 {
+	if q.turns <= 0 {
+		return 0
+	}
+	return q.turns * q.turn(rt, rp.ShareAt(q.r.Seq, len(q.reps))*q.fleetSeqs)
+}
+
+// shared is the part of a new session's first request's prefill that
+// the sessions after it share. A copy of the prefix the holders cache
+// (what the prompts all start with, a system prompt), computed on a
+// replica that has own tokens of it when the prefill starts (imported
+// or loaded ones are not computed), serves every later session that
+// starts there while it stays. Those arrive at ν = λ/(1 + F): λ ≈ 1/age
+// is the rate at which the prefix is asked for (its freshest holder's
+// match is age old) and 1/(1 + F) the share of requests that begin a
+// session (F = Request.FutureTurns). A new holder takes its part,
+// 1/(holders + 1), of them for as long as the copy stays, its eviction
+// horizon (none: a day). Of the N sessions that share the copy, this
+// one pays 1/(1 + N): shared is the rest of the copy's prefill, in its
+// time to first token, counted twice as Total counts it.
+func (q *kvRequest) shared(rt *Rates, own float64) float64 {
+	if q.turns <= 0 || q.holders == 0 {
+		return 0
+	}
+	copied := q.copied(own)
+	if copied <= 0 {
+		return 0
+	}
+	stay := rt.Horizon
+	if stay <= 0 {
+		stay = 24 * time.Hour
+	}
+	age := max(q.fresh, time.Millisecond)
+	n := float64(stay) / float64(age) / (1 + q.turns) / float64(q.holders+1)
+	return 2 * prefillNS(rt, copied, own) * rt.Scale * n / (1 + n)
+}
+
+// turn is the latency one turn of this request's size pays, and imposes,
+// on a replica whose batch averages b: a batch of independent arrivals
+// that each stay a while holds a Poisson number of sequences (M/G/∞),
+// so with probability 1 − e^{−b} the turn finds it decoding, b/(1 −
+// e^{−b}) sequences on average, and waits half an iteration and carries
+// them in its prefill's; else it runs alone. It then decodes its output
+// beside b others, each of whose tokens it slows, and its prefill (the
+// part no replica caches) stalls their decodes. Both latencies count
+// its time to first token.
+func (q *kvRequest) turn(rt *Rates, b float64) float64 {
+	busy, ttft := 1-expNeg(b), float64(rt.StepOverhead)
+	if busy > 0 {
+		n := b / busy
+		step := stepNS(rt, n, n*q.perSeq)
+		ttft = busy*(step/2+step) + (1-busy)*ttft
+	}
+	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
+	decode := q.out * (stepNS(rt, b, b*q.perSeq) + grow + b*grow)
+	stall := b * prefillNS(rt, max(q.tokens-q.deepMatch, 0), q.deepMatch)
+	return (2*ttft+decode)*rt.DecodeScale + stall*rt.Scale
 }
 
 // life is the replica's batch averaged over the request's decode. A
@@ -485,17 +575,27 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 // balancing the queue and batch terms already price. Going to the holder
 // copies nothing; a recompute or an import elsewhere copies the prefix.
 func (q *kvRequest) displaced(rt *Rates, own float64) float64 {
-	if rt.Displaced <= 0 || q.deepMatch <= own {
+	if rt.Displaced <= 0 {
+		return 0
+	}
+	copied := q.copied(own)
+	if copied <= 0 {
+		return 0
+	}
+	return (2 + q.meanBatch) * rt.Displaced * prefillNS(rt, copied, 0)
+}
+
+// copied is the tokens of the best holder's expected cached prefix
+// (held) that a placement with own of them stores anew; 0 when it has
+// as many.
+func (q *kvRequest) copied(own float64) float64 {
+	if q.deepMatch <= own {
 		return 0
 	}
 	if !q.haveHeld {
 		q.held, q.haveHeld = q.holds(), true
 	}
-	copied := q.held - own
-	if copied <= 0 {
-		return 0
-	}
-	return (2 + q.meanBatch) * rt.Displaced * prefillNS(rt, copied, 0)
+	return max(q.held-own, 0)
 }
 
 // holds is the most expected cached tokens of the prompt on any healthy
@@ -521,15 +621,19 @@ func (q *kvRequest) holds() float64 {
 // the decode at its floor, the fleet's mean batch (a replica's batch over
 // a decode is never below it: see life) and lowContext. Each term of price
 // is at least its counterpart here (a seat's wait, an import's or a
-// load's time and memory only add), so a candidate whose bound exceeds a
-// priced one's Total cannot win.
+// load's time and memory only add; a new session's later turns add, and
+// the share of its copy they take back is at most the prefill of the
+// holders' prefix, which the deepest match leaves out), so a candidate
+// whose bound exceeds a priced one's Total cannot win.
 func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	rt := q.rates(&rp.Rates)
 	compute, iters := q.compute0, q.iters0
 	switch {
 	case i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
 		compute, iters = 0, 1 // its CPU tier may hold more than any GPU
-	case matchOf(q.r, i) > 0 || q.src >= 0: // it may import the source's prefix
+	case matchOf(q.r, i) > 0 || q.src >= 0 || q.turns > 0:
+		// It may import the source's prefix, or share most of its copy's
+		// prefill with the sessions after this one (shared).
 		compute, iters = q.computeDeep, 1
 	}
 	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
@@ -629,8 +733,10 @@ func (q *kvRequest) screen(sc *screen) int {
 	}
 	q.rates(&q.reps[q.first].Rates) // fills the preset's fields quick reads
 	whole := q.compute0
-	if q.src >= 0 {
-		whole = q.computeDeep // every replica may import the source's prefix
+	if q.src >= 0 || q.turns > 0 {
+		// Every replica may import the source's prefix, or, for a new
+		// session, have most of its copy's prefill shared (shared).
+		whole = q.computeDeep
 	}
 	q.computes = [4]float64{pathWhole: whole, pathDeep: q.computeDeep, pathTier: 0}
 	best, least := q.first, math.Inf(1)

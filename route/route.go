@@ -47,6 +47,11 @@ type Replica struct {
 	// IndexBlocks is how many blocks the residency index attributes to this
 	// replica (SGLang's "smallest tree").
 	IndexBlocks int
+	// Share is the replica's share of the router's requests, averaged
+	// over about ShareMemory of its latest decisions, as of the decision
+	// numbered ShareSeq (Request.Seq): ShareAt brings it to a later one.
+	Share    float64
+	ShareSeq uint64
 
 	// Rates is the replica's timing model, started from a preset and
 	// corrected online from observed TTFTs.
@@ -130,6 +135,10 @@ type Snapshot struct {
 	// up to date by whoever fills the snapshot (see Summary); nil means
 	// kv-aware derives it at every Pick.
 	Summary *Summary
+	// Seqs is the fleet's running sequences, averaged over about
+	// ShareMemory of the router's latest decisions; zero means unknown,
+	// and the replicas' own counts are taken.
+	Seqs float64
 }
 
 // Request is what a policy knows of one request.
@@ -168,6 +177,10 @@ type Request struct {
 	Session uint64
 	// Pinned is the replica the session is bound to, or -1.
 	Pinned int
+	// FutureTurns is how many more requests of the session are expected
+	// after this one: they follow it to the replica it goes to, where its
+	// context is cached. Zero for a request without a session.
+	FutureTurns float64
 	// PrefixKey is a hash of the first 100 characters of the first user
 	// message (or prompt) and the LoRA name, for consistent-hashing policies.
 	PrefixKey uint64
@@ -197,6 +210,9 @@ type Cost struct {
 	// Memory is the expected cost of evictions and preemption under KV
 	// pressure.
 	Memory time.Duration
+	// Future is what the session's later turns are expected to cost on
+	// this replica, under the load its bound sessions keep there.
+	Future time.Duration
 	// Total is what the policy minimised, for a policy that prices in time.
 	Total time.Duration
 	// Score is what a policy that ranks by a score rather than a time

@@ -92,6 +92,9 @@ func (m *Summary) size(n int) {
 // Len is the replicas m summarises.
 func (m *Summary) Len() int { return len(m.rows) }
 
+// Seqs is the candidates' running sequences, in all.
+func (m *Summary) Seqs() int { return int(m.seqs) }
+
 // Fresh says whether m counted replica i's scraped metrics when it was
 // last updated.
 func (m *Summary) Fresh(i int) bool { return m.rows[i].fresh }
