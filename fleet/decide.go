@@ -1,8 +1,10 @@
 package fleet
 
 import (
+	"math"
 	"time"
 
+	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/route"
 )
@@ -92,11 +94,13 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	if len(r.Chains) > 0 && snap.BlockSize > 0 {
 		blocks = len(r.Chains[0].Hashes) * r.Chains[0].Tokens / snap.BlockSize
 	}
+	pinned, turns := f.pin(r.Session, firstChain(r.Chains), snap, now)
+	snap.Seqs = f.averageSeqs(snap)
 	sc.Request = route.Request{
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
 		Tokens: r.Tokens, MaxTokens: r.MaxTokens, Blocks: blocks,
-		Match: sc.match, Age: sc.age, Fresh: fresh, FreshAge: freshAge, Offloaded: off, Pinned: f.pin(r.Session, snap, now),
-		Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
+		Match: sc.match, Age: sc.age, Fresh: fresh, FreshAge: freshAge, Offloaded: off, Pinned: pinned,
+		FutureTurns: turns, Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
 	}
 	d := f.policy.Pick(&sc.Request, snap)
 	if d.Replica < 0 || d.Replica >= n {
@@ -163,8 +167,9 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	tk := f.acquire(rep, c, now)
 	f.bookLinks(d, now)
 	if r.Session != "" {
-		f.bind(r.Session, rep, now)
+		f.bind(r.Session, rep, now, firstChain(r.Chains))
 	}
+	rep.arrived(sc.Request.Seq, len(sc.Snapshot.Replicas))
 	f.tr.Touch(d.Replica, r.Chains, f.indexTime(now), &sc.ms)
 	f.peers.note(r, rep, now)
 	return tk
@@ -230,4 +235,29 @@ func fit[T any](s []T, n int) []T {
 		return make([]T, n)
 	}
 	return s[:n]
+}
+
+// firstChain is the block hashes of a request's first chain, or nil.
+func firstChain(chains []residency.Chain) []prefix.Hash {
+	if len(chains) == 0 {
+		return nil
+	}
+	return chains[0].Hashes
+}
+
+// averageSeqs folds the running sequences of snap's candidates into the
+// fleet's average over its latest decisions (route.Snapshot.Seqs) and
+// returns it; zero when snap has no Summary to count them.
+func (f *Fleet) averageSeqs(snap *route.Snapshot) float64 {
+	if snap.Summary == nil {
+		return 0
+	}
+	x, n := float64(snap.Summary.Seqs()), len(snap.Replicas)
+	for {
+		old := f.seqs.Load()
+		mean := route.Averaged(math.Float64frombits(old), x, n)
+		if f.seqs.CompareAndSwap(old, math.Float64bits(mean)) {
+			return mean
+		}
+	}
 }

@@ -19,6 +19,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -138,6 +139,7 @@ type Fleet struct {
 	kind   route.IndexKind
 	tr     *residency.Tracker
 	seq    atomic.Uint64 // decisions made
+	seqs   atomic.Uint64 // float64 bits of route.Snapshot.Seqs
 	preset route.Rates   // Config.Rates with route's defaults filled
 
 	// mu guards reps and byID; replica structs are never reallocated.
@@ -156,6 +158,7 @@ type Fleet struct {
 	// smu guards sessions and lastSweep.
 	smu       sync.Mutex
 	sessions  sessionTable
+	turns     turnTally
 	lastSweep time.Time
 
 	// peers is what other routers share with this fleet and it with them
@@ -178,6 +181,9 @@ type replica struct {
 	member atomic.Int32
 	// The router's own accounting, released by Ticket.Done.
 	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
+	// share and shareSeq are route.Replica.Share (float64 bits) and
+	// ShareSeq, written under mu (arrived).
+	share, shareSeq atomic.Uint64
 	// linkUntil is when the transfers the router ordered through the
 	// replica's interconnect end, in Unix ns; zero: none (bookLinks).
 	linkUntil atomic.Int64
@@ -471,3 +477,14 @@ func (f *Fleet) updateLocked(r *replica) {
 // changed bumps r's version: call it after every change of what a
 // snapshot reads of r.
 func (r *replica) changed() { r.ver.Add(1) }
+
+// arrived counts in r's share of the router's requests (route.Replica.Share)
+// the one decision seq sent it, on a fleet of n replicas.
+func (r *replica) arrived(seq uint64, n int) {
+	r.mu.Lock()
+	prev := r.shareSeq.Load()
+	r.share.Store(math.Float64bits(route.Arrived(math.Float64frombits(r.share.Load()), prev, seq, n)))
+	r.shareSeq.Store(max(prev, seq))
+	r.mu.Unlock()
+	r.changed()
+}

@@ -123,10 +123,10 @@ func TestDecideCommitsAndPins(t *testing.T) {
 	if got, want := tk.Claim(), (Claim{PrefillTokens: 360, Tokens: 1100, PredictedCached: 640, PromptTokens: 1000, HitScale: 1}); got != want {
 		t.Errorf("claim %+v, want %+v", got, want)
 	}
-	if got := f.pin("conv-1", &sc.Snapshot, t0); got != 2 {
+	if got, _ := f.pin("conv-1", nil, &sc.Snapshot, t0); got != 2 {
 		t.Errorf("pin = %d, want 2", got)
 	}
-	if got := f.pin("other", &sc.Snapshot, t0); got != -1 {
+	if got, _ := f.pin("other", nil, &sc.Snapshot, t0); got != -1 {
 		t.Errorf("pin of unknown session = %d, want -1", got)
 	}
 	tk.FirstToken(t0)
@@ -175,17 +175,17 @@ func TestSessions(t *testing.T) {
 	snap := func(at time.Time) *route.Snapshot { f.Snapshot(&s, at, 0); return &s }
 	rb := f.lookup(b)
 
-	f.bind("s1", rb, t0)
-	if got := f.pin("s1", snap(t0), t0); got != 1 {
+	f.bind("s1", rb, t0, nil)
+	if got, _ := f.pin("s1", nil, snap(t0), t0); got != 1 {
 		t.Fatalf("pin = %d, want 1", got)
 	}
 	// Used again before expiry: stays bound.
-	f.bind("s1", rb, t0.Add(50*time.Second))
-	if got := f.pin("s1", snap(t0), t0.Add(100*time.Second)); got != 1 {
+	f.bind("s1", rb, t0.Add(50*time.Second), nil)
+	if got, _ := f.pin("s1", nil, snap(t0), t0.Add(100*time.Second)); got != 1 {
 		t.Errorf("after 50 s idle: pin = %d, want 1", got)
 	}
 	// Idle beyond the TTL: expired.
-	if got := f.pin("s1", snap(t0), t0.Add(161*time.Second)); got != -1 {
+	if got, _ := f.pin("s1", nil, snap(t0), t0.Add(161*time.Second)); got != -1 {
 		t.Errorf("after 61 s idle: pin = %d, want -1", got)
 	}
 	if n := f.Sessions(); n != 0 {
@@ -194,16 +194,16 @@ func TestSessions(t *testing.T) {
 
 	// Replica failure: unpinned, and the next decision re-binds.
 	now := t0.Add(200 * time.Second)
-	f.bind("s2", rb, now)
+	f.bind("s2", rb, now, nil)
 	f.SetHealthy(b, false)
-	if got := f.pin("s2", snap(now), now); got != -1 {
+	if got, _ := f.pin("s2", nil, snap(now), now); got != -1 {
 		t.Errorf("bound replica unhealthy: pin = %d, want -1", got)
 	}
 	var sc Scratch
 	d, tk := f.Decide(&Request{ID: "x", Session: "s2"}, nil, now, &sc)
 	tk.Done(t0, NoUsage, nil)
 	f.SetHealthy(b, true)
-	if got := f.pin("s2", snap(now), now); got != d.Replica || d.Replica == 1 {
+	if got, _ := f.pin("s2", nil, snap(now), now); got != d.Replica || d.Replica == 1 {
 		t.Errorf("after re-bind: pin = %d, want %d (not 1)", got, d.Replica)
 	}
 }
@@ -212,9 +212,9 @@ func TestSweepBoundsSessions(t *testing.T) {
 	f := newFleet(t, Config{SessionTTL: time.Minute})
 	ra := f.lookup(a)
 	for i := range 1000 {
-		f.bind(fmt.Sprint("old-", i), ra, t0)
+		f.bind(fmt.Sprint("old-", i), ra, t0, nil)
 	}
-	f.bind("new", ra, t0.Add(2*time.Minute)) // triggers a sweep
+	f.bind("new", ra, t0.Add(2*time.Minute), nil) // triggers a sweep
 	if n := f.Sessions(); n != 1 {
 		t.Errorf("after sweep: %d sessions, want 1", n)
 	}

@@ -66,7 +66,7 @@ func TestSessionFollowsModel(t *testing.T) {
 	f := newFleet(t, Config{Replicas: []Replica{{ID: a, Models: []string{"m"}}, {ID: b, Models: []string{"m", "other"}}},
 		Policy: route.SessionHash{}})
 	var sc Scratch
-	f.bind("s", f.lookup(a), t0)
+	f.bind("s", f.lookup(a), t0, nil)
 	d, tk := f.Decide(&Request{ID: "x", Model: "other", Session: "s"}, nil, t0, &sc)
 	if sc.Request.Pinned != -1 || d.Replica != 1 {
 		t.Errorf("pinned %d, chose %d; want -1 and 1", sc.Request.Pinned, d.Replica)

@@ -296,7 +296,7 @@ func (f *Fleet) mergeBinding(b Binding, now time.Time) {
 	if s, ok := f.sessions.byKey[b.Key]; ok && !s.last.Before(b.At) {
 		return
 	}
-	f.sessions.bind(b.Key, r, b.At)
+	f.sessions.bind(b.Key, r, b.At).prompt(nil)
 }
 
 // peerLoad returns the peers' load on replica i (zero: none).

@@ -40,7 +40,7 @@ func TestMergePeers(t *testing.T) {
 	if got.InFlight != 1 || got.PrefillTokens != 64 {
 		t.Errorf("peer load in snapshot: in flight %d, prefill %d, want 1, 64", got.InFlight, got.PrefillTokens)
 	}
-	if p := two.pin("conv", &sc2.Snapshot, now); p != d.Replica {
+	if p, _ := two.pin("conv", nil, &sc2.Snapshot, now); p != d.Replica {
 		t.Errorf("pin after merge = %d, want %d", p, d.Replica)
 	}
 	// A least-loaded decision on two avoids the replica one loaded.
@@ -77,16 +77,16 @@ func TestMergeTouches(t *testing.T) {
 // own does not move the session.
 func TestMergeBindingNewerWins(t *testing.T) {
 	f := newFleet(t, Config{})
-	f.bind("s", f.lookup(a), t0.Add(time.Second))
+	f.bind("s", f.lookup(a), t0.Add(time.Second), nil)
 	f.Merge(t0.Add(2*time.Second), []Share{{Sessions: []Binding{{Key: "s", Replica: b, At: t0}}}})
 	var s route.Snapshot
 	f.Snapshot(&s, t0, 0)
-	if p := f.pin("s", &s, t0.Add(2*time.Second)); p != 0 {
+	if p, _ := f.pin("s", nil, &s, t0.Add(2*time.Second)); p != 0 {
 		t.Errorf("pin = %d, want 0 (own, newer binding)", p)
 	}
 	f.Merge(t0.Add(3*time.Second), []Share{{Sessions: []Binding{{Key: "s", Replica: b, At: t0.Add(3 * time.Second)}},
 		Load: []PeerLoad{{Replica: "nowhere", InFlight: 5}}}})
-	if p := f.pin("s", &s, t0.Add(3*time.Second)); p != 1 {
+	if p, _ := f.pin("s", nil, &s, t0.Add(3*time.Second)); p != 1 {
 		t.Errorf("pin = %d, want 1 (the peer's newer binding)", p)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -37,10 +38,16 @@ func SessionKey(id string) string {
 // session is one conversation's binding, an element of its table's
 // recency list.
 type session struct {
-	key        string
-	r          *replica
-	last       time.Time // last bind
-	prev, next *session  // toward the most, the least recently bound
+	key  string
+	r    *replica
+	last time.Time // last bind
+	// blocks and tail are the full blocks of the last request's prompt
+	// and the hash of its last one, in its first chain: the next request
+	// extends that prompt when its own chain has tail there (extends).
+	// blocks is zero when unknown (a peer's binding).
+	blocks     int
+	tail       prefix.Hash
+	prev, next *session // toward the most, the least recently bound
 }
 
 // sessionTable is the bound sessions: a map by key and a list by recency
@@ -97,13 +104,13 @@ func (t *sessionTable) remove(s *session) {
 }
 
 // bind binds key to r at now, as the most recently bound, evicting the
-// least recently bound session if the table is full.
-func (t *sessionTable) bind(key string, r *replica, now time.Time) {
+// least recently bound session if the table is full, and returns it.
+func (t *sessionTable) bind(key string, r *replica, now time.Time) *session {
 	if s, ok := t.byKey[key]; ok {
 		s.r, s.last = r, now
 		t.unlink(s)
 		t.pushFront(s)
-		return
+		return s
 	}
 	if len(t.byKey) >= t.max {
 		t.remove(t.tail)
@@ -112,6 +119,25 @@ func (t *sessionTable) bind(key string, r *replica, now time.Time) {
 	s := &session{key: key, r: r, last: now}
 	t.byKey[key] = s
 	t.pushFront(s)
+	return s
+}
+
+// prompt records chain, the block hashes of the request just bound, as
+// the prompt the session's next request may extend.
+func (s *session) prompt(chain []prefix.Hash) {
+	s.blocks, s.tail = len(chain), 0
+	if len(chain) > 0 {
+		s.tail = chain[len(chain)-1]
+	}
+}
+
+// extends reports whether a request whose first chain is chain extends
+// the session's last prompt, and whether that is known.
+func (s *session) extends(chain []prefix.Hash) (yes, known bool) {
+	if s.blocks == 0 {
+		return false, false
+	}
+	return len(chain) >= s.blocks && chain[s.blocks-1] == s.tail, true
 }
 
 // sweep drops the sessions bound longer than ttl before now, from the
@@ -131,15 +157,15 @@ func sessionHash(id string) uint64 {
 	return xxhash.Sum64String(id) | 1
 }
 
-// bind binds session to r (re-binding it if it was elsewhere) and marks it
-// used at now. Expired sessions are swept here, at most twice per
+// bind binds session to r (re-binding it if it was elsewhere), marks it
+// used at now and records chain, its request's block hashes (nil: none). Expired sessions are swept here, at most twice per
 // SessionTTL, from the least recently bound; past Config.MaxSessions the
 // least recently bound is dropped.
-func (f *Fleet) bind(sessionID string, r *replica, now time.Time) {
+func (f *Fleet) bind(sessionID string, r *replica, now time.Time, chain []prefix.Hash) {
 	key := SessionKey(sessionID)
 	f.smu.Lock()
 	defer f.smu.Unlock()
-	f.sessions.bind(key, r, now)
+	f.sessions.bind(key, r, now).prompt(chain)
 	if now.Sub(f.lastSweep) > f.cfg.SessionTTL/2 {
 		f.sessions.sweep(now, f.cfg.SessionTTL)
 		f.lastSweep = now
@@ -150,31 +176,66 @@ func (f *Fleet) bind(sessionID string, r *replica, now time.Time) {
 // route.Request.Pinned, or −1: when the session is unknown, has been idle
 // longer than SessionTTL at now (it is then dropped), or its replica is
 // not a candidate in s (unhealthy, or not serving the model). The policy
-// then routes afresh and commit re-binds the session.
-func (f *Fleet) pin(sessionID string, s *route.Snapshot, now time.Time) int {
+// then routes afresh and commit re-binds the session. It also counts the
+// request, whose first chain is chain, in the fleet's turnTally and
+// returns the requests expected to follow it (route.Request.FutureTurns).
+func (f *Fleet) pin(sessionID string, chain []prefix.Hash, s *route.Snapshot, now time.Time) (int, float64) {
 	if sessionID == "" {
-		return -1
+		return -1, 0
 	}
 	key := SessionKey(sessionID)
 	f.smu.Lock()
 	defer f.smu.Unlock()
 	ss, ok := f.sessions.byKey[key]
+	if ok && (now.Sub(ss.last) > f.cfg.SessionTTL || ss.r.member.Load() == memberRemoved) {
+		f.sessions.remove(ss)
+		ok = false
+	}
 	if !ok {
-		return -1
+		return -1, f.turns.next(false)
 	}
-	if now.Sub(ss.last) > f.cfg.SessionTTL {
-		f.sessions.remove(ss)
-		return -1
+	extends, known := ss.extends(chain)
+	turns := f.turns.expected()
+	if known {
+		turns = f.turns.next(extends)
 	}
-	i := ss.r.index
-	if ss.r.member.Load() == memberRemoved {
-		f.sessions.remove(ss)
-		return -1
+	if i := ss.r.index; i >= 0 && i < len(s.Replicas) && s.Replicas[i].Healthy {
+		return i, turns
 	}
-	if i < 0 || i >= len(s.Replicas) || !s.Replicas[i].Healthy {
-		return -1
+	return -1, turns
+}
+
+// turnTally estimates how many requests follow a request with a session
+// to the replica it goes to: those that extend its prompt (a
+// conversation's next turns), which find their context cached there. Of
+// the n requests with a session counted, e extended their session's
+// last prompt; so a request is followed by an extension with
+// probability p = e/n, and, taking each as the next one's chance again
+// (a geometric length, the same expectation at every turn), by p/(1 − p)
+// = e/(n − e) of them. A session whose requests share only a prefix of
+// their prompts (a group's context, then each a new question) is
+// followed by none: its next request goes wherever that prefix is. The
+// counts decay so that about the last turnMemory requests weigh.
+// Fleet.smu guards it.
+type turnTally struct{ requests, extended float64 }
+
+// turnMemory is the requests with a session a turnTally remembers, about.
+const turnMemory = 1000
+
+// next counts one request with a session, which extended its session's
+// last prompt or not, and returns expected.
+func (t *turnTally) next(extended bool) float64 {
+	t.requests = t.requests*(1-1.0/turnMemory) + 1
+	t.extended *= 1 - 1.0/turnMemory
+	if extended {
+		t.extended++
 	}
-	return i
+	return t.expected()
+}
+
+// expected is the requests expected to follow one, e/(n − e).
+func (t *turnTally) expected() float64 {
+	return t.extended / max(t.requests-t.extended, 1)
 }
 
 // Sessions returns the number of bound sessions (expired ones not yet

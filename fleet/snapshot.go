@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math"
 	"math/bits"
 	"time"
 
@@ -14,7 +15,8 @@ import (
 // last scrape's time; IndexBlocks is what the tracker attributes to each
 // replica. A replica with no TTFT observation yet gets the geometric mean
 // of the others' learned scales as its Scale (priorScale), and one with no
-// inter-token latency observation the same of DecodeScale. Every replica is written
+// inter-token latency observation the same of DecodeScale; Seqs is the
+// fleet's average as of its last decision. Every replica is written
 // afresh; Decide instead keeps its Scratch's snapshot and rewrites only
 // what changed since (see snapCache).
 func (f *Fleet) Snapshot(dst *route.Snapshot, now time.Time, unit int) {
@@ -22,7 +24,7 @@ func (f *Fleet) Snapshot(dst *route.Snapshot, now time.Time, unit int) {
 	d := divider(unit)
 	f.mu.RLock()
 	f.size(dst, unit)
-	dst.Summary = nil
+	dst.Summary, dst.Seqs = nil, math.Float64frombits(f.seqs.Load())
 	prior := f.priors(len(f.reps))
 	for i, r := range f.reps {
 		out := &dst.Replicas[i]
@@ -288,6 +290,8 @@ func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *p
 		PrefillTokens: int(max(r.prefillTokens.Load(), 0) + pl.PrefillTokens),
 		Decoding:      int(r.decoding.Load() + pl.Decoding),
 		DecodeBlocks:  int(d.div(max(r.decodeTokens.Load(), 0) + pl.DecodeTokens + int64(d) - 1)),
+		Share:         math.Float64frombits(r.share.Load()),
+		ShareSeq:      r.shareSeq.Load(),
 	}
 	p := r.pub.Load()
 	if p.scraped {
