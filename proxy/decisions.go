@@ -21,7 +21,7 @@ func appendCandidates(out []view.Candidate, costs []route.Cost, bes *backendSet)
 		out = append(out, view.Candidate{
 			Replica: name, Matched: c.Matched,
 			WaitMS: ms(c.Wait), PrefillMS: ms(c.Prefill), DecodeMS: ms(c.Decode),
-			OthersMS: ms(c.Others), MemoryMS: ms(c.Memory), TotalMS: ms(c.Total), Score: c.Score,
+			OthersMS: ms(c.Others), MemoryMS: ms(c.Memory), FutureMS: ms(c.Future), TotalMS: ms(c.Total), Score: c.Score,
 		})
 	}
 	return out

@@ -132,6 +132,7 @@ func (c *call) decisionAttrs() []attribute.KeyValue {
 			attribute.Float64("kvrouter.cost.decode_ms", ms(k.Decode)),
 			attribute.Float64("kvrouter.cost.others_ms", ms(k.Others)),
 			attribute.Float64("kvrouter.cost.memory_ms", ms(k.Memory)),
+			attribute.Float64("kvrouter.cost.future_ms", ms(k.Future)),
 			attribute.Float64("kvrouter.cost.total_ms", ms(k.Total)),
 		)
 	}

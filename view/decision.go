@@ -95,13 +95,15 @@ type Candidate struct {
 	// WaitMS is the queueing delay, PrefillMS the prefill of the uncached
 	// tokens, DecodeMS the request's own decode under the replica's batch,
 	// OthersMS the delay it imposes on the replica's other requests,
-	// MemoryMS the penalty for KV-cache pressure, TotalMS the cost the
-	// policy minimised.
+	// MemoryMS the penalty for KV-cache pressure, FutureMS what the
+	// session's later turns are expected to cost there, TotalMS the cost
+	// the policy minimised.
 	WaitMS    float64 `json:"wait_ms"`
 	PrefillMS float64 `json:"prefill_ms"`
 	DecodeMS  float64 `json:"decode_ms"`
 	OthersMS  float64 `json:"others_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
+	FutureMS  float64 `json:"future_ms"`
 	TotalMS   float64 `json:"total_ms"`
 	// Score is what a policy that ranks by a score rather than a time
 	// minimised (its time terms are then zero); absent for kv-aware.

@@ -159,14 +159,14 @@ function costs(d) {
       el("th", {}, "Candidate"), el("th", { class: "num" }, "Matched tok"),
       el("th", { class: "num" }, "Wait ms"), el("th", { class: "num" }, "Prefill ms"),
       el("th", { class: "num" }, "Decode ms"), el("th", { class: "num" }, "Others ms"),
-      el("th", { class: "num" }, "Memory ms"),
+      el("th", { class: "num" }, "Memory ms"), el("th", { class: "num" }, "Future ms"),
       el("th", { class: "num" }, "Total ms"))),
     el("tbody", {}, d.candidates.map((c) =>
       el("tr", { class: c.replica === d.replica ? "chosen" : null },
         el("td", { class: "id" }, c.replica), el("td", { class: "num" }, int(c.matched_tokens)),
         el("td", { class: "num" }, costMS(c.wait_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
         el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.others_ms)),
-        el("td", { class: "num" }, costMS(c.memory_ms)),
+        el("td", { class: "num" }, costMS(c.memory_ms)), el("td", { class: "num" }, costMS(c.future_ms)),
         el("td", { class: "num" }, c.score !== undefined && !c.total_ms ? `score ${c.score}` : costMS(c.total_ms))))));
   if (!d.pruned_candidates) return table;
   return el("div", {}, table, el("div", { class: "muted pruned" },
