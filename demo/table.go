@@ -14,9 +14,9 @@ import (
 // reports.
 type Figures struct {
 	Policy string
-	// TTFTp50 and TTFTp99 are in model time (client wall time / time
-	// scale).
-	TTFTp50, TTFTp99 time.Duration
+	// TTFTp50 and TTFTp99, E2Ep50 and E2Ep99 (to the last token) are in
+	// model time (client wall time / time scale).
+	TTFTp50, TTFTp99, E2Ep50, E2Ep99 time.Duration
 	// HitRate is Σ usage cached_tokens / Σ usage prompt_tokens, 0..1.
 	HitRate float64
 	// EngineHitRate is Σ vllm:prefix_cache_hits_total / Σ
@@ -40,6 +40,7 @@ func (r *Result) Figures() []Figures {
 		tot := p.Load.Totals()
 		out[i] = Figures{
 			Policy: p.Policy, TTFTp50: p.Report.TTFT.P50.D(), TTFTp99: p.Report.TTFT.P99.D(),
+			E2Ep50: p.Report.E2E.P50.D(), E2Ep99: p.Report.E2E.P99.D(),
 			HitRate: tot.HitRate(), EngineHitRate: p.Engines.HitRate(), Prefill: tot.Prefill(),
 			PerReplica: p.Report.PerReplica, Errors: tot.ErrorCount() + p.Load.Skipped, Spread: spread(&p),
 		}
@@ -74,17 +75,18 @@ func (r *Result) WriteTable(w io.Writer) error {
 	c := r.Config
 	fmt.Fprintf(w, "%d replicas (%s, emulated), %d requests of %s per policy, each policy on a cold fleet.\n",
 		c.Replicas, c.Preset, c.Requests, c.Workload)
-	fmt.Fprintf(w, "TTFT is in MODEL time: wall time measured by the client divided by the time scale %g.\n", c.TimeScale)
+	fmt.Fprintf(w, "Latencies are in MODEL time: wall time measured by the client divided by the time scale %g.\n", c.TimeScale)
 	fmt.Fprintf(w, "hit = Σ usage.cached_tokens / Σ prompt_tokens from the responses; engine = the replicas' own\n")
 	fmt.Fprintf(w, "vllm:prefix_cache_hits_total / queries_total scraped at the end; prefill = prompt − cached tokens.\n\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "policy\tttft p50\tttft p99\thit\tengine hit\tprefill tokens\treplicas/conv\trequests per replica\terrors\t")
+	fmt.Fprintln(tw, "policy\tttft p50\tttft p99\te2e p50\te2e p99\thit\tengine hit\tprefill tokens\treplicas/conv\trequests per replica\terrors\t")
 	for _, f := range r.Figures() {
 		per := make([]string, len(f.PerReplica))
 		for i, n := range f.PerReplica {
 			per[i] = fmt.Sprint(n)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.2f\t%s\t%d\t\n", f.Policy, ms(f.TTFTp50), ms(f.TTFTp99),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.2f\t%s\t%d\t\n", f.Policy, ms(f.TTFTp50), ms(f.TTFTp99),
+			ms(f.E2Ep50), ms(f.E2Ep99),
 			100*f.HitRate, 100*f.EngineHitRate, f.Prefill, f.Spread, strings.Join(per, " "), f.Errors)
 	}
 	return tw.Flush()
