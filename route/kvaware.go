@@ -1,6 +1,9 @@
 package route
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // KVAware is kvrouter's default policy. It prices every candidate replica
 // in one unit, time, and sends the request where the fleet's total latency
@@ -170,7 +173,8 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	prune = prune && r.Tokens >= 0
 	sc := screens.Get().(*screen)
 	defer screens.Put(sc)
-	q := newKVRequest(p, r, s, sc.summary(p, s))
+	q := newKVRequest(p, r, s, sc.summary(p, s), sc.hits)
+	sc.hits = q.hits // its buffer, for the next pick
 	if prune {
 		sc.size(len(rs))
 	}
@@ -203,14 +207,19 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 		// bound's on a fleet of one preset. It is priced once, and
 		// recorded in its place in the scan. sc.quick is +Inf for a
 		// replica that is not a candidate, 0 for every candidate on a
-		// fleet of several presets; sc.priced says which were priced.
+		// fleet of several presets, and −Inf for the pinned candidate,
+		// which is always priced; sc.priced says which were priced.
 		first := q.screen(sc)
 		firstCost, total := q.price(&rs[first], first)
 		consider(first, &firstCost, total)
-		priced, above, pinned := 0, bestTotal*(1+1e-9), r.Pinned
+		pinned := r.Pinned
+		if pinned >= 0 && pinned < len(rs) && q.rows[pinned].preset >= 0 {
+			sc.quick[pinned] = math.Inf(-1)
+		}
+		priced, above := 0, bestTotal*(1+1e-9)
 		for i, lb := range sc.quick {
-			if lb > above && i != pinned || q.rows[i].preset < 0 {
-				continue // pruned, or not a candidate
+			if lb > above || q.rows[i].preset < 0 {
+				continue // pruned, or not a candidate (+Inf, which a total of +Inf does not prune)
 			}
 			if i == first {
 				if costs != nil {
@@ -230,8 +239,8 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 			sc.priced[i], priced, above = true, priced+1, bestTotal*(1+1e-9)
 		}
 		pruned = q.candidates - priced
-		for i, m := range r.Match[:min(len(r.Match), len(rs))] {
-			if m > 0 && q.rows[i].preset >= 0 && !sc.priced[i] {
+		for _, i := range q.hits {
+			if !sc.priced[i] {
 				maxPruned = max(maxPruned, int(q.matched(i)))
 			}
 		}

@@ -271,7 +271,7 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 		}
 		sc := new(screen)
 		sc.size(len(s.Replicas))
-		q := newKVRequest(p, r, s, sc.summary(p, s))
+		q := newKVRequest(p, r, s, sc.summary(p, s), nil)
 		if q.first >= 0 {
 			q.screen(sc)
 		}

@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -80,13 +81,18 @@ type kvRequest struct {
 	reps             []Replica
 	// rows are the snapshot's summary (Summary), one per replica.
 	rows []summaryRow
+	// hits are the candidates whose prompt's prefill may cost less than
+	// the whole prompt's (path): those that match it or whose CPU tier
+	// holds some, in replica order, so that a scan of every replica need
+	// not read the request's matches.
+	hits []int
 }
 
 // newKVRequest derives q from r and s, whose replicas sum summarises:
 // the fleet's means, a candidate, one preset or several from the
 // summary's totals, and the deepest match and the transfer source in one
-// pass over the request's matches.
-func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary) kvRequest {
+// pass over the request's matches, appending the hits to hits[:0].
+func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) kvRequest {
 	p = p.withDefaults()
 	out := r.MaxTokens
 	if out <= 0 {
@@ -99,20 +105,31 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary) kvRequest {
 	if n := float64(sum.candidates); n > 0 {
 		q.meanBatch, q.meanContext = float64(sum.seqs)/n, float64(sum.tokens)/n
 	}
-	for i, m := range r.Match[:min(len(r.Match), len(q.rows))] {
+	matches, tiers := r.Match[:min(len(r.Match), len(q.rows))], r.Offloaded[:min(len(r.Offloaded), len(q.rows))]
+	q.hits = hits[:0]
+	for i, m := range matches {
 		if m > 0 && q.rows[i].preset >= 0 {
 			q.deepMatch = max(q.deepMatch, q.matched(i))
 			q.source(&s.Replicas[i], i)
+			q.hits = append(q.hits, i)
 		}
 	}
+	holders := len(q.hits)
+	if len(tiers) > 0 {
+		for i, n := range tiers {
+			if n > 0 && q.rows[i].preset >= 0 && (i >= len(matches) || matches[i] <= 0) {
+				q.hits = append(q.hits, i)
+			}
+		}
+		slices.Sort(q.hits)
+	}
 	if r.Session != 0 && r.FutureTurns > 0 && r.Pinned < 0 {
-		q.turns, q.fleetSeqs, q.fresh = r.FutureTurns, s.Seqs, -1
+		q.turns, q.fleetSeqs, q.fresh, q.holders = r.FutureTurns, s.Seqs, -1, holders
 		if q.fleetSeqs <= 0 {
 			q.fleetSeqs = float64(sum.seqs)
 		}
-		for i, m := range r.Match[:min(len(r.Match), len(q.rows))] {
-			if m > 0 && q.rows[i].preset >= 0 {
-				q.holders++
+		for _, i := range q.hits {
+			if matchOf(r, i) > 0 {
 				if a := ageOf(r, i); q.fresh < 0 || a < q.fresh {
 					q.fresh = a
 				}
@@ -658,6 +675,7 @@ type screen struct {
 	own    Summary
 	quick  []float64
 	priced []bool
+	hits   []int // kvRequest.hits's buffer
 }
 
 var screens = sync.Pool{New: func() any { return new(screen) }}
@@ -743,23 +761,24 @@ func (q *kvRequest) screen(sc *screen) int {
 	// quick, for every row, with what it reads of q hoisted: the same
 	// operations in the same order (TestKVAwarePruningMatchesFullPricing
 	// compares the two).
+	// Every row as if its prefill were the whole prompt's (a row that is
+	// not a candidate has an infinite queue, so its bound is too), then
+	// the hits on their own paths.
 	floor, perToken, persist, mean, perSeq := q.decodeFloor, q.outPerToken, q.persist, q.meanBatch, q.perSeq
-	quick := sc.quick[:len(q.rows)]
+	quick, rows := sc.quick[:len(q.rows)], q.rows
 	for i := range quick {
-		t := &q.rows[i]
-		if t.preset < 0 {
-			quick[i] = math.Inf(1)
-			continue
-		}
-		compute := q.computes[q.path(i)&3]
+		t := &rows[i]
 		short := mean - t.batch*persist // lowContext's, with its max as a branch
 		if short < 0 {
 			short = 0
 		}
 		low := t.context*persist + short*perSeq
-		quick[i] = (floor+perToken*low)*t.decodeScale + compute*t.stall + t.queue
+		quick[i] = (floor+perToken*low)*t.decodeScale + whole*t.stall + t.queue
 	}
-	for i, lb := range quick { // apart: the loop above carries nothing
+	for _, i := range q.hits {
+		quick[i] = q.quick(i)
+	}
+	for i, lb := range quick { // apart: the loops above carry nothing
 		if lb < least {
 			best, least = i, lb
 		}

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -52,7 +53,8 @@ type summaryRow struct {
 	// its Scale (also with the default) × (batch + 2): a prefill's compute
 	// counts twice in the request's latency, and once in each of the
 	// batch's (quick); queue is the prefill of the router's own queue
-	// there, twice, at its Scale.
+	// there, twice, at its Scale, and +Inf for a replica that is not a
+	// candidate, so that its quick bound is too (screen).
 	decodeScale, stall, queue float64
 	// preset indexes Summary.presets; −1 for a replica that is not a
 	// candidate (unhealthy).
@@ -74,7 +76,7 @@ func NewSummary(staleAfter time.Duration) *Summary {
 func (m *Summary) Reset(n int) {
 	m.size(n)
 	for i := range m.rows {
-		m.rows[i] = summaryRow{preset: -1}
+		m.rows[i] = summaryRow{queue: math.Inf(1), preset: -1}
 	}
 }
 
@@ -165,7 +167,7 @@ func (m *Summary) row(out *summaryRow, s *Snapshot, i int) {
 	rp := &s.Replicas[i]
 	fresh := m.IsFresh(rp)
 	if !rp.Healthy {
-		*out = summaryRow{preset: -1, fresh: fresh}
+		*out = summaryRow{queue: math.Inf(1), preset: -1, fresh: fresh}
 		return
 	}
 	batch, context := batchOf(rp, fresh, blockSize(s))
