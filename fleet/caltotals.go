@@ -21,7 +21,10 @@ import (
 // seconds outweighs the prefix a request would reuse; taken as speed,
 // they send requests after it. A replica that really differs (another
 // GPU, a noisy neighbour) makes a spread its noise does not explain, and
-// keeps its own.
+// keeps its own. One that differs far more than the pool's spread and
+// its own noise allow (outlier) is kept out of the pool: a single slow
+// replica would otherwise inflate the spread and stop the pooling of all
+// the others.
 //
 // mu guards the sums; mean and count are what snapshots read.
 type calTotals struct {
@@ -41,6 +44,12 @@ type share struct {
 	in     bool    // counted
 }
 
+// outlierZ is how many standard deviations from the pool's mean a log
+// scale must lie to be kept out of the pool (calTotals.outlier), on a
+// pool large enough to know its spread: a chance of about 6 in 100,000
+// for a replica that is like the others.
+const outlierZ = 4
+
 // set replaces s's contribution to t with c's learned scale when c has
 // observed anything, and with none otherwise (nil c: drop it); it
 // returns c's scale shrunk towards the fleet's (1 for nil c).
@@ -55,18 +64,43 @@ func (s *share) set(t *calTotals, c *Calibrator) float64 {
 	if s.in {
 		t.add(s.log, s.v, -1)
 	}
-	if calibrated {
+	outlier := calibrated && t.outlier(l, v)
+	if calibrated && !outlier {
 		t.add(l, v, 1)
 	}
-	s.log, s.v, s.in = l, v, calibrated
+	s.log, s.v, s.in = l, v, calibrated && !outlier
 	if t.n > 0 {
 		t.mean.Store(math.Float64bits(math.Exp(t.sum / float64(t.n))))
 	}
 	t.count.Store(int64(t.n))
-	if !calibrated {
+	switch {
+	case !calibrated:
 		return 1
+	case outlier:
+		return math.Exp(l)
 	}
 	return math.Exp(t.shrink(l, v))
+}
+
+// outlier says whether log scale l of variance v lies further from the
+// pool's mean than its departure's deviation (the pool's spread τ², l's
+// own noise v, and the mean's) makes likelier than outlierZ standard
+// deviations would be. The pool's spread is itself estimated from its n
+// members, so the limit is Student's t at n − 1 degrees of freedom, to
+// the Cornish–Fisher expansion's first term: z·(1 + (z² + 1)/(4(n − 1))),
+// 12.5 deviations for a pool of three, 5.1 for sixteen, 4.0 for a
+// thousand. With fewer than two estimates of known variance in the pool
+// there is no spread to judge by, and nothing is. t.mu is held.
+func (t *calTotals) outlier(l, v float64) bool {
+	if t.nv < 2 || t.n < 2 || math.IsInf(v, 1) {
+		return false
+	}
+	n := float64(t.n)
+	m, noise := t.sum/n, t.vars/float64(t.nv)
+	tau2 := max(t.sum2/n-m*m-noise, 0)
+	limit := outlierZ * (1 + (outlierZ*outlierZ+1)/(4*(n-1)))
+	d := l - m
+	return d*d > limit*limit*(tau2+v+(tau2+noise)/n)
 }
 
 // add counts (sign 1) or uncounts (−1) log scale l of variance v; t.mu

@@ -10,9 +10,10 @@ import (
 // TestShrinkTakesNoiseNotSpeed: eight equal replicas learn their scale
 // from 60 ratios each, noisy by 20% (log-normal), and so spread over
 // several percent. Shrunk towards the pool, they agree within 1%. A ninth,
-// truly twice as slow, makes a spread their noise does not explain: it
-// keeps its own within 3% (and the pool, its spread now real, shrinks
-// the others less).
+// truly twice as slow, lies outside what their spread and its noise
+// explain: it keeps its own within 3%, and stays out of the pool, so
+// that the eight still agree within 1% (with it in, its spread would
+// read as theirs and they would spread over 12% again).
 func TestShrinkTakesNoiseNotSpeed(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var pool calTotals
@@ -55,6 +56,12 @@ func TestShrinkTakesNoiseNotSpeed(t *testing.T) {
 	pass(9)
 	if d := math.Abs(shrunk[8]/raw[8] - 1); d > 0.03 {
 		t.Errorf("the slow replica's shrunk scale %.3f is %.1f%% from its own %.3f, want ≤ 3%%", shrunk[8], 100*d, raw[8])
+	}
+	if s := spread(shrunk[:8]); s > 0.01 {
+		t.Errorf("beside the slow replica the equal replicas' shrunk scales spread %.1f%%, want ≤ 1%%", 100*s)
+	}
+	if pool.n != 8 {
+		t.Errorf("%d replicas pooled, want the 8 equal ones", pool.n)
 	}
 	// Dropped, a replica leaves the pool: a lone one keeps its own.
 	for i := 1; i < 9; i++ {
