@@ -299,9 +299,16 @@ func (x *Index) EachBlocks(n int, f func(r, blocks int)) {
 func (x *Index) CopyBlocks(dst []int, keep func(r int) bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	for r := range min(len(dst), len(x.replicas)) {
-		if keep == nil || keep(r) {
-			dst[r] = x.replicas[r].n
+	reps := x.replicas[:min(len(dst), len(x.replicas))]
+	if keep == nil {
+		for r := range reps {
+			dst[r] = reps[r].n
+		}
+		return
+	}
+	for r := range reps {
+		if keep(r) {
+			dst[r] = reps[r].n
 		}
 	}
 }

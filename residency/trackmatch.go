@@ -103,10 +103,11 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 	if t.approx == nil || unit <= 0 {
 		return
 	}
+	precise := t.precise != nil
 	for ci := range chains {
 		c := &chains[ci]
-		if c.Tokens <= 0 || len(c.Hashes) == 0 {
-			continue
+		if c.Tokens <= 0 || len(c.Hashes) == 0 || !t.cfg.Engine && ci > 0 {
+			continue // in text mode every replica takes the first (chainOf)
 		}
 		hashes, it := t.coarsen(c, sc)
 		if t.fallback() {
@@ -121,10 +122,10 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 			per = it / unit
 		}
 		for r := range n {
-			if t.chainOf(chains, r) != ci {
+			if t.cfg.Engine && t.chainOf(chains, r) != ci {
 				continue
 			}
-			if t.Live(r) {
+			if precise && t.Live(r) {
 				sc.prec[r] = sc.pm[r]
 				match[r] = max(sc.pm[r], sc.om[r]) * c.Tokens / unit
 				continue
@@ -177,8 +178,8 @@ func (t *Tracker) MatchOffloaded(chains []Chain, now time.Duration, unit int, ou
 	any := false
 	for ci := range chains {
 		c := &chains[ci]
-		if c.Tokens <= 0 || len(c.Hashes) == 0 {
-			continue
+		if c.Tokens <= 0 || len(c.Hashes) == 0 || !t.cfg.Engine && ci > 0 {
+			continue // in text mode every replica takes the first (chainOf)
 		}
 		t.offload.Match(c.Hashes, now, sc.cm, nil)
 		for r := range n {
