@@ -173,11 +173,12 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	prune = prune && r.Tokens >= 0
 	sc := screens.Get().(*screen)
 	defer screens.Put(sc)
-	q := newKVRequest(p, r, s, sc.summary(p, s), sc.hits)
-	sc.hits = q.hits // its buffer, for the next pick
+	var hits []int // collected for the pruned scan, in sc's buffer of one per replica
 	if prune {
 		sc.size(len(rs))
+		hits = sc.hits[:0]
 	}
+	q := newKVRequest(p, r, s, sc.summary(p, s), hits)
 	costs := costsFor(r, len(rs))
 	best, bestTotal, bestCached, maxCached, maxPruned, pruned := -1, 0.0, 0, 0, 0, 0
 	var bestImport Transfer

@@ -271,7 +271,7 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 		}
 		sc := new(screen)
 		sc.size(len(s.Replicas))
-		q := newKVRequest(p, r, s, sc.summary(p, s), nil)
+		q := newKVRequest(p, r, s, sc.summary(p, s), make([]int, 0, len(s.Replicas)))
 		if q.first >= 0 {
 			q.screen(sc)
 		}

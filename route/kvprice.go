@@ -91,7 +91,8 @@ type kvRequest struct {
 // newKVRequest derives q from r and s, whose replicas sum summarises:
 // the fleet's means, a candidate, one preset or several from the
 // summary's totals, and the deepest match and the transfer source in one
-// pass over the request's matches, appending the hits to hits[:0].
+// pass over the request's matches, appending the hits to hits[:0]
+// (which must hold len(s.Replicas); nil: the hits are not collected).
 func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) kvRequest {
 	p = p.withDefaults()
 	out := r.MaxTokens
@@ -106,16 +107,20 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 		q.meanBatch, q.meanContext = float64(sum.seqs)/n, float64(sum.tokens)/n
 	}
 	matches, tiers := r.Match[:min(len(r.Match), len(q.rows))], r.Offloaded[:min(len(r.Offloaded), len(q.rows))]
+	collect := hits != nil
 	q.hits = hits[:0]
+	holders := 0
 	for i, m := range matches {
 		if m > 0 && q.rows[i].preset >= 0 {
 			q.deepMatch = max(q.deepMatch, q.matched(i))
 			q.source(&s.Replicas[i], i)
-			q.hits = append(q.hits, i)
+			holders++
+			if collect {
+				q.hits = append(q.hits, i)
+			}
 		}
 	}
-	holders := len(q.hits)
-	if len(tiers) > 0 {
+	if collect && len(tiers) > 0 {
 		for i, n := range tiers {
 			if n > 0 && q.rows[i].preset >= 0 && (i >= len(matches) || matches[i] <= 0) {
 				q.hits = append(q.hits, i)
@@ -128,8 +133,8 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 		if q.fleetSeqs <= 0 {
 			q.fleetSeqs = float64(sum.seqs)
 		}
-		for _, i := range q.hits {
-			if matchOf(r, i) > 0 {
+		for i, m := range matches {
+			if m > 0 && q.rows[i].preset >= 0 {
 				if a := ageOf(r, i); q.fresh < 0 || a < q.fresh {
 					q.fresh = a
 				}
@@ -695,7 +700,7 @@ func (sc *screen) summary(p KVAware, s *Snapshot) *Summary {
 // size makes sc's slices n long, none priced.
 func (sc *screen) size(n int) {
 	if cap(sc.quick) < n {
-		sc.quick, sc.priced = make([]float64, n), make([]bool, n)
+		sc.quick, sc.priced, sc.hits = make([]float64, n), make([]bool, n), make([]int, 0, n)
 	}
 	sc.quick, sc.priced = sc.quick[:n], sc.priced[:n]
 	clear(sc.priced)
