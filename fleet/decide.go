@@ -156,6 +156,12 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	c.Streamed = r.TTFT
 	c.HitScale = sc.Snapshot.Replicas[d.Replica].Rates.HitScale
 	c.Stale, c.StaleReplica = stale(&sc.Request, &sc.Snapshot)
+	if sent, i := sc.ms.Evicted(sc.Request.Match); i >= 0 {
+		// A replica the engine's events say lost some of what it was sent.
+		if tokens := min(sent*sc.Snapshot.BlockSize, max(r.Tokens, 0)); tokens > c.Stale {
+			c.Stale, c.StaleReplica = tokens, i
+		}
+	}
 	if t := d.Transfer; t.Blocks > 0 {
 		bs := sc.Snapshot.BlockSize
 		own := 0

@@ -11,7 +11,10 @@ package fleet
 // held the match, and counted only for a match last touched at least half
 // that replica's eviction horizon ago (Claim.Stale): LRU evicts what is
 // oldest, and a younger shortfall is a prefix still being computed, or a
-// placement elsewhere while the holder still had it, not an eviction.
+// placement elsewhere while the holder still had it, not an eviction. In
+// precise mode a match has no age, but the engine's events say what it
+// evicted: what the router sent a replica (its approximate match) beyond
+// what the replica holds (residency.MatchScratch.Evicted).
 //
 // Before the cache has filled nothing is evicted: the tokens that fill
 // it are not counted as stored, so that the share does not stay diluted

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -105,5 +107,56 @@ func TestDisplacedCountsOnceFullAndImports(t *testing.T) {
 	}
 	if got := s.Replicas[1].Rates.Displaced; got != 0 {
 		t.Errorf("b's Displaced %.4f, want 0", got)
+	}
+}
+
+// TestPreciseModeLearnsDisplaced: with the engines' KV events followed a
+// match has no age, so the stale-match rule never fires; what the
+// router sent a replica beyond what its events say it holds does. a
+// stores a 20-block prompt and a 5,000-token one (4,316 tokens past the
+// 1,024 that filled it), then evicts 15 blocks of the first; the request
+// asking for them again is sent to b, and a's Displaced learns the 240 of
+// 320 tokens b did not find cached. Without the eviction (the second
+// fleet) it stays 0.
+func TestPreciseModeLearnsDisplaced(t *testing.T) {
+	for _, evict := range []bool{true, false} {
+		f := newFleet(t, Config{Replicas: reps(a, b), Policy: route.KVAware{Precise: true}, Events: true, CacheBlocks: 64, BlockSize: 16})
+		chains := []residency.Chain{{Tokens: 16, Hashes: make([]prefix.Hash, 20)}}
+		for i := range chains[0].Hashes {
+			chains[0].Hashes[i] = prefix.Hash(1000 + i)
+		}
+		var sc Scratch
+		now := t0
+		send := func(want int) *Ticket {
+			t.Helper()
+			req := &Request{ID: "r", Hash: 1, Tokens: 320, MaxTokens: 10, Chains: chains}
+			d, tk := f.Decide(req, []int{1 - want}, now, &sc)
+			if tk == nil || d.Replica != want {
+				t.Fatalf("decision %+v, want replica %d", d, want)
+			}
+			return tk
+		}
+		// a stores the prompt, and enough after it to fill its cache.
+		send(0).Done(now, Usage{PromptTokens: 320, CompletionTokens: 10}, nil)
+		f.Tracker().Precise().Store(0, chains[0].Hashes, f.indexTime(now))
+		tk, err := f.Acquire(a, Claim{PrefillTokens: 5000, Tokens: 5010, PromptTokens: 5000}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Done(now, Usage{PromptTokens: 5000, CompletionTokens: 10}, nil)
+		now = now.Add(time.Minute) // past the overlay
+		if evict {
+			f.Tracker().Precise().Remove(0, chains[0].Hashes[5:])
+		}
+		send(1).Done(now, Usage{PromptTokens: 320, CachedTokens: 80, CompletionTokens: 10}, nil)
+		var s route.Snapshot
+		f.Snapshot(&s, now, 16)
+		want := 0.0
+		if evict {
+			want = 240.0 / (330 + 5010 - 1024) // evicted over stored past the capacity
+		}
+		if got := s.Replicas[0].Rates.Displaced; math.Abs(got-want) > 0.1*want+1e-9 {
+			t.Errorf("evicted %v: a's Displaced %.4f, want %.4f", evict, got, want)
+		}
 	}
 }

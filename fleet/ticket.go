@@ -33,9 +33,11 @@ type Claim struct {
 	HitScale float64
 	// Stale is the most prompt tokens the index matched on a replica
 	// whose match was last touched at least half that replica's eviction
-	// horizon ago, and StaleReplica that replica (Stale 0: none): what of
-	// them the engine did not have cached, wherever the request went, that
-	// replica evicted (Rates.Displaced).
+	// horizon ago, or that the router sent a replica whose engine's events
+	// show it holds less of them now (residency.MatchScratch.Evicted), and
+	// StaleReplica that replica (Stale 0: none): what of them the engine
+	// did not have cached, wherever the request went, that replica evicted
+	// (Rates.Displaced).
 	Stale, StaleReplica int
 	// Imported is the prompt tokens the decision brings to the replica
 	// from another's GPU before its prefill, beyond what the index matched

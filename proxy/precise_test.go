@@ -20,6 +20,8 @@ import (
 	"github.com/kvrouter/kvrouter/hashing"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // eventEngine starts one emulated replica of model "m" publishing KV events
@@ -250,6 +252,47 @@ func TestPreciseSeesOtherTraffic(t *testing.T) {
 	if m[0] != len(last) {
 		t.Errorf("index matches %d blocks of the last direct prompt, want %d", m[0], len(last))
 	}
+}
+
+// TestPreciseLearnsDisplaced: in precise mode a match has no age, yet the
+// router learns what a replica evicted that was asked for again. Two
+// routed requests store more than the replica's cache holds (their
+// output counts too); traffic sent straight to the engine then evicts the
+// first prompt (the engine's BlockRemoved events say so, while the
+// router's own record of what it sent still holds it); when that prompt
+// comes back through the router, after the just-routed overlay lapsed,
+// the replica's Displaced is above 0.
+func TestPreciseLearnsDisplaced(t *testing.T) {
+	e := eventEngine(t, 40, "", "", "")
+	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
+	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	complete := func(base, prompt string, out int) {
+		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": out, "ignore_eos": true})
+		if resp, body := do(t, "POST", base+"/v1/completions", string(b)); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+	}
+	displaced := func() float64 {
+		var s route.Snapshot
+		rt.st.fleet.Snapshot(&s, time.Now(), 0)
+		return s.Replicas[0].Rates.Displaced
+	}
+	first := words(1, 40)
+	complete(url, first, 300)
+	complete(url, words(2, 40), 300)
+	for k := range 3 {
+		complete(e.URL(), words(100+k, 150), 2)
+	}
+	settled(t, rt, 0, e)
+	if rt.st.fleet.Tracker().Precise().Has(0, textKeys(first)[0]) || e.Stats().RemovedBlocks == 0 {
+		t.Fatalf("the first prompt was not evicted (%d blocks removed)", e.Stats().RemovedBlocks)
+	}
+	if d := displaced(); d != 0 {
+		t.Fatalf("Displaced %.3f before anything evicted was asked for again, want 0", d)
+	}
+	time.Sleep(residency.DefaultOverlayTTL + 100*time.Millisecond)
+	complete(url, first, 2)
+	eventually(t, "Displaced learned", func() bool { return displaced() > 0 })
 }
 
 // freePort returns a loopback TCP port that was free a moment ago.

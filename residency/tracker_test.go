@@ -112,6 +112,54 @@ func TestTrackerPrecise(t *testing.T) {
 	}
 }
 
+// TestTrackerEvictedInPreciseMode: in precise mode, without a feed (every
+// stream trusted, as in the simulator) too, the router's decisions keep
+// the approximate index, so a replica whose engine removed blocks it was
+// sent shows them as evicted; one that holds all it was sent, or was sent
+// nothing, does not. Those removed while the overlay still covers them
+// count once it lapses.
+func TestTrackerEvictedInPreciseMode(t *testing.T) {
+	tr := NewTracker(TrackerConfig{MaxReplicas: 3, Approximate: true, Precise: true, Engine: true})
+	for r := range 3 {
+		tr.AddReplica(r)
+		tr.SetBlockSize(r, 16)
+	}
+	req := []Chain{chainOfLen(3, 10, 16)}
+	var sc MatchScratch
+	m := make([]int, 3)
+	for _, r := range []int{0, 1} { // both were sent the whole prompt and stored it
+		tr.Match(req, 0, 16, m, nil, &sc)
+		tr.Touch(r, req, 0, &sc)
+		tr.Precise().Store(r, req[0].Hashes, 0)
+	}
+	tr.Precise().Remove(0, req[0].Hashes[4:]) // 0 evicted its last 6 blocks
+	later := time.Minute
+	tr.Match(req, later, 16, m, nil, &sc)
+	if d := cmp.Diff([]int{4, 10, 0}, m); d != "" {
+		t.Errorf("precise match (-want +got):\n%s", d)
+	}
+	if sent, r := sc.Evicted(m); sent != 10 || r != 0 {
+		t.Errorf("Evicted = %d blocks sent to replica %d, want 10 to 0", sent, r)
+	}
+	tr.Precise().Store(0, req[0].Hashes[4:], later) // computed again
+	tr.Match(req, later, 16, m, nil, &sc)
+	if sent, r := sc.Evicted(m); r != -1 {
+		t.Errorf("with every block held again: Evicted = %d on %d, want none (-1)", sent, r)
+	}
+	// Sent, then removed before the overlay's TTL: evicted once it lapses.
+	tr.Touch(2, req, later, &sc)
+	tr.Precise().Store(2, req[0].Hashes, later)
+	tr.Precise().Remove(2, req[0].Hashes)
+	tr.Match(req, later+time.Second, 16, m, nil, &sc)
+	if _, r := sc.Evicted(m); r != -1 {
+		t.Errorf("under the overlay: Evicted on %d, want none", r)
+	}
+	tr.Match(req, later+DefaultOverlayTTL+time.Second, 16, m, nil, &sc)
+	if sent, r := sc.Evicted(m); sent != 10 || r != 2 {
+		t.Errorf("after the overlay: Evicted = %d on %d, want 10 on 2", sent, r)
+	}
+}
+
 // TestTrackerBlockSizes: in token mode each replica is matched at its own
 // engine block size, counted in the smallest chain's blocks, and not at
 // all before its block size is known.

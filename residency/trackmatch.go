@@ -10,8 +10,12 @@ import (
 // Touch. Keep one per goroutine and reuse it: Match then allocates nothing.
 type MatchScratch struct {
 	am, pm, om, cm []int
-	aa             []time.Duration
-	coarse         []prefix.Hash
+	// sent is, per replica whose precise stream is trusted, the blocks of
+	// unit tokens of the request the approximate index says the router
+	// sent it (Evicted); 0 for the others.
+	sent   []int
+	aa     []time.Duration
+	coarse []prefix.Hash
 	// prec is, per replica, the blocks of its chain the precise index held
 	// (Touch expects events for the rest).
 	prec []int
@@ -19,7 +23,7 @@ type MatchScratch struct {
 
 func (sc *MatchScratch) grow(n int) {
 	sc.am, sc.pm, sc.om, sc.prec = fit(sc.am, n), fit(sc.pm, n), fit(sc.om, n), fit(sc.prec, n)
-	sc.cm = fit(sc.cm, n)
+	sc.cm, sc.sent = fit(sc.cm, n), fit(sc.sent, n)
 	sc.aa = fit(sc.aa, n)
 }
 
@@ -100,6 +104,7 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 	n := len(match)
 	sc.grow(n)
 	clear(sc.prec)
+	clear(sc.sent)
 	if t.approx == nil || unit <= 0 {
 		return
 	}
@@ -110,9 +115,7 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 			continue // in text mode every replica takes the first (chainOf)
 		}
 		hashes, it := t.coarsen(c, sc)
-		if t.fallback() {
-			t.approx.Match(hashes, now, sc.am, sc.aa)
-		}
+		t.approx.Match(hashes, now, sc.am, sc.aa)
 		if t.precise != nil {
 			t.precise.Match(c.Hashes, now, sc.pm, nil)
 			t.overlay.Match(c.Hashes, now, sc.om, nil)
@@ -125,22 +128,44 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 			if t.cfg.Engine && t.chainOf(chains, r) != ci {
 				continue
 			}
+			m := sc.am[r] * per
+			if per == 0 {
+				m = sc.am[r] * it / unit
+			}
 			if precise && t.Live(r) {
 				sc.prec[r] = sc.pm[r]
 				match[r] = max(sc.pm[r], sc.om[r]) * c.Tokens / unit
+				sc.sent[r] = m
 				continue
 			}
-			if m := sc.am[r]; m > 0 {
-				match[r] = m * per
-				if per == 0 {
-					match[r] = m * it / unit
-				}
+			if m > 0 {
+				match[r] = m
 				if age != nil {
 					age[r] = sc.aa[r]
 				}
 			}
 		}
 	}
+}
+
+// Evicted is, of the request Match last matched with sc into match, the
+// replica whose precise stream is trusted that was sent most more of its
+// prompt than its engine now holds: by the approximate index it was sent
+// sent blocks of unit tokens (what the router's decisions put there), by
+// the engine's events it holds match of them, and the difference it
+// stored and has since evicted, which this request asks for again.
+// Precise mode learns Rates.Displaced from it, where approximate mode
+// takes an old match for an evicted one (its matches have an age, the
+// precise ones none). sent is 0 and replica −1 when no such replica was
+// sent more than it holds.
+func (sc *MatchScratch) Evicted(match []int) (sent, replica int) {
+	most, replica := 0, -1
+	for r, m := range sc.sent[:min(len(sc.sent), len(match))] {
+		if d := m - match[r]; d > most {
+			most, sent, replica = d, m, r
+		}
+	}
+	return sent, replica
 }
 
 // Fresh returns, for replica r matched against the approximate index with
@@ -150,7 +175,7 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 // not decay) or without chains.
 func (t *Tracker) Fresh(chains []Chain, unit, r, match int, within, now time.Duration, sc *MatchScratch) (int, time.Duration) {
 	ci := t.chainOf(chains, r)
-	if t.approx == nil || unit <= 0 || ci < 0 || t.Live(r) || !t.fallback() {
+	if t.approx == nil || unit <= 0 || ci < 0 || t.Live(r) {
 		return 0, 0
 	}
 	hashes, it := t.coarsen(&chains[ci], sc)
@@ -192,14 +217,11 @@ func (t *Tracker) MatchOffloaded(chains []Chain, now time.Duration, unit int, ou
 	return any
 }
 
-// fallback reports whether the approximate index is fed: always in
-// approximate mode; in precise mode only with a feed, since without one
-// every stream is trusted and no replica ever falls back to it.
-func (t *Tracker) fallback() bool { return t.precise == nil || t.feed != nil }
-
 // Touch records that the request whose chains were just matched (with sc)
-// was sent to replica r at now: its blocks enter r's approximate share,
-// and in precise mode the overlay; when r's precise index lacked some of
+// was sent to replica r at now: its blocks enter r's approximate share
+// (in precise mode too: the fallback of a replica whose stream fails, and
+// what Evicted compares the engine's own with), and in precise mode the
+// overlay; when r's precise index lacked some of
 // them, the feed is told to expect events for r.
 func (t *Tracker) Touch(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
 	ci := t.chainOf(chains, r)
@@ -207,10 +229,8 @@ func (t *Tracker) Touch(r int, chains []Chain, now time.Duration, sc *MatchScrat
 		return
 	}
 	c := &chains[ci]
-	if t.fallback() {
-		hashes, _ := t.coarsen(c, sc)
-		t.approx.Touch(r, hashes, now)
-	}
+	hashes, _ := t.coarsen(c, sc)
+	t.approx.Touch(r, hashes, now)
 	if t.precise == nil || !t.Live(r) {
 		return
 	}
