@@ -12,7 +12,8 @@ type MatchScratch struct {
 	am, pm, om, cm []int
 	// sent is, per replica whose precise stream is trusted, the blocks of
 	// unit tokens of the request the approximate index says the router
-	// sent it (Evicted); 0 for the others.
+	// sent it (Evicted); 0 for the others, and empty outside precise
+	// mode.
 	sent   []int
 	aa     []time.Duration
 	coarse []prefix.Hash
@@ -23,7 +24,7 @@ type MatchScratch struct {
 
 func (sc *MatchScratch) grow(n int) {
 	sc.am, sc.pm, sc.om, sc.prec = fit(sc.am, n), fit(sc.pm, n), fit(sc.om, n), fit(sc.prec, n)
-	sc.cm, sc.sent = fit(sc.cm, n), fit(sc.sent, n)
+	sc.cm = fit(sc.cm, n)
 	sc.aa = fit(sc.aa, n)
 }
 
@@ -104,11 +105,15 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 	n := len(match)
 	sc.grow(n)
 	clear(sc.prec)
-	clear(sc.sent)
+	precise := t.precise != nil
+	sc.sent = sc.sent[:0] // none outside precise mode: Evicted reads nothing
+	if precise {
+		sc.sent = fit(sc.sent, n)
+		clear(sc.sent)
+	}
 	if t.approx == nil || unit <= 0 {
 		return
 	}
-	precise := t.precise != nil
 	for ci := range chains {
 		c := &chains[ci]
 		if c.Tokens <= 0 || len(c.Hashes) == 0 || !t.cfg.Engine && ci > 0 {
@@ -129,7 +134,7 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 				continue
 			}
 			m := sc.am[r] * per
-			if per == 0 {
+			if per == 0 && sc.am[r] > 0 {
 				m = sc.am[r] * it / unit
 			}
 			if precise && t.Live(r) {
