@@ -165,6 +165,17 @@ func TestLoadHeldUntilTheResponseEnds(t *testing.T) {
 // request as before.
 func TestImmediateErrors(t *testing.T) {
 	f := start(t, 2, Config{MaxBodyBytes: 4096}, nil)
+	// An unknown model is answered 404 once the replicas' models are
+	// listed; until then every model is taken to be served.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		v := f.rt.View(time.Now())
+		if v.Replicas[0].ModelsKnown && v.Replicas[1].ModelsKnown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replicas' models were never listed")
+		}
+	}
 	ok := chat("m", "s", "hello", false)
 	big := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`)
 	cases := []struct {
