@@ -153,16 +153,16 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 	}
 }
 
-// Evicted is, of the request Match last matched with sc into match, the
-// replica whose precise stream is trusted that was sent most more of its
-// prompt than its engine now holds: by the approximate index it was sent
-// sent blocks of unit tokens (what the router's decisions put there), by
-// the engine's events it holds match of them, and the difference it
-// stored and has since evicted, which this request asks for again.
-// Precise mode learns Rates.Displaced from it, where approximate mode
-// takes an old match for an evicted one (its matches have an age, the
-// precise ones none). sent is 0 and replica −1 when no such replica was
-// sent more than it holds.
+// Evicted names, for the request Match last matched with sc into match,
+// the replica that has lost most of what the router sent it: of the
+// replicas whose precise stream is trusted, the one whose approximate
+// match (the blocks of unit tokens the router's decisions put there,
+// sent) most exceeds its precise one (what its engine's events say it
+// holds). The difference it stored and has since evicted, and this
+// request asks for it again: precise mode learns Rates.Displaced from it,
+// as approximate mode does from an old match the engine no longer had
+// (precise matches have no age). It returns sent 0 and replica −1 when no
+// replica holds less than it was sent.
 func (sc *MatchScratch) Evicted(match []int) (sent, replica int) {
 	most, replica := 0, -1
 	for r, m := range sc.sent[:min(len(sc.sent), len(match))] {
@@ -223,11 +223,11 @@ func (t *Tracker) MatchOffloaded(chains []Chain, now time.Duration, unit int, ou
 }
 
 // Touch records that the request whose chains were just matched (with sc)
-// was sent to replica r at now: its blocks enter r's approximate share
-// (in precise mode too: the fallback of a replica whose stream fails, and
+// was sent to replica r at now: its blocks enter r's approximate share (in
+// precise mode too: the fallback of a replica whose stream fails, and
 // what Evicted compares the engine's own with), and in precise mode the
-// overlay; when r's precise index lacked some of
-// them, the feed is told to expect events for r.
+// overlay; when r's precise index lacked some of them, the feed is told
+// to expect events for r.
 func (t *Tracker) Touch(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
 	ci := t.chainOf(chains, r)
 	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {
