@@ -265,7 +265,12 @@ func TestPreciseSeesOtherTraffic(t *testing.T) {
 func TestPreciseLearnsDisplaced(t *testing.T) {
 	e := eventEngine(t, 40, "", "", "")
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	// In token mode a routed request is tracked (and so the router knows
+	// what it sent) only once the replica's block size is known, from its
+	// metrics: the events can connect before the first scrape.
+	eventually(t, "precise mode and block size", func() bool {
+		return rt.st.fleet.IndexMode(0) == IndexPrecise && rt.View(time.Now()).Replicas[0].BlockSize > 0
+	})
 	complete := func(base, prompt string, out int) {
 		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": out, "ignore_eos": true})
 		if resp, body := do(t, "POST", base+"/v1/completions", string(b)); resp.StatusCode != 200 {
