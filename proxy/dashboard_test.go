@@ -126,7 +126,7 @@ func TestDashboardPrecise(t *testing.T) {
 	engines := []*emulator.Server{eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")}
 	rt, url := preciseRouter(t, []Backend{eventBackend(engines[0]), eventBackend(engines[1])})
 	for i := range engines {
-		eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(i) == IndexPrecise })
+		preciseReady(t, rt, i)
 	}
 	for seed := range 3 {
 		converse(t, url, 3, seed+1)

@@ -61,6 +61,17 @@ func eventBackend(s *emulator.Server) Backend {
 	return Backend{URL: s.URL(), KV: s.KVEventsEndpoint(), Replay: s.ReplayEndpoint()}
 }
 
+// preciseReady waits until replica i is matched against the precise index
+// and its block size is known: in token mode a request is matched and
+// tracked only then, and the events can connect before the first scrape
+// reads the block size from the replica's metrics.
+func preciseReady(t *testing.T, rt *Router, i int) {
+	t.Helper()
+	eventually(t, "precise mode and the block size", func() bool {
+		return rt.st.fleet.IndexMode(i) == IndexPrecise && rt.View(time.Now()).Replicas[i].BlockSize > 0
+	})
+}
+
 // eventually polls cond every 5 ms for up to 15 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -144,7 +155,7 @@ func TestPreciseIndexEqualsEngines(t *testing.T) {
 	engines := []*emulator.Server{eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")}
 	rt, url := preciseRouter(t, []Backend{eventBackend(engines[0]), eventBackend(engines[1])})
 	for i := range engines {
-		eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(i) == IndexPrecise })
+		preciseReady(t, rt, i)
 	}
 	truth := make([][]prefix.Hash, len(engines))
 	byURL := map[string]int{engines[0].URL(): 0, engines[1].URL(): 1}
@@ -209,7 +220,7 @@ func TestPreciseIndexEqualsEngines(t *testing.T) {
 func TestPreciseSeesOtherTraffic(t *testing.T) {
 	e := eventEngine(t, 40, "", "", "")
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	preciseReady(t, rt, 0)
 	routed := words(1, 150)
 	complete := func(base, prompt string) int {
 		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 2})
@@ -265,12 +276,7 @@ func TestPreciseSeesOtherTraffic(t *testing.T) {
 func TestPreciseLearnsDisplaced(t *testing.T) {
 	e := eventEngine(t, 40, "", "", "")
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	// In token mode a routed request is tracked (and so the router knows
-	// what it sent) only once the replica's block size is known, from its
-	// metrics: the events can connect before the first scrape.
-	eventually(t, "precise mode and block size", func() bool {
-		return rt.st.fleet.IndexMode(0) == IndexPrecise && rt.View(time.Now()).Replicas[0].BlockSize > 0
-	})
+	preciseReady(t, rt, 0)
 	complete := func(base, prompt string, out int) {
 		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": out, "ignore_eos": true})
 		if resp, body := do(t, "POST", base+"/v1/completions", string(b)); resp.StatusCode != 200 {
@@ -327,7 +333,7 @@ func TestPreciseEngineRestart(t *testing.T) {
 		c.HealthInterval = 20 * time.Millisecond
 	})
 	runRouter(t, rt)
-	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	preciseReady(t, rt, 0)
 	body := `{"model":"m","max_tokens":2,"prompt":"` + words(7, 100) + `"}`
 	if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
@@ -676,7 +682,7 @@ func TestPreciseBackendModel(t *testing.T) {
 	b := eventBackend(e)
 	b.Models = []string{"m"}
 	rt, url := preciseRouter(t, []Backend{b})
-	eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	preciseReady(t, rt, 0)
 	text := words(3, 60)
 	body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, text)
 	if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
