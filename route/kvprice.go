@@ -60,10 +60,11 @@ type kvRequest struct {
 	// sequence stays in a batch (MeanOutput iterations): out/MeanOutput.
 	decodeLen float64
 	// src is the healthy replica that can send KV (TransferPerMTokens > 0)
-	// with the most expected cached tokens, srcCached; src is −1 when
-	// none has a block of the prompt.
+	// with the most expected cached tokens, srcCached, of the srcBlocks
+	// its index matched; src is −1 when none has a block of the prompt.
 	src       int
 	srcCached float64
+	srcBlocks int
 	srcWorth  float64 // the source's cached tokens as compute time, less its link's wait
 	// held is the most expected cached tokens of the prompt on any
 	// healthy replica: a placement that stores more of the prompt than it
@@ -182,7 +183,7 @@ func (q *kvRequest) source(rp *Replica, i int) {
 	c := q.cached(rp, i, rt)
 	worth := c*float64(rt.PrefillPerToken)*rt.Scale - float64(rp.LinkWait)
 	if c >= float64(q.bs) && (q.src < 0 || worth > q.srcWorth) {
-		q.src, q.srcCached, q.srcWorth = i, c, worth
+		q.src, q.srcCached, q.srcWorth, q.srcBlocks = i, c, worth, int(q.matched(i))/q.bs
 	}
 }
 
@@ -270,7 +271,11 @@ func (q *kvRequest) loading(i int, rt *Rates, cached float64) (tier, load float6
 // which caches local tokens of it: the tokens it lacks cross the slower
 // of the two replicas' links, after what either link still carries. ok
 // is false when there is no source, it is i, either cannot transfer, or
-// it caches less than a block more.
+// it caches less than a block more. It is priced on the tokens expected
+// cached, but orders every block the source's index matched: the source
+// sends what it still holds (each block is resident or not, not a share
+// of it), and an order cut to the expected share would leave the rest
+// to be computed where the source has it.
 func (q *kvRequest) importing(rp *Replica, i int, rt *Rates, local float64) (Transfer, bool) {
 	if q.src < 0 || q.src == i || rt.TransferPerMTokens <= 0 {
 		return Transfer{}, false
@@ -282,7 +287,7 @@ func (q *kvRequest) importing(rp *Replica, i int, rt *Rates, local float64) (Tra
 	src := &q.reps[q.src]
 	per := float64(max(rt.TransferPerMTokens, src.Rates.TransferPerMTokens))
 	t := missing*per*1e-6 + float64(max(rp.LinkWait, src.LinkWait))
-	return Transfer{From: q.src, Blocks: int(q.srcCached) / q.bs, Time: ns(t)}, true
+	return Transfer{From: q.src, Blocks: q.srcBlocks, Time: ns(t)}, true
 }
 
 // priceWith prices replica i with local tokens of the prompt cached on its

@@ -103,6 +103,35 @@ func TestTransferWaitsForTheLink(t *testing.T) {
 	}
 }
 
+// TestTransferOrdersTheWholeMatch: the holder's match is old enough that
+// each of its blocks is still resident only with some probability, so
+// the import is priced on fewer tokens than it matched; but it orders all
+// 500 matched blocks. The source sends what it still holds: an order cut
+// to the expected share would leave the rest of the prefix to be computed
+// on the idle replica whenever the holder still had it.
+func TestTransferOrdersTheWholeMatch(t *testing.T) {
+	cfg, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, s := transferFleet(cfg, 50, 0)
+	for i := range s.Replicas {
+		s.Replicas[i].CacheBlocks = 2000
+		s.Replicas[i].Rates.Horizon = 10 * time.Minute
+	}
+	r.Age = []time.Duration{9 * time.Minute, 0}
+	d := route.KVAware{}.Pick(r, s)
+	if d.Replica != 1 || d.Transfer.From != 0 {
+		t.Fatalf("%+v, want an import from the holder to the idle replica", d)
+	}
+	if d.Matched <= 0 || d.Matched >= 8000 {
+		t.Errorf("predicted cached %d, want the expected share of the holder's 8,000 (0 < it < 8,000)", d.Matched)
+	}
+	if d.Transfer.Blocks != 500 {
+		t.Errorf("ordered %d blocks, want all 500 the holder matched", d.Transfer.Blocks)
+	}
+}
+
 // TestKVAwarePricesCopies: an import, like a recompute, stores on the idle
 // replica a copy of the 8,000 tokens the holder caches, and each token it
 // stores evicts one that requests ask for again with probability
