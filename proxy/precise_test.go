@@ -303,7 +303,15 @@ func TestPreciseLearnsDisplaced(t *testing.T) {
 	}
 	time.Sleep(residency.DefaultOverlayTTL + 100*time.Millisecond)
 	complete(url, first, 2)
-	eventually(t, "Displaced learned", func() bool { return displaced() > 0 })
+	deadline := time.Now().Add(15 * time.Second)
+	for displaced() <= 0 {
+		if time.Now().After(deadline) {
+			v := rt.View(time.Now()).Replicas[0]
+			t.Fatalf("Displaced not learned: mode %s, block size %d, events %+v, decisions %+v",
+				v.IndexMode, v.BlockSize, v.Events, rt.Decisions(3))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // freePort returns a loopback TCP port that was free a moment ago.
