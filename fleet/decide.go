@@ -46,6 +46,7 @@ type Scratch struct {
 	fresh    []int
 	freshAge []time.Duration
 	off      []int
+	settled  []int
 	costs    []route.Cost
 	ms       residency.MatchScratch
 	cache    snapCache
@@ -99,7 +100,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	sc.Request = route.Request{
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
 		Tokens: r.Tokens, MaxTokens: r.MaxTokens, Blocks: blocks,
-		Match: sc.match, Age: sc.age, Fresh: fresh, FreshAge: freshAge, Offloaded: off, Pinned: pinned,
+		Match: sc.match, Age: sc.age, Fresh: fresh, FreshAge: freshAge, Offloaded: off, Settled: f.settle(r, snap.BlockSize, sc), Pinned: pinned,
 		FutureTurns: turns, Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
 	}
 	d := f.policy.Pick(&sc.Request, snap)
@@ -171,6 +172,11 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		c.Imported = max(t.Blocks-own, 0) * bs
 	}
 	tk := f.acquire(rep, c, now)
+	if f.transfers() && len(r.Chains) > 0 && c.PrefillTokens > 0 && d.Replica < len(sc.Request.Match) {
+		// It computes what the index does not match there (and what the
+		// replica lost of that, which the match's price already expects).
+		rep.prefills.add(tk, &r.Chains[0], sc.Request.Match[d.Replica]*sc.Snapshot.BlockSize)
+	}
 	f.bookLinks(d, now)
 	if r.Session != "" {
 		f.bind(r.Session, rep, now, firstChain(r.Chains))

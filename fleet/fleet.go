@@ -187,6 +187,9 @@ type replica struct {
 	// linkUntil is when the transfers the router ordered through the
 	// replica's interconnect end, in Unix ns; zero: none (bookLinks).
 	linkUntil atomic.Int64
+	// prefills are its requests not yet at their first token, kept when
+	// the fleet transfers (Request.Settled).
+	prefills prefills
 	// scrapes counts the scrapes taken (SetLoad); gone is the router's
 	// requests that the last scrape may have counted in the engine's
 	// Running (in flight at some moment between its Asked and At) and

@@ -142,6 +142,9 @@ func (t *Ticket) FirstToken(now time.Time) {
 		return
 	}
 	t.r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
+	if t.f.transfers() {
+		t.r.prefills.drop(t)
+	}
 	t.r.decoding.Add(1)
 	t.r.changed()
 	t.f.released()
@@ -176,6 +179,9 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	batch := 0
 	if prev == ticketPrefill {
 		r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
+		if t.f.transfers() {
+			r.prefills.drop(t)
+		}
 	} else {
 		batch = r.batch(now) // with this request
 		r.decoding.Add(-1)

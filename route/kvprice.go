@@ -172,18 +172,25 @@ func (q *kvRequest) likely(rs []Replica) int {
 }
 
 // source makes matched replica i the transfer source if it can send KV
-// and is worth more than the source so far: what it caches, at what
-// computing it would take, less the time its link is still busy. Of a
-// hot prefix's holders, the least busy links send its imports.
+// and is worth more than the source so far: what it caches and has
+// computed (Request.Settled), at what computing it would take, less the
+// time its link is still busy. Of a hot prefix's holders, the least busy
+// links send its imports; a holder still computing the prefix sends none
+// of it, and a request behind that first prefill waits for it there or
+// computes it elsewhere.
 func (q *kvRequest) source(rp *Replica, i int) {
 	if rp.Rates.TransferPerMTokens <= 0 {
 		return
 	}
 	rt := q.rates(&rp.Rates)
-	c := q.cached(rp, i, rt)
+	c, blocks := q.cached(rp, i, rt), int(q.matched(i))/q.bs
+	if i < len(q.r.Settled) && q.r.Settled[i] < blocks { // the rest is still being computed there
+		blocks = max(q.r.Settled[i], 0)
+		c = min(c, float64(blocks*q.bs))
+	}
 	worth := c*float64(rt.PrefillPerToken)*rt.Scale - float64(rp.LinkWait)
 	if c >= float64(q.bs) && (q.src < 0 || worth > q.srcWorth) {
-		q.src, q.srcCached, q.srcWorth, q.srcBlocks = i, c, worth, int(q.matched(i))/q.bs
+		q.src, q.srcCached, q.srcWorth, q.srcBlocks = i, c, worth, blocks
 	}
 }
 

@@ -42,6 +42,9 @@ func (p MooncakeGlobal) Pick(r *Request, s *Snapshot) Decision {
 	for i := range s.Replicas {
 		rp := &s.Replicas[i]
 		m := min(matchOf(r, i)*bs, r.Tokens)
+		if i < len(r.Settled) {
+			m = min(m, r.Settled[i]*bs) // a pull takes only computed blocks
+		}
 		if rp.Healthy && rp.Rates.TransferPerMTokens > 0 && m > 0 &&
 			(m > best || m == best && rp.LinkWait < s.Replicas[src].LinkWait) {
 			src, best = i, m

@@ -173,6 +173,12 @@ type Request struct {
 	// PCIe (Rates.LoadPerMTokens) rather than compute. Nil means none
 	// anywhere.
 	Offloaded []int
+	// Settled holds, per replica, how many leading blocks of its Match it
+	// has computed: the rest are being computed by requests sent there
+	// that have not reached their first token, so no peer can import
+	// them yet (a source sends only what it holds). Nil means all of
+	// Match, as when the fleet orders no transfers.
+	Settled []int
 	// Session is a hash of the session id, zero when the request has none.
 	Session uint64
 	// Pinned is the replica the session is bound to, or -1.

@@ -132,6 +132,31 @@ func TestTransferOrdersTheWholeMatch(t *testing.T) {
 	}
 }
 
+// TestTransferTakesOnlySettledBlocks: the holder's index matches 500
+// blocks, but a request it has yet to prefill is computing them
+// (Request.Settled): none can be imported, and the idle replica computes
+// the prompt. With 300 of them computed it imports those 300, priced as
+// such.
+func TestTransferTakesOnlySettledBlocks(t *testing.T) {
+	cfg, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, s := transferFleet(cfg, 50, 0)
+	r.Settled = []int{0, 0}
+	if d := (route.KVAware{}).Pick(r, s); d.Transfer.Blocks != 0 || d.Replica != 1 || d.Matched != 0 {
+		t.Errorf("nothing settled: %+v, want a recompute on the idle replica", d)
+	}
+	r.Settled = []int{300, 0}
+	d := route.KVAware{}.Pick(r, s)
+	if d.Replica != 1 || d.Transfer.From != 0 || d.Transfer.Blocks != 300 || d.Matched != 300*16 {
+		t.Errorf("300 blocks settled: %+v, want an import of those 300", d)
+	}
+	if want := time.Duration(300 * 16 * float64(s.Replicas[1].Rates.TransferPerMTokens) * 1e-6); d.Transfer.Time != want {
+		t.Errorf("predicted transfer %v, want %v", d.Transfer.Time, want)
+	}
+}
+
 // TestKVAwarePricesCopies: an import, like a recompute, stores on the idle
 // replica a copy of the 8,000 tokens the holder caches, and each token it
 // stores evicts one that requests ask for again with probability
