@@ -83,7 +83,8 @@ import (
 // priced three ways and keeps the cheapest: computing what its GPU does
 // not cache; loading what its CPU tier holds past that over PCIe
 // (Request.Offloaded, Rates.LoadPerMTokens: Cost.Load); and importing the
-// prefix from the replica that caches most of it (Rates.TransferPerMTokens
+// prefix from the replica that caches and has computed most of it
+// (Request.Settled; Rates.TransferPerMTokens
 // over the slower of the two links, after what either still carries,
 // Replica.LinkWait: Cost.Import, Decision.Transfer). A load or an import
 // delays the request's first token (twice in the total, as Wait does)
