@@ -1,7 +1,11 @@
 package emulator
 
 import (
+	"fmt"
+	"net/http"
 	"testing"
+
+	routerscrape "github.com/kvrouter/kvrouter/scrape"
 )
 
 // TestCPUTier runs a replica whose GPU cache holds 12 blocks and whose CPU
@@ -54,5 +58,31 @@ func TestCPUTier(t *testing.T) {
 	}
 	if q := metric(t, fams, "vllm:external_prefix_cache_queries_total"); q < hits {
 		t.Errorf("external queries %v < hits %v", q, hits)
+	}
+}
+
+// TestScrapeOfATier: what the router's scrape reads of an engine with a
+// CPU tier, from its real /metrics: the GPU and CPU geometry (the CPU
+// tier counts, since the engine reports a KV connector's prefix-cache
+// queries) and the generated tokens, the figures the simulator's scrape
+// of the same engine model reports.
+func TestScrapeOfATier(t *testing.T) {
+	s := start(t, Config{KVBlocks: 1000, CPUKVBlocks: 4000})
+	for k := range 3 {
+		if code, b := post(t, s.URL()+"/v1/completions", map[string]any{"prompt": words(fmt.Sprint("st", k), 50), "max_tokens": 5, "ignore_eos": true}); code != 200 {
+			t.Fatalf("status %d: %s", code, b)
+		}
+	}
+	resp, err := http.Get(s.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	l, err := routerscrape.Parse(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.NumBlocks != 1000 || l.CPUBlocks != 4000 || l.GenerationTokens != 15 {
+		t.Errorf("scraped %d GPU blocks, %d CPU blocks, %g generated tokens; want 1000, 4000, 15", l.NumBlocks, l.CPUBlocks, l.GenerationTokens)
 	}
 }

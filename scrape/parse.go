@@ -41,6 +41,11 @@ type Load struct {
 	// NumBlocks is the engine's KV capacity in blocks of BlockSize tokens,
 	// summed over engines; zero when not reported.
 	NumBlocks int
+	// CPUBlocks is the engine's CPU tier in blocks of BlockSize tokens
+	// (vLLM's cache_config_info num_cpu_blocks, summed over engines),
+	// where blocks evicted from the GPU stay loadable; zero when it has
+	// none or does not say.
+	CPUBlocks int
 	// PrefixQueries and PrefixHits are the engine's cumulative prefix-cache
 	// counters, in tokens: prompt tokens looked up, and those found cached.
 	PrefixQueries, PrefixHits float64
@@ -66,6 +71,10 @@ const (
 	vllmQueries     = "vllm:prefix_cache_queries"
 	vllmHits        = "vllm:prefix_cache_hits"
 	vllmGenerated   = "vllm:generation_tokens"
+	// vllmExtQueries is vLLM's count of the prompt tokens a KV connector
+	// was asked for (an offload tier, LMCache, a peer): present only when
+	// the engine has one.
+	vllmExtQueries = "vllm:external_prefix_cache_queries"
 
 	sglRunning     = "sglang:num_running_reqs"
 	sglWaiting     = "sglang:num_queue_reqs"
@@ -104,6 +113,12 @@ func Parse(r io.Reader) (Load, error) {
 	l.Waiting = int(s.sum(vllmWaiting) + s.sum(sglWaiting))
 	l.KVUsage = s.usage()
 	l.BlockSize, l.NumBlocks = s.geometry()
+	if s.has(vllmExtQueries) {
+		// num_cpu_blocks is a CPU tier that serves prefixes only behind a
+		// KV connector; without one (vLLM v0) it is swap space for
+		// preempted requests, which serves no prefix.
+		_, l.CPUBlocks = s.info(vllmCacheConfig, "block_size", "num_cpu_blocks")
+	}
 	l.PrefixQueries = s.counter(vllmQueries) + s.counter(sglPrompt)
 	l.PrefixHits = s.counter(vllmHits) + s.counter(sglCached)
 	l.GenerationTokens = s.counter(vllmGenerated) + s.counter(sglGenerated)
@@ -114,8 +129,18 @@ func Parse(r io.Reader) (Load, error) {
 var known = [...]string{
 	vllmRunning, vllmWaiting, vllmKVUsage, vllmGPUUsage, vllmCacheConfig,
 	vllmQueries, vllmQueries + "_total", vllmHits, vllmHits + "_total",
+	vllmGenerated, vllmGenerated + "_total", vllmExtQueries, vllmExtQueries + "_total",
 	sglRunning, sglWaiting, sglUsage, sglCacheConfig, sglMaxTokens,
 	sglPrompt, sglPrompt + "_total", sglCached, sglCached + "_total",
+	sglGenerated, sglGenerated + "_total",
+}
+
+// has reports whether the counter family name (with or without _total)
+// was in the scrape.
+func (s series) has(name string) bool {
+	_, a := s[name]
+	_, b := s[name+"_total"]
+	return a || b
 }
 
 // series holds the samples of the known families, by family name.

@@ -277,7 +277,7 @@ func (r *runner) onScrape() {
 // loadOf is what a scrape of an engine with stats s reads (the figures
 // emulator/metrics.go exports), taken at t.
 func loadOf(s engine.Stats, blockSize int, t time.Time) scrape.Load {
-	l := scrape.Load{Running: s.Running, Waiting: s.Waiting, BlockSize: blockSize, NumBlocks: s.TotalBlocks,
+	l := scrape.Load{Running: s.Running, Waiting: s.Waiting, BlockSize: blockSize, NumBlocks: s.TotalBlocks, CPUBlocks: s.CPUBlocks,
 		PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits),
 		GenerationTokens: float64(s.OutputTokens), At: t}
 	if s.TotalBlocks > 0 {
