@@ -426,7 +426,7 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 	r.mu.Unlock()
 	f.SetBlockSize(id, l.BlockSize)
 	if l.NumBlocks > 0 {
-		f.tr.SetCapacity(r.index, l.NumBlocks, f.tr.BlockSize(r.index))
+		f.tr.SetCapacity(r.index, l.NumBlocks, l.CPUBlocks, f.tr.BlockSize(r.index))
 	}
 }
 

@@ -221,11 +221,16 @@ func (t *Tracker) BlockSize(r int) int {
 }
 
 // SetCapacity sizes replica r's shares from its engine's KV geometry:
-// numBlocks blocks of its block size. The approximate share follows it
-// (unless TrackerConfig.Blocks fixes it), converted into index blocks; the
-// precise share is only ever raised to it (the events are the truth, and a
+// numBlocks blocks of its block size on the GPU, and cpuBlocks in its CPU
+// tier (zero: none). The approximate share follows what the engine can
+// serve a prefix from without computing it (unless TrackerConfig.Blocks
+// fixes it), converted into index blocks: the GPU's blocks, or the CPU
+// tier's when larger (an offloading engine copies every computed block
+// there, so the tier holds nearly all the GPU does and what it evicted
+// since). The precise share (GPU blocks only: the tier's have their own
+// index) is only ever raised to numBlocks (the events are the truth, and a
 // capacity below the engine's would evict blocks the engine holds).
-func (t *Tracker) SetCapacity(r, numBlocks, blockTokens int) {
+func (t *Tracker) SetCapacity(r, numBlocks, cpuBlocks, blockTokens int) {
 	if t.approx == nil || r < 0 || r >= len(t.caps) || numBlocks <= 0 || blockTokens <= 0 {
 		return
 	}
@@ -239,7 +244,7 @@ func (t *Tracker) SetCapacity(r, numBlocks, blockTokens int) {
 	if it <= 0 {
 		return
 	}
-	if c := int64(numBlocks * blockTokens / it); c > 0 && t.caps[r].Swap(c) != c {
+	if c := int64(max(numBlocks, cpuBlocks) * blockTokens / it); c > 0 && t.caps[r].Swap(c) != c {
 		t.approx.SetCapacity(r, int(c))
 	}
 }

@@ -55,9 +55,15 @@ func TestTrackerTextMode(t *testing.T) {
 	}
 	// Capacity follows the engine: 4 engine blocks of 32 tokens are 8
 	// text blocks of 16.
-	tr.SetCapacity(1, 4, 32)
+	tr.SetCapacity(1, 4, 0, 32)
 	if held, capacity := tr.Blocks(1); held != 8 || capacity != 8 {
 		t.Errorf("after SetCapacity(4 blocks of 32): held %d of %d, want 8 of 8", held, capacity)
+	}
+	// A CPU tier larger than the GPU: the approximate share holds what the
+	// engine can load rather than compute, 6 engine blocks here.
+	tr.SetCapacity(1, 4, 6, 32)
+	if _, capacity := tr.Blocks(1); capacity != 12 {
+		t.Errorf("after SetCapacity(4 GPU and 6 CPU blocks of 32): capacity %d, want 12", capacity)
 	}
 }
 
