@@ -1,66 +1,147 @@
 package sim
 
 import (
+	"math"
 	"time"
 
 	"github.com/kvrouter/kvrouter/engine"
 )
 
-// typicalBatch is the decode batch assumed when pricing one output token
-// for the capacity estimate: a busy replica decodes about this many
-// sequences per step, so the per-step costs (StepOverhead + DecodeStep)
-// are shared by that many tokens. Measured, not guessed: on the Mooncake
-// trace (16 replicas, least-loaded, nominal load 0.8) the engine model
-// produced 5.4 output tokens per iteration, because long prefill chunks
-// make iterations long and few; short-prompt workloads batch more. 8 is
-// the compromise. (The engines' busy fraction cannot check the estimate:
-// the engine model iterates back to back while anything runs, so a lone
-// decoding sequence keeps it "busy"; queueing delay, TTFT, is the gauge.)
-const typicalBatch = 8
+// kneeRate is the arrival rate, in requests per second per replica, at
+// which a balanced, cache-blind replica reaches the knee of the SLO: the
+// rate behind Config.Load 1. It is the engine model's steady state under
+// continuous batching (engine/step.go, duration), in the fluid limit:
+//
+// Every iteration pays the fixed F = StepOverhead + DecodeStep, plus the
+// work of the tokens it carries: a request's prefill compute pf (every
+// prompt token computed: nothing is cached) and, per output token, its
+// sequence's share of the step, d = DecodePerSeq + (P + O/2) ×
+// DecodePerMTokens. At λ requests per second the replica does ρ = λ ×
+// mean(pf + O×d) seconds of that work per second, so an iteration lasts
+//
+//	τ(λ) = F / (1 − ρ)
+//
+// and each decoding sequence waits τ per token: the mean ITL. By
+// Little's law the replica then runs B = λ × mean(O) × τ sequences
+// holding λ × τ × mean(O × (P + O/2)) tokens of KV. The knee is the
+// highest λ at which
+//
+//   - τ ≤ the SLO's ITL bound,
+//   - the 99th-percentile prompt's first token, its prefill compute plus
+//     one τ per chunk it takes, is within the SLO's TTFT bound,
+//   - B ≤ MaxNumSeqs and the KV fits in NumBlocks,
+//
+// found by bisection (every constraint grows with λ). Past it a balanced
+// fleet misses the SLO on the mean request; a fixed decode batch priced
+// per token, as a rule of thumb would, leaves decode-heavy workloads far
+// below it at "load 1" (the engine batches up to MaxNumSeqs, not 8).
+// Caching is deliberately not credited, so the axis is the same for
+// every policy, and a policy that reuses more serves past load 1.
+//
+// It returns 0 when the constraints cannot all be met at any rate (an
+// ITL bound under F, say): the caller then falls back on the work rate
+// (ρ = 1).
+func kneeRate(jobs []job, c *engine.Config, slo SLO) float64 {
+	n := 0
+	var work, outputs, held float64 // per request, in ns and tokens
+	for i := range jobs {
+		j := &jobs[i]
+		if !servable(c, j) {
+			continue
+		}
+		p, o := float64(j.prompt), float64(j.output)
+		work += prefillCompute(c, p) + o*seqStep(c, p+o/2)
+		outputs += o
+		held += o * (p + o/2)
+		n++
+	}
+	if n == 0 || work <= 0 {
+		return 0
+	}
+	work, outputs, held = work/float64(n), outputs/float64(n), held/float64(n)
+	long := float64(promptQuantile(jobs, c, 0.99))
+	chunks := math.Ceil(long / float64(c.MaxBatchedTokens))
+	fixed := float64(c.StepOverhead + c.DecodeStep)
+	kv := float64(c.NumBlocks * c.BlockSize)
+	ok := func(lambda float64) bool { // lambda per ns
+		rho := lambda * work
+		if rho >= 1 {
+			return false
+		}
+		tau := fixed / (1 - rho)
+		return tau <= float64(slo.ITL) &&
+			prefillCompute(c, long)+chunks*tau <= float64(slo.TTFT) &&
+			lambda*outputs*tau <= float64(c.MaxNumSeqs) &&
+			lambda*tau*held <= kv
+	}
+	hi := 1 / work // ρ = 1
+	if !ok(hi * 1e-6) {
+		return 0
+	}
+	lo := hi * 1e-6
+	for range 60 {
+		mid := (lo + hi) / 2
+		if ok(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo * 1e9
+}
 
-// work is the replica time one request costs with nothing cached, from the
-// engine preset's own timing model (engine/step.go's iteration duration,
-// split per request):
-//
-//	prefill = P×PrefillPerToken + P²/2×AttnPerMPairs/1e6
-//	          + ⌈P/MaxBatchedTokens⌉×StepOverhead           (chunks)
-//	decode  = O×((StepOverhead+DecodeStep)/B + DecodePerSeq
-//	          + (P+O/2)×DecodePerMTokens/1e6)                 (KV reads)
-//
-// for P prompt and O output tokens, B = min(typicalBatch, MaxNumSeqs).
-//
-// This is the capacity model behind Config.Load: a replica supplies one
-// second of work per second, so a fleet of R replicas at load L is offered
-// L×R seconds of work per second. Caching is deliberately not credited:
-// the offered load is the same for every policy, and a policy that reuses
-// more runs its fleet below the nominal load. Mixing prefill chunks and
-// decodes in one iteration saves a little (one StepOverhead for both), so
-// load 1 is at or just under saturation.
-func work(c *engine.Config, prompt, output int) time.Duration {
-	p, o := float64(prompt), float64(output)
-	chunks := float64((prompt + c.MaxBatchedTokens - 1) / c.MaxBatchedTokens)
-	prefill := p*float64(c.PrefillPerToken) + p*p/2*float64(c.AttnPerMPairs)/1e6 + chunks*float64(c.StepOverhead)
-	batch := float64(min(typicalBatch, c.MaxNumSeqs))
-	perToken := float64(c.StepOverhead+c.DecodeStep)/batch + float64(c.DecodePerSeq) +
-		(p+o/2)*float64(c.DecodePerMTokens)/1e6
-	return time.Duration(prefill + o*perToken)
+// workRate is the arrival rate, in requests per second per replica, that
+// keeps a cache-blind replica busy all the time (ρ = 1 in kneeRate's
+// terms, the fixed cost of iterations left out): the axis when the SLO
+// cannot be met at any rate.
+func workRate(jobs []job, c *engine.Config) float64 {
+	n, work := 0, 0.0
+	for i := range jobs {
+		j := &jobs[i]
+		p, o := float64(j.prompt), float64(j.output)
+		work += prefillCompute(c, p) + o*seqStep(c, p+o/2)
+		n++
+	}
+	if n == 0 || work <= 0 {
+		return 0
+	}
+	return 1e9 * float64(n) / work
+}
+
+// prefillCompute is the compute of a prompt of p tokens with nothing
+// cached, in ns: engine/step.go's per-token and attention terms.
+func prefillCompute(c *engine.Config, p float64) float64 {
+	return p*float64(c.PrefillPerToken) + p*p/2*float64(c.AttnPerMPairs)/1e6
+}
+
+// seqStep is what one decoding sequence of ctx tokens adds to an
+// iteration, in ns.
+func seqStep(c *engine.Config, ctx float64) float64 {
+	return float64(c.DecodePerSeq) + ctx*float64(c.DecodePerMTokens)/1e6
+}
+
+// fullRate is the fleet's arrival rate at load 1, in requests per
+// second: kneeRate per replica (or workRate where the SLO cannot be met)
+// times the replicas.
+func fullRate(jobs []job, c *engine.Config, replicas int, slo SLO) float64 {
+	r := kneeRate(jobs, c, slo)
+	if r <= 0 {
+		r = workRate(jobs, c)
+	}
+	return r * float64(replicas)
 }
 
 // scaleArrivals rewrites the arrival times of jobs (sorted by arrival) so
-// that the offered work is load × replicas × the span of the run: every
+// that requests arrive at rate requests per second on average: every
 // arrival time is multiplied by one factor. When all arrivals share one
-// instant, they are spaced evenly at the target rate instead. load ≤ 0
-// leaves the times alone. It returns the factor applied (0 when spaced).
-func scaleArrivals(jobs []job, c *engine.Config, replicas int, load float64) float64 {
-	if load <= 0 || len(jobs) == 0 || replicas <= 0 {
+// instant, they are spaced evenly at that rate instead. rate ≤ 0 leaves
+// the times alone. It returns the factor applied (1 when none, 0 when
+// spaced).
+func scaleArrivals(jobs []job, rate float64) float64 {
+	if rate <= 0 || len(jobs) == 0 {
 		return 1
 	}
-	var total float64
-	for i := range jobs {
-		total += float64(work(c, jobs[i].prompt, jobs[i].output))
-	}
-	// Span the offered work needs at the target load.
-	span := total / (load * float64(replicas))
+	span := float64(len(jobs)) / rate * 1e9 // ns
 	first, last := jobs[0].at, jobs[len(jobs)-1].at
 	if last <= first {
 		step := span / float64(len(jobs))
@@ -77,4 +158,18 @@ func scaleArrivals(jobs []job, c *engine.Config, replicas int, load float64) flo
 		jobs[i].at = time.Duration(float64(jobs[i].at-first) * f)
 	}
 	return f
+}
+
+// ownRate is the mean arrival rate of jobs on their own clock, in
+// requests per second; 0 when they all arrive at once.
+func ownRate(jobs []job) float64 {
+	if len(jobs) < 2 {
+		return 0
+	}
+	span := jobs[len(jobs)-1].at - jobs[0].at
+	if span <= 0 {
+		return 0
+	}
+	// scaleArrivals spaces n arrivals over n/(n−1) of the span at a rate.
+	return float64(len(jobs)-1) / span.Seconds()
 }

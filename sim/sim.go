@@ -82,10 +82,14 @@ type Config struct {
 	// InterconnectGBps), and the policies that can order transfers
 	// (route.Decision.Transfer) do; zero means no transfers.
 	InterconnectGBps float64
-	// Load is the offered work as a fraction of the fleet's capacity (see
-	// work): arrival times are scaled to meet it. Zero keeps the requests'
-	// own times.
+	// Load is the arrival rate as a multiple of the fleet's knee: at 1,
+	// requests arrive at the rate at which a balanced fleet that caches
+	// nothing just meets the SLO (kneeRate). Arrival times are scaled to
+	// meet it. Zero defers to RateScale.
 	Load float64
+	// RateScale, when Load is zero, multiplies the requests' own arrival
+	// rate (2 is twice the traffic of the trace); zero keeps their times.
+	RateScale float64
 	// Policies are route policy names (route.Names()), plus any name with
 	// the PreciseSuffix. Empty means every route policy.
 	Policies []string
@@ -165,8 +169,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Models < 1 || c.Models > c.Replicas {
 		return c, fmt.Errorf("sim: %d models for %d replicas: want 1 to %d", c.Models, c.Replicas, c.Replicas)
 	}
-	if c.Load < 0 {
-		return c, fmt.Errorf("sim: load %g < 0", c.Load)
+	if c.Load < 0 || c.RateScale < 0 {
+		return c, fmt.Errorf("sim: load %g or rate scale %g < 0", c.Load, c.RateScale)
 	}
 	if c.ScrapeInterval == 0 {
 		c.ScrapeInterval = DefaultScrapeInterval
@@ -212,13 +216,16 @@ func (c Config) withDefaults() (Config, error) {
 
 // outcome is everything a simulation produced, before reporting.
 type outcome struct {
-	cfg      Config
-	jobs     []job
-	factor   float64 // arrival time scale applied (0: spaced evenly)
-	infinite oracleResult
-	pooled   oracleResult
-	runs     []*result
-	names    []string
+	cfg    Config
+	jobs   []job
+	factor float64 // arrival time scale applied (0: spaced evenly)
+	// rate is the arrival rate of the run and knee that of Load 1, in
+	// requests per second; own is the requests' own (0: all at once).
+	rate, knee, own float64
+	infinite        oracleResult
+	pooled          oracleResult
+	runs            []*result
+	names           []string
 }
 
 // simulate runs every policy of cfg over the same jobs.
@@ -259,7 +266,18 @@ func prepare(cfg Config) (*outcome, error) {
 	bs := cfg.Preset.BlockSize
 	jobs := makeJobs(cfg.Requests, bs, cfg.Seed, cfg.Models)
 	cfg.SLO = cfg.SLO.derive(jobs, &cfg.Preset)
-	factor := scaleArrivals(jobs, &cfg.Preset, cfg.Replicas, cfg.Load)
+	own, knee := ownRate(jobs), fullRate(jobs, &cfg.Preset, cfg.Replicas, cfg.SLO)
+	rate := cfg.Load * knee
+	if cfg.Load == 0 {
+		rate = cfg.RateScale * own
+		if cfg.RateScale > 0 && own == 0 {
+			return nil, fmt.Errorf("sim: --rate-scale on requests that all arrive at once: give a load")
+		}
+	}
+	factor := scaleArrivals(jobs, rate)
+	if rate <= 0 {
+		rate = own
+	}
 	var t0 time.Duration
 	if len(cfg.Requests) > 0 {
 		t0 = cfg.Requests[0].At
@@ -276,7 +294,7 @@ func prepare(cfg Config) (*outcome, error) {
 		}
 		cfg.fleet[i] = fleetEvent{at: max(at, 0), kind: fe.Kind, replica: fe.Replica}
 	}
-	o := &outcome{cfg: cfg, jobs: jobs, factor: factor, names: cfg.Policies}
+	o := &outcome{cfg: cfg, jobs: jobs, factor: factor, names: cfg.Policies, rate: rate, knee: knee, own: own}
 	o.infinite = infiniteOracle(jobs, &cfg.Preset)
 	o.pooled = pooledOracle(jobs, &cfg.Preset, cfg.Replicas*cfg.Preset.NumBlocks)
 	return o, nil
@@ -340,6 +358,9 @@ func (o *outcome) params() []report.Param {
 		p("preset_blocks", c.Preset.NumBlocks),
 		p("block_size", c.Preset.BlockSize),
 		p("load", c.Load),
+		p("rate_scale", c.RateScale),
+		p("arrival_rate", fmt.Sprintf("%.3g/s", o.rate)),
+		p("knee_rate", fmt.Sprintf("%.3g/s", o.knee)),
 		p("arrival_span", span.Round(time.Millisecond)),
 		p("seed", c.Seed),
 		p("scrape_interval", c.ScrapeInterval),

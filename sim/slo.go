@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -16,17 +17,23 @@ const sloFactor = 5
 // the SLO sits where the policies differ (a fixed 2 s is met by nearly
 // every request of a short-prompt workload and by few of a long one):
 //
-//	TTFT = 5 × the uncached prefill of the median prompt on an idle
-//	       replica: work(c, P, 0), which is engine/step.go's iteration
-//	       time summed over the prompt's chunks
+//	TTFT = the uncached prefill of the 99th-percentile prompt P99 on an
+//	       idle replica (idlePrefill: engine/step.go's iteration time
+//	       summed over the prompt's chunks), plus the median prompt P's
+//	       slack, (5 − 1) × its own
 //	ITL  = 5 × one decode iteration of a batch of one at context P
 //	       (decodeIteration)
 //
-// for P the median prompt of the jobs the engine serves.
+// over the prompts of the jobs the engine serves. Where prompts are
+// alike, TTFT is 5 × P's idle prefill. Where they spread (a trace of
+// long and short contexts), a bound of five medians is one the longest
+// prompts miss on an idle fleet; so a capacity at the 99% point would
+// be zero whatever the routing. Every prompt up to the 99th percentile
+// gets the median's allowance for queueing instead.
 func (s SLO) derive(jobs []job, c *engine.Config) SLO {
-	p := medianPrompt(jobs, c)
+	p, p99 := promptQuantile(jobs, c, 0.5), promptQuantile(jobs, c, 0.99)
 	if s.TTFT == 0 {
-		s.TTFT = (sloFactor * work(c, p, 0)).Round(100 * time.Microsecond)
+		s.TTFT = (idlePrefill(c, p99) + (sloFactor-1)*idlePrefill(c, p)).Round(100 * time.Microsecond)
 	}
 	if s.ITL == 0 {
 		s.ITL = (sloFactor * decodeIteration(c, p)).Round(100 * time.Microsecond)
@@ -36,7 +43,12 @@ func (s SLO) derive(jobs []job, c *engine.Config) SLO {
 
 // medianPrompt is the lower median prompt length of the jobs an engine of
 // configuration c serves (of all jobs if it serves none; 1 without jobs).
-func medianPrompt(jobs []job, c *engine.Config) int {
+func medianPrompt(jobs []job, c *engine.Config) int { return promptQuantile(jobs, c, 0.5) }
+
+// promptQuantile is the q-quantile (nearest rank: the ⌈q·n⌉-th of n) of the prompt
+// lengths of the jobs an engine of configuration c serves (of all jobs
+// if it serves none; 1 without jobs).
+func promptQuantile(jobs []job, c *engine.Config, q float64) int {
 	var ps []int
 	for i := range jobs {
 		if servable(c, &jobs[i]) {
@@ -52,7 +64,7 @@ func medianPrompt(jobs []job, c *engine.Config) int {
 		return 1
 	}
 	slices.Sort(ps)
-	return max(ps[(len(ps)-1)/2], 1)
+	return max(ps[max(int(math.Ceil(q*float64(len(ps))))-1, 0)], 1)
 }
 
 // decodeIteration is the length of an iteration that decodes one sequence
@@ -61,4 +73,12 @@ func medianPrompt(jobs []job, c *engine.Config) int {
 func decodeIteration(c *engine.Config, context int) time.Duration {
 	return c.StepOverhead + c.DecodeStep + c.DecodePerSeq +
 		time.Duration(int64(context)*int64(c.DecodePerMTokens)/1_000_000)
+}
+
+// idlePrefill is the time a prompt of p tokens takes to prefill alone on
+// an idle replica: its compute, and the step overhead of each chunk of
+// MaxBatchedTokens it is cut into (engine/step.go, duration).
+func idlePrefill(c *engine.Config, p int) time.Duration {
+	chunks := (p + c.MaxBatchedTokens - 1) / c.MaxBatchedTokens
+	return time.Duration(prefillCompute(c, float64(p))) + time.Duration(chunks)*c.StepOverhead
 }

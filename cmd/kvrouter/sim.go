@@ -60,7 +60,10 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	replicas := fs.Int("replicas", 16, "replicas in the fleet")
 	models := fs.Int("models", 1, "models the fleet serves: replica i serves model i mod N, each request asks for one (by session, tenant or id)")
 	preset := fs.String("preset", "llama3-8b-h100", "engine preset: "+strings.Join(engine.Presets(), ", "))
-	load := fs.String("load", "0.8", "offered work as a fraction of fleet capacity, or comma-separated fractions (0 keeps the trace's times)")
+	load := fs.String("load", "0.8", "arrival rate as a multiple of the fleet's knee (1: a balanced fleet caching nothing just meets the SLO), or comma-separated multiples (0: see --rate-scale)")
+	rateScale := fs.Float64("rate-scale", 0, "with --load 0: multiply the workload's own arrival rate by this (0 keeps its times)")
+	capacity := fs.Bool("capacity", false, "find each policy's capacity at the SLO instead: the highest load at which 99% (and 90%) of requests meet it, by bisection (--load is ignored)")
+	tolerance := fs.Float64("tolerance", sim.DefaultTolerance, "with --capacity: relative step of the grid of loads searched")
 	policies := fs.String("policies", "all", "comma-separated policies, or all (every policy plus kv-aware-precise): "+strings.Join(route.Names(), ", "))
 	seed := fs.Uint64("seed", 1, "seed of the workload generator and the policies' tie-breaks")
 	requests := fs.Int("requests", 0, "number of requests per workload (0: the workload's default or the whole trace)")
@@ -100,6 +103,10 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
 		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect,
 		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign,
+	}
+	base.RateScale = *rateScale
+	if *capacity {
+		return runCapacity(base, ws, sim.CapacitySearch{Tolerance: *tolerance}, stdout, stderr, *htmlOut, *asJSON)
 	}
 	runs, err := runCells(cells(base, ws, loads), stderr)
 	if err != nil {
