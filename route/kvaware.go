@@ -44,16 +44,20 @@ import (
 //     its context averaged over its decode: the router steers arrivals
 //     towards the lighter replicas, so a batch below the fleet's mean is
 //     soon at it, and one above drains as its sequences finish
-//     (kvRequest.life); the context its sequences hold leaves only as
+//     (kvRequest.life), down to the batch its share of the arrivals
+//     keeps (kvRequest.kept: the turns of the conversations it holds
+//     return to it however large it grows); the context its sequences hold leaves only as
 //     they finish, replaced by the fleet's mean context per sequence
 //     (kvRequest.lifeContext).
 //   - Others: the delay it imposes: its prefill stalls each of the B
 //     running decodes (B × its prefill compute), which their last tokens
 //     feel; its presence slows every iteration it shares with the batch
-//     (that batch × output × Δ); and the requests that arrive while its
-//     prefill runs wait for it (λ × prefill²/2, λ the fleet's per-replica
-//     arrival rate: the mean batch over the time a sequence stays in it,
-//     by Little's law), for their first token and so for their last.
+//     (that batch × output × Δ); and the requests that queue behind it
+//     while it waits wait for all of its prefill, and those that arrive
+//     while it runs for half (λ × prefill × (Wait + prefill/2), λ the
+//     fleet's per-replica arrival rate: the mean batch over the time a
+//     sequence stays in it, by Little's law; kvRequest.behind), for
+//     their first token and so for their last.
 //   - Memory: with u the KV usage after admitting its blocks, above
 //     HighWater it evicts cached prefixes others would reuse ((u −
 //     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);

@@ -73,7 +73,7 @@ type kvRequest struct {
 	held     float64
 	haveHeld bool
 	// turns is Request.FutureTurns of a session's first request, else 0,
-	// and fleetSeqs the fleet's running sequences (future); holders are
+	// and fleetSeqs the fleet's running sequences (future, kept); holders are
 	// the candidates that match the prompt and fresh the age of the
 	// freshest match (the time since any of them last served it).
 	turns, fleetSeqs float64
@@ -104,6 +104,9 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2,
 		src: -1, reps: s.Replicas, rows: sum.rows}
 	q.first, q.mixed, q.candidates = sum.ref, sum.presetsIn > 1, sum.candidates
+	if q.fleetSeqs = s.Seqs; q.fleetSeqs <= 0 {
+		q.fleetSeqs = float64(sum.seqs)
+	}
 	if n := float64(sum.candidates); n > 0 {
 		q.meanBatch, q.meanContext = float64(sum.seqs)/n, float64(sum.tokens)/n
 	}
@@ -130,10 +133,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 		slices.Sort(q.hits)
 	}
 	if r.Session != 0 && r.FutureTurns > 0 && r.Pinned < 0 {
-		q.turns, q.fleetSeqs, q.fresh, q.holders = r.FutureTurns, s.Seqs, -1, holders
-		if q.fleetSeqs <= 0 {
-			q.fleetSeqs = float64(sum.seqs)
-		}
+		q.turns, q.fresh, q.holders = r.FutureTurns, -1, holders
 		for i, m := range matches {
 			if m > 0 && q.rows[i].preset >= 0 {
 				if a := ageOf(r, i); q.fresh < 0 || a < q.fresh {
@@ -315,7 +315,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// its sequences hold now leaves as they finish.
 	batch, context := q.batch(rp, fresh)
 	step := stepNS(rt, batch, context)
-	life := q.life(batch)
+	life := q.life(batch, q.kept(rp))
 	lifeStep := stepNS(rt, life, q.lifeContext(batch, context, life))
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	budget := float64(rt.MaxBatchedTokens)
@@ -357,7 +357,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// Others: the stall of the running decodes, the slowdown of the
 	// sequences that share its iterations, and the wait of the requests
 	// that arrive during its prefill.
-	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + 2*q.behind(rt, prefill)
+	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + 2*q.behind(rt, wait, prefill)
 
 	// Memory: KV pressure (imported blocks take room too), and the copy
 	// of what another replica holds that this placement stores: computed
@@ -445,17 +445,29 @@ func (q *kvRequest) turn(rt *Rates, b float64) float64 {
 	return (2*ttft+decode)*rt.DecodeScale + stall*rt.Scale
 }
 
-// life is the replica's batch averaged over the request's decode. A
-// replica below the fleet's mean draws the arrivals the router steers to
-// it, the fleet's rate times the replicas, and is at the mean almost at
-// once. One above it draws none until it is back: its B sequences finish
-// at B/τ while the others' arrivals keep the mean, so its excess
-// e = B − B̄ decays as de/dt = −(B̄ + e)/τ, reaching zero at
-// t* = τ·ln(1 + e₀/B̄) (never, on a fleet with no batch to steer to). Its
-// mean over a decode of D = decodeLen·τ is the integral of e up to
-// min(D, t*), over D.
-func (q *kvRequest) life(batch float64) float64 {
-	e0, mean := batch-q.meanBatch, q.meanBatch
+// kept is the batch replica rp keeps at its share of the router's
+// arrivals (Replica.Share of the fleet's running sequences, by Little's
+// law), and at least the fleet's mean: the batch it relaxes to (life).
+// A replica whose requests return to it (a conversation's turns follow
+// its cached context) keeps drawing them however large its batch grows;
+// only the arrivals the router steers can be steered away.
+func (q *kvRequest) kept(rp *Replica) float64 {
+	return max(q.meanBatch, rp.ShareAt(q.r.Seq, len(q.reps))*q.fleetSeqs)
+}
+
+// life is the replica's batch averaged over the request's decode, for a
+// replica that keeps a batch of target (kept) at its share of the
+// arrivals. A replica below it draws the arrivals the router steers to
+// it, the fleet's rate times the replicas, and is at it almost at once.
+// One above it draws none beyond its share until it is back: its B
+// sequences finish at B/τ while the arrivals keep the target, so its
+// excess e = B − target decays as de/dt = −(target + e)/τ, reaching zero
+// at t* = τ·ln(1 + e₀/target) (never, on a fleet with no batch to steer
+// to). Its mean over a decode of D = decodeLen·τ is the integral of e up
+// to min(D, t*), over D. The target is at least the fleet's mean batch,
+// which bound and quick rely on.
+func (q *kvRequest) life(batch, target float64) float64 {
+	e0, mean := batch-target, target
 	if e0 <= 0 {
 		return mean
 	}
@@ -486,15 +498,19 @@ func (q *kvRequest) lowContext(batch, context float64) float64 {
 	return context*q.persist + max(q.meanBatch-batch*q.persist, 0)*q.perSeq
 }
 
-// behind is the wait a prefill of the given length imposes on the requests
-// that arrive at the replica while it runs: they arrive at the replica's
-// rate λ and each waits, on average, for the half of the prefill still to
-// run (the engine serves running prefills first), λ × prefill²/2. λ is the
-// fleet's per-replica arrival rate by Little's law: the mean batch over
-// the time a sequence stays in it, MeanOutput iterations of the mean
-// batch.
-func (q *kvRequest) behind(rt *Rates, prefill float64) float64 {
-	return q.arrivals / rt.DecodeScale * prefill * prefill / 2
+// behind is the wait a prefill of the given length, starting after wait,
+// imposes on the requests that arrive at the replica after it: they
+// arrive at the replica's rate λ. Those that arrive while it waits queue
+// behind it and wait for all of it; those that arrive while it runs wait,
+// on average, for the half still to run (the engine serves running
+// prefills first): λ × prefill × (wait + prefill/2). So a prefill the
+// request could have skipped (a prefix another replica caches) costs
+// most where the queue is long: near capacity, every request behind it
+// pays for it. λ is the fleet's per-replica arrival rate by Little's law:
+// the mean batch over the time a sequence stays in it, MeanOutput
+// iterations of the mean batch.
+func (q *kvRequest) behind(rt *Rates, wait, prefill float64) float64 {
+	return q.arrivals / rt.DecodeScale * prefill * (wait + prefill/2)
 }
 
 // cached is the expected cached prompt tokens on replica i: the index's
@@ -677,7 +693,7 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
 	prefill := compute*rt.Scale + iters*iterNS(rt, batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
-	total := 2*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + 2*q.behind(rt, prefill)
+	total := 2*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + 2*q.behind(rt, wait, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
