@@ -90,17 +90,26 @@ func infiniteOracle(jobs []job, c *engine.Config) oracleResult {
 }
 
 // pooledOracle returns the pooled-cache totals of the jobs an engine of
-// configuration c serves, with one LRU of capacity blocks.
-func pooledOracle(jobs []job, c *engine.Config, capacity int) oracleResult {
+// configuration c serves: one engine holding the whole fleet's KV, an
+// LRU of gpu blocks, and when cpu > 0 a CPU tier of cpu blocks beside it
+// (engine/tier.go: every block stored is written through to it, and a
+// prompt block found there is loaded, not computed, so it counts as
+// cached as the engines count it).
+func pooledOracle(jobs []job, c *engine.Config, gpu, cpu int) oracleResult {
 	var res oracleResult
-	l := newLRU(capacity)
+	l := newLRU(gpu)
+	var host *lru
+	if cpu > 0 {
+		host = newLRU(cpu)
+	}
+	held := func(h prefix.Hash) bool { return l.has(h) || host != nil && host.has(h) }
 	for i := range jobs {
 		j := &jobs[i]
 		if !servable(c, j) {
 			continue
 		}
 		m := 0
-		for m < len(j.hashes) && l.has(j.hashes[m]) {
+		for m < len(j.hashes) && held(j.hashes[m]) {
 			m++
 		}
 		res.Prompt += int64(j.prompt)
@@ -110,6 +119,9 @@ func pooledOracle(jobs []job, c *engine.Config, capacity int) oracleResult {
 		// so that the tail is evicted first.
 		for k := len(j.hashes) - 1; k >= 0; k-- {
 			l.touch(j.hashes[k])
+			if host != nil {
+				host.touch(j.hashes[k])
+			}
 		}
 	}
 	return res

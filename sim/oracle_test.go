@@ -51,3 +51,55 @@ func TestOraclesSkipRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestPooledOracleCountsTheCPUTier: a working set of 8 prompts of 64
+// blocks each, asked for in turn three times, cycles through a GPU cache
+// of 100 blocks (LRU's worst case: every block is evicted before it is
+// asked for again) but fits in a CPU tier of 1,000 beside it. Without the
+// tier the pooled oracle serves nothing from cache; with it every prompt
+// after the first round is served without computing, as the engines
+// count a block loaded from the tier.
+func TestPooledOracleCountsTheCPUTier(t *testing.T) {
+	const bs, blocks = 16, 64
+	var reqs []trace.Request
+	for range 3 {
+		for p := range 8 {
+			n := len(reqs)
+			reqs = append(reqs, trace.Request{ID: "r" + string(rune('a'+n)), At: time.Duration(n) * time.Second, Output: 1,
+				Segments: []trace.Segment{{ID: uint64(p + 1), Tokens: blocks * bs}}, Prompt: blocks * bs})
+		}
+	}
+	c := engine.Config{BlockSize: bs, NumBlocks: 100}
+	e, err := engine.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = e.Config()
+	jobs := makeJobs(reqs, bs, 1, 1)
+	if got := pooledOracle(jobs, &c, 100, 0); got.Cached != 0 {
+		t.Errorf("without a tier: %d cached tokens, want 0 (the set cycles through the GPU cache)", got.Cached)
+	}
+	want := int64(2 * 8 * cachedTokens(blocks, blocks*bs, bs)) // the engine computes a whole prompt's last block
+	if got := pooledOracle(jobs, &c, 100, 1000); got.Cached != want {
+		t.Errorf("with a tier of 1,000 blocks: %d cached tokens, want %d", got.Cached, want)
+	}
+}
+
+// TestPreciseSuffixIsRefusedWhereItChangesNothing: "-precise" runs a
+// policy on the index the engines' KV events feed; a policy that models
+// its own router's approximate index (sized or expiring), or reads no
+// index, would silently run unchanged, so the name is refused.
+func TestPreciseSuffixIsRefusedWhereItChangesNothing(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"kv-aware-precise": true, "preble-e2-precise": true,
+		"llm-d-precise": false, "sglang-cache-aware-precise": false, "aibrix-prefix-precise": false, "round-robin-precise": false,
+	} {
+		_, precise, err := policyOf(name)
+		if ok && (err != nil || !precise) {
+			t.Errorf("%s: precise %v, error %v; want it run on the precise index", name, precise, err)
+		}
+		if !ok && err == nil {
+			t.Errorf("%s: accepted, want an error", name)
+		}
+	}
+}

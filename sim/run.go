@@ -147,6 +147,15 @@ func policyOf(name string) (route.Policy, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("policy %s: %w", name, err)
 	}
+	if n := route.NeedsOf(p); precise && (n.Index == route.NoIndex || n.IndexBlocks > 0 || n.IndexTTL > 0) {
+		// It would run on the index it has anyway (fleet.IndexKind).
+		what := "reads no residency index"
+		if n.Index != route.NoIndex {
+			what = "models its router's own approximate index (its size or expiry)"
+		}
+		return nil, false, fmt.Errorf("policy %s: %s %s, so %s would not change it; %s applies to policies that read a generic index (kv-aware, preble-e2) or the engines' events",
+			name, base, what, PreciseSuffix, PreciseSuffix)
+	}
 	return p, precise, nil
 }
 

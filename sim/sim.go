@@ -296,7 +296,7 @@ func prepare(cfg Config) (*outcome, error) {
 	}
 	o := &outcome{cfg: cfg, jobs: jobs, factor: factor, names: cfg.Policies, rate: rate, knee: knee, own: own}
 	o.infinite = infiniteOracle(jobs, &cfg.Preset)
-	o.pooled = pooledOracle(jobs, &cfg.Preset, cfg.Replicas*cfg.Preset.NumBlocks)
+	o.pooled = pooledOracle(jobs, &cfg.Preset, cfg.Replicas*cfg.Preset.NumBlocks, cfg.Replicas*cfg.Preset.CPUBlocks)
 	return o, nil
 }
 
