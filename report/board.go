@@ -150,7 +150,6 @@ func (s *Summary) add(r *Run) CellSummary {
 // policy looks better by shedding load (admission control rejects what
 // the fleet cannot take in time; the latencies are over what completed).
 func stand(r *Run, m Metric) *Standing {
-	st := &Standing{Ranks: map[string]int{}, Ratios: map[string]float64{}}
 	var names []string
 	var vals []float64
 	var rejs []int
@@ -159,7 +158,7 @@ func stand(r *Run, m Metric) *Standing {
 			names, vals, rejs = append(names, p.Policy), append(vals, m.value(p)), append(rejs, p.Rejected)
 		}
 	}
-	better := func(i, j int) bool {
+	return rank(names, vals, func(i, j int) bool {
 		if rejs[i] != rejs[j] {
 			return rejs[i] < rejs[j]
 		}
@@ -167,7 +166,13 @@ func stand(r *Run, m Metric) *Standing {
 			return vals[i] > vals[j]
 		}
 		return vals[i] < vals[j]
-	}
+	})
+}
+
+// rank is the standing of the policies names with figures vals, where
+// better(i, j) says the i-th ranks before the j-th.
+func rank(names []string, vals []float64, better func(i, j int) bool) *Standing {
+	st := &Standing{Ranks: map[string]int{}, Ratios: map[string]float64{}}
 	best, second := -1, -1
 	for i := range vals {
 		if best < 0 || better(i, best) {
