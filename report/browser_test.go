@@ -201,9 +201,11 @@ func bestP99(run *report.Run) string {
 // ms rounds m to the microsecond, as the report compares figures.
 func ms(m report.Millis) float64 { return float64(time.Duration(m).Round(time.Microsecond)) }
 
-// TestBrowserBoardReport opens a two-cell leaderboard of the simulation in
-// Chromium: its first line is the verdict over the cells, each cell draws
-// its CDF and its hit-rate bars, and the console stays clean.
+// TestBrowserBoardReport opens a two-cell leaderboard of the simulation,
+// with a capacity search of its workload, in Chromium: its first line is
+// the verdict over the cells and on capacity, each cell draws its CDF and
+// its hit-rate bars, the workload its capacity table with ranks and its
+// attainment chart, and the console stays clean.
 func TestBrowserBoardReport(t *testing.T) {
 	run := simRun(t)
 	other := *run
@@ -214,6 +216,8 @@ func TestBrowserBoardReport(t *testing.T) {
 		}
 	}
 	b := report.NewBoard([]report.Run{*run, other}, "kv-aware")
+	c := capacitySearch(t, "multi-turn-chat")
+	b.AddCapacity([]report.Capacity{c})
 	ctx, con, verdict := open(t, func(w io.Writer) error { return report.WriteBoardHTML(w, b) })
 	winner := bestP99(run)
 	if want := "TTFT p99: " + winner + " won 2 of 2 cells"; !strings.HasPrefix(verdict, want) {
@@ -223,6 +227,18 @@ func TestBrowserBoardReport(t *testing.T) {
 		if n := browser.Run(t, ctx, 5*time.Second, "cell charts", chromedp.Poll[int](fmt.Sprintf(`document.querySelector('#cdf-%d canvas') && document.querySelectorAll('#hit-%d .hname').length`, i, i))); n != len(run.Policies) {
 			t.Errorf("cell %d: %d hit-rate rows, want %d", i, n, len(run.Policies))
 		}
+	}
+	want := fmt.Sprintf("Capacity at 99%%: %s led 1 of 1 workloads.", bestCapacity(&c))
+	if !strings.Contains(verdict, want) {
+		t.Errorf("first line %q lacks %q", verdict, want)
+	}
+	rows := browser.Run(t, ctx, 5*time.Second, "capacity table", chromedp.Evaluate[[]string](`[...document.querySelectorAll('#capacity-0 .scroll tbody tr')].map(tr => tr.cells[0].textContent + " " + tr.cells[4].textContent)`))
+	if len(rows) != len(c.Policies) {
+		t.Errorf("capacity table rows %q, want one per policy of %d, with its rank", rows, len(c.Policies))
+	}
+	series := browser.Run(t, ctx, 5*time.Second, "attainment chart", chromedp.Poll[int](`document.querySelector('#attain-0 canvas') && document.querySelectorAll('#attain-0 .u-legend .u-series').length`))
+	if want := 1 + len(c.Policies) + len(c.Levels); series != want {
+		t.Errorf("attainment chart has %d series, want %d (load, one per policy, one per level)", series, want)
 	}
 	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))

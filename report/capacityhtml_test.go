@@ -59,11 +59,7 @@ func TestWriteCapacityHTML(t *testing.T) {
 // nothing from the network. It returns the page.
 func checkPage(t *testing.T, write func(io.Writer) error, wants ...string) string {
 	t.Helper()
-	var buf bytes.Buffer
-	if err := write(&buf); err != nil {
-		t.Fatal(err)
-	}
-	page := buf.String()
+	page := written(t, write)
 	for _, want := range wants {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)
@@ -88,4 +84,14 @@ func TestCapacityHeadlineDefaultBehind(t *testing.T) {
 	if got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
+}
+
+// written is what write writes.
+func written(t *testing.T, write func(io.Writer) error) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
 }
