@@ -30,7 +30,7 @@ function attainChart(el, data) {
   const share = (u, v) => v == null ? "-" : (v * 100).toFixed(1) + "%";
   new uPlot({
     width: width(el), height: 360,
-    scales: { x: { time: false, distr: 3, range: (u, lo, hi) => [lo, hi] }, y: { range: [0, 1.02] } },
+    scales: { x: { time: false, distr: 3, log: 2, range: (u, lo, hi) => [lo, hi] }, y: { range: [0, 1.02] } },
     axes: [{ label: "load (1 = a balanced fleet caching nothing at its knee)" }, { label: "requests meeting the SLO", values: (u, vs) => vs.map(v => Math.round(v * 100) + "%") }],
     series: [{ label: "load", value: (u, v) => v == null ? "-" : v.toPrecision(3) }].concat(idx.map(i => ({
       label: data.policies[i], stroke: data.colors[i], width: data.policies[i] === "kv-aware" ? 3 : 1.5, spanGaps: true,
