@@ -90,6 +90,9 @@ type Summary struct {
 	// Wins counts, per metric and policy, the cells where the policy has
 	// the best figure, ties included.
 	Wins map[string]map[string]int `json:"wins"`
+	// Capacity ranks the policies on each workload's capacity at the
+	// SLO; nil when the board has no capacity searches.
+	Capacity *CapacitySummary `json:"capacity,omitempty"`
 }
 
 // Board is a leaderboard: one Run per (workload, load) cell, normalized as
@@ -97,6 +100,9 @@ type Summary struct {
 type Board struct {
 	Cells   []Run   `json:"cells"`
 	Summary Summary `json:"summary"`
+	// Capacity are the capacity searches, one per workload, when the
+	// board has them (AddCapacity), as WriteCapacityJSON writes one.
+	Capacity []Capacity `json:"capacity,omitempty"`
 }
 
 // NewBoard ranks the policies of every cell on each of Metrics and judges
@@ -150,7 +156,6 @@ func (s *Summary) add(r *Run) CellSummary {
 // policy looks better by shedding load (admission control rejects what
 // the fleet cannot take in time; the latencies are over what completed).
 func stand(r *Run, m Metric) *Standing {
-	st := &Standing{Ranks: map[string]int{}, Ratios: map[string]float64{}}
 	var names []string
 	var vals []float64
 	var rejs []int
@@ -159,7 +164,7 @@ func stand(r *Run, m Metric) *Standing {
 			names, vals, rejs = append(names, p.Policy), append(vals, m.value(p)), append(rejs, p.Rejected)
 		}
 	}
-	better := func(i, j int) bool {
+	return rank(names, vals, func(i, j int) bool {
 		if rejs[i] != rejs[j] {
 			return rejs[i] < rejs[j]
 		}
@@ -167,7 +172,13 @@ func stand(r *Run, m Metric) *Standing {
 			return vals[i] > vals[j]
 		}
 		return vals[i] < vals[j]
-	}
+	})
+}
+
+// rank is the standing of the policies names with figures vals, where
+// better(i, j) says the i-th ranks before the j-th.
+func rank(names []string, vals []float64, better func(i, j int) bool) *Standing {
+	st := &Standing{Ranks: map[string]int{}, Ratios: map[string]float64{}}
 	best, second := -1, -1
 	for i := range vals {
 		if best < 0 || better(i, best) {
@@ -222,9 +233,16 @@ func (r *Run) param(name string) string {
 //	     "tied", "best", "runner_up", "ranks": {policy: rank},
 //	     "ratios": {policy: figure / best}}}, "default_within_tolerance":
 //	     {<metric name>: bool}}],
-//	   "wins": {<metric name>: {policy: cells won}}}}
+//	   "wins": {<metric name>: {policy: cells won}},
+//	   "capacity": {"levels": [0.99, 0.9], "workloads": [{"workload",
+//	     "levels": [<a standing per level, as a metric's>],
+//	     "default_within_tolerance": [bool per level]}],
+//	     "wins": [{policy: workloads won} per level]}},
+//	 "capacity": [<one search per workload, as WriteCapacityJSON writes it>]}
 //
-// Latency figures ("best") are in milliseconds, hit rates fractions.
+// Latency figures ("best") are in milliseconds, hit rates fractions,
+// capacities loads (1 = the workload's knee_rate). "capacity" is there
+// only when the board has capacity searches (AddCapacity).
 func WriteBoardJSON(w io.Writer, b *Board) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"strings"
 )
 
 // boardPage is the leaderboard template's input.
@@ -15,6 +16,12 @@ type boardPage struct {
 	Within   *boardTable // nil when the default policy ran nowhere
 	Cells    []cellSection
 	Data     []chartData // per cell
+	// CapTables, CapSections and CapData are the capacity summary tables,
+	// and per workload its section and attainment chart; empty when the
+	// board has no capacity searches.
+	CapTables   []boardTable
+	CapSections []capacitySection
+	CapData     []attainData
 }
 
 // boardTable is a summary table: one row per cell.
@@ -59,6 +66,14 @@ func WriteBoardHTML(w io.Writer, b *Board) error {
 		t := withinTable(s)
 		p.Within = &t
 	}
+	p.CapData = []attainData{}
+	if cs := s.Capacity; cs != nil {
+		p.CapTables = capacityTables(s)
+		for i := range b.Capacity {
+			p.CapSections = append(p.CapSections, newCapacitySection(i, &b.Capacity[i], cs.Workloads[i].Levels))
+			p.CapData = append(p.CapData, newAttainData(&b.Capacity[i]))
+		}
+	}
 	for i := range b.Cells {
 		p.Cells = append(p.Cells, section(i, &b.Cells[i], &s.Cells[i], s.Metrics))
 		d := charts(&b.Cells[i])
@@ -78,22 +93,39 @@ func ratioTable(s *Summary, m Metric) boardTable {
 	t := boardTable{Title: fmt.Sprintf("%s (%s is better)", m.Label, better), Header: append([]string{"cell", "best"}, s.Policies...)}
 	for i := range s.Cells {
 		st := s.Cells[i].Metrics[m.Name]
-		row := []boardCell{{Text: cellName(&s.Cells[i])}, {Text: m.text(st.Best)}}
-		for _, p := range s.Policies {
-			c := boardCell{Text: "-"}
-			if q, ok := st.Ratios[p]; ok {
-				c = boardCell{Text: times(q), Best: st.Ranks[p] == 1}
-			}
-			row = append(row, c)
-		}
-		t.Rows = append(t.Rows, row)
+		t.Rows = append(t.Rows, ratioRow(cellName(&s.Cells[i]), m.text(st.Best), st, s.Policies))
 	}
-	wins := []boardCell{{Text: "cells won"}, {}}
-	for _, p := range s.Policies {
-		wins = append(wins, boardCell{Text: fmt.Sprint(s.Wins[m.Name][p])})
-	}
-	t.Rows = append(t.Rows, wins)
+	t.Rows = append(t.Rows, winsRow("cells won", s.Wins[m.Name], s.Policies))
 	return t
+}
+
+// ratioRow is name's row of a ratio table: the best figure, then every
+// policy's ratio to it, the best in bold.
+func ratioRow(name, best string, st *Standing, policies []string) []boardCell {
+	row := []boardCell{{Text: name}, {Text: best}}
+	for _, p := range policies {
+		c := boardCell{Text: "-"}
+		if q, ok := st.Ratios[p]; ok {
+			c = boardCell{Text: times(q), Best: st.Ranks[p] == 1}
+		}
+		row = append(row, c)
+	}
+	return row
+}
+
+// winsRow is a ratio table's last row: what each policy won.
+func winsRow(label string, wins map[string]int, policies []string) []boardCell {
+	row := []boardCell{{Text: label}, {}}
+	for _, p := range policies {
+		row = append(row, boardCell{Text: fmt.Sprint(wins[p])})
+	}
+	return row
+}
+
+// withinCell says whether a policy that ran is within Tolerance of the
+// best, with its ratio q, bold when it is.
+func withinCell(ran, ok bool, q float64) boardCell {
+	return boardCell{Text: strings.NewReplacer("(", "", ")", "").Replace(withinText(ran, ok, q)), Best: ran && ok}
 }
 
 // withinTable says per cell and metric whether the default policy is
@@ -107,14 +139,8 @@ func withinTable(s *Summary) boardTable {
 		cs := &s.Cells[i]
 		row := []boardCell{{Text: cellName(cs)}}
 		for _, m := range s.Metrics {
-			c := boardCell{Text: "-"}
-			if ok, ran := cs.DefaultWithin[m.Name]; ran {
-				c = boardCell{Text: "no " + times(cs.Metrics[m.Name].Ratios[s.Default])}
-				if ok {
-					c = boardCell{Text: "yes " + times(cs.Metrics[m.Name].Ratios[s.Default]), Best: true}
-				}
-			}
-			row = append(row, c)
+			ok, ran := cs.DefaultWithin[m.Name]
+			row = append(row, withinCell(ran, ok, cs.Metrics[m.Name].Ratios[s.Default]))
 		}
 		t.Rows = append(t.Rows, row)
 	}
@@ -141,4 +167,36 @@ func section(i int, r *Run, cs *CellSummary, metrics []Metric) cellSection {
 		}
 	}
 	return c
+}
+
+// capacityTables are the capacity summary's tables: per level, each
+// workload's best capacity and every policy's ratio to it, then the
+// workloads each wins; and whether the default policy is within
+// Tolerance of the best.
+func capacityTables(s *Summary) []boardTable {
+	cs := s.Capacity
+	var out []boardTable
+	for k := range cs.Levels {
+		t := boardTable{Title: cs.levelLabel(k) + " (load; higher is better)", Header: append([]string{"workload", "best"}, cs.Policies...)}
+		for _, ws := range cs.Workloads {
+			t.Rows = append(t.Rows, ratioRow(ws.Workload, fmt.Sprintf("%.3g", ws.Levels[k].Best), ws.Levels[k], cs.Policies))
+		}
+		out = append(out, boardTable{Title: t.Title, Header: t.Header, Rows: append(t.Rows, winsRow("workloads won", cs.Wins[k], cs.Policies))})
+	}
+	if !cs.hasDefault() {
+		return out
+	}
+	t := boardTable{Title: fmt.Sprintf("%s's capacity within %.0f%% of the best", s.Default, 100*s.Tolerance), Header: []string{"workload"}}
+	for k := range cs.Levels {
+		t.Header = append(t.Header, cs.levelLabel(k))
+	}
+	for _, ws := range cs.Workloads {
+		row := []boardCell{{Text: ws.Workload}}
+		for k, st := range ws.Levels {
+			ran := ws.DefaultWithin != nil
+			row = append(row, withinCell(ran, ran && ws.DefaultWithin[k], st.Ratios[s.Default]))
+		}
+		t.Rows = append(t.Rows, row)
+	}
+	return append(out, t)
 }

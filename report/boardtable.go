@@ -12,10 +12,19 @@ import (
 // it (#). Then the summary: per metric, each cell's winner, runner-up and
 // the default policy with their figures' ratios to the best; the cells each
 // policy wins per metric; and, per cell, whether the default policy is
-// within Tolerance of the best on each metric.
+// within Tolerance of the best on each metric. With capacity searches
+// (AddCapacity), each workload's capacity table with the policies' ranks
+// follows the cells, and the summary ends with the capacity standings per
+// level, the workloads each policy wins and whether the default policy's
+// capacity is within Tolerance of the best.
 func WriteBoardTable(w io.Writer, b *Board) error {
 	for i := range b.Cells {
 		if err := writeCell(w, &b.Cells[i], &b.Summary.Cells[i], b.Summary.Metrics); err != nil {
+			return err
+		}
+	}
+	if b.Summary.Capacity != nil {
+		if err := writeCapacities(w, b); err != nil {
 			return err
 		}
 	}
@@ -74,30 +83,11 @@ func writeSummary(w io.Writer, s *Summary) error {
 			better = "higher"
 		}
 		fmt.Fprintf(w, "\n%s (%s is better)\n", m.Label, better)
-		head := []string{"cell", "winner", "best", "runner-up", "ratio"}
-		if def {
-			head = append(head, s.Default, "rank")
-		}
-		rows := [][]string{head}
+		rows := [][]string{standingHead("cell", s.Default, def)}
 		for i := range s.Cells {
 			cs := &s.Cells[i]
 			st := cs.Metrics[m.Name]
-			winner, runner := st.Winner, "-"
-			if len(st.Tied) > 0 {
-				winner += fmt.Sprintf(" (+%d tied)", len(st.Tied))
-			}
-			ratio := "-"
-			if st.RunnerUp != "" {
-				runner, ratio = st.RunnerUp, times(st.Ratios[st.RunnerUp])
-			}
-			row := []string{cellName(cs), winner, m.text(st.Best), runner, ratio}
-			if def {
-				row = append(row, "-", "-")
-				if q, ok := st.Ratios[s.Default]; ok {
-					row[len(row)-2], row[len(row)-1] = times(q), fmt.Sprint(st.Ranks[s.Default])
-				}
-			}
-			rows = append(rows, row)
+			rows = append(rows, standingRow(cellName(cs), st, m.text(st.Best), s.Default, def))
 		}
 		if err := writeAligned(w, rows, 1, 3); err != nil {
 			return err
@@ -106,10 +96,47 @@ func writeSummary(w io.Writer, s *Summary) error {
 	if err := writeWins(w, s); err != nil {
 		return err
 	}
-	if !def {
+	if def {
+		if err := writeWithin(w, s); err != nil {
+			return err
+		}
+	}
+	if s.Capacity == nil {
 		return nil
 	}
-	return writeWithin(w, s)
+	return writeCapacitySummary(w, s)
+}
+
+// standingHead heads a summary table of standings, one row per what
+// (cell or workload), with the default policy's columns when def.
+func standingHead(what, dflt string, def bool) []string {
+	head := []string{what, "winner", "best", "runner-up", "ratio"}
+	if def {
+		head = append(head, dflt, "rank")
+	}
+	return head
+}
+
+// standingRow is name's row of a summary table: st's winner, its figure
+// (best), the runner-up and its ratio, and with def the default policy's
+// ratio and rank.
+func standingRow(name string, st *Standing, best, dflt string, def bool) []string {
+	winner, runner := st.Winner, "-"
+	if len(st.Tied) > 0 {
+		winner += fmt.Sprintf(" (+%d tied)", len(st.Tied))
+	}
+	ratio := "-"
+	if st.RunnerUp != "" {
+		runner, ratio = st.RunnerUp, times(st.Ratios[st.RunnerUp])
+	}
+	row := []string{name, winner, best, runner, ratio}
+	if def {
+		row = append(row, "-", "-")
+		if q, ok := st.Ratios[dflt]; ok {
+			row[len(row)-2], row[len(row)-1] = times(q), fmt.Sprint(st.Ranks[dflt])
+		}
+	}
+	return row
 }
 
 // writeWins writes the cells each policy wins per metric, policies in the
@@ -144,19 +171,24 @@ func writeWithin(w io.Writer, s *Summary) error {
 		cs := &s.Cells[i]
 		row := []string{cellName(cs)}
 		for _, m := range s.Metrics {
-			cell := "-"
-			if ok, ran := cs.DefaultWithin[m.Name]; ran {
-				cell = "no"
-				if ok {
-					cell = "yes"
-				}
-				cell += " (" + times(cs.Metrics[m.Name].Ratios[s.Default]) + ")"
-			}
-			row = append(row, cell)
+			ok, ran := cs.DefaultWithin[m.Name]
+			row = append(row, withinText(ran, ok, cs.Metrics[m.Name].Ratios[s.Default]))
 		}
 		rows = append(rows, row)
 	}
 	return writeAligned(w, rows)
+}
+
+// withinText says whether a policy that ran is within Tolerance of the
+// best, with its ratio q: "yes (1.02×)"; "-" when it did not run.
+func withinText(ran, ok bool, q float64) string {
+	switch {
+	case !ran:
+		return "-"
+	case ok:
+		return "yes (" + times(q) + ")"
+	}
+	return "no (" + times(q) + ")"
 }
 
 // hasDefault reports whether the default policy ran in any cell.

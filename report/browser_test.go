@@ -2,8 +2,10 @@ package report_test
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -56,6 +58,22 @@ func serve(t *testing.T, page []byte) string {
 	return srv.URL
 }
 
+// open writes a page with write, serves it and opens it in a Chromium
+// of 1500 × 1000 pixels; it returns the browser, its console and the
+// page's first line (the verdict).
+func open(t *testing.T, write func(io.Writer) error) (context.Context, *browser.Console, string) {
+	t.Helper()
+	var page bytes.Buffer
+	if err := write(&page); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, page.Bytes())
+	ctx, con := browser.Start(t, 1500, 1000)
+	browser.Run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(url))
+	verdict := browser.Run(t, ctx, 5*time.Second, "verdict", chromedp.Evaluate[string](`document.querySelector('header > p.verdict').textContent`))
+	return ctx, con, verdict
+}
+
 // TestBrowserSimReport opens the HTML report of a 14-policy simulation in
 // Chromium and checks what a reader sees: the first line is the verdict,
 // naming the policy with the lowest TTFT p99 (checked against the
@@ -66,15 +84,7 @@ func serve(t *testing.T, page []byte) string {
 // logs no console error.
 func TestBrowserSimReport(t *testing.T) {
 	run := simRun(t)
-	var page bytes.Buffer
-	if err := report.WriteHTML(&page, run); err != nil {
-		t.Fatal(err)
-	}
-	url := serve(t, page.Bytes())
-	ctx, con := browser.Start(t, 1500, 1000)
-	browser.Run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(url))
-
-	verdict := browser.Run(t, ctx, 5*time.Second, "verdict", chromedp.Evaluate[string](`document.querySelector('header > p.verdict').textContent`))
+	ctx, con, verdict := open(t, func(w io.Writer) error { return report.WriteHTML(w, run) })
 	if want := report.Headline(run); verdict != want {
 		t.Errorf("first line %q, want the headline %q", verdict, want)
 	}
@@ -191,9 +201,11 @@ func bestP99(run *report.Run) string {
 // ms rounds m to the microsecond, as the report compares figures.
 func ms(m report.Millis) float64 { return float64(time.Duration(m).Round(time.Microsecond)) }
 
-// TestBrowserBoardReport opens a two-cell leaderboard of the simulation in
-// Chromium: its first line is the verdict over the cells, each cell draws
-// its CDF and its hit-rate bars, and the console stays clean.
+// TestBrowserBoardReport opens a two-cell leaderboard of the simulation,
+// with a capacity search of its workload, in Chromium: its first line is
+// the verdict over the cells and on capacity, each cell draws its CDF and
+// its hit-rate bars, the workload its capacity table with ranks and its
+// attainment chart, and the console stays clean.
 func TestBrowserBoardReport(t *testing.T) {
 	run := simRun(t)
 	other := *run
@@ -204,14 +216,9 @@ func TestBrowserBoardReport(t *testing.T) {
 		}
 	}
 	b := report.NewBoard([]report.Run{*run, other}, "kv-aware")
-	var page bytes.Buffer
-	if err := report.WriteBoardHTML(&page, b); err != nil {
-		t.Fatal(err)
-	}
-	url := serve(t, page.Bytes())
-	ctx, con := browser.Start(t, 1500, 1000)
-	browser.Run(t, ctx, 20*time.Second, "navigate", chromedp.Navigate(url))
-	verdict := browser.Run(t, ctx, 5*time.Second, "verdict", chromedp.Evaluate[string](`document.querySelector('header > p.verdict').textContent`))
+	c := capacitySearch(t, "multi-turn-chat")
+	b.AddCapacity([]report.Capacity{c})
+	ctx, con, verdict := open(t, func(w io.Writer) error { return report.WriteBoardHTML(w, b) })
 	winner := bestP99(run)
 	if want := "TTFT p99: " + winner + " won 2 of 2 cells"; !strings.HasPrefix(verdict, want) {
 		t.Errorf("first line %q, want it to start %q", verdict, want)
@@ -221,7 +228,98 @@ func TestBrowserBoardReport(t *testing.T) {
 			t.Errorf("cell %d: %d hit-rate rows, want %d", i, n, len(run.Policies))
 		}
 	}
+	want := fmt.Sprintf("Capacity at 99%%: %s led 1 of 1 workloads.", bestCapacity(&c))
+	if !strings.Contains(verdict, want) {
+		t.Errorf("first line %q lacks %q", verdict, want)
+	}
+	rows := browser.Run(t, ctx, 5*time.Second, "capacity table", chromedp.Evaluate[[]string](`[...document.querySelectorAll('#capacity-0 .scroll tbody tr')].map(tr => tr.cells[0].textContent + " " + tr.cells[4].textContent)`))
+	if len(rows) != len(c.Policies) {
+		t.Errorf("capacity table rows %q, want one per policy of %d, with its rank", rows, len(c.Policies))
+	}
+	series := browser.Run(t, ctx, 5*time.Second, "attainment chart", chromedp.Poll[int](`document.querySelector('#attain-0 canvas') && document.querySelectorAll('#attain-0 .u-legend .u-series').length`))
+	if want := 1 + len(c.Policies) + len(c.Levels); series != want {
+		t.Errorf("attainment chart has %d series, want %d (load, one per policy, one per level)", series, want)
+	}
 	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
 	}
+}
+
+// capacitySearch searches the capacity of three policies on a small
+// fleet (2 replicas, 48 requests) of workload: a real result of what
+// kvrouter sim --capacity writes, in a fraction of a second.
+func capacitySearch(t *testing.T, workload string) report.Capacity {
+	t.Helper()
+	preset, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := trace.Generate(workload, trace.GenOptions{Seed: 1, Requests: 48, FleetKVTokens: sim.FleetKVTokens(preset, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sim.Capacity(sim.Config{Workload: w.Name, Requests: w.Requests, Replicas: 2, PresetName: "llama3-8b-h100",
+		Preset: preset, Seed: 1, Policies: []string{"kv-aware", "least-loaded", "round-robin"}}, sim.CapacitySearch{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestBrowserCapacityReport opens the capacity page of two workloads in
+// Chromium: its first line is the verdict, naming each workload's
+// policy with the highest capacity at 99%; every workload has its table
+// (one row per policy) and its attainment chart drawn, with one series
+// per policy and a line per level; and the page logs no console error.
+func TestBrowserCapacityReport(t *testing.T) {
+	cs := []report.Capacity{capacitySearch(t, "shared-prefix"), capacitySearch(t, "agentic")}
+	ctx, con, verdict := open(t, func(w io.Writer) error { return report.WriteCapacityHTML(w, cs) })
+	for _, c := range cs {
+		w, best := c.Params[0].Value, bestCapacity(&c)
+		if want := fmt.Sprintf("%s: %s", w, best); !strings.Contains(verdict, want) {
+			t.Errorf("first line %q does not say %q (the highest capacity at 99%%)", verdict, want)
+		}
+	}
+	for i, c := range cs {
+		rows := browser.Run(t, ctx, 5*time.Second, "table", chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll('#capacity-%d .scroll tbody tr').length`, i)))
+		if rows != len(c.Policies) {
+			t.Errorf("workload %d: %d table rows, want %d", i, rows, len(c.Policies))
+		}
+		type chart struct {
+			Width, Height float64
+			Series        []string
+		}
+		got := browser.Run(t, ctx, 5*time.Second, "attainment chart", chromedp.Poll[chart](fmt.Sprintf(`(() => {
+			const el = document.getElementById('attain-%d'), cv = el.querySelector('canvas');
+			if (!cv) return null;
+			return {Width: cv.getBoundingClientRect().width, Height: cv.getBoundingClientRect().height,
+				Series: [...el.querySelectorAll('.u-legend .u-series .u-label')].map(s => s.textContent)};
+		})()`, i)))
+		want := []string{"load"}
+		for _, p := range c.Policies {
+			want = append(want, p.Policy)
+		}
+		want = append(want, "99% level", "90% level")
+		if strings.Join(got.Series, ",") != strings.Join(want, ",") {
+			t.Errorf("workload %d: chart series %q, want %q", i, got.Series, want)
+		}
+		if got.Width < 300 || got.Height < 100 {
+			t.Errorf("workload %d: chart canvas %.0f×%.0f px, want a drawn chart", i, got.Width, got.Height)
+		}
+	}
+	if errs := con.Errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
+
+// bestCapacity is the first policy, in run order, with the highest
+// capacity at c's first level.
+func bestCapacity(c *report.Capacity) string {
+	best := 0
+	for i, p := range c.Policies {
+		if p.At[0].Load > c.Policies[best].At[0].Load {
+			best = i
+		}
+	}
+	return c.Policies[best].Policy
 }

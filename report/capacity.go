@@ -163,23 +163,38 @@ func WriteCapacityTable(w io.Writer, c *Capacity) error {
 	n := c.normalized()
 	fmt.Fprintf(w, "capacity at the SLO (TTFT ≤ %s, ITL ≤ %s): the highest load at which the share of requests meeting it is at least the level; load 1 = %.3g req/s (a balanced fleet caching nothing at its knee), tolerance %.0f%%\n",
 		dur(Millis(n.SLO.orDefault().TTFT)), dur(Millis(n.SLO.orDefault().ITL)), n.KneeRate, 100*n.Tolerance)
+	head, rows := capacityRows(&n, nil)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, row := range append([][]string{head}, rows...) {
+		fmt.Fprintln(tw, strings.Join(append(row, ""), "\t"))
+	}
+	return tw.Flush()
+}
+
+// capacityRows are the capacity table of a normalized c: a header and one
+// row per policy with its capacity at each level as a load (≥ when
+// capped) and in requests per second, as a multiple of round-robin's
+// (when round-robin ran), its rank at the level when ranks (one standing
+// per level) are given, and the bound it breaks first.
+func capacityRows(c *Capacity, ranks []*Standing) (head []string, rows [][]string) {
 	ref := -1
-	for i, p := range n.Policies {
+	for i, p := range c.Policies {
 		if p.Policy == reference {
 			ref = i
 		}
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := []string{"policy"}
-	for _, l := range n.Levels {
+	head = []string{"policy"}
+	for _, l := range c.Levels {
 		head = append(head, fmt.Sprintf("load@%s", pctLevel(l)), "req/s")
 		if ref >= 0 {
 			head = append(head, "× rr")
 		}
+		if ranks != nil {
+			head = append(head, "#")
+		}
 	}
-	head = append(head, "binds", "")
-	fmt.Fprintln(tw, strings.Join(head, "\t"))
-	for _, p := range n.Policies {
+	head = append(head, "binds")
+	for _, p := range c.Policies {
 		row := []string{p.Policy}
 		for k, l := range p.At {
 			load := fmt.Sprintf("%.3g", l.Load)
@@ -188,13 +203,15 @@ func WriteCapacityTable(w io.Writer, c *Capacity) error {
 			}
 			row = append(row, load, fmt.Sprintf("%.3g", l.Rate))
 			if ref >= 0 {
-				row = append(row, ratioText(l.Load, n.Policies[ref].At[k].Load))
+				row = append(row, ratioText(l.Load, c.Policies[ref].At[k].Load))
+			}
+			if ranks != nil {
+				row = append(row, fmt.Sprint(ranks[k].Ranks[p.Policy]))
 			}
 		}
-		row = append(row, or0(p.Binding, "-"), "")
-		fmt.Fprintln(tw, strings.Join(row, "\t"))
+		rows = append(rows, append(row, or0(p.Binding, "-")))
 	}
-	return tw.Flush()
+	return head, rows
 }
 
 // pctLevel writes a level as a percentage: 0.99 → "99%".
@@ -225,9 +242,4 @@ func WriteCapacitiesJSON(w io.Writer, cs []Capacity) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
-}
-
-// WriteCapacityHTML is not written yet.
-func WriteCapacityHTML(w io.Writer, cs []Capacity) error {
-	return fmt.Errorf("capacity: --report is not written yet")
 }

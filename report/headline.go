@@ -161,6 +161,9 @@ func boardHeadline(s *Summary) string {
 		}
 		out += fmt.Sprintf(" %s was within %.0f%% of the best TTFT p99 in %d of %d cells.", s.Default, 100*s.Tolerance, within, ran)
 	}
+	if s.Capacity != nil {
+		out += " " + s.Capacity.clause(s.Default)
+	}
 	return out
 }
 

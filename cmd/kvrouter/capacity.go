@@ -11,28 +11,13 @@ import (
 )
 
 // runCapacity is kvrouter sim --capacity: every policy's capacity at the
-// SLO on every workload, with one progress bar across them on stderr
-// when it is a terminal, written as tables, JSON (one object per
-// workload, an array for several) or an HTML page.
+// SLO on every workload (capacities), written as tables, JSON (one object
+// per workload, an array for several) or an HTML page.
 func runCapacity(base sim.Config, ws []*trace.Workload, cs sim.CapacitySearch, stdout io.Writer, stderr *os.File, htmlOut string, asJSON bool) error {
-	// About a dozen runs a policy: a bracket and a bisection.
-	bar := report.NewProgress(stderr, "capacity", int64(len(ws)*len(base.Policies)*12))
-	defer bar.Done()
-	var caps []report.Capacity
-	for _, w := range ws {
-		c := base
-		c.Workload, c.Requests, c.Fleet = w.Name, w.Requests, w.Events
-		cs.Progress = func(policy string, load float64) {
-			bar.SetLabel(fmt.Sprintf("%s %s @ %.3g", w.Name, policy, load))
-			bar.Add(1)
-		}
-		cp, err := sim.Capacity(c, cs)
-		if err != nil {
-			return fmt.Errorf("%s: %w", w.Name, err)
-		}
-		caps = append(caps, cp)
+	caps, err := capacities(base, ws, cs, stderr)
+	if err != nil {
+		return err
 	}
-	bar.Done()
 	ws2 := writers{
 		html: func(w io.Writer) error { return report.WriteCapacityHTML(w, caps) },
 		json: func(w io.Writer) error {
@@ -56,4 +41,28 @@ func runCapacity(base sim.Config, ws []*trace.Workload, cs sim.CapacitySearch, s
 		},
 	}
 	return ws2.write(stdout, htmlOut, asJSON)
+}
+
+// capacities searches every policy's capacity at the SLO on every
+// workload, one search per workload, with one progress bar across them on
+// stderr when it is a terminal.
+func capacities(base sim.Config, ws []*trace.Workload, cs sim.CapacitySearch, stderr *os.File) ([]report.Capacity, error) {
+	// About a dozen runs a policy: a bracket and a bisection.
+	bar := report.NewProgress(stderr, "capacity", int64(len(ws)*len(base.Policies)*12))
+	defer bar.Done()
+	var caps []report.Capacity
+	for _, w := range ws {
+		c := base
+		c.Workload, c.Requests, c.Fleet = w.Name, w.Requests, w.Events
+		cs.Progress = func(policy string, load float64) {
+			bar.SetLabel(fmt.Sprintf("%s %s @ %.3g", w.Name, policy, load))
+			bar.Add(1)
+		}
+		cp, err := sim.Capacity(c, cs)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", w.Name, err)
+		}
+		caps = append(caps, cp)
+	}
+	return caps, nil
 }

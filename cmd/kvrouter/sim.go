@@ -38,13 +38,19 @@ var simHelp = help{
 		"every (workload, load) cell runs, each with the policies' ranks on TTFT p99, TTFT\n" +
 		"mean, E2E p99 and hit rate, then a summary of which policy wins where and by how\n" +
 		"much, and whether the default policy (" + route.Default + ") is within 3% of the best.\n" +
-		"--json prints it for machines, --report as an HTML page. Built-in workloads are\n" +
-		"generated; mooncake-conversation, azure-conv and azure-code read public traces\n" +
-		"(--trace FILE, or ../shared/traces/).",
+		"--json prints it for machines, --report as an HTML page. --capacity finds each\n" +
+		"policy's capacity at the SLO instead: the highest load at which 99% (and 90%) of\n" +
+		"requests meet it, with the attainment at every load searched (--report draws it);\n" +
+		"given with a leaderboard (--load, several cells), it adds capacity per workload\n" +
+		"as a ranked column and to the summary. Built-in workloads are generated;\n" +
+		"mooncake-conversation, azure-conv and azure-code read public traces (--trace\n" +
+		"FILE, or ../shared/traces/).",
 	examples: []string{
 		"kvrouter sim --workload demo-chat --replicas 4 --policies round-robin,session-hash,kv-aware",
 		"kvrouter sim --workload shared-prefix --replicas 8 --load 0.9 --report sim.html",
 		"kvrouter sim --workload shared-prefix,agentic --load 0.5,0.95 --policies all --json > board.json",
+		"kvrouter sim --capacity --workload shared-prefix --requests 600 --policies kv-aware,least-loaded,round-robin --report capacity.html",
+		"kvrouter sim --capacity --workload shared-prefix,agentic --load 0.5,0.95 --policies kv-aware,least-loaded,round-robin --report board.html",
 		"kvrouter sim --trace conversation_trace.jsonl --replicas 16 --policies all   # the Mooncake trace",
 	},
 }
@@ -62,7 +68,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	preset := fs.String("preset", "llama3-8b-h100", "engine preset: "+strings.Join(engine.Presets(), ", "))
 	load := fs.String("load", "0.8", "arrival rate as a multiple of the fleet's knee (1: a balanced fleet caching nothing just meets the SLO), or comma-separated multiples (0: see --rate-scale)")
 	rateScale := fs.Float64("rate-scale", 0, "with --load 0: multiply the workload's own arrival rate by this (0 keeps its times)")
-	capacity := fs.Bool("capacity", false, "find each policy's capacity at the SLO instead: the highest load at which 99% (and 90%) of requests meet it, by bisection (--load is ignored)")
+	capacity := fs.Bool("capacity", false, "find each policy's capacity at the SLO instead: the highest load at which 99% (and 90%) of requests meet it, by bisection (--load is ignored); with a leaderboard (--load given, and several workloads or loads) run it too and add capacity, searched once per workload, as a ranked column")
 	tolerance := fs.Float64("tolerance", sim.DefaultTolerance, "with --capacity: relative step of the grid of loads searched")
 	policies := fs.String("policies", "all", "comma-separated policies, or all (every policy plus kv-aware-precise): "+strings.Join(route.Names(), ", "))
 	seed := fs.Uint64("seed", 1, "seed of the workload generator and the policies' tie-breaks")
@@ -105,8 +111,9 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign,
 	}
 	base.RateScale = *rateScale
-	if *capacity {
-		return runCapacity(base, ws, sim.CapacitySearch{Tolerance: *tolerance}, stdout, stderr, *htmlOut, *asJSON)
+	search := sim.CapacitySearch{Tolerance: *tolerance}
+	if *capacity && !(isSet(fs, "load") && len(ws)*len(loads) > 1) {
+		return runCapacity(base, ws, search, stdout, stderr, *htmlOut, *asJSON)
 	}
 	runs, err := runCells(cells(base, ws, loads), stderr)
 	if err != nil {
@@ -114,9 +121,24 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	}
 	out := runWriters(&runs[0])
 	if len(runs) > 1 {
-		out = boardWriters(report.NewBoard(runs, route.Default))
+		b := report.NewBoard(runs, route.Default)
+		if *capacity {
+			caps, err := capacities(base, ws, search, stderr)
+			if err != nil {
+				return err
+			}
+			b.AddCapacity(caps)
+		}
+		out = boardWriters(b)
 	}
 	return out.write(stdout, *htmlOut, *asJSON)
+}
+
+// isSet reports whether the flag name was given on fs's command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // admissionFlags binds the admission-control flags, which serve and sim
