@@ -275,3 +275,34 @@ func TestChurnHorizonFromHistory(t *testing.T) {
 		t.Errorf("after the burst: Horizon %v, want 82s (the smoothed rate's: %.0fs)", got, c.capacity*c.free/c.rate)
 	}
 }
+
+// TestChurnTierHorizon: a write-through CPU tier of 400,000 tokens behind
+// a GPU cache of 100,000 takes the GPU's new blocks less those it served
+// itself (the external prefix-cache hits, which the GPU counts as
+// misses): 1,000 missed tokens a second of which 600 loaded from the
+// tier leave 400 a second new to it, a horizon of 1,000 s; without a
+// tier there is none.
+func TestChurnTierHorizon(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	load := func(sec float64, cpuBlocks int, queries, hits, external float64) scrape.Load {
+		return scrape.Load{BlockSize: 16, NumBlocks: 6250, CPUBlocks: cpuBlocks, PrefixQueries: queries, PrefixHits: hits,
+			ExternalHits: external, At: t0.Add(time.Duration(sec * float64(time.Second)))}
+	}
+	var c Churn
+	for _, l := range []scrape.Load{load(0, 25000, 0, 0, 0), load(1, 25000, 3000, 2000, 600), load(2, 25000, 6000, 4000, 1200)} {
+		c.Observe(l)
+	}
+	if got, want := c.Horizon(), 100*time.Second; got != want {
+		t.Errorf("Horizon = %v, want %v", got, want)
+	}
+	if got, want := c.TierHorizon(), 1000*time.Second; got != want {
+		t.Errorf("TierHorizon = %v, want %v", got, want)
+	}
+	var none Churn
+	for _, l := range []scrape.Load{load(0, 0, 0, 0, 0), load(1, 0, 3000, 2000, 0)} {
+		none.Observe(l)
+	}
+	if got := none.TierHorizon(); got != 0 {
+		t.Errorf("without a tier TierHorizon = %v, want 0", got)
+	}
+}

@@ -465,6 +465,7 @@ func (f *Fleet) updateLocked(r *replica) {
 	if h := r.churn.Horizon(); h > 0 {
 		r.rates.Horizon = h
 	}
+	r.rates.TierHorizon = r.churn.TierHorizon()
 	p := &published{
 		scraped: r.scraped, running: r.load.Running, waiting: r.load.Waiting, kvUsage: r.load.KVUsage,
 		loadAt: r.load.At, rates: r.rates, calibrated: calibrated, dcalibrated: dcalibrated,

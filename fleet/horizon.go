@@ -36,7 +36,9 @@ type Churn struct {
 	ref      scrape.Load // counters at the start of the current span
 	haveRef  bool
 	rate     float64 // smoothed allocated (miss and generated) tokens per second
+	tierRate float64 // smoothed tokens per second new to the CPU tier (rate less the tier's own loads)
 	capacity float64 // tokens, from the latest load
+	tier     float64 // tokens of the CPU tier, from the latest load
 	free     float64 // smoothed share of the capacity no request holds
 
 	// The allocation history: at each kept span's end, the time and the
@@ -48,6 +50,7 @@ type Churn struct {
 	cum      float64
 	lastKept time.Time
 	horizon  time.Duration // Horizon, as of the latest span
+	tierH    time.Duration // TierHorizon, as of the latest span
 }
 
 // allocation is one sample of the allocation history.
@@ -69,9 +72,10 @@ func (c *Churn) Observe(l scrape.Load) {
 	}
 	if l.NumBlocks > 0 && l.BlockSize > 0 {
 		c.capacity = float64(l.NumBlocks) * float64(l.BlockSize)
+		c.tier = float64(l.CPUBlocks) * float64(l.BlockSize)
 	}
 	if !c.haveRef || l.PrefixQueries < c.ref.PrefixQueries || l.PrefixHits < c.ref.PrefixHits ||
-		l.GenerationTokens < c.ref.GenerationTokens {
+		l.GenerationTokens < c.ref.GenerationTokens || l.ExternalHits < c.ref.ExternalHits {
 		c.ref, c.haveRef = l, true
 		return
 	}
@@ -84,7 +88,11 @@ func (c *Churn) Observe(l scrape.Load) {
 		return
 	}
 	misses := (l.PrefixQueries - c.ref.PrefixQueries) - (l.PrefixHits - c.ref.PrefixHits)
-	rate := (max(misses, 0) + (l.GenerationTokens - c.ref.GenerationTokens)) / dt.Seconds()
+	generated := l.GenerationTokens - c.ref.GenerationTokens
+	rate := (max(misses, 0) + generated) / dt.Seconds()
+	// A block a connector served (loaded from the CPU tier) is a GPU miss
+	// but nothing new to the tier.
+	tierRate := (max(misses-(l.ExternalHits-c.ref.ExternalHits), 0) + generated) / dt.Seconds()
 	free := 1 - min(max(l.KVUsage, 0), 1)
 	if l.KVUsage != l.KVUsage { // NaN: say nothing of it
 		free = 1
@@ -94,25 +102,27 @@ func (c *Churn) Observe(l scrape.Load) {
 		alpha = 0.3
 	}
 	if c.rate == 0 {
-		c.rate, c.free = rate, free
+		c.rate, c.free, c.tierRate = rate, free, tierRate
 	} else {
 		c.rate = (1-alpha)*c.rate + alpha*rate
 		c.free = (1-alpha)*c.free + alpha*free
+		c.tierRate = (1-alpha)*c.tierRate + alpha*tierRate
 	}
 	c.keep(c.ref.At, l.At, rate*dt.Seconds(), span)
 	c.ref = l
 	c.horizon = c.estimate()
+	c.tierH = c.estimateTier()
 }
 
 // keep adds the tokens allocated from `from` to at to the history, as a
-// new sample when the newest is at least a hundredth of the horizon (and
-// a span) old, else by moving the newest forward.
+// new sample when the newest is at least a hundredth of the longer
+// horizon (and a span) old, else by moving the newest forward.
 func (c *Churn) keep(from, at time.Time, allocated float64, span time.Duration) {
 	if c.histN == 0 {
 		c.push(allocation{at: from.UnixNano()})
 	}
 	c.cum += allocated
-	gap := max(span, c.horizon/(historyLen/2))
+	gap := max(span, max(c.horizon, c.tierH)/(historyLen/2))
 	if c.histN > 1 && at.Sub(c.lastKept) < gap {
 		c.hist[(c.histEnd+historyLen-1)%historyLen] = allocation{at: at.UnixNano(), cum: c.cum}
 		return
@@ -140,28 +150,57 @@ func (c *Churn) push(a allocation) {
 // quotient. It changes only when a span completes (Observe).
 func (c *Churn) Horizon() time.Duration { return c.horizon }
 
+// TierHorizon returns how long an untouched block survives on the
+// replica's CPU tier, zero without one (or before a miss rate is seen).
+// The tier the engines keep (vLLM's CPU offloading, LMCache's local CPU
+// backend) is written through: every block the GPU stores is copied to
+// it, and it evicts its least recently used. Its slots are taken by the
+// GPU's new blocks less those the tier itself served (the engine's
+// external prefix-cache hits), and none is held by a running request, so
+// a block survives there until the tier's whole capacity is taken anew:
+// its capacity over that rate, smoothed. It is at least Horizon (a block
+// still on the GPU is served from there).
+func (c *Churn) TierHorizon() time.Duration { return c.tierH }
+
 // estimate computes Horizon.
-func (c *Churn) estimate() time.Duration {
+func (c *Churn) estimate() time.Duration { return c.survival(c.capacity * c.free) }
+
+// estimateTier computes TierHorizon.
+func (c *Churn) estimateTier() time.Duration {
+	if c.tier <= 0 {
+		return 0
+	}
+	if c.tierRate <= 0 {
+		return 24 * time.Hour
+	}
+	return max(min(time.Duration(c.tier/c.tierRate*float64(time.Second)), 24*time.Hour), c.horizon)
+}
+
+// survival is how long ago the engine began allocating free tokens of
+// slots anew: from the allocation history where it reaches back that
+// far, else their quotient by the smoothed rate; zero before a capacity
+// and a positive rate are seen.
+func (c *Churn) survival(free float64) time.Duration {
 	if c.capacity <= 0 || c.rate <= 0 {
 		return 0
 	}
-	if h, ok := c.fromHistory(); ok {
+	if h, ok := c.fromHistory(free); ok {
 		return h
 	}
-	h := c.capacity * c.free / c.rate // seconds
+	h := free / c.rate // seconds
 	if h > (24 * time.Hour).Seconds() {
 		return 24 * time.Hour
 	}
 	return time.Duration(h * float64(time.Second))
 }
 
-// fromHistory is Horizon from the allocation history, and whether the
-// history reaches back that far.
-func (c *Churn) fromHistory() (time.Duration, bool) {
+// fromHistory is the time back from the newest sample at which the tokens
+// allocated since equal free, and whether the history reaches back that
+// far.
+func (c *Churn) fromHistory(free float64) (time.Duration, bool) {
 	if c.histN < 2 {
 		return 0, false
 	}
-	free := c.capacity * c.free
 	newest := c.hist[(c.histEnd+historyLen-1)%historyLen]
 	for k := 2; k <= c.histN; k++ {
 		s := c.hist[(c.histEnd+historyLen-k)%historyLen]

@@ -86,7 +86,9 @@ import (
 // The prefix a replica lacks need not be computed. Each candidate is
 // priced three ways and keeps the cheapest: computing what its GPU does
 // not cache; loading what its CPU tier holds past that over PCIe
-// (Request.Offloaded, Rates.LoadPerMTokens: Cost.Load); and importing the
+// (Request.Offloaded where the engine's events say it, else the match
+// expected still on the replica at Rates.TierHorizon, kvRequest.tiered;
+// Rates.LoadPerMTokens: Cost.Load); and importing the
 // prefix from the replica that caches and has computed most of it
 // (Request.Settled; Rates.TransferPerMTokens
 // over the slower of the two links, after what either still carries,
@@ -105,7 +107,7 @@ import (
 // iterations inside Wait and Prefill scale with Rates.DecodeScale. Wait +
 // Prefill is the predicted time to first token (Needs.Calibrate).
 //
-// The behaviours of design.md §3 fall out of these terms, each covered by
+// The behaviours of docs/kv-aware.md fall out of these terms, each covered by
 // a test in kvaware_test.go: a session's replica holds its blocks, so its
 // match keeps the session there until another replica's lighter batch
 // saves more than recomputing the context costs; a hot prefix's holder

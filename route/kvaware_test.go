@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The tests below each show one behaviour of design.md §3 falling out of
+// The tests below each show one behaviour of docs/kv-aware.md falling out of
 // the kv-aware cost model. Default rates: 46 µs per prompt token, so a
 // 1,024-token prefill costs about 48 ms.
 
@@ -289,7 +289,7 @@ func TestKVAwareHugeOutputSaturates(t *testing.T) {
 // other field of Rates must tell two presets apart, including one added
 // later.
 func TestSamePresetCoversTheSharedRates(t *testing.T) {
-	perReplica := map[string]bool{"Horizon": true, "Displaced": true, "Scale": true, "DecodeScale": true,
+	perReplica := map[string]bool{"Horizon": true, "TierHorizon": true, "Displaced": true, "Scale": true, "DecodeScale": true,
 		"HitScale": true, "TransferPerMTokens": true, "LoadPerMTokens": true}
 	typ := reflect.TypeFor[Rates]()
 	for i := range typ.NumField() {

@@ -200,7 +200,7 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 	if !q.haveRates || !samePreset(raw, &q.raw) {
 		q.setRates(raw)
 	}
-	q.rt.Horizon, q.rt.Scale, q.rt.DecodeScale, q.rt.HitScale = raw.Horizon, 1, 1, 1
+	q.rt.Horizon, q.rt.TierHorizon, q.rt.Scale, q.rt.DecodeScale, q.rt.HitScale = raw.Horizon, raw.TierHorizon, 1, 1, 1
 	q.rt.Displaced, q.rt.TransferPerMTokens, q.rt.LoadPerMTokens = raw.Displaced, raw.TransferPerMTokens, raw.LoadPerMTokens
 	if raw.HitScale > 0 {
 		q.rt.HitScale = raw.HitScale
@@ -252,7 +252,7 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 			k, total = k2, t2
 		}
 	}
-	if tier, load, ok := q.loading(i, rt, cached); ok {
+	if tier, load, ok := q.loading(rp, i, rt, cached); ok {
 		if k2, t2 := q.priceWith(rp, i, rt, cached, tier, load, Transfer{}); t2 < total {
 			k, total = k2, t2
 		}
@@ -263,15 +263,41 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 // loading is what replica i's CPU tier holds of the prompt beyond the
 // cached tokens on its GPU, in tokens, and the time it takes to load it;
 // ok is false when that is less than a block or the tier earns no credit.
-func (q *kvRequest) loading(i int, rt *Rates, cached float64) (tier, load float64, ok bool) {
-	if i >= len(q.r.Offloaded) || rt.LoadPerMTokens <= 0 {
+// What the tier holds is the engine's own word where its KV events say
+// it (Request.Offloaded), else the index's match expected still on the
+// replica at TierHorizon (tiered).
+func (q *kvRequest) loading(rp *Replica, i int, rt *Rates, cached float64) (tier, load float64, ok bool) {
+	if rt.LoadPerMTokens <= 0 {
 		return 0, 0, false
 	}
-	tier = min(float64(q.r.Offloaded[i]*q.bs), q.tokens)
+	if i < len(q.r.Offloaded) {
+		tier = min(float64(q.r.Offloaded[i]*q.bs), q.tokens)
+	}
+	if tier == 0 {
+		tier = q.tiered(rp, i, rt)
+	}
 	if tier-cached < float64(q.bs) {
 		return 0, 0, false
 	}
 	return tier, (tier - cached) * float64(rt.LoadPerMTokens) * 1e-6, true
+}
+
+// tiered is the expected prompt tokens replica i holds on its GPU or its
+// CPU tier: the index's match times the probability it is still on the
+// replica at TierHorizon over both tiers' capacity, with the learned
+// HitScale; 0 without a tier. Where the working set cycles through the
+// GPU cache (LRU's worst case) but fits the tiers, cached predicts
+// almost nothing while the engine loads most prompts without computing.
+func (q *kvRequest) tiered(rp *Replica, i int, rt *Rates) float64 {
+	m := q.matched(i)
+	if m <= 0 || rt.TierHorizon <= 0 {
+		return 0
+	}
+	// The tokens the churn allocates over TierHorizon, as the GPU's
+	// capacity is over Horizon: the scale of resident's step.
+	capacity := float64(rp.CacheBlocks) * float64(q.bs) * float64(rt.TierHorizon) / float64(max(rt.Horizon, 1))
+	p := resident(ageOf(q.r, i), rt.TierHorizon, capacity, q.tokens)
+	return math.Floor(min(p*rt.HitScale, 1) * m)
 }
 
 // importing is the transfer of the source's cached prefix to replica i,

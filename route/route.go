@@ -95,6 +95,12 @@ type Rates struct {
 	// eviction on this replica (learned from its KV churn); zero means
 	// unknown (no decay).
 	Horizon time.Duration
+	// TierHorizon is how long an untouched block survives anywhere on the
+	// replica, its CPU tier too (learned from the same churn over the
+	// tier's capacity); zero means no tier, or unknown. A block past
+	// Horizon but within TierHorizon is loaded, not computed (at
+	// LoadPerMTokens).
+	TierHorizon time.Duration
 	// Displaced is what a token of KV the replica newly stores costs the
 	// tokens it evicts, in prefills of a token: the share of the tokens it
 	// evicted that later requests asked it for again (learned online from

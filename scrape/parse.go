@@ -49,6 +49,11 @@ type Load struct {
 	// PrefixQueries and PrefixHits are the engine's cumulative prefix-cache
 	// counters, in tokens: prompt tokens looked up, and those found cached.
 	PrefixQueries, PrefixHits float64
+	// ExternalHits is the engine's cumulative count of prompt tokens its
+	// KV connectors served (vllm:external_prefix_cache_hits: a CPU tier's
+	// loads, a peer's transfers), which its GPU counted as misses; zero
+	// without a connector.
+	ExternalHits float64
 	// GenerationTokens is the engine's cumulative count of generated
 	// tokens (vllm:generation_tokens_total, sglang:generation_tokens_total):
 	// their KV takes blocks from the cache as prompt misses do.
@@ -75,6 +80,8 @@ const (
 	// was asked for (an offload tier, LMCache, a peer): present only when
 	// the engine has one.
 	vllmExtQueries = "vllm:external_prefix_cache_queries"
+	// vllmExtHits is the part of those the connector served.
+	vllmExtHits = "vllm:external_prefix_cache_hits"
 
 	sglRunning     = "sglang:num_running_reqs"
 	sglWaiting     = "sglang:num_queue_reqs"
@@ -118,6 +125,7 @@ func Parse(r io.Reader) (Load, error) {
 		// KV connector; without one (vLLM v0) it is swap space for
 		// preempted requests, which serves no prefix.
 		_, l.CPUBlocks = s.info(vllmCacheConfig, "block_size", "num_cpu_blocks")
+		l.ExternalHits = s.counter(vllmExtHits)
 	}
 	l.PrefixQueries = s.counter(vllmQueries) + s.counter(sglPrompt)
 	l.PrefixHits = s.counter(vllmHits) + s.counter(sglCached)
@@ -129,7 +137,7 @@ func Parse(r io.Reader) (Load, error) {
 var known = [...]string{
 	vllmRunning, vllmWaiting, vllmKVUsage, vllmGPUUsage, vllmCacheConfig,
 	vllmQueries, vllmQueries + "_total", vllmHits, vllmHits + "_total",
-	vllmGenerated, vllmGenerated + "_total", vllmExtQueries, vllmExtQueries + "_total",
+	vllmGenerated, vllmGenerated + "_total", vllmExtQueries, vllmExtQueries + "_total", vllmExtHits, vllmExtHits + "_total",
 	sglRunning, sglWaiting, sglUsage, sglCacheConfig, sglMaxTokens,
 	sglPrompt, sglPrompt + "_total", sglCached, sglCached + "_total",
 	sglGenerated, sglGenerated + "_total",

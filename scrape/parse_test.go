@@ -52,7 +52,7 @@ func TestParseLiteral(t *testing.T) {
 		{name: "NaN ignored", in: "vllm:num_requests_running NaN\n", want: Load{}},
 		{name: "new usage wins over old", in: "vllm:kv_cache_usage_perc 0.2\nvllm:gpu_cache_usage_perc 0.9\n", want: Load{KVUsage: 0.2}},
 		{name: "cache config None", in: "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n", want: Load{}},
-		{name: "CPU tier behind a connector", in: "vllm:cache_config_info{block_size=\"16\",num_cpu_blocks=\"4000\",num_gpu_blocks=\"1000\"} 1\n# TYPE vllm:external_prefix_cache_queries counter\nvllm:external_prefix_cache_queries_total 10\n", want: Load{BlockSize: 16, NumBlocks: 1000, CPUBlocks: 4000}},
+		{name: "CPU tier behind a connector", in: "vllm:cache_config_info{block_size=\"16\",num_cpu_blocks=\"4000\",num_gpu_blocks=\"1000\"} 1\n# TYPE vllm:external_prefix_cache_queries counter\nvllm:external_prefix_cache_queries_total 10\n# TYPE vllm:external_prefix_cache_hits counter\nvllm:external_prefix_cache_hits_total 7\n", want: Load{BlockSize: 16, NumBlocks: 1000, CPUBlocks: 4000, ExternalHits: 7}},
 		{name: "swap space (no connector)", in: "vllm:cache_config_info{block_size=\"16\",num_cpu_blocks=\"4000\",num_gpu_blocks=\"1000\"} 1\n", want: Load{BlockSize: 16, NumBlocks: 1000}},
 		{name: "generated tokens", in: "# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{engine=\"0\"} 300\nvllm:generation_tokens_total{engine=\"1\"} 200\n# TYPE sglang:generation_tokens counter\nsglang:generation_tokens_total 7\n", want: Load{GenerationTokens: 507}},
 		{name: "malformed value", in: "vllm:num_requests_running abc\n", wantErr: true},

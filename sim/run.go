@@ -287,7 +287,7 @@ func (r *runner) onScrape() {
 // emulator/metrics.go exports), taken at t.
 func loadOf(s engine.Stats, blockSize int, t time.Time) scrape.Load {
 	l := scrape.Load{Running: s.Running, Waiting: s.Waiting, BlockSize: blockSize, NumBlocks: s.TotalBlocks, CPUBlocks: s.CPUBlocks,
-		PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits),
+		PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits), ExternalHits: float64(s.CPUHits + s.RemoteHits),
 		GenerationTokens: float64(s.OutputTokens), At: t}
 	if s.TotalBlocks > 0 {
 		l.KVUsage = float64(s.UsedBlocks) / float64(s.TotalBlocks)

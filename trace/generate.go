@@ -24,16 +24,18 @@ type GenOptions struct {
 	// anyway (Scale).
 	Rate float64
 	// Groups is the number of prefix groups (shared-prefix,
-	// multi-tenant-context, hot-prefix's cold prefixes) or tenants
-	// (agentic); zero means the workload's default.
+	// multi-tenant-context, hot-prefix's cold prefixes), tenants
+	// (agentic) or sessions (document-qa); zero means the workload's
+	// default.
 	Groups int
 	// PerGroup is prompts per group (shared-prefix) or users per group
 	// (multi-tenant-context); zero means the workload's default.
 	PerGroup int
 	// FleetKVTokens is the KV capacity of the whole fleet in tokens
 	// (replicas × blocks × block size), which multi-tenant-context sizes
-	// its groups to (tenantGroupsFor); zero means llm-d's benchmark's
-	// fixed 150 groups. Groups, when set, wins.
+	// its groups to (tenantGroupsFor; zero means llm-d's benchmark's
+	// fixed 150 groups) and document-qa its sessions (docSessionsFor).
+	// Groups, when set, wins.
 	FleetKVTokens int
 	// Base is the workload the "failure" workload disturbs; empty means
 	// "multi-turn-chat".
@@ -47,7 +49,7 @@ type GenOptions struct {
 func Names() []string {
 	return []string{
 		"mooncake-conversation", "shared-prefix", "multi-tenant-context",
-		"multi-turn-chat", "agentic", "unique", "hot-prefix", "failure",
+		"multi-turn-chat", "agentic", "unique", "hot-prefix", "document-qa", "failure",
 		"azure-conv", "azure-code",
 	}
 }
@@ -73,6 +75,8 @@ func Generate(name string, opt GenOptions) (*Workload, error) {
 		reqs = unique(opt)
 	case "hot-prefix":
 		reqs = hotPrefix(opt)
+	case "document-qa":
+		reqs = documentQA(opt)
 	case "failure":
 		return failure(opt)
 	default:

@@ -14,6 +14,7 @@ const (
 	streamAgent
 	streamUnique
 	streamHot
+	streamDocs
 )
 
 // sharedPrefix: Groups (64) × PerGroup (16) prompts, each a 2,048-token
