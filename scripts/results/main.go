@@ -335,8 +335,8 @@ func leaderboard(outs [][]byte) (string, error) {
 			}
 		}
 	}
-	fmt.Fprintf(&b, "\n%s is within %.0f%% of the best on all four metrics in %d of %d cells. On the sum it minimises, mean TTFT + mean end-to-end latency, it is the best policy in %d cells and within %.0f%% of the best in %d.\n",
-		sum.Default, 100*sum.Tolerance, all, n, best, 100*sum.Tolerance, near)
+	fmt.Fprintf(&b, "\n%s is within %.0f%% of the best on all four metrics in %d of %d cells. On the sum it minimises, mean TTFT + mean end-to-end latency, it is the best policy in %d of %d cells and within %.0f%% of the best in %d.\n",
+		sum.Default, 100*sum.Tolerance, all, n, best, n, 100*sum.Tolerance, near)
 	return b.String(), nil
 }
 
