@@ -57,7 +57,7 @@ func TestConfigurationDocFollowsFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := yamlKeys()
+	keys := configFileKeys()
 	fs.VisitAll(func(f *flag.Flag) {
 		if f.Name != "config" && yamlKeyOf(keys, f.Name) == "" {
 			t.Errorf("serve flag --%s has no key in the YAML file (proxy.Config's yaml tags)", f.Name)
