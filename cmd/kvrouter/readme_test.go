@@ -107,8 +107,6 @@ func readmeRules() map[string]readmeRule {
 		"kubectl apply -n llm -k deploy/":   {skip: "needs a cluster; deploy's tests decode every manifest strictly"},
 		"kvrouter epp --listen :9002 --discover dns://vllm-engines:8000 --policy kv-aware": {
 			skip: "needs the cluster's DNS name of the vLLM pods; epp's tests run it on loopback"},
-		"kvrouter sim --workload all --load 0.5,0.8,0.95 --policies all": {
-			args: "--requests 40", slow: true},
 		"kvrouter sim --workload hot-prefix,multi-turn-chat --load 0.8 --replicas 16 --policies kv-aware,session-hash,least-loaded --requests 2000 --routers 3 --sync-interval 50ms": {
 			args: "--requests 300"},
 		routersCommand + " --routers 1":                      {args: "--requests 300"},

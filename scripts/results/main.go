@@ -340,6 +340,79 @@ func leaderboard(outs [][]byte) (string, error) {
 	return b.String(), nil
 }
 
+// The JSON of kvrouter sim --capacity (report.WriteCapacityJSON, an
+// array of them for several workloads), the fields the table uses.
+type capacityJSON struct {
+	Params []struct {
+		Name  string `json:"name"`
+		Value string `json:"value"`
+	} `json:"params"`
+	KneeRate float64 `json:"knee_rate"`
+	Policies []struct {
+		Policy string `json:"policy"`
+		At     []struct {
+			Level  float64 `json:"level"`
+			Load   float64 `json:"load"`
+			Rate   float64 `json:"rate"`
+			Capped bool    `json:"capped"`
+		} `json:"at"`
+		Binding string `json:"binding"`
+	} `json:"policies"`
+}
+
+// capacity: one row per workload and policy, its capacity at each level.
+func capacity(outs [][]byte) (string, error) {
+	caps, err := decode[[]capacityJSON](outs[0])
+	if err != nil {
+		one, err1 := decode[capacityJSON](outs[0])
+		if err1 != nil {
+			return "", err
+		}
+		caps = []capacityJSON{one}
+	}
+	var b strings.Builder
+	b.WriteString("| workload | policy | load at 99% | req/s | load at 90% | req/s | × round-robin | binds |\n|---|---|---|---|---|---|---|---|\n")
+	for _, c := range caps {
+		workload := ""
+		for _, p := range c.Params {
+			if p.Name == "workload" {
+				workload = p.Value
+			}
+		}
+		ref := 0.0
+		for _, p := range c.Policies {
+			if p.Policy == "round-robin" && len(p.At) > 0 {
+				ref = p.At[0].Load
+			}
+		}
+		for _, p := range c.Policies {
+			cells := []string{}
+			for k := range 2 {
+				if k >= len(p.At) {
+					cells = append(cells, "", "")
+					continue
+				}
+				l := p.At[k]
+				load := fmt.Sprintf("%.3g", l.Load)
+				if l.Capped {
+					load = "≥ " + load
+				}
+				cells = append(cells, load, fmt.Sprintf("%.3g", l.Rate))
+			}
+			ratio := ""
+			if ref > 0 && len(p.At) > 0 {
+				ratio = fmt.Sprintf("%.2f", p.At[0].Load/ref)
+			}
+			binds := p.Binding
+			if binds == "" {
+				binds = "-"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", workload, p.Policy, strings.Join(cells, " | "), ratio, binds)
+		}
+	}
+	return b.String(), nil
+}
+
 // routers: kv-aware's row of each (workload, routers) run.
 func routers(outs [][]byte) (string, error) {
 	labels := []string{"1 router", "3 routers sharing (50 ms)", "3 routers alone"}
@@ -418,6 +491,9 @@ func fixed(cmds ...string) func() ([]string, error) {
 	return func() ([]string, error) { return cmds, nil }
 }
 
+// heavy is why a section's commands are not run by TestREADME.
+const heavy = "an hour or more on 2 cores: scripts/results runs it, and simulator.md's smaller runs are tested"
+
 func sections() []section {
 	const tiersBase = "kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake"
 	const routersBase = "kvrouter sim --workload hot-prefix,multi-turn-chat --load 0.8 --replicas 16 --preset llama3-8b-h100 --policies kv-aware,session-hash,least-loaded --requests 2000"
@@ -427,9 +503,12 @@ func sections() []section {
 		{name: "quickstart", title: "The demo's workload in the simulator", table: oneRun, args: " --json",
 			commands: fixed("kvrouter sim --workload demo-chat --replicas 4 --policies round-robin,least-loaded,session-hash,kv-aware"),
 			about:    "The demo's requests on a virtual clock: deterministic, the same figures on every machine."},
-		{name: "leaderboard", title: "Leaderboard", table: leaderboard, args: " --json",
+		{name: "leaderboard", title: "Leaderboard", table: leaderboard, args: " --json", skipCI: heavy,
 			commands: fixed("kvrouter sim --workload all --load 0.5,0.8,0.95 --policies all"),
 			about:    "Every workload at three loads, 16 replicas of llama3-8b-h100, every policy; kv-aware is judged on each cell against the best policy there."},
+		{name: "capacity", title: "Capacity at the SLO", table: capacity, args: " --json", skipCI: heavy,
+			commands: fixed("kvrouter sim --capacity --workload all --policies all"),
+			about:    "Per workload, each policy's capacity: the highest load at which 99% (and 90%) of the requests meet the SLO on both TTFT and ITL, found by bisection over simulated runs, 16 replicas of llama3-8b-h100. Load 1 is a balanced fleet caching nothing at its knee; req/s is the arrival rate there; × round-robin is the capacity at 99% as a multiple of round-robin's; binds is the bound the requests past it miss most."},
 		{name: "routers", title: "Several routers", table: routers, args: " --json",
 			commands: fixed(routersBase+" --routers 1", routersBase+" --routers 3 --sync-interval 50ms", routersBase+" --routers 3 --sync-interval -1ns"),
 			about:    "Three routers in front of the same 16 replicas, sharing their state every 50 ms of virtual time, or never (the control), against one router."},

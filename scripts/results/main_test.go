@@ -66,3 +66,26 @@ func TestLeaderboard(t *testing.T) {
 		}
 	}
 }
+
+// TestCapacity: the table of a literal capacity search, one workload.
+func TestCapacity(t *testing.T) {
+	c := `{"params": [{"name": "workload", "value": "shared-prefix"}], "knee_rate": 10,
+	  "policies": [
+	    {"policy": "round-robin", "at": [{"level": 0.99, "load": 0.5, "rate": 5}, {"level": 0.9, "load": 0.6, "rate": 6}], "binding": "ttft"},
+	    {"policy": "kv-aware", "at": [{"level": 0.99, "load": 1.5, "rate": 15, "capped": true}, {"level": 0.9, "load": 1.5, "rate": 15, "capped": true}]}]}`
+	got, err := capacity([][]byte{[]byte(c)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| shared-prefix | round-robin | 0.5 | 5 | 0.6 | 6 | 1.00 | ttft |",
+		"| shared-prefix | kv-aware | ≥ 1.5 | 15 | ≥ 1.5 | 15 | 3.00 | - |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in:\n%s", want, got)
+		}
+	}
+	if _, err := capacity([][]byte{[]byte("[" + c + "]")}); err != nil {
+		t.Errorf("an array of searches: %v", err)
+	}
+}
