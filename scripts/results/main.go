@@ -201,8 +201,12 @@ type (
 			Default   string  `json:"default"`
 			Tolerance float64 `json:"tolerance"`
 			Cells     []struct {
-				Workload      string          `json:"workload"`
-				Load          float64         `json:"load"`
+				Workload string  `json:"workload"`
+				Load     float64 `json:"load"`
+				Metrics  map[string]struct {
+					Winner string             `json:"winner"`
+					Ratios map[string]float64 `json:"ratios"`
+				} `json:"metrics"`
 				DefaultWithin map[string]bool `json:"default_within_tolerance"`
 			} `json:"cells"`
 			Wins map[string]map[string]int `json:"wins"`
@@ -337,6 +341,24 @@ func leaderboard(outs [][]byte) (string, error) {
 	}
 	fmt.Fprintf(&b, "\n%s is within %.0f%% of the best on all four metrics in %d of %d cells. On the sum it minimises, mean TTFT + mean end-to-end latency, it is the best policy in %d of %d cells and within %.0f%% of the best in %d.\n",
 		sum.Default, 100*sum.Tolerance, all, n, best, n, 100*sum.Tolerance, near)
+	fmt.Fprintf(&b, "\nPer cell, %s's figure as a multiple of the best (a hit rate below 1 is worse), and the best policy:\n\n", sum.Default)
+	b.WriteString("| cell | TTFT p99 | TTFT mean | E2E p99 | hit |\n|---|---|---|---|---|\n")
+	for _, c := range sum.Cells {
+		row := fmt.Sprintf("| %s @ %g |", c.Workload, c.Load)
+		for _, m := range metrics {
+			st, ok := c.Metrics[m]
+			r, has := st.Ratios[sum.Default]
+			switch {
+			case !ok || !has:
+				row += " - |"
+			case st.Winner == sum.Default:
+				row += fmt.Sprintf(" %.2f× |", r)
+			default:
+				row += fmt.Sprintf(" %.2f× (%s) |", r, st.Winner)
+			}
+		}
+		b.WriteString(row + "\n")
+	}
 	return b.String(), nil
 }
 
@@ -358,6 +380,14 @@ type capacityJSON struct {
 		} `json:"at"`
 		Binding string `json:"binding"`
 	} `json:"policies"`
+}
+
+// rate formats requests per second: whole above 100.
+func rate(r float64) string {
+	if r >= 100 {
+		return fmt.Sprintf("%.0f", r)
+	}
+	return fmt.Sprintf("%.3g", r)
 }
 
 // capacity: one row per workload and policy, its capacity at each level.
@@ -397,7 +427,7 @@ func capacity(outs [][]byte) (string, error) {
 				if l.Capped {
 					load = "≥ " + load
 				}
-				cells = append(cells, load, fmt.Sprintf("%.3g", l.Rate))
+				cells = append(cells, load, rate(l.Rate))
 			}
 			ratio := ""
 			if ref > 0 && len(p.At) > 0 {

@@ -48,8 +48,8 @@ func TestLeaderboard(t *testing.T) {
 	    {"policy": "round-robin", "completed": 10, "ttft_ms": {"mean": 10}, "e2e_ms": {"mean": 100}}]}],
 	 "summary": {"default": "kv-aware", "tolerance": 0.03,
 	  "cells": [
-	    {"workload": "a", "load": 0.5, "default_within_tolerance": {"ttft_p99": true, "ttft_mean": true, "e2e_p99": true, "hit_rate": true}},
-	    {"workload": "b", "load": 0.5, "default_within_tolerance": {"ttft_p99": true, "ttft_mean": false, "e2e_p99": true, "hit_rate": true}}],
+	    {"workload": "a", "load": 0.5, "metrics": {"ttft_p99": {"winner": "kv-aware", "ratios": {"kv-aware": 1}}, "ttft_mean": {"winner": "kv-aware", "ratios": {"kv-aware": 1}}}, "default_within_tolerance": {"ttft_p99": true, "ttft_mean": true, "e2e_p99": true, "hit_rate": true}},
+	    {"workload": "b", "load": 0.5, "metrics": {"ttft_mean": {"winner": "round-robin", "ratios": {"kv-aware": 1.2, "round-robin": 1}}}, "default_within_tolerance": {"ttft_p99": true, "ttft_mean": false, "e2e_p99": true, "hit_rate": true}}],
 	  "wins": {"ttft_mean": {"kv-aware": 1, "round-robin": 1}}}}`
 	got, err := leaderboard([][]byte{[]byte(board)})
 	if err != nil {
@@ -60,6 +60,8 @@ func TestLeaderboard(t *testing.T) {
 		"| ttft p99 | 2 of 2 |  |",
 		"within 3% of the best on all four metrics in 1 of 2 cells",
 		"the best policy in 1 of 2 cells and within 3% of the best in 2.",
+		"| a @ 0.5 | 1.00× | 1.00× | - | - |",
+		"| b @ 0.5 | - | 1.20× (round-robin) | - | - |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in:\n%s", want, got)
