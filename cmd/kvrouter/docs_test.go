@@ -19,10 +19,11 @@ const (
 var historyPhrases = []string{"before this commit", "the commit before", "previously", "used to be"}
 
 // TestDocsShape: README.md and docs/*.md stay within their lengths, tell
-// no history, and every relative link points at a file of the
-// repository.
+// no history, every page is in the README's map, and every relative link
+// points at a file of the repository.
 func TestDocsShape(t *testing.T) {
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	readme := readDoc(t, "README.md")
 	for _, file := range docFiles(t) {
 		text := readDoc(t, file)
 		lines := strings.Count(text, "\n")
@@ -34,6 +35,9 @@ func TestDocsShape(t *testing.T) {
 			if strings.Contains(lower, p) {
 				t.Errorf("%s: %q tells how kvrouter was: say how it is (history goes to CHANGELOG.md)", file, p)
 			}
+		}
+		if page, ok := strings.CutPrefix(file, "docs/"); ok && !strings.Contains(readme, "](docs/"+page+")") {
+			t.Errorf("%s is not in the README's map of the docs", file)
 		}
 		for _, m := range link.FindAllStringSubmatch(text, -1) {
 			target, _, _ := strings.Cut(m[1], "#")
