@@ -6,7 +6,7 @@
 // adapters on top of it, all on one KV cache. It stands in for a GPU
 // replica in tests, benchmarks and the demo.
 //
-// One goroutine owns the engine (style.md §4): HTTP handlers submit requests
+// One goroutine owns the engine (docs/architecture.md, "Time is an argument"): HTTP handlers submit requests
 // and cancellations over channels and follow their requests through
 // per-request state; the loop calls engine.Step, delivers its events and
 // publishes a Stats snapshot for /metrics through an atomic.Pointer.

@@ -1,7 +1,7 @@
 // Package kvevents follows the KV-cache events that vLLM and SGLang publish
 // over ZMQ and keeps the residency index equal to each engine's cache.
 //
-// Wire format (vllm/distributed/kv_events.py, protocols.md): a PUB socket
+// Wire format (vllm/distributed/kv_events.py, docs/protocols.md): a PUB socket
 // sends 3-frame messages (topic, 8-byte big-endian sequence number, msgpack
 // event batch); a ROUTER socket replays buffered batches to a DEALER.
 // Decode turns a batch in either encoding (legacy tagged arrays, or tagged

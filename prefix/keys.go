@@ -13,7 +13,7 @@ const prefixKeyChars = 100
 // PrefixKey is the key of consistent-hashing policies (route.CHWBL): xxhash64
 // of the model and the first 100 characters (runes) of the first user
 // message, or of the first prompt for completions. Source: KubeAI
-// PrefixHash (peers.md "chwbl"); vLLM names a LoRA adapter in "model", so
+// PrefixHash (docs/peers.md, "chwbl"); vLLM names a LoRA adapter in "model", so
 // the model stands for KubeAI's adapter name.
 func (p *Prompt) PrefixKey() uint64 {
 	var d xxhash.Digest

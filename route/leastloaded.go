@@ -4,7 +4,7 @@ package route
 // requests in flight as counted by the router itself (Replica.InFlight,
 // always fresh); ties go to the lowest tieKey of Request.Hash. Source:
 // KubeAI's default load balancing strategy LeastLoad
-// (internal/loadbalancer, kubeai v0.x), peers.md baseline "least-loaded".
+// (internal/loadbalancer, kubeai v0.x), docs/peers.md baseline "least-loaded".
 type LeastLoaded struct{}
 
 // Pick chooses the minimum InFlight.

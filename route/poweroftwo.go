@@ -4,7 +4,7 @@ package route
 // the request to the one with fewer requests in flight (Replica.InFlight);
 // on a tie, the first drawn. With one healthy replica it is that one.
 // Source: Mitzenmacher, "The Power of Two Choices in Randomized Load
-// Balancing" (2001); peers.md baseline "power-of-two".
+// Balancing" (2001); docs/peers.md baseline "power-of-two".
 type PowerOfTwo struct{}
 
 // Pick chooses the less loaded of two hash-drawn replicas.

@@ -2,7 +2,7 @@ package route
 
 // Random sends each request to a healthy replica drawn uniformly from a hash
 // of Request.Hash (SplitMix64), so the draw is reproducible. It reads no load
-// and no residency. Source: peers.md baseline "random".
+// and no residency. Source: docs/peers.md, baseline "random".
 type Random struct{}
 
 // Pick chooses healthy[mix(Hash) % n].

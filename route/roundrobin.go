@@ -2,7 +2,7 @@ package route
 
 // RoundRobin sends request Seq to the (Seq mod n)-th healthy replica, as a
 // Kubernetes Service or a plain load balancer does. It reads no load and no
-// residency. Source: peers.md baseline "round-robin".
+// residency. Source: docs/peers.md, baseline "round-robin".
 type RoundRobin struct{}
 
 // Pick chooses healthy[Seq % n].

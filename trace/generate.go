@@ -44,8 +44,8 @@ type GenOptions struct {
 	TraceDir string
 }
 
-// Names lists the workloads Generate knows, in the order of
-// docs/benchmarks.md.
+// Names lists the workloads Generate knows, in the order
+// docs/simulator.md lists them.
 func Names() []string {
 	return []string{
 		"mooncake-conversation", "shared-prefix", "multi-tenant-context",

@@ -1,7 +1,7 @@
 // Package trace holds the workloads the simulator and the replay load
 // generator run: readers for real traces (Mooncake JSONL, Azure CSV) and
 // deterministic generators for the synthetic workloads of
-// docs/benchmarks.md.
+// docs/simulator.md.
 //
 // Every workload comes out in one form, Request, whose prompt is a sequence
 // of Segments. A segment id names a piece of content: equal ids mean equal

@@ -26,6 +26,7 @@ func commandHelp() map[string]help {
 	return map[string]help{
 		"serve": serveHelp, "epp": eppHelp, "engine": engineHelp, "sim": simHelp,
 		"demo": demoHelp, "replay": replayHelp, "version": versionHelp,
+		"gendocs": gendocsHelp,
 	}
 }
 
@@ -69,8 +70,8 @@ func TestHelp(t *testing.T) {
 		t.Errorf("kvrouter help sim: exit %d, %d bytes; want kvrouter sim -h's %d bytes", a.code, len(a.stderr), len(b.stderr))
 	}
 	r := runBin(t, dir, nil, 30*time.Second)
-	for name := range commands() {
-		if !strings.Contains(r.stderr, "\n  "+name+" ") {
+	for name, c := range commands() {
+		if !c.hidden && !strings.Contains(r.stderr, "\n  "+name+" ") {
 			t.Errorf("kvrouter alone: the command list lacks %s:\n%s", name, r.stderr)
 		}
 	}
@@ -294,32 +295,30 @@ func isServeConfig(body string) bool {
 	return false
 }
 
-// TestREADMEConfig: the README's YAML config examples (kvrouter's, not
-// the manifests') are valid configurations.
+// TestREADMEConfig: the YAML config examples (kvrouter's, not the
+// manifests') of README.md and docs/*.md are valid configurations.
 func TestREADMEConfig(t *testing.T) {
-	text, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, block := range strings.Split(string(text), "```yaml\n")[1:] {
-		body, _, _ := strings.Cut(block, "```")
-		if !isServeConfig(body) {
-			continue // a Kubernetes manifest or an Envoy configuration
+	for _, file := range docFiles(t) {
+		for _, block := range strings.Split(readDoc(t, file), "```yaml\n")[1:] {
+			body, _, _ := strings.Cut(block, "```")
+			if !isServeConfig(body) {
+				continue // a Kubernetes manifest or an Envoy configuration
+			}
+			path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+			if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := loadServeConfig([]string{"--config", path}, func(string) string { return "" }, io.Discard)
+			if err != nil {
+				t.Errorf("%s: config example:\n%s\n%v", file, body, err)
+			} else if len(cfg.Backends) == 0 {
+				t.Errorf("%s: config example has no backends:\n%s", file, body)
+			}
+			n++
 		}
-		path := filepath.Join(t.TempDir(), "kvrouter.yaml")
-		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := loadServeConfig([]string{"--config", path}, func(string) string { return "" }, io.Discard)
-		if err != nil {
-			t.Errorf("README config example:\n%s\n%v", body, err)
-		} else if len(cfg.Backends) == 0 {
-			t.Errorf("README config example has no backends:\n%s", body)
-		}
-		n++
 	}
 	if n == 0 {
-		t.Error("the README has no yaml config example")
+		t.Error("neither README.md nor docs/ has a yaml config example")
 	}
 }

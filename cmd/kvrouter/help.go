@@ -52,6 +52,9 @@ func (e *usageError) Unwrap() error { return e.err }
 // it, with a suggestion for a misspelt flag name, and does not print the
 // usage (which would bury the error under a hundred flags).
 func parseFlags(fs *flag.FlagSet, args []string, h help, stderr io.Writer) error {
+	if len(args) == 1 && args[0] == writeDocsArg { // docgen.go
+		return &flagSetRequest{fs}
+	}
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	err := fs.Parse(args)

@@ -20,6 +20,8 @@ type command struct {
 	// signals: the command handles SIGINT and SIGTERM itself (serve
 	// drains); else its context ends at the first one.
 	signals bool
+	// hidden: not listed by kvrouter -h (a developer's command).
+	hidden bool
 }
 
 func commands() map[string]command {
@@ -31,6 +33,7 @@ func commands() map[string]command {
 		"engine":  {summary: "run an emulated vLLM-compatible replica", run: runEngine},
 		"demo":    {summary: "show the policies side by side on an in-process emulated fleet", run: runDemo},
 		"replay":  {summary: "replay a workload against an OpenAI-compatible endpoint and measure it", run: runReplay},
+		"gendocs": {summary: "write docs/configuration.md and docs/metrics.md", run: runGendocs, hidden: true},
 	}
 }
 
@@ -70,6 +73,10 @@ func main() {
 	if errors.Is(err, flag.ErrHelp) {
 		return
 	}
+	if r := (*flagSetRequest)(nil); errors.As(err, &r) {
+		writeFlagDocs(os.Stdout, name, r.fs)
+		return
+	}
 	if ue := (*usageError)(nil); errors.As(err, &ue) {
 		fmt.Fprintf(os.Stderr, "kvrouter %s: %v\nRun 'kvrouter %s -h' for its flags and examples.\n", name, err, name)
 		os.Exit(2)
@@ -84,6 +91,9 @@ func usage(cmds map[string]command) {
 	fmt.Fprintln(os.Stderr, "usage: kvrouter <command> [flags]\n\ncommands:")
 	names := make([]string, 0, len(cmds))
 	for n := range cmds {
+		if cmds[n].hidden {
+			continue
+		}
 		names = append(names, n)
 	}
 	sort.Strings(names)

@@ -1,15 +1,16 @@
 package main
 
-// TestREADME runs the commands of the README, so that one that stops
-// working fails CI. The rules:
+// TestREADME runs the commands of README.md and of every page of docs/,
+// so that one that stops working fails CI. The rules, the same for each
+// file:
 //
-//   - Commands come from README.md's fenced code blocks. In a block tagged
+//   - Commands come from the file's fenced code blocks. In a block tagged
 //     sh, bash, shell or console, every line that is neither blank nor a
 //     "#" comment is a command; in any other block (output, YAML), only a
 //     line starting with "$ " is. A leading "$ " is dropped, and a line
 //     ending in "\" continues on the next.
-//   - Each block runs in a fresh directory holding the fixtures the README
-//     names as the reader's own files (my-traffic.jsonl), with the
+//   - Each block runs in a fresh directory holding the fixtures the docs
+//     name as the reader's own files (my-traffic.jsonl), with the
 //     kvrouter the tests build first on PATH; "go run ./cmd/kvrouter" is
 //     run as that kvrouter. Commands run with bash, in order, and must
 //     exit 0 within commandTimeout.
@@ -25,8 +26,9 @@ package main
 //     that cannot run here as written: skip it (with the reason: it needs
 //     a GPU, a download, files the reader brings), append flags that make
 //     it small (later flags win over the README's), or start a server
-//     first. A rule whose command is no longer in the README fails the
-//     test. A command that already ran (the same text) is not run again.
+//     first. A rule whose command is in no file fails the test. A
+//     command that already ran (the same text, in any file) is not run
+//     again.
 //   - A block right after a line "<!-- ci: skip REASON -->" (an HTML
 //     comment: invisible on the rendered page) is skipped whole, for a
 //     transcript or a deployment walk-through that cannot run here.
@@ -62,6 +64,10 @@ type readmeRule struct {
 	// slow: -short skips the command.
 	slow bool
 }
+
+// routersCommand is the several-routers run of docs/results.md, which
+// scripts/results writes.
+const routersCommand = "kvrouter sim --workload hot-prefix,multi-turn-chat --load 0.8 --replicas 16 --preset llama3-8b-h100 --policies kv-aware,session-hash,least-loaded --requests 2000"
 
 // readmeRules are the README commands that need a rule, keyed by the
 // command without its comment.
@@ -101,6 +107,11 @@ func readmeRules() map[string]readmeRule {
 		"kubectl apply -n llm -k deploy/":   {skip: "needs a cluster; deploy's tests decode every manifest strictly"},
 		"kvrouter epp --listen :9002 --discover dns://vllm-engines:8000 --policy kv-aware": {
 			skip: "needs the cluster's DNS name of the vLLM pods; epp's tests run it on loopback"},
+		"kvrouter sim --workload hot-prefix,multi-turn-chat --load 0.8 --replicas 16 --policies kv-aware,session-hash,least-loaded --requests 2000 --routers 3 --sync-interval 50ms": {
+			args: "--requests 300"},
+		routersCommand + " --routers 1":                      {args: "--requests 300"},
+		routersCommand + " --routers 3 --sync-interval 50ms": {args: "--requests 300"},
+		routersCommand + " --routers 3 --sync-interval -1ns": {args: "--requests 300"},
 	}
 }
 
@@ -170,38 +181,69 @@ func readmeBlocks(text string) []readmeBlock {
 	return blocks
 }
 
-// TestREADME runs the README's commands: see the top of this file.
-func TestREADME(t *testing.T) {
-	text, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// docFiles are the files whose commands TestREADME runs, paths from the
+// repository's root: README.md, then docs/*.md.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join("..", "..", "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := readmeBlocks(string(text))
+	files := []string{"README.md"}
+	for _, p := range pages {
+		files = append(files, filepath.ToSlash(filepath.Join("docs", filepath.Base(p))))
+	}
+	return files
+}
+
+// readDoc is the text of file, a path from the repository's root.
+func readDoc(t *testing.T, file string) string {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join("..", "..", filepath.FromSlash(file)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(text)
+}
+
+// TestREADME runs the commands of README.md and docs/*.md: see the top of
+// this file.
+func TestREADME(t *testing.T) {
+	files := docFiles(t)
+	blocks := map[string][]readmeBlock{}
 	seen := map[string]bool{}
-	for _, b := range blocks {
-		for _, c := range b.commands {
-			seen[c.text] = true
+	for _, f := range files {
+		blocks[f] = readmeBlocks(readDoc(t, f))
+		for _, b := range blocks[f] {
+			for _, c := range b.commands {
+				seen[c.text] = true
+			}
 		}
 	}
 	rules := readmeRules()
 	for cmd := range rules {
 		if !seen[cmd] {
-			t.Errorf("readmeRules has a rule for a command the README no longer has: %q", cmd)
+			t.Errorf("readmeRules has a rule for a command neither README.md nor docs/ has: %q", cmd)
 		}
 	}
 	bin := kvrouterBin(t)
 	ran := map[string]bool{}
-	for _, b := range blocks {
-		t.Run(fmt.Sprintf("line%d", b.line), func(t *testing.T) {
-			runBlock(t, b, bin, rules, ran)
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			for _, b := range blocks[f] {
+				t.Run(fmt.Sprintf("line%d", b.line), func(t *testing.T) {
+					runBlock(t, f, b, bin, rules, ran)
+				})
+			}
 		})
 	}
 }
 
-// runBlock runs one block's commands in a fresh directory.
-func runBlock(t *testing.T, b readmeBlock, bin string, rules map[string]readmeRule, ran map[string]bool) {
+// runBlock runs one block of file (a path from the repository's root)
+// in a fresh directory.
+func runBlock(t *testing.T, file string, b readmeBlock, bin string, rules map[string]readmeRule, ran map[string]bool) {
 	if b.skip != "" {
-		t.Skipf("README line %d: block skipped (%s)", b.line, b.skip)
+		t.Skipf("%s:%d: block skipped (%s)", file, b.line, b.skip)
 	}
 	dir := t.TempDir()
 	writeFixtures(t, dir)
@@ -213,29 +255,30 @@ func runBlock(t *testing.T, b readmeBlock, bin string, rules map[string]readmeRu
 		}
 	}()
 	for _, c := range b.commands {
+		at := fmt.Sprintf("%s:%d", file, c.line)
 		rule := rules[c.text]
 		switch {
 		case rule.skip != "":
-			t.Logf("line %d: skipped (%s): %s", c.line, rule.skip, c.text)
+			t.Logf("%s: skipped (%s): %s", at, rule.skip, c.text)
 			continue
 		case rule.slow && testing.Short():
-			t.Logf("line %d: skipped (slow; -short): %s", c.line, c.text)
+			t.Logf("%s: skipped (slow; -short): %s", at, c.text)
 			continue
 		case ran[c.text]:
-			t.Logf("line %d: ran already: %s", c.line, c.text)
+			t.Logf("%s: ran already: %s", at, c.text)
 			continue
 		}
 		ran[c.text] = true
 		if rule.server != "" {
-			s := startServer(t, dir, env, c.line, rule.server)
+			s := startServer(t, dir, env, at, rule.server)
 			defer s.stop(t)
 		}
 		cmd := withArgs(strings.ReplaceAll(c.text, "go run ./cmd/kvrouter", "kvrouter"), rule.args)
 		if isServer(cmd) {
-			servers = append(servers, startServer(t, dir, env, c.line, cmd))
+			servers = append(servers, startServer(t, dir, env, at, cmd))
 			continue
 		}
-		runCommand(t, dir, env, c.line, cmd)
+		runCommand(t, dir, env, at, cmd)
 	}
 }
 
@@ -277,7 +320,7 @@ func isServer(cmd string) bool {
 }
 
 // runCommand runs one foreground command, failing t unless it exits 0.
-func runCommand(t *testing.T, dir string, env []string, line int, cmd string) {
+func runCommand(t *testing.T, dir string, env []string, at string, cmd string) {
 	t.Helper()
 	if strings.HasPrefix(cmd, "curl ") {
 		needTool(t, "curl")
@@ -290,17 +333,17 @@ func runCommand(t *testing.T, dir string, env []string, line int, cmd string) {
 	out, err := c.CombinedOutput()
 	switch {
 	case ctx.Err() != nil:
-		t.Errorf("README line %d: still running after %v: %s\n%s", line, commandTimeout, cmd, tail(out))
+		t.Errorf("%s: still running after %v: %s\n%s", at, commandTimeout, cmd, tail(out))
 	case err != nil:
-		t.Errorf("README line %d: %v: %s\n%s", line, err, cmd, tail(out))
+		t.Errorf("%s: %v: %s\n%s", at, err, cmd, tail(out))
 	default:
-		t.Logf("README line %d: ok in %v: %s", line, time.Since(start).Round(time.Millisecond), cmd)
+		t.Logf("%s: ok in %v: %s", at, time.Since(start).Round(time.Millisecond), cmd)
 	}
 }
 
 // server is a README server command running in the background.
 type server struct {
-	line int
+	at   string
 	cmd  string
 	c    *exec.Cmd
 	done chan error
@@ -309,20 +352,20 @@ type server struct {
 
 // startServer starts cmd (its trailing "&" dropped) in its own process
 // group and waits until its listen address accepts connections.
-func startServer(t *testing.T, dir string, env []string, line int, cmd string) *server {
+func startServer(t *testing.T, dir string, env []string, at string, cmd string) *server {
 	t.Helper()
 	cmd = strings.TrimSpace(strings.TrimSuffix(cmd, "&"))
 	for _, addr := range serverPorts(cmd) {
 		if ln, err := net.Listen("tcp", addr); err != nil {
 			if os.Getenv("CI") == "" {
-				t.Skipf("README line %d: %s is taken by another process here: %v", line, addr, err)
+				t.Skipf("%s: %s is taken by another process here: %v", at, addr, err)
 			}
-			t.Fatalf("README line %d: %s is taken: %v", line, addr, err)
+			t.Fatalf("%s: %s is taken: %v", at, addr, err)
 		} else {
 			ln.Close()
 		}
 	}
-	s := &server{line: line, cmd: cmd, done: make(chan error, 1), out: &strings.Builder{}}
+	s := &server{at: at, cmd: cmd, done: make(chan error, 1), out: &strings.Builder{}}
 	s.c = exec.Command("bash", "-c", "exec "+cmd)
 	s.c.Dir, s.c.Env = dir, env
 	s.c.Stdout, s.c.Stderr = s.out, s.out
@@ -337,16 +380,16 @@ func startServer(t *testing.T, dir string, env []string, line int, cmd string) *
 		select {
 		case err := <-s.done:
 			s.done <- err
-			t.Fatalf("README line %d: the server exited (%v) before serving: %s\n%s", line, err, cmd, tail([]byte(s.out.String())))
+			t.Fatalf("%s: the server exited (%v) before serving: %s\n%s", at, err, cmd, tail([]byte(s.out.String())))
 		default:
 		}
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
-			t.Logf("README line %d: serving on %s: %s", line, addr, cmd)
+			t.Logf("%s: serving on %s: %s", at, addr, cmd)
 			return s
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("README line %d: %s not accepting connections after 20s: %s", line, addr, cmd)
+			t.Fatalf("%s: %s not accepting connections after 20s: %s", at, addr, cmd)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -362,7 +405,7 @@ func (s *server) stop(t *testing.T) {
 	defer func() { s.c = nil }()
 	select {
 	case err := <-s.done:
-		t.Errorf("README line %d: the server exited (%v) before the block's end: %s\n%s", s.line, err, s.cmd, tail([]byte(s.out.String())))
+		t.Errorf("%s: the server exited (%v) before the block's end: %s\n%s", s.at, err, s.cmd, tail([]byte(s.out.String())))
 		return
 	default:
 	}
@@ -370,12 +413,12 @@ func (s *server) stop(t *testing.T) {
 	select {
 	case err := <-s.done:
 		if err != nil {
-			t.Errorf("README line %d: on SIGTERM the server exited with %v, want 0: %s\n%s", s.line, err, s.cmd, tail([]byte(s.out.String())))
+			t.Errorf("%s: on SIGTERM the server exited with %v, want 0: %s\n%s", s.at, err, s.cmd, tail([]byte(s.out.String())))
 		}
 	case <-time.After(20 * time.Second):
 		syscall.Kill(-s.c.Process.Pid, syscall.SIGKILL)
 		<-s.done
-		t.Errorf("README line %d: the server did not stop within 20s of SIGTERM: %s", s.line, s.cmd)
+		t.Errorf("%s: the server did not stop within 20s of SIGTERM: %s", s.at, s.cmd)
 	}
 }
 
