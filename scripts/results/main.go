@@ -189,6 +189,7 @@ type (
 		PooledPct     float64 `json:"pooled_pct"`
 		PrefillTokens int64   `json:"prefill_tokens"`
 		Goodput       float64 `json:"goodput_req_s"`
+		SLOMet        float64 `json:"slo_met"`
 		Transfers     int     `json:"transfers"`
 		PerReplica    []int   `json:"per_replica"`
 	}
@@ -260,6 +261,21 @@ func oneRun(outs [][]byte) (string, error) {
 		return "", err
 	}
 	return policyTable(r), nil
+}
+
+// sloGap is the default policy's share of requests meeting the SLO in
+// run r, the best other policy's and its name.
+func sloGap(r runJSON, def string) (own, best float64, who string) {
+	best = -1
+	for _, p := range r.Policies {
+		switch {
+		case p.Policy == def:
+			own = p.SLOMet
+		case p.SLOMet > best:
+			best, who = p.SLOMet, p.Policy
+		}
+	}
+	return own, max(best, 0), who
 }
 
 // leaderboard summarises a board: per metric, the cells where the
@@ -341,10 +357,18 @@ func leaderboard(outs [][]byte) (string, error) {
 	}
 	fmt.Fprintf(&b, "\n%s is within %.0f%% of the best on all four metrics in %d of %d cells. On the sum it minimises, mean TTFT + mean end-to-end latency, it is the best policy in %d of %d cells and within %.0f%% of the best in %d.\n",
 		sum.Default, 100*sum.Tolerance, all, n, best, n, 100*sum.Tolerance, near)
-	fmt.Fprintf(&b, "\nPer cell, %s's figure as a multiple of the best (a hit rate below 1 is worse), and the best policy:\n\n", sum.Default)
-	b.WriteString("| cell | TTFT p99 | TTFT mean | E2E p99 | hit |\n|---|---|---|---|---|\n")
-	for _, c := range sum.Cells {
-		row := fmt.Sprintf("| %s @ %g |", c.Workload, c.Load)
+	sloWithin := 0
+	for _, c := range bd.Cells {
+		if own, best, _ := sloGap(c, sum.Default); own >= best-0.005 {
+			sloWithin++
+		}
+	}
+	fmt.Fprintf(&b, "\n%s's share of requests meeting the SLO is at least the best other policy's minus 0.5 point in %d of %d cells.\n", sum.Default, sloWithin, n)
+	fmt.Fprintf(&b, "\nPer cell, %s's share meeting the SLO against the best other policy's, then its figures as a multiple of the best (a hit rate below 1 is worse), and the best policy:\n\n", sum.Default)
+	b.WriteString("| cell | SLO met | best other | TTFT p99 | TTFT mean | E2E p99 | hit |\n|---|---|---|---|---|---|---|\n")
+	for k, c := range sum.Cells {
+		own, best, who := sloGap(bd.Cells[k], sum.Default)
+		row := fmt.Sprintf("| %s @ %g | %s | %s (%s) |", c.Workload, c.Load, pct(own), pct(best), who)
 		for _, m := range metrics {
 			st, ok := c.Metrics[m]
 			r, has := st.Ratios[sum.Default]
@@ -392,28 +416,40 @@ func rate(r float64) string {
 
 // capacity: one row per workload and policy, its capacity at each level.
 func capacity(outs [][]byte) (string, error) {
-	caps, err := decode[[]capacityJSON](outs[0])
-	if err != nil {
-		one, err1 := decode[capacityJSON](outs[0])
-		if err1 != nil {
-			return "", err
+	var caps []capacityJSON
+	for _, out := range outs {
+		cs, err := decode[[]capacityJSON](out)
+		if err != nil {
+			one, err1 := decode[capacityJSON](out)
+			if err1 != nil {
+				return "", err
+			}
+			cs = []capacityJSON{one}
 		}
-		caps = []capacityJSON{one}
+		caps = append(caps, cs...)
 	}
-	var b strings.Builder
+	var sum, b strings.Builder
+	sum.WriteString("| workload | kv-aware at 99% | best other | kv-aware ÷ best other | kv-aware ÷ round-robin |\n|---|---|---|---|---|\n")
 	b.WriteString("| workload | policy | load at 99% | req/s | load at 90% | req/s | × round-robin | binds |\n|---|---|---|---|---|---|---|---|\n")
 	for _, c := range caps {
-		workload := ""
-		for _, p := range c.Params {
-			if p.Name == "workload" {
-				workload = p.Value
-			}
-		}
-		ref := 0.0
+		workload := c.label()
+		ref, own, best, who := 0.0, -1.0, -1.0, ""
 		for _, p := range c.Policies {
-			if p.Policy == "round-robin" && len(p.At) > 0 {
+			if len(p.At) == 0 {
+				continue
+			}
+			switch {
+			case p.Policy == "round-robin":
 				ref = p.At[0].Load
 			}
+			if p.Policy == "kv-aware" {
+				own = p.At[0].Load
+			} else if p.At[0].Load > best {
+				best, who = p.At[0].Load, p.Policy
+			}
+		}
+		if own >= 0 && best >= 0 {
+			fmt.Fprintf(&sum, "| %s | %.3g | %.3g (%s) | %s | %s |\n", workload, own, best, who, ratio(own, best), ratio(own, ref))
 		}
 		for _, p := range c.Policies {
 			cells := []string{}
@@ -429,18 +465,43 @@ func capacity(outs [][]byte) (string, error) {
 				}
 				cells = append(cells, load, rate(l.Rate))
 			}
-			ratio := ""
-			if ref > 0 && len(p.At) > 0 {
-				ratio = fmt.Sprintf("%.2f", p.At[0].Load/ref)
+			r := ""
+			if len(p.At) > 0 {
+				r = ratio(p.At[0].Load, ref)
 			}
 			binds := p.Binding
 			if binds == "" {
 				binds = "-"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", workload, p.Policy, strings.Join(cells, " | "), ratio, binds)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", workload, p.Policy, strings.Join(cells, " | "), r, binds)
 		}
 	}
-	return b.String(), nil
+	return sum.String() + "\n" + b.String(), nil
+}
+
+// ratio is a/b with two decimals, empty when b is not positive.
+func ratio(a, b float64) string {
+	if b <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+// label names a search's workload, with its preset and replicas where
+// they are not the default fleet's.
+func (c *capacityJSON) label() string {
+	v := map[string]string{}
+	for _, p := range c.Params {
+		v[p.Name] = p.Value
+	}
+	l := v["workload"]
+	if pr := v["preset"]; pr != "" && pr != "llama3-8b-h100" {
+		l += ", " + pr
+	}
+	if r := v["replicas"]; r != "" && r != "16" {
+		l += ", " + r + " replicas"
+	}
+	return l
 }
 
 // routers: kv-aware's row of each (workload, routers) run.
@@ -526,6 +587,7 @@ const heavy = "an hour or more on 2 cores: scripts/results runs it, and simulato
 
 func sections() []section {
 	const tiersBase = "kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake"
+	const fleetsBase = "kvrouter sim --capacity --workload mooncake-conversation,multi-tenant-context --requests 1500 --policies kv-aware,preble-e2,sglang-cache-aware,llm-d,dynamo-kv,session-hash,round-robin"
 	const routersBase = "kvrouter sim --workload hot-prefix,multi-turn-chat --load 0.8 --replicas 16 --preset llama3-8b-h100 --policies kv-aware,session-hash,least-loaded --requests 2000"
 	return []section{
 		{name: "demo", title: "The demo", commands: fixed("go run ./cmd/kvrouter demo"), args: " --json --report ''", table: oneRun,
@@ -534,11 +596,17 @@ func sections() []section {
 			commands: fixed("kvrouter sim --workload demo-chat --replicas 4 --policies round-robin,least-loaded,session-hash,kv-aware"),
 			about:    "The demo's requests on a virtual clock: deterministic, the same figures on every machine."},
 		{name: "leaderboard", title: "Leaderboard", table: leaderboard, args: " --json", skipCI: heavy,
-			commands: fixed("kvrouter sim --workload all --load 0.5,0.8,0.95 --policies all"),
-			about:    "Every workload at three loads, 16 replicas of llama3-8b-h100, every policy; kv-aware is judged on each cell against the best policy there."},
+			commands: fixed("kvrouter sim --workload all --load 0.5,0.8,0.95,1.1 --policies all"),
+			about:    "Every workload at four loads (load 1: a balanced fleet caching nothing at its knee; see simulator.md), 16 replicas of llama3-8b-h100, every policy; kv-aware is judged on each cell against the best policy there."},
 		{name: "capacity", title: "Capacity at the SLO", table: capacity, args: " --json", skipCI: heavy,
-			commands: fixed("kvrouter sim --capacity --workload all --policies all"),
-			about:    "Per workload, each policy's capacity: the highest load at which 99% (and 90%) of the requests meet the SLO on both TTFT and ITL, found by bisection over simulated runs, 16 replicas of llama3-8b-h100. Load 1 is a balanced fleet caching nothing at its knee; req/s is the arrival rate there; × round-robin is the capacity at 99% as a multiple of round-robin's; binds is the bound the requests past it miss most."},
+			commands: fixed("kvrouter sim --capacity --workload all --requests 1500 --policies all"),
+			about:    "Per workload, each policy's capacity: the highest load at which 99% (and 90%) of the requests meet the SLO on both TTFT and ITL, found by bisection over simulated runs of 1,500 requests per workload, 16 replicas of llama3-8b-h100. Load 1 is a balanced fleet caching nothing at its knee; req/s is the arrival rate there; × round-robin is the capacity at 99% as a multiple of round-robin's; binds is the bound the requests past it miss most."},
+		{name: "fleets", title: "Capacity on other fleets", table: capacity, args: " --json", skipCI: heavy,
+			commands: fixed(fleetsBase+" --preset llama3-70b-8xh100", fleetsBase+" --preset qwen3-32b-2xh100", fleetsBase+" --replicas 4", fleetsBase+" --replicas 64"),
+			about:    "The capacity search on the Mooncake trace and llm-d's multi-tenant benchmark with the 70B and Qwen3-32B presets (16 replicas) and with 4 and 64 replicas of llama3-8b-h100, 1,500 requests per workload, kv-aware against the peers that lead elsewhere."},
+		{name: "documents", title: "A working set that cycles through the GPU cache", table: oneRun, args: " --json",
+			commands: fixed("kvrouter sim --workload document-qa --load 0.8 --cpu-kv-blocks 112640 --policies kv-aware,sglang-cache-aware,preble-e2,llm-d,session-hash,least-loaded,round-robin"),
+			about:    "document-qa (sessions over long documents, together three times the fleet's GPU KV, each visited once a round) with CPU tiers four times the GPU's: the engines load most prompts from their tier, and kv-aware's residency at its learned TierHorizon predicts it (the `pred` of simulator.md is the router's; here the hit column is the engines')."},
 		{name: "routers", title: "Several routers", table: routers, args: " --json",
 			commands: fixed(routersBase+" --routers 1", routersBase+" --routers 3 --sync-interval 50ms", routersBase+" --routers 3 --sync-interval -1ns"),
 			about:    "Three routers in front of the same 16 replicas, sharing their state every 50 ms of virtual time, or never (the control), against one router."},

@@ -41,11 +41,11 @@ func TestReplaceSection(t *testing.T) {
 func TestLeaderboard(t *testing.T) {
 	board := `{"cells": [
 	  {"policies": [
-	    {"policy": "kv-aware", "completed": 10, "ttft_ms": {"mean": 10}, "e2e_ms": {"mean": 100}},
-	    {"policy": "round-robin", "completed": 10, "ttft_ms": {"mean": 20}, "e2e_ms": {"mean": 100}}]},
+	    {"policy": "kv-aware", "completed": 10, "ttft_ms": {"mean": 10}, "e2e_ms": {"mean": 100}, "slo_met": 0.99},
+	    {"policy": "round-robin", "completed": 10, "ttft_ms": {"mean": 20}, "e2e_ms": {"mean": 100}, "slo_met": 0.9}]},
 	  {"policies": [
-	    {"policy": "kv-aware", "completed": 10, "ttft_ms": {"mean": 12}, "e2e_ms": {"mean": 100}},
-	    {"policy": "round-robin", "completed": 10, "ttft_ms": {"mean": 10}, "e2e_ms": {"mean": 100}}]}],
+	    {"policy": "kv-aware", "completed": 10, "ttft_ms": {"mean": 12}, "e2e_ms": {"mean": 100}, "slo_met": 0.9},
+	    {"policy": "round-robin", "completed": 10, "ttft_ms": {"mean": 10}, "e2e_ms": {"mean": 100}, "slo_met": 0.95}]}],
 	 "summary": {"default": "kv-aware", "tolerance": 0.03,
 	  "cells": [
 	    {"workload": "a", "load": 0.5, "metrics": {"ttft_p99": {"winner": "kv-aware", "ratios": {"kv-aware": 1}}, "ttft_mean": {"winner": "kv-aware", "ratios": {"kv-aware": 1}}}, "default_within_tolerance": {"ttft_p99": true, "ttft_mean": true, "e2e_p99": true, "hit_rate": true}},
@@ -60,8 +60,9 @@ func TestLeaderboard(t *testing.T) {
 		"| ttft p99 | 2 of 2 |  |",
 		"within 3% of the best on all four metrics in 1 of 2 cells",
 		"the best policy in 1 of 2 cells and within 3% of the best in 2.",
-		"| a @ 0.5 | 1.00× | 1.00× | - | - |",
-		"| b @ 0.5 | - | 1.20× (round-robin) | - | - |",
+		"minus 0.5 point in 1 of 2 cells",
+		"| a @ 0.5 | 99.0% | 90.0% (round-robin) | 1.00× | 1.00× | - | - |",
+		"| b @ 0.5 | 90.0% | 95.0% (round-robin) | - | 1.20× (round-robin) | - | - |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in:\n%s", want, got)
