@@ -71,6 +71,7 @@ type replicaJSON struct {
 	Scale           float64     `json:"scale"`
 	DecodeScale     float64     `json:"decode_scale"`
 	HorizonMS       float64     `json:"horizon_ms"`
+	TierHorizonMS   float64     `json:"tier_horizon_ms,omitempty"`
 	Displaced       float64     `json:"displaced"`
 	Events          *eventsJSON `json:"events,omitempty"`
 }
@@ -132,7 +133,7 @@ func replicaOf(r view.Replica) replicaJSON {
 		PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,
 		HitPredicted: ratio(r.PredictedCached, r.PromptTokens),
 		HitActual:    ratio(r.ActualCached, r.PromptTokens),
-		Scale:        r.Scale, DecodeScale: r.DecodeScale, HorizonMS: ms(r.Horizon), Displaced: r.Displaced,
+		Scale:        r.Scale, DecodeScale: r.DecodeScale, HorizonMS: ms(r.Horizon), TierHorizonMS: ms(r.TierHorizon), Displaced: r.Displaced,
 	}
 	for _, m := range r.Models {
 		out.Models = append(out.Models, modelJSON{ID: m.ID, Parent: m.Parent})

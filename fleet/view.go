@@ -42,6 +42,7 @@ func (f *Fleet) View(now time.Time) view.Fleet {
 			Scale:           p.Rates.Scale,
 			DecodeScale:     p.Rates.DecodeScale,
 			Horizon:         p.Rates.Horizon,
+			TierHorizon:     p.Rates.TierHorizon,
 			Displaced:       p.Rates.Displaced,
 		}
 		if bs > 0 {

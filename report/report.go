@@ -172,8 +172,10 @@ type Learned struct {
 	Scale       float64 `json:"scale"`
 	DecodeScale float64 `json:"decode_scale"`
 	HorizonMS   float64 `json:"horizon_ms"`
-	Displaced   float64 `json:"displaced"`
-	HitScale    float64 `json:"hit_scale"`
+	// TierHorizonMS is Rates.TierHorizon in ms; absent without a CPU tier.
+	TierHorizonMS float64 `json:"tier_horizon_ms,omitempty"`
+	Displaced     float64 `json:"displaced"`
+	HitScale      float64 `json:"hit_scale"`
 }
 
 // Series holds a policy's chart data.

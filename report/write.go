@@ -148,7 +148,7 @@ func tokens(n int64) string {
 //	   "cached_tokens", "prefill_tokens", "output_tokens", "duration_ms",
 //	   "throughput_tok_s", "goodput_req_s", "slo_met", "max_load",
 //	   "mean_load", "peak_load", "reasons": {reason: count}, "per_replica": [n],
-//	   "learned": [{"scale", "decode_scale", "horizon_ms", "displaced", "hit_scale"}]}]}
+//	   "learned": [{"scale", "decode_scale", "horizon_ms", "tier_horizon_ms", "displaced", "hit_scale"}]}]}
 //
 // "slo" is there only when the run has one. The same run always gives the
 // same bytes (see the package comment). The chart series are left out.

@@ -243,7 +243,8 @@ func (r *runner) learned() []report.Learned {
 	for i := range s.Replicas {
 		rt := &s.Replicas[i].Rates
 		out[i] = report.Learned{Scale: rt.Scale, DecodeScale: rt.DecodeScale, HorizonMS: float64(rt.Horizon) / float64(time.Millisecond),
-			Displaced: rt.Displaced, HitScale: rt.HitScale}
+			TierHorizonMS: float64(rt.TierHorizon) / float64(time.Millisecond),
+			Displaced:     rt.Displaced, HitScale: rt.HitScale}
 	}
 	return out
 }

@@ -85,6 +85,9 @@ type Replica struct {
 	// requests asked for again (route.Rates.Displaced).
 	Scale, DecodeScale, Displaced float64
 	Horizon                       time.Duration
+	// TierHorizon is the eviction horizon of the replica's CPU tier
+	// (route.Rates.TierHorizon); zero without one.
+	TierHorizon time.Duration
 	// Events is the replica's KV-event stream; nil when the router does
 	// not consume KV events.
 	Events *Events
