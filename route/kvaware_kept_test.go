@@ -12,15 +12,15 @@ import (
 // batch a new request decodes beside stays near what that share keeps
 // (kept), so its Decode is dearer than on the one that drew 50%; and a
 // short session continuation leaves the sticky replica for a light one
-// rather than join it, where it stays when the same replica's share is
-// the fleet's even one.
+// rather than join it, where its 4,096-token context keeps it when the
+// same replica's share is the fleet's even one.
 func TestKVAwareStickyBatchDoesNotDrain(t *testing.T) {
 	price := func(share float64) Decision {
 		hot, light := decoding(60), decoding(10)
 		hot.Share, light.Share = share, 1-share
-		r := rq(1024)
+		r := rq(4096)
 		r.MaxTokens = 512
-		r.Match = []int{64, 0} // the whole prompt, on the hot replica
+		r.Match = []int{256, 0} // the whole prompt, on the hot replica
 		r.Pinned = 0
 		r.Session = 7
 		r.Costs = make([]Cost, 0, 2)

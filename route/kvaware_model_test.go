@@ -110,16 +110,18 @@ func TestKVAwareReplicatesHotPrefixAndStops(t *testing.T) {
 // prefix yet (its prefill is still queued), but the index already matches
 // it there. The second waits behind that prefill and reuses it rather
 // than computing the prefix again on idle B: waiting costs about what
-// computing costs, and computing it twice costs the fleet twice. Behind a
-// queue of unrelated work as long, it goes to B.
+// computing costs, and computing it twice costs the fleet twice (on caches
+// that evict, Displaced: the copy on B evicts tokens asked for again).
+// Behind a queue of unrelated work as long, it goes to B.
 func TestKVAwareBurstWaitsForPrefix(t *testing.T) {
-	a := up("a", 1)
+	a, b := up("a", 1), up("b", 0)
 	a.PrefillTokens = 6200
+	a.Rates.Displaced, b.Rates.Displaced = 0.5, 0.5
 	r := rq(6200, 375, 0)
-	if d := (KVAware{}).Pick(r, &Snapshot{Replicas: []Replica{a, up("b", 0)}}); d.Replica != 0 || d.Reason != ReasonPrefix {
+	if d := (KVAware{}).Pick(r, &Snapshot{Replicas: []Replica{a, b}}); d.Replica != 0 || d.Reason != ReasonPrefix {
 		t.Errorf("burst: got %d %q, want 0 %q (wait for the prefix's first prefill)", d.Replica, d.Reason, ReasonPrefix)
 	}
-	if d := (KVAware{}).Pick(rq(6200, 0, 0), &Snapshot{Replicas: []Replica{a, up("b", 0)}}); d.Replica != 1 {
+	if d := (KVAware{}).Pick(rq(6200, 0, 0), &Snapshot{Replicas: []Replica{a, b}}); d.Replica != 1 {
 		t.Errorf("unrelated queue: got %d, want 1", d.Replica)
 	}
 }

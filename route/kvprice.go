@@ -485,24 +485,20 @@ func (q *kvRequest) kept(rp *Replica) float64 {
 // replica that keeps a batch of target (kept) at its share of the
 // arrivals. A replica below it draws the arrivals the router steers to
 // it, the fleet's rate times the replicas, and is at it almost at once.
-// One above it draws none beyond its share until it is back: its B
-// sequences finish at B/τ while the arrivals keep the target, so its
-// excess e = B − target decays as de/dt = −(target + e)/τ, reaching zero
-// at t* = τ·ln(1 + e₀/target) (never, on a fleet with no batch to steer
-// to). Its mean over a decode of D = decodeLen·τ is the integral of e up
-// to min(D, t*), over D. The target is at least the fleet's mean batch,
-// which bound and quick rely on.
+// One above it goes on drawing its share, target/τ (τ the time a
+// sequence stays in a batch), while its B sequences finish at B/τ: its
+// excess e = B − target decays as de/dt = −e/τ, and its mean over a
+// decode of D = decodeLen·τ is e₀ × (1 − e^{−D/τ})/(D/τ), q.persist of
+// it. (Were its arrivals to stop, as the router's steering alone would
+// have it, the excess would drain by the target's rate too; the turns of
+// the conversations it holds, and the prefixes only it caches, keep
+// them coming.) The target is at least the fleet's mean batch, which
+// bound and quick rely on.
 func (q *kvRequest) life(batch, target float64) float64 {
-	e0, mean := batch-target, target
-	if e0 <= 0 {
-		return mean
+	if e0 := batch - target; e0 > 0 {
+		return target + e0*q.persist
 	}
-	x := q.decodeLen
-	if mean > 0 {
-		x = min(x, math.Log1p(e0/mean))
-	}
-	excess := ((e0+mean)*(1-expNeg(x)) - mean*x) / q.decodeLen
-	return mean + e0*min(max(excess/e0, 0), 1)
+	return target
 }
 
 // lifeContext is the replica's KV context, in tokens, averaged over the

@@ -271,6 +271,7 @@ func sloGap(r runJSON, def string) (own, best float64, who string) {
 		switch {
 		case p.Policy == def:
 			own = p.SLOMet
+		case strings.HasPrefix(p.Policy, def): // kv-aware-precise is the default in precise mode
 		case p.SLOMet > best:
 			best, who = p.SLOMet, p.Policy
 		}
@@ -429,7 +430,7 @@ func capacity(outs [][]byte) (string, error) {
 		caps = append(caps, cs...)
 	}
 	var sum, b strings.Builder
-	sum.WriteString("| workload | kv-aware at 99% | best other | kv-aware ÷ best other | kv-aware ÷ round-robin |\n|---|---|---|---|---|\n")
+	sum.WriteString("| workload | kv-aware at 99% | best peer | kv-aware ÷ best peer | kv-aware ÷ round-robin |\n|---|---|---|---|---|\n")
 	b.WriteString("| workload | policy | load at 99% | req/s | load at 90% | req/s | × round-robin | binds |\n|---|---|---|---|---|---|---|---|\n")
 	for _, c := range caps {
 		workload := c.label()
@@ -444,7 +445,7 @@ func capacity(outs [][]byte) (string, error) {
 			}
 			if p.Policy == "kv-aware" {
 				own = p.At[0].Load
-			} else if p.At[0].Load > best {
+			} else if !strings.HasPrefix(p.Policy, "kv-aware") && p.At[0].Load > best { // kv-aware-precise is kv-aware
 				best, who = p.At[0].Load, p.Policy
 			}
 		}
