@@ -203,7 +203,7 @@ func TestPassiveOnly(t *testing.T) {
 	defer srv.Close()
 	var l log
 	const window = 300 * time.Millisecond
-	c := &Checker{Interval: 5 * time.Millisecond, Timeout: time.Second, Window: window, EjectBase: window}
+	c := &Checker{Interval: 5 * time.Millisecond, Timeout: time.Second, Window: window, Outlier: Outlier{EjectBase: window}}
 	l.hook(c)
 	var mu sync.Mutex
 	var changed []time.Time

@@ -220,7 +220,7 @@ func TestEngineResetAndRestart(t *testing.T) {
 // connect endpoint (no wildcard) dials in and is recognised by its topic
 // (its topic names another host: Allow admits loopback).
 func TestBindMode(t *testing.T) {
-	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Allow: []string{"127.0.0.0/8"}, Replicas: []Replica{
+	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Limits: Limits{Allow: AllowList{"127.0.0.0/8"}}, Replicas: []Replica{
 		{ID: 4, Addr: "10.0.0.5:8000"}, // model from the topic
 		{ID: 5, Addr: "10.0.0.6:8000", Model: "m"},
 	}})

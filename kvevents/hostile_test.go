@@ -47,7 +47,7 @@ func TestBindPeers(t *testing.T) {
 		{ID: 0, Addr: "127.0.0.1:8000", Model: "m"},
 		{ID: 1, Addr: "127.0.0.2:8000", Model: "m"},
 		{ID: 2, Addr: "127.0.0.1:8001", Model: "m"},
-	}, Allow: []string{"127.0.0.4/31"}})
+	}, Limits: Limits{Allow: AllowList{"127.0.0.4/31"}}})
 	const a, b, c = "kv@127.0.0.1:8000@m", "kv@127.0.0.2:8000@m", "kv@127.0.0.1:8001@m"
 	if _, err := forge(t, sub.BindAddr(), "127.0.0.3"); err == nil {
 		t.Error("a peer that is no replica's host completed its handshake")
@@ -84,7 +84,7 @@ func TestBindPeers(t *testing.T) {
 // TestBindIdlePeer: idle TCP connections on the bind socket hold up no
 // engine's connect, and are closed at the handshake deadline.
 func TestBindIdlePeer(t *testing.T) {
-	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", HandshakeTimeout: 500 * time.Millisecond,
+	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Limits: Limits{HandshakeTimeout: 500 * time.Millisecond},
 		Replicas: []Replica{{ID: 0, Addr: "127.0.0.1:8000", Model: "m"}}})
 	var idle []net.Conn
 	for range 5 {
@@ -113,7 +113,7 @@ func TestBindIdlePeer(t *testing.T) {
 // TestBindMaxConns: connections beyond MaxConns are closed at once and
 // counted; a freed slot takes a new one.
 func TestBindMaxConns(t *testing.T) {
-	sub, _ := startSub(t, Config{Bind: "tcp://127.0.0.1:0", MaxConns: 2,
+	sub, _ := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Limits: Limits{MaxConns: 2},
 		Replicas: []Replica{{ID: 0, Addr: "127.0.0.1:8000", Model: "m"}}})
 	var ps []*zmtp.Conn
 	for range 2 {
@@ -236,7 +236,7 @@ func pubReady() []byte {
 // MaxQueueBytes of payload; what does not fit is dropped and counted, and
 // the bytes are released as the ingester takes messages.
 func TestQueueBounds(t *testing.T) {
-	cfg := Config{QueueLen: 3, MaxQueueBytes: 100, Logger: slog.New(slog.DiscardHandler), Now: func() time.Duration { return 0 },
+	cfg := Config{QueueLen: 3, Limits: Limits{MaxQueueBytes: 100}, Logger: slog.New(slog.DiscardHandler), Now: func() time.Duration { return 0 },
 		Index: residency.New(residency.Config{MaxReplicas: 1, DefaultCapacity: 16})}
 	var rej rejects
 	g := newIngester(Replica{ID: 0}, &cfg, &rej)

@@ -53,11 +53,11 @@ func benchDecide(b *testing.B, n int, shared bool) {
 	if shared {
 		rs := redisserver.Start(b)
 		other := mk()
-		sa, err := New(Config{URL: rs.URL(), Router: "bench", Interval: 50 * time.Millisecond}, f)
+		sa, err := New(Config{Settings: Settings{URL: rs.URL(), Router: "bench", Interval: 50 * time.Millisecond}}, f)
 		if err != nil {
 			b.Fatal(err)
 		}
-		so, err := New(Config{URL: rs.URL(), Router: "other", Interval: 50 * time.Millisecond}, other)
+		so, err := New(Config{Settings: Settings{URL: rs.URL(), Router: "other", Interval: 50 * time.Millisecond}}, other)
 		if err != nil {
 			b.Fatal(err)
 		}

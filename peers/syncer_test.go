@@ -33,7 +33,7 @@ func newFleet(t testing.TB) *fleet.Fleet {
 
 func newSyncer(t testing.TB, url, router string, f *fleet.Fleet) *Syncer {
 	t.Helper()
-	s, err := New(Config{URL: url, Router: router, Interval: 20 * time.Millisecond, TTL: 400 * time.Millisecond}, f)
+	s, err := New(Config{Settings: Settings{URL: url, Router: router, Interval: 20 * time.Millisecond, TTL: 400 * time.Millisecond}}, f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,13 +139,13 @@ func TestSyncerDegraded(t *testing.T) {
 
 func TestNewRejects(t *testing.T) {
 	f := newFleet(t)
-	for _, c := range []Config{
+	for _, c := range []Settings{
 		{URL: "http://x"},
 		{URL: "redis://127.0.0.1:1", Interval: -1},
 		{URL: "redis://127.0.0.1:1", Interval: time.Second, TTL: time.Second},
 		{URL: "redis://127.0.0.1:1", Router: "a b"},
 	} {
-		if _, err := New(c, f); err == nil {
+		if _, err := New(Config{Settings: c}, f); err == nil {
 			t.Errorf("New(%+v) accepted", c)
 		}
 	}

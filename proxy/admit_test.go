@@ -67,7 +67,7 @@ func waitQueued(t *testing.T, rt *Router, n int) {
 func TestAdmissionQueuesWhenSaturated(t *testing.T) {
 	reps := replicas(t, 1, 1)
 	rt, url := startRouter(t, "kv-aware", func(c *Config) {
-		c.MaxWait, c.MaxQueue, c.QueueTimeout = 50*time.Millisecond, 2, 20*time.Second
+		c.Admission.MaxWait, c.Admission.MaxQueue, c.Admission.QueueTimeout = 50*time.Millisecond, 2, 20*time.Second
 	}, urls(reps)...)
 	runRouter(t, rt)
 
@@ -126,7 +126,7 @@ func TestAdmissionQueuesWhenSaturated(t *testing.T) {
 func TestAdmissionQueueTimeout(t *testing.T) {
 	reps := replicas(t, 1, 1)
 	rt, url := startRouter(t, "kv-aware", func(c *Config) {
-		c.MaxWait, c.QueueTimeout = 50*time.Millisecond, 100*time.Millisecond
+		c.Admission.MaxWait, c.Admission.QueueTimeout = 50*time.Millisecond, 100*time.Millisecond
 	}, urls(reps)...)
 	runRouter(t, rt)
 	first := make(chan admitted, 1)
@@ -160,7 +160,7 @@ func TestAdmissionKeyPriority(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt, url := startRouter(t, "kv-aware", func(c *Config) {
-		c.MaxWait, c.APIKeys = 50*time.Millisecond, keys
+		c.Admission.MaxWait, c.APIKeys = 50*time.Millisecond, keys
 	}, urls(reps)...)
 	runRouter(t, rt)
 	first := make(chan admitted, 1)

@@ -170,7 +170,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := rt.cfg.parseLimits().Parse(body)
+	p, err := rt.cfg.BodyLimits.Parse(body)
 	if err != nil {
 		c.parseError(w, err)
 		return

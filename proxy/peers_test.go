@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/redisserver"
+	"github.com/kvrouter/kvrouter/peers"
 )
 
 // syncEvery is the tests' --sync-interval.
@@ -23,7 +24,7 @@ func startRouters(t *testing.T, n int, policy, redisURL string, backends ...stri
 	rts, us := make([]*Router, n), make([]string, n)
 	for i := range n {
 		rts[i], us[i] = startRouter(t, policy, func(c *Config) {
-			c.Redis, c.SyncInterval, c.SharedTTL, c.RouterID = redisURL, syncEvery, 500*time.Millisecond, fmt.Sprint("router-", i)
+			c.Peers = peers.Settings{URL: redisURL, Interval: syncEvery, TTL: 500 * time.Millisecond, Router: fmt.Sprint("router-", i)}
 		}, backends...)
 		runRouter(t, rts[i])
 	}

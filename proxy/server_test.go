@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // serveLimited runs a Router in front of backends on a real listener with
@@ -66,7 +68,7 @@ func errorCode(body string) string {
 func TestParseLimitsAnswered(t *testing.T) {
 	up := newFake(t, 0)
 	_, url, admin := serveLimited(t, func(c *Config) {
-		c.MaxMessages, c.MaxContentParts, c.MaxJSONDepth, c.MaxTools, c.MaxPrompts = 2, 2, 8, 1, 2
+		c.BodyLimits = prefix.Limits{Messages: 2, Parts: 2, Depth: 8, Tools: 1, Prompts: 2}
 	}, up.URL)
 	tests := []struct{ name, body, code string }{
 		{"messages", `{"model":"m","messages":[{},{},{}]}`, "too_many_messages"},

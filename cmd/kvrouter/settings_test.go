@@ -26,6 +26,7 @@ var settingValues = map[string]struct{ flag, yaml string }{
 	"backend":         {"http://h:1", "[http://h:1]"},
 	"pass-through":    {"/a,/b", "[/a, /b]"},
 	"trusted-proxies": {"10.0.0.0/8", "10.0.0.0/8"},
+	"kv-events-allow": {"10.0.0.0/8,gw", "10.0.0.0/8,gw"},
 }
 
 // settingValue is a value for flag f unlike its default, and the same
