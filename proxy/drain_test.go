@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // TestCutInFlight: a drain turns /readyz to 503 while a stream goes on;
@@ -108,7 +110,7 @@ func TestTrackedTail(t *testing.T) {
 		for _, w := range tc.writes {
 			tr.note([]byte(w))
 		}
-		if got := eventClosed(tr.tail[len(tr.tail)-tr.n:]); got != tc.closed {
+		if got := sse.Closed(tr.tail[len(tr.tail)-tr.n:]); got != tc.closed {
 			t.Errorf("%q: closed %v, want %v", tc.writes, got, tc.closed)
 		}
 	}

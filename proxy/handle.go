@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouter/kvrouter/hashing"
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // Response headers every routed response carries.
@@ -85,7 +86,8 @@ type call struct {
 	plain      []byte
 
 	scratch // reused across requests
-	tap     tap
+	tap     sse.Tap
+	onFirst func(time.Time) // c.firstByte, kept: a method value allocates
 	rb      reqBody
 
 	// Outcome, set by finish.
@@ -156,7 +158,11 @@ func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := rt.pool.Get().(*call)
 	*c = call{
 		rt: rt, start: rt.now(), method: r.Method, path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
-		failed: c.failed[:0], scratch: c.scratch.reset(), tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
+		failed: c.failed[:0], scratch: c.scratch.reset(), tap: c.tap, onFirst: c.onFirst,
+	}
+	c.tap.Reset(keepBytes)
+	if c.onFirst == nil {
+		c.onFirst = c.firstByte
 	}
 	return c
 }
@@ -460,7 +466,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
-	c.tap.body, c.tap.sse, c.tap.strip, c.tap.onFirst, c.tap.now = resp.Body, sse, c.strip && sse, c, rt.now
+	c.tap.Body, c.tap.SSE, c.tap.Strip, c.tap.OnFirst, c.tap.Now = resp.Body, sse, c.strip && sse, c.onFirst, rt.now
 	c.tapped = true
 	resp.Body = &c.tap
 	return nil
