@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // kvMsg is one message off the PUB socket.
@@ -32,7 +34,7 @@ func subscribe(t *testing.T, s *Server) <-chan kvMsg {
 		t.Fatal(err)
 	}
 	pub := s.pub.pub.(zmq4.Topics)
-	eventually(t, "the subscription to reach the publisher", func() bool { return len(pub.Topics()) > 0 })
+	wait.For(t, "the subscription to reach the publisher", func() bool { return len(pub.Topics()) > 0 })
 	return readSub(t, sub)
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/poll"
 )
 
@@ -86,16 +87,6 @@ func (l *log) get() (transitions, notes []string) {
 	return slices.Clone(l.transitions), slices.Clone(l.notes)
 }
 
-// waitFor polls cond every 5 ms and fails after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within 10 s", what)
-		}
-	}
-}
-
 // TestFallback probes real loopback servers with and without /health and
 // /v1/models, and checks which route each ends up probed at, its health,
 // and the notes and reasons the operator gets.
@@ -149,7 +140,7 @@ func TestFallback(t *testing.T) {
 			if final == "" {
 				final = "/v1/models"
 			}
-			waitFor(t, "settled probes", func() bool {
+			wait.For(t, "settled probes", func() bool {
 				if tt.wantProbe == "" {
 					_, notes := l.get()
 					return len(notes) == 2
@@ -217,7 +208,7 @@ func TestPassiveOnly(t *testing.T) {
 	defer cancel()
 	go c.Run(ctx)
 
-	waitFor(t, "passive-only note", func() bool { _, notes := l.get(); return len(notes) == 2 })
+	wait.For(t, "passive-only note", func() bool { _, notes := l.get(); return len(notes) == 2 })
 	time.Sleep(10 * c.Interval)
 	if st, _ := c.Status(srv.URL); !st.Healthy || st.Probe != "" {
 		t.Fatalf("without probe routes: got %+v, want healthy, no probe", st)
@@ -233,7 +224,7 @@ func TestPassiveOnly(t *testing.T) {
 	if c.Healthy(srv.URL) {
 		t.Fatal("after 5 of 6 failed: got healthy, want unhealthy")
 	}
-	waitFor(t, "return to service", func() bool { return c.Healthy(srv.URL) })
+	wait.For(t, "return to service", func() bool { return c.Healthy(srv.URL) })
 
 	transitions, _ := l.get()
 	want := []string{

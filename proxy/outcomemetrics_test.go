@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/sse"
 	"github.com/kvrouter/kvrouter/view"
 )
@@ -124,7 +125,7 @@ func TestRoutedCountedOnce(t *testing.T) {
 func TestUpstream500Counted(t *testing.T) {
 	rt, url := kvFullRouter(t)
 	runRouter(t, rt)
-	eventually(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
+	wait.For(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
 	if resp, body := do(t, "POST", url+"/v1/completions", full500); resp.StatusCode != 500 {
 		t.Fatalf("got %d %s, want 500", resp.StatusCode, body)
 	}
@@ -151,7 +152,7 @@ func TestModelLabelBounded(t *testing.T) {
 	e := modelEngine(t, names)
 	rt, url := startRouter(t, "kv-aware", nil, e.URL())
 	runRouter(t, rt)
-	eventually(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
+	wait.For(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
 	bodies := []string{`{"messages":[{"role":"user","content":"x"}]}`, `{"model":`}
 	for i := range 5 {
 		bodies = append(bodies, fmt.Sprintf(`{"model":"unknown-%d","messages":[{"role":"user","content":"x"}]}`, i))

@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/hashing"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/residency"
@@ -67,21 +68,9 @@ func eventBackend(s *emulator.Server) Backend {
 // reads the block size from the replica's metrics.
 func preciseReady(t *testing.T, rt *Router, i int) {
 	t.Helper()
-	eventually(t, "precise mode and the block size", func() bool {
+	wait.For(t, "precise mode and the block size", func() bool {
 		return rt.st.fleet.IndexMode(i) == IndexPrecise && rt.View(time.Now()).Replicas[i].BlockSize > 0
 	})
-}
-
-// eventually polls cond every 5 ms for up to 15 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // settled waits until replica i's engine is idle and the router applied
@@ -351,7 +340,7 @@ func TestPreciseEngineRestart(t *testing.T) {
 		t.Fatal("no blocks indexed")
 	}
 	e.Close()
-	eventually(t, "the fallback", func() bool {
+	wait.For(t, "the fallback", func() bool {
 		v := rt.View(time.Now()).Replicas[0]
 		return v.IndexMode == IndexApproximate && v.Events.Fallback && !v.Events.Connected
 	})
@@ -359,13 +348,13 @@ func TestPreciseEngineRestart(t *testing.T) {
 		t.Errorf("kvrouter_index_mode approximate = %v, want 1", got)
 	}
 	e2 := eventEngine(t, 0, addr, bind(pub), bind(rep))
-	eventually(t, "precise again", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	wait.For(t, "precise again", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	direct := words(8, 60)
 	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": direct, "max_tokens": 2})
 	if resp, out := do(t, "POST", e2.URL()+"/v1/completions", string(b)); resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
-	eventually(t, "the new engine's blocks only", func() bool {
+	wait.For(t, "the new engine's blocks only", func() bool {
 		return slices.Equal(sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)), sortedSet(textKeys(direct)))
 	})
 	v := rt.View(time.Now()).Replicas[0]
@@ -384,10 +373,10 @@ func TestPreciseFallbackDeadEndpoint(t *testing.T) {
 	good, bad := eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")
 	dead := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	rt, url := preciseRouter(t, []Backend{eventBackend(good), {URL: bad.URL(), KV: dead}})
-	eventually(t, "replica 0 precise", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	wait.For(t, "replica 0 precise", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	// In token mode a replica is matched (and tracked) only once its block
 	// size is known: from its metrics, here.
-	eventually(t, "block sizes known", func() bool { return rt.View(time.Now()).Replicas[1].BlockSize > 0 })
+	wait.For(t, "block sizes known", func() bool { return rt.View(time.Now()).Replicas[1].BlockSize > 0 })
 	v := rt.View(time.Now())
 	if r := v.Replicas[1]; r.IndexMode != IndexApproximate || r.Events == nil || !r.Events.Fallback || r.Events.Connected {
 		t.Errorf("dead-endpoint replica: mode %q kv events %+v", r.IndexMode, r.Events)
@@ -489,7 +478,7 @@ func gauge(t *testing.T, rt *Router, name, replica, mode string) float64 {
 func TestRemoteTokenizeMemo(t *testing.T) {
 	e := eventEngine(t, 0, "", "", "")
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	eventually(t, "block size known", func() bool { return rt.View(time.Now()).Replicas[0].BlockSize > 0 })
+	wait.For(t, "block size known", func() bool { return rt.View(time.Now()).Replicas[0].BlockSize > 0 })
 	msgs := []chatMsg{{"system", words(1, 50)}, {"user", words(2, 50)}}
 	send := func() {
 		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 2})
@@ -547,7 +536,7 @@ func TestPreciseBindMode(t *testing.T) {
 		t.Errorf("mode before any event: %q, want approximate", rt.st.fleet.IndexMode(0))
 	}
 	e := eventEngine(t, 0, addr, rt.st.feed.sub.BindAddr(), rep)
-	eventually(t, "healthy", func() bool { return rt.st.healthy(0) })
+	wait.For(t, "healthy", func() bool { return rt.st.healthy(0) })
 	send := func(k int) {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, words(k, 40))
 		if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
@@ -563,7 +552,7 @@ func TestPreciseBindMode(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	e.Reset()
-	eventually(t, "the clear", func() bool { return rt.st.fleet.Tracker().Precise().Blocks(0) == 0 })
+	wait.For(t, "the clear", func() bool { return rt.st.fleet.Tracker().Precise().Blocks(0) == 0 })
 	var want []prefix.Hash
 	for k := 1000; k < 1004; k++ {
 		send(k)
@@ -571,7 +560,7 @@ func TestPreciseBindMode(t *testing.T) {
 	}
 	// The subscriber's counters include the events before the reset:
 	// wait for the index itself.
-	eventually(t, "the workload's blocks", func() bool {
+	wait.For(t, "the workload's blocks", func() bool {
 		return slices.Equal(sortedSet(want), sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)))
 	})
 	if n := e.Stats().CachedBlocks; rt.st.fleet.Tracker().Precise().Blocks(0) != n {
@@ -663,9 +652,9 @@ func TestPreciseDroppedBatchReplayed(t *testing.T) {
 	rl.drop = func(n int) bool { return n == next }
 	rl.mu.Unlock()
 	send(1000) // its batch is dropped
-	eventually(t, "the drop", func() bool { rl.mu.Lock(); defer rl.mu.Unlock(); return rl.dropped == 1 })
+	wait.For(t, "the drop", func() bool { rl.mu.Lock(); defer rl.mu.Unlock(); return rl.dropped == 1 })
 	send(1001) // its batch reveals the gap
-	eventually(t, "the replayed index", func() bool {
+	wait.For(t, "the replayed index", func() bool {
 		return slices.Equal(sortedSet(want), sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)))
 	})
 	k := rt.View(time.Now()).Replicas[0].Events

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/prefix"
 )
 
@@ -145,7 +146,7 @@ func TestHeaderLimits(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("1 MiB header: got %d, want 431", resp.StatusCode)
 	}
-	eventually(t, "the 1 MiB header counted", func() bool {
+	wait.For(t, "the 1 MiB header counted", func() bool {
 		return metricValue(t, admin, "kvrouter_header_rejected_total") == 1
 	})
 	if n := len(up.received()); n != 0 {

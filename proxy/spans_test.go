@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/otlptest"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/tracing"
 )
@@ -204,7 +205,7 @@ func TestSpansExported(t *testing.T) {
 	defer cancel()
 	for _, rt := range []*Router{kvRT, retryRT, contRT} {
 		// A handler ends its server span after the client read the last byte.
-		eventually(t, "requests finished", func() bool { return rt.InFlight() == 0 })
+		wait.For(t, "requests finished", func() bool { return rt.InFlight() == 0 })
 	}
 	if err := tp.Shutdown(ctx); err != nil {
 		t.Fatal(err)

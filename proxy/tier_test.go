@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // TestIndexCoversTheCPUTier: two emulated engines with the same GPU cache,
@@ -25,7 +26,7 @@ func TestIndexCoversTheCPUTier(t *testing.T) {
 	rt, _ := startRouter(t, "kv-aware", func(c *Config) { c.ScrapeInterval = 20 * time.Millisecond }, plain.URL(), tiered.URL())
 	runRouter(t, rt)
 	tr := rt.st.fleet.Tracker()
-	eventually(t, "both capacities scraped", func() bool {
+	wait.For(t, "both capacities scraped", func() bool {
 		_, p := tr.Blocks(0)
 		_, c := tr.Blocks(1)
 		return p > 0 && c == 4*p

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/view"
 )
@@ -317,7 +318,7 @@ func TestKVAwareOrdersTransfer(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, "the holder's queue in its metrics", func() bool {
+	wait.For(t, "the holder's queue in its metrics", func() bool {
 		for _, r := range rt.st.fleet.View(time.Now()).Replicas {
 			if r.ID == holder && r.Waiting >= 8 {
 				return true
