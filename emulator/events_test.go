@@ -436,21 +436,20 @@ func TestPublisherConnects(t *testing.T) {
 	}
 	// Until the connection and subscription are up, events are dropped (PUB
 	// semantics): send distinct prompts until one arrives.
-	for i := 0; ; i++ {
+	i := 0
+	wait.For(t, "an event through a connecting publisher", func() bool {
 		select {
 		case m := <-c:
 			if m.topic != s.Topic() {
 				t.Errorf("topic %q, want %q", m.topic, s.Topic())
 			}
-			return
+			return true
 		default:
 		}
-		if i == 500 {
-			t.Fatal("no event through a connecting publisher")
-		}
 		workload(t, s, 1, 1, 16+i)
-		time.Sleep(10 * time.Millisecond)
-	}
+		i++
+		return false
+	})
 }
 
 func TestBinds(t *testing.T) {

@@ -230,13 +230,15 @@ func TestBindMode(t *testing.T) {
 	// Until the engine's connection is up its events are dropped (PUB
 	// semantics): send distinct prompts until one arrives, then clear the
 	// engine and check the index follows a workload exactly.
-	for i := 0; status(t, sub, 4).Batches == 0; i++ {
-		if i == 300 {
-			t.Fatal("no event through a dialing engine")
+	i := 0
+	wait.For(t, "an event through a dialing engine", func() bool {
+		if status(t, sub, 4).Batches > 0 {
+			return true
 		}
 		complete(t, e, prompt(i, 32))
-		time.Sleep(5 * time.Millisecond)
-	}
+		i++
+		return false
+	})
 	e.Reset()
 	wait.For(t, "the clear", func() bool { return idx.Blocks(4) == 0 })
 	ps := [][]uint32{prompt(1, 64), prompt(2, 48)}

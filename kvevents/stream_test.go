@@ -175,7 +175,7 @@ func TestStaleAndMetrics(t *testing.T) {
 	}
 	p.waitSubscribed()
 	wait.For(t, "connected", func() bool { return s.Healthy(2) })
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // twice StaleAfter without events: the behaviour under test
 	if !s.Healthy(2) {
 		t.Error("an idle replica nobody expects events from is not healthy")
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // longChat is a streamed chat request of about tokens prompt tokens in
@@ -50,12 +52,7 @@ func send(t *testing.T, url, body string, hdr ...string) admitted {
 // waitQueued waits until the router's admission queue holds n requests.
 func waitQueued(t *testing.T, rt *Router, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); rt.adm.q.Len() != n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("queue holds %d, want %d", rt.adm.q.Len(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, fmt.Sprintf("the queue to hold %d", n), func() bool { return rt.adm.q.Len() == n })
 }
 
 // TestAdmissionQueuesWhenSaturated: on one real-time emulated replica, a
@@ -80,9 +77,7 @@ func TestAdmissionQueuesWhenSaturated(t *testing.T) {
 		go func() { out[i] <- send(t, url, longChat(i, 16000, 2), hdr...) }()
 	}
 	run(0)
-	for rt.st.fleet.View(time.Now()).Replicas[0].InFlight == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "the first request in flight", func() bool { return rt.st.fleet.View(time.Now()).Replicas[0].InFlight > 0 })
 	run(1)
 	waitQueued(t, rt, 1)
 	run(2)
@@ -131,9 +126,7 @@ func TestAdmissionQueueTimeout(t *testing.T) {
 	runRouter(t, rt)
 	first := make(chan admitted, 1)
 	go func() { first <- send(t, url, longChat(0, 30000, 2)) }()
-	for rt.st.fleet.View(time.Now()).Replicas[0].InFlight == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "the first request in flight", func() bool { return rt.st.fleet.View(time.Now()).Replicas[0].InFlight > 0 })
 	start := time.Now()
 	late := send(t, url, longChat(1, 1000, 2))
 	if late.status != http.StatusTooManyRequests || !strings.Contains(late.body, `"queue_timeout"`) {
@@ -165,9 +158,7 @@ func TestAdmissionKeyPriority(t *testing.T) {
 	runRouter(t, rt)
 	first := make(chan admitted, 1)
 	go func() { first <- send(t, url, longChat(0, 16000, 2), "Authorization", "Bearer sk-online") }()
-	for rt.st.fleet.View(time.Now()).Replicas[0].InFlight == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "the first request in flight", func() bool { return rt.st.fleet.View(time.Now()).Replicas[0].InFlight > 0 })
 	shed := send(t, url, longChat(1, 16000, 2), "Authorization", "Bearer sk-batch")
 	kept := send(t, url, longChat(2, 100, 2), "Authorization", "Bearer sk-batch", HeaderPriority, "1")
 	if shed.status != http.StatusTooManyRequests || !strings.Contains(shed.body, `"queue_sheddable"`) {

@@ -194,7 +194,7 @@ func TestNoHealthRoute(t *testing.T) {
 		c.HealthInterval = 20 * time.Millisecond
 	}, urls(reps)...)
 	runRouter(t, rt)
-	time.Sleep(200 * time.Millisecond) // ten probe periods
+	time.Sleep(200 * time.Millisecond) // staying in rotation through ten probe periods is the behaviour under test
 	if !rt.View(time.Now()).Replicas[0].Healthy {
 		t.Fatal("a replica without the probed route was taken out of rotation")
 	}

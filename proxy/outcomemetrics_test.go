@@ -73,13 +73,7 @@ func labelValues(mfs map[string]*dto.MetricFamily, name, label string) []string 
 // waitTotal polls url's /metrics until total(name, labels) is want.
 func waitTotal(t *testing.T, url string, want float64, name string, labels ...string) {
 	t.Helper()
-	var got float64
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if got = total(families(t, url), name, labels...); got == want {
-			return
-		}
-	}
-	t.Fatalf("%s%v = %v, want %v", name, labels, got, want)
+	wait.For(t, fmt.Sprintf("%s%v = %v", name, labels, want), func() bool { return total(families(t, url), name, labels...) == want })
 }
 
 // TestRoutedCountedOnce: one streamed chat request and one pass-through

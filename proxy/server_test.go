@@ -166,7 +166,7 @@ func slowUpstream(t *testing.T, n int, gap time.Duration) *httptest.Server {
 		for range n {
 			io.WriteString(w, chunk1)
 			w.(http.Flusher).Flush()
-			time.Sleep(gap)
+			time.Sleep(gap) // a slow replica is the behaviour under test
 		}
 		io.WriteString(w, done)
 	}))
