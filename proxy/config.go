@@ -10,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/hashing"
 	"github.com/kvrouter/kvrouter/health"
@@ -272,7 +273,6 @@ func (c *Config) TokenMode() bool { return c.Tokenizer != "" || len(c.Tokenizers
 // Defaults of Config, also shown in flag help.
 const (
 	DefaultListen         = "127.0.0.1:8000"
-	DefaultPolicy         = "kv-aware"
 	DefaultSessionHeader  = "X-Session-ID"
 	DefaultSessionTTL     = 10 * time.Minute
 	DefaultMaxBodyBytes   = 8 << 20
@@ -280,7 +280,6 @@ const (
 	DefaultScrapeInterval = 100 * time.Millisecond
 	DefaultHealthInterval = time.Second
 	DefaultDecisions      = 1024
-	DefaultPreset         = "llama3-8b-h100"
 	DefaultRetries        = 2
 	DefaultLogLevel       = "info"
 
@@ -315,7 +314,7 @@ const (
 func DefaultConfig() Config {
 	return Config{
 		Listen:         DefaultListen,
-		Policy:         DefaultPolicy,
+		Policy:         route.Default,
 		SessionHeader:  DefaultSessionHeader,
 		SessionTTL:     DefaultSessionTTL,
 		MaxBodyBytes:   DefaultMaxBodyBytes,
@@ -323,7 +322,7 @@ func DefaultConfig() Config {
 		ScrapeInterval: DefaultScrapeInterval,
 		HealthInterval: DefaultHealthInterval,
 		Decisions:      DefaultDecisions,
-		Preset:         DefaultPreset,
+		Preset:         engine.DefaultPreset,
 		Retries:        DefaultRetries,
 		LogLevel:       DefaultLogLevel,
 		LogFormat:      LogText,

@@ -322,7 +322,7 @@ func TestSessionRebindsWhenReplicaDies(t *testing.T) {
 	if second == first {
 		t.Fatalf("turn 2 went to the dead replica %s", first)
 	}
-	if rec := rt.Decisions(1)[0]; len(rec.Failed) != 0 || rec.Session != shownID(rt.sf.idKey, "s-1") || rec.SessionSource != SessionHeader {
+	if rec := rt.Decisions(1)[0]; len(rec.Failed) != 0 || rec.Session != shownID(rt.sf.idKey, "s-1") || rec.SessionSource != SessionFromHeader {
 		t.Errorf("turn 2 record: failed %v session %q from %q; want no retry, s-1 from header", rec.Failed, rec.Session, rec.SessionSource)
 	}
 	if got := send(3); got != second {

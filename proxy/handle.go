@@ -37,14 +37,14 @@ const (
 // Session sources, as Record.SessionSource names them: where the session
 // id came from.
 const (
-	// SessionHeader: the configured request header (default X-Session-ID).
-	SessionHeader = "header"
-	// SessionUser: the OpenAI "user" field.
-	SessionUser = "user"
-	// SessionContent: the conversation's own content
+	// SessionFromHeader: the configured request header (default X-Session-ID).
+	SessionFromHeader = "header"
+	// SessionFromUser: the OpenAI "user" field.
+	SessionFromUser = "user"
+	// SessionFromContent: the conversation's own content
 	// (prefix.Prompt.ConversationKey: its messages up to the first user
 	// message), for requests that carry no session id.
-	SessionContent = "content"
+	SessionFromContent = "content"
 )
 
 // call is one request's state from arrival to the end of its response. It
@@ -208,12 +208,12 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 func (c *call) sessionOf(r *http.Request, p *prefix.Prompt) {
 	switch {
 	case r.Header.Get(c.rt.cfg.SessionHeader) != "":
-		c.session, c.sessionSrc = fleet.SessionKey(r.Header.Get(c.rt.cfg.SessionHeader)), SessionHeader
+		c.session, c.sessionSrc = fleet.SessionKey(r.Header.Get(c.rt.cfg.SessionHeader)), SessionFromHeader
 	case p.User != "":
-		c.session, c.sessionSrc = fleet.SessionKey(p.User), SessionUser
+		c.session, c.sessionSrc = fleet.SessionKey(p.User), SessionFromUser
 	default:
 		var b [24]byte
-		c.session, c.sessionSrc = string(strconv.AppendUint(append(b[:0], "conv-"...), p.ConversationKey(), 16)), SessionContent
+		c.session, c.sessionSrc = string(strconv.AppendUint(append(b[:0], "conv-"...), p.ConversationKey(), 16)), SessionFromContent
 	}
 }
 

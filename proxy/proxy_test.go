@@ -322,10 +322,10 @@ func TestSessionSource(t *testing.T) {
 		name, body, header    string
 		wantSource, wantValue string // wantValue "" means any conv- key
 	}{
-		{"header", convo("alice", 1), "sess-42", SessionHeader, "sess-42"},
-		{"user field", convo("alice", 1), "", SessionUser, "alice"},
-		{"content", convo("", 1), "", SessionContent, ""},
-		{"content, later turn", convo("", 3), "", SessionContent, ""},
+		{"header", convo("alice", 1), "sess-42", SessionFromHeader, "sess-42"},
+		{"user field", convo("alice", 1), "", SessionFromUser, "alice"},
+		{"content", convo("", 1), "", SessionFromContent, ""},
+		{"content, later turn", convo("", 3), "", SessionFromContent, ""},
 	}
 	var convKeys []string
 	for _, tc := range tests {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
@@ -15,7 +16,7 @@ import (
 // computing: four times as much for the one with the tier.
 func TestIndexCoversTheCPUTier(t *testing.T) {
 	start := func(cpu int) *emulator.Server {
-		e, err := emulator.Start(emulator.Config{Model: "m", Preset: DefaultPreset, TimeScale: 0.02, KVBlocks: 1000, CPUKVBlocks: cpu}, "127.0.0.1:0")
+		e, err := emulator.Start(emulator.Config{Model: "m", Preset: engine.DefaultPreset, TimeScale: 0.02, KVBlocks: 1000, CPUKVBlocks: cpu}, "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}

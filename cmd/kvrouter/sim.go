@@ -59,7 +59,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	traceFormat := fs.String("trace-format", "", "format of --trace: mooncake (JSONL) or azure (CSV); empty: by extension")
 	replicas := fs.Int("replicas", 16, "replicas in the fleet")
 	models := fs.Int("models", 1, "models the fleet serves: replica i serves model i mod N, each request asks for one (by session, tenant or id)")
-	preset := fs.String("preset", "llama3-8b-h100", "engine preset: "+strings.Join(engine.Presets(), ", "))
+	preset := fs.String("preset", engine.DefaultPreset, "engine preset: "+strings.Join(engine.Presets(), ", "))
 	load := fs.String("load", "0.8", "offered work as a fraction of fleet capacity, or comma-separated fractions (0 keeps the trace's times)")
 	policies := fs.String("policies", "all", "comma-separated policies, or all (every policy plus kv-aware-precise): "+strings.Join(route.Names(), ", "))
 	seed := fs.Uint64("seed", 1, "seed of the workload generator and the policies' tie-breaks")
