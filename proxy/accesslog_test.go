@@ -240,7 +240,7 @@ func BenchmarkAccessLog(b *testing.B) {
 	}
 	rt.st.bes.setLocked(0, be)
 	t0 := time.Now()
-	c := &call{rt: rt, id: "kvr-abc-1", method: "POST", path: "/v1/chat/completions", prompt: &prefix.Prompt{Model: "m", Stream: true},
+	c := &call{rt: rt, bufs: newBufs(), id: "kvr-abc-1", method: "POST", path: "/v1/chat/completions", prompt: &prefix.Prompt{Model: "m", Stream: true},
 		status: 200, outcome: "ok", replica: 0, routed: true, sessionSrc: SessionFromHeader, start: t0, end: t0.Add(40 * time.Millisecond),
 		ttft: 12 * time.Millisecond, usage: fleet.Usage{PromptTokens: 1200, CachedTokens: 1024, CompletionTokens: 64}}
 	c.dec.Reason, c.dec.Matched = "least-cost", 1024

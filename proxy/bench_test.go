@@ -154,7 +154,7 @@ func BenchmarkDecide(b *testing.B) {
 				}
 				c.ticket.Done(rt.now(), fleet.NoUsage, nil)
 				d := c.decide
-				rt.pool.Put(c)
+				rt.pool.Put(c.bufs)
 				return d
 			}
 			for k := range prompts {

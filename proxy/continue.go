@@ -56,14 +56,24 @@ type stream struct {
 	continued int        // continuations so far
 }
 
-// newStream wraps the body of resp, the answer to req within a.
+// newStream wraps the body of resp, the answer to req within a, in the
+// call's stream.
 func newStream(c *call, req *http.Request, a *attempt, rc io.ReadCloser) *stream {
-	s := &stream{c: c, first: req, req: req, a: a, rc: rc}
+	s := &c.st
+	s.reset()
+	s.c, s.first, s.req, s.a, s.rc = c, req, req, a, rc
 	s.sp.Chat = c.path == "/v1/chat/completions"
 	if !replayable(req) {
 		s.sp.Stuck = "the request body cannot be replayed"
 	}
 	return s
+}
+
+// reset empties s for another request, keeping its events' buffers.
+func (s *stream) reset() {
+	sp := s.sp
+	sp.Reset(keepBytes)
+	*s = stream{sp: sp}
 }
 
 // readAhead reads until the attempt's first content event (or its end),

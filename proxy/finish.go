@@ -117,6 +117,7 @@ func (rt *Router) recycle(c *call) {
 	if c.rb.r.Size() > 0 && !c.rb.eof.Load() || len(c.failed) > 0 {
 		return
 	}
-	c.prompt, c.ticket, c.tap.Body, c.tap.OnFirst = nil, nil, nil, nil
-	rt.pool.Put(c)
+	b := c.bufs
+	b.owner, b.tap.Body, b.tap.OnFirst = nil, nil, nil
+	rt.pool.Put(b)
 }

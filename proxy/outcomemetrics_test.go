@@ -203,11 +203,11 @@ func TestMetricOutcome(t *testing.T) {
 		{"engine 500", &call{status: 500, outcome: view.OutcomeUpstreamError}, outcomeUpstreamError},
 		{"unreachable", &call{status: 502, errCode: "upstream_unreachable", outcome: view.OutcomeError}, outcomeUpstreamError},
 		{"engine 503", &call{status: 503, outcome: view.OutcomeUpstreamError}, outcomeUpstreamError},
-		{"cut after 200", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, tap: sse.Tap{Cut: true, CutCode: codeStreamCut}}, outcomeUpstreamError},
+		{"cut after 200", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, bufs: &bufs{tap: sse.Tap{Cut: true, CutCode: codeStreamCut}}}, outcomeUpstreamError},
 		{"no healthy replica", &call{status: 503, errCode: codeNoHealthy, outcome: view.OutcomeError}, outcomeRejected},
 		{"queue full", &call{status: 429, errCode: "queue_full", outcome: view.OutcomeError}, outcomeRejected},
 		{"504", &call{status: 504, outcome: view.OutcomeUpstreamError}, outcomeTimeout},
-		{"stalled stream", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, tap: sse.Tap{Cut: true, CutCode: codeUpstreamTimeout}}, outcomeTimeout},
+		{"stalled stream", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, bufs: &bufs{tap: sse.Tap{Cut: true, CutCode: codeUpstreamTimeout}}}, outcomeTimeout},
 		{"client gone", &call{status: 200, outcome: view.OutcomeCanceled}, outcomeCanceled},
 	} {
 		if got := tc.c.metricOutcome(); got != tc.want {

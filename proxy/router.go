@@ -73,7 +73,7 @@ type Router struct {
 	models     modelsCache
 	st         *state
 	adm        *admission // nil: admission control off
-	pool       sync.Pool  // *call
+	pool       sync.Pool  // *bufs: the calls' buffers
 	readBufs   readBufs   // stream read buffers
 	now        func() time.Time
 	start      time.Time     // the router's start: time zero of the residency index
@@ -181,7 +181,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		BufferPool:     &bufferPool{},
 		ErrorLog:       slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
-	rt.pool.New = func() any { return new(call) }
+	rt.pool.New = func() any { return newBufs() }
 	if rt.shared, err = rt.newShared(reg); err != nil {
 		return nil, err
 	}

@@ -317,7 +317,7 @@ func BenchmarkSpans(b *testing.B) {
 	costs := []route.Cost{{Replica: 0, Matched: 1024, Wait: time.Millisecond, Prefill: 20 * time.Millisecond, Total: 30 * time.Millisecond}}
 	b.ReportAllocs()
 	for b.Loop() {
-		c := &call{rt: rt, id: "kvr-abc-1", method: "POST", path: req.URL.Path, replica: 0, routed: true, usage: fleet.NoUsage}
+		c := &call{rt: rt, bufs: newBufs(), id: "kvr-abc-1", method: "POST", path: req.URL.Path, replica: 0, routed: true, usage: fleet.NoUsage}
 		r := c.startSpan(req)
 		c.dec = route.Decision{Replica: 0, Reason: "least-cost", Matched: 1024, Costs: costs}
 		ctx, span := c.startAttempt(r.Context())

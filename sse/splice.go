@@ -51,6 +51,14 @@ type Splice struct {
 	ch chunk // the event being read, reused
 }
 
+// Reset empties s for another stream, keeping its buffers' capacity up to
+// keep bytes.
+func (s *Splice) Reset(keep int) {
+	choices := s.ch.Choices[:cap(s.ch.Choices)]
+	clear(choices) // decoding leaves the fields an event lacks as they were
+	*s = Splice{Out: trim(s.Out, keep), Text: trim(s.Text, keep), ch: chunk{Choices: choices[:0]}}
+}
+
 // Continue starts a continuation: the events from now on are another
 // replica's, which did not commit yet.
 func (s *Splice) Continue() {
