@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // stream is what a client saw of one streamed completion.
@@ -193,10 +195,7 @@ func TestSIGHUPKeepsServing(t *testing.T) {
 	rt := startRouter(t, []*proc{engine}, "--admin-listen", "")
 	waitReady(t, rt.URL(), "/readyz", 10*time.Second)
 	rt.Signal(syscall.SIGHUP)
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(rt.Log(), "SIGHUP") && rt.Alive() && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, "the SIGHUP logged or the router gone", func() bool { return strings.Contains(rt.Log(), "SIGHUP") || !rt.Alive() })
 	if !rt.Alive() {
 		t.Fatalf("the router exited on SIGHUP")
 	}

@@ -355,6 +355,7 @@ func TestImpostorOnDeadPort(t *testing.T) {
 	wait.Within(t, 5*time.Second, "the dead engine's ejection", func() bool { return healthy() == 0 })
 	imp := &badReplica{mode: "impostor", model: "some-other-model"}
 	serve(t, dead.addr, imp)
+	// Staying out for 4 s is the behaviour under test.
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if healthy() != 0 {
 			t.Fatalf("the other service on %s was put back in rotation", dead.addr)

@@ -209,7 +209,7 @@ func TestPassiveOnly(t *testing.T) {
 	go c.Run(ctx)
 
 	wait.For(t, "passive-only note", func() bool { _, notes := l.get(); return len(notes) == 2 })
-	time.Sleep(10 * c.Interval)
+	time.Sleep(10 * c.Interval) // staying healthy through ten probe periods is the behaviour under test
 	if st, _ := c.Status(srv.URL); !st.Healthy || st.Probe != "" {
 		t.Fatalf("without probe routes: got %+v, want healthy, no probe", st)
 	}
@@ -267,7 +267,7 @@ func TestReasons(t *testing.T) {
 		time.Sleep(DefaultInterval) // second
 		synctest.Wait()
 		rt.health.Store(http.StatusOK)
-		time.Sleep(DefaultInterval)
+		time.Sleep(DefaultInterval) // synctest: advances the bubble's clock
 		synctest.Wait()
 		for range 5 { // the second ejection in a row: 2 s
 			c.ReportFailure(id)
@@ -289,12 +289,12 @@ func TestReasons(t *testing.T) {
 			c.ReportFailure(id)
 		}
 		down := time.Now()
-		time.Sleep(4*DefaultEjectBase - DefaultInterval)
+		time.Sleep(4*DefaultEjectBase - DefaultInterval) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if c.Healthy(id) {
 			t.Errorf("%v after the third ejection: got healthy, want unhealthy", time.Since(down))
 		}
-		time.Sleep(2 * DefaultInterval)
+		time.Sleep(2 * DefaultInterval) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if st, _ := c.Status(id); !st.Healthy || st.Ejections != 3 || st.Since.Sub(down) < 4*DefaultEjectBase || st.Since.Sub(down) > 4*DefaultEjectBase+DefaultInterval {
 			t.Errorf("status %v after the ejection: got %+v, want healthy since %v..%v later, 3 ejections", time.Since(down), st, 4*DefaultEjectBase, 4*DefaultEjectBase+DefaultInterval)

@@ -47,18 +47,15 @@ func startRouterProc(t *testing.T, id, redisURL string, backends []string) *rout
 	}
 	p := &routerProc{cmd: cmd, api: "http://" + api, admin: "http://" + admin}
 	t.Cleanup(func() { p.kill() })
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get(p.api + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
+	wait.Within(t, 20*time.Second, "router "+id+" ready", func() bool {
+		resp, err := http.Get(p.api + "/readyz")
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("router %s not ready in 20 s", id)
-	return nil
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
 }
 
 func (p *routerProc) kill() {
