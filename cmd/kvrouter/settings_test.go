@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"io"
@@ -8,7 +9,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -65,7 +65,7 @@ func settingValue(t *testing.T, f *flag.Flag) (string, string) {
 // it is; a new setting adds its lines (go test -run TestServeSettings
 // -update-settings).
 func TestServeSettings(t *testing.T) {
-	var b strings.Builder
+	var b bytes.Buffer
 	b.WriteString("# flag\tenvironment\tYAML key\tdefault\n")
 	def := proxy.DefaultConfig()
 	scratch := proxy.DefaultConfig()
@@ -151,7 +151,7 @@ func yamlKeys(t *testing.T, cfg proxy.Config) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, n.Content[i].Value+": "+strings.TrimSpace(strings.ReplaceAll(string(v), "\n", " ")))
+		out = append(out, n.Content[i].Value+": "+string(bytes.TrimSpace(bytes.ReplaceAll(v, []byte("\n"), []byte(" ")))))
 	}
 	slices.Sort(out)
 	return out
