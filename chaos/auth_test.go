@@ -20,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // relay is a TCP relay on loopback in front of an engine, optionally
@@ -240,17 +242,7 @@ func TestTLS(t *testing.T) {
 		"--backend-ca", certFile, "--tls-cert", certFile, "--tls-key", keyFile, "--admin-listen", "")
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 10 * time.Second}
 	api := "https://" + rt.addr
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		status, _ := call(t, client, "GET", api+"/readyz", "", "")
-		if status == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("https /readyz: status %d, want 200", status)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, "https /readyz 200", func() bool { status, _ := call(t, client, "GET", api+"/readyz", "", ""); return status == 200 })
 	status, out := call(t, client, "POST", api+"/v1/chat/completions", "", string(chat("hello over tls", 4, true)))
 	if status != 200 || !strings.Contains(out, "data: [DONE]") {
 		t.Errorf("https completion: status %d %q; want 200 to [DONE]", status, out)

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // stream is what a client saw of one streamed completion.
@@ -88,22 +90,15 @@ func within(t *testing.T, results <-chan []stream, d time.Duration) []stream {
 // is refused or fails), and returns how long it took.
 func pollStatus(t *testing.T, url string, want int, d time.Duration) time.Duration {
 	t.Helper()
-	begin := time.Now()
 	client := &http.Client{Timeout: time.Second}
-	for {
+	return wait.Within(t, d, fmt.Sprintf("GET %s answering %d", url, want), func() bool {
 		got := 0
 		if resp, err := client.Get(url); err == nil {
 			got = resp.StatusCode
 			resp.Body.Close()
 		}
-		if got == want {
-			return time.Since(begin)
-		}
-		if time.Since(begin) > d {
-			t.Fatalf("GET %s: status %d after %v, want %d", url, got, d, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return got == want
+	})
 }
 
 // TestDrainFinishesStreams: SIGTERM with 20 streams of ~30 s in flight
@@ -193,10 +188,7 @@ func TestSIGHUPKeepsServing(t *testing.T) {
 	rt := startRouter(t, []*proc{engine}, "--admin-listen", "")
 	waitReady(t, rt.URL(), "/readyz", 10*time.Second)
 	rt.Signal(syscall.SIGHUP)
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(rt.Log(), "SIGHUP") && rt.Alive() && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, "the SIGHUP logged or the router gone", func() bool { return strings.Contains(rt.Log(), "SIGHUP") || !rt.Alive() })
 	if !rt.Alive() {
 		t.Fatalf("the router exited on SIGHUP")
 	}

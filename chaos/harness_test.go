@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // long runs the long versions of the tests (the soak for 10 minutes, the
@@ -147,18 +149,17 @@ func start(t *testing.T, args ...string) *proc {
 			t.Logf("%s log:\n%s", args[0], out.String())
 		}
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	wait.Within(t, 15*time.Second, "kvrouter "+args[0]+" serving on "+addr, func() bool {
+		if !p.Alive() {
+			t.Fatalf("kvrouter %s exited before serving on %s", args[0], addr) // the cleanup logs why
+		}
 		resp, err := http.Get(p.URL() + "/health")
 		if err == nil {
 			resp.Body.Close()
-			return p
 		}
-		if !p.Alive() || time.Now().After(deadline) {
-			t.Fatalf("kvrouter %s not serving on %s: %v; log:\n%s", args[0], addr, err, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil
+	})
+	return p
 }
 
 // startEngine runs an emulated engine (`kvrouter engine`) with args.
@@ -192,20 +193,14 @@ func startRouter(t *testing.T, engines []*proc, args ...string) *proc {
 // waitReady waits until url answers 200 at path.
 func waitReady(t *testing.T, url, path string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	wait.Within(t, within, url+path+" answering 200", func() bool {
 		resp, err := http.Get(url + path)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s%s not 200 within %v (last: %v)", url, path, within, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
 
 // metricsText returns the Prometheus text a process serves at

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/zmtp"
 )
 
@@ -72,24 +73,6 @@ func blocks(t *testing.T, rt *proc, replica string) float64 {
 	return metric(t, rt.AdminURL(), fmt.Sprintf("kvrouter_kv_event_blocks{replica=%q}", replica))
 }
 
-// poll waits up to 15 s for cond.
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	pollFor(t, what, 15*time.Second, cond)
-}
-
-// pollFor waits up to within for cond.
-func pollFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // kvFleet runs an engine that dials the router's bind socket and a
 // router binding it, with extra router args; it returns both and the
 // bind endpoint.
@@ -107,7 +90,7 @@ func kvFleet(t *testing.T, routerArgs ...string) (e, rt *proc, bind string) {
 func warm(t *testing.T, rt, e *proc, had float64) float64 {
 	t.Helper()
 	var n atomic.Int64
-	poll(t, "the engine's KV events at the router", func() bool {
+	wait.For(t, "the engine's KV events at the router", func() bool {
 		i := n.Add(1)
 		prompt := fmt.Sprintf("request %d: %s", i, strings.Repeat(fmt.Sprintf("word%d ", i), 100))
 		resp, err := post(context.Background(), t, rt.URL(), "/v1/chat/completions", chat(prompt, 2, false))
@@ -234,7 +217,7 @@ func TestKVEventsHugeFramePublisher(t *testing.T) {
 		"--admin-listen", admin)
 	rt.admin = admin
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
-	poll(t, "the router's dial", func() bool { return conns.Load() > 0 })
+	wait.For(t, "the router's dial", func() bool { return conns.Load() > 0 })
 	exercise(t, rt)
 	before := rt.RSS()
 	close(armed)
@@ -242,7 +225,7 @@ func TestKVEventsHugeFramePublisher(t *testing.T) {
 	if *long {
 		n = 12
 	}
-	pollFor(t, "refused frames", 90*time.Second, func() bool { return rejected(t, rt, "size") >= n })
+	wait.Within(t, 90*time.Second, "refused frames", func() bool { return rejected(t, rt, "size") >= n })
 	if !rt.Alive() {
 		t.Fatalf("router died; log:\n%s", rt.Log())
 	}
@@ -297,7 +280,7 @@ func TestKVEventsForgedPublisher(t *testing.T) {
 	if _, err := forge(t, bind, "127.0.0.3"); err == nil {
 		t.Error("a peer that is no backend's host completed its handshake")
 	}
-	poll(t, "the peer rejection", func() bool { return rejected(t, rt, "peer") == 1 })
+	wait.For(t, "the peer rejection", func() bool { return rejected(t, rt, "peer") == 1 })
 
 	p, err := forge(t, bind, "127.0.0.1")
 	if err != nil {
@@ -307,7 +290,7 @@ func TestKVEventsForgedPublisher(t *testing.T) {
 	if err := p.Send([]byte(topic), make([]byte, 8), storedPayload(t, 75)); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "the topic rejection", func() bool { return rejected(t, rt, "topic") == 1 })
+	wait.For(t, "the topic rejection", func() bool { return rejected(t, rt, "topic") == 1 })
 	if got := blocks(t, rt, other); got > 0 {
 		t.Errorf("the other backend has %v blocks from a forged topic, want 0", got)
 	}

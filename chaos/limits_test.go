@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -243,17 +244,11 @@ func TestSlowDeclaredBodiesHeap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for active.Load()-active0 < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d requests reached the router", active.Load()-active0, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, fmt.Sprintf("the %d requests at the router", n), func() bool { return active.Load()-active0 >= n })
 	var peak int64
 	for range 20 { // the handlers are reading: sample the heap as they do
 		peak = max(peak, heapAlloc())
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the sampling interval
 	}
 	t.Logf("%d connections declaring 8 MB, 1 KB sent: heap %d MB before, %d MB while they trickle (+%d MB)",
 		n, base>>20, peak>>20, (peak-base)>>20)
@@ -447,13 +442,7 @@ func TestHugeHeadersRejected(t *testing.T) {
 	}
 	// net/http closes the connection of a header too large some 500 ms
 	// after its answer; the count follows the close.
-	deadline := time.Now().Add(5 * time.Second)
-	for metric(t, rt.AdminURL(), "kvrouter_header_rejected_total") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("kvrouter_header_rejected_total = %v, want 1 (the 1 MiB header)", metric(t, rt.AdminURL(), "kvrouter_header_rejected_total"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, "kvrouter_header_rejected_total 1 (the 1 MiB header)", func() bool { return metric(t, rt.AdminURL(), "kvrouter_header_rejected_total") == 1 })
 	if got := metric(t, rt.AdminURL(), `kvrouter_errors_total{code="too_many_headers"}`); got != 1 {
 		t.Errorf("kvrouter_errors_total{code=too_many_headers} = %v, want 1", got)
 	}

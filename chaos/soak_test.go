@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // soakFor overrides the soak's duration: 1 minute by default, 10 with
@@ -117,16 +119,8 @@ func TestSoak(t *testing.T) {
 	took := time.Since(start)
 	client.CloseIdleConnections()
 	http.DefaultClient.CloseIdleConnections() // the harness's readiness probes
-	settled := idle
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if clientConns(t, rt) == 0 {
-			settled = sample(t, rt, admin, time.Since(start))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the router holds %d client connections 10 s after the clients closed theirs", clientConns(t, rt))
-		}
-	}
+	wait.Within(t, 10*time.Second, "the router to close its client connections after the clients", func() bool { return clientConns(t, rt) == 0 })
+	settled := sample(t, rt, admin, time.Since(start))
 	evicted := metric(t, admin, "kvrouter_sessions_evicted_total")
 	checkSoak(t, samples, idle, settled, soakFigures{
 		took: took, done: done.Load(), failed: failed.Load(), evicted: evicted,

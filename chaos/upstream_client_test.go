@@ -164,16 +164,6 @@ func metricSum(t *testing.T, url, name string, labels ...string) float64 {
 	return sum
 }
 
-// waitFor polls cond every 20 ms, failing after within.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(within); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v", what, within)
-		}
-	}
-}
-
 // waitFirstTokens waits until every stream had a token (or ended).
 func waitFirstTokens(t *testing.T, res []*streamResult) {
 	t.Helper()

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // Upstream faults: a hung engine (SIGSTOP), an engine killed mid-stream
@@ -138,7 +140,7 @@ func TestStoppedEngine(t *testing.T) {
 	if got := metricSum(t, rt.AdminURL(), "kvrouter_stream_failures_total", `result="continued"`); got < float64(n) {
 		t.Errorf("kvrouter_stream_failures_total{result=continued} = %v, want at least %d", got, n)
 	}
-	waitFor(t, "ejection of the stopped engine", 5*time.Second, func() bool {
+	wait.Within(t, 5*time.Second, "ejection of the stopped engine", func() bool {
 		return metricSum(t, rt.AdminURL(), "kvrouter_replica_healthy", `replica="`+stopped.URL()+`"`) == 0
 	})
 	for i := range 10 {
@@ -183,13 +185,13 @@ func TestQueuedInDyingEngine(t *testing.T) {
 	waitReady(t, rt.URL(), "/health", 10*time.Second)
 	const tokens = 100
 	want := wholeText(t, engines[1].URL(), tokens)
-	res, wait := startStreams(t, rt.URL(), 8, tokens)
-	waitFor(t, "requests queued in the engine", 10*time.Second, func() bool {
+	res, finished := startStreams(t, rt.URL(), 8, tokens)
+	wait.Within(t, 10*time.Second, "requests queued in the engine", func() bool {
 		return metricSum(t, dying.URL(), "vllm:num_requests_waiting") >= 2 && metricSum(t, dying.URL(), "vllm:num_requests_running") == 1
 	})
 	queued := metricSum(t, dying.URL(), "vllm:num_requests_waiting")
 	dying.Signal(syscall.SIGKILL)
-	wait()
+	finished()
 
 	done, _ := checkStreams(t, res, want)
 	if done != len(res) {
@@ -350,9 +352,10 @@ func TestImpostorOnDeadPort(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // a few probes: the router learns the engine's models
 	dead.Signal(syscall.SIGKILL)
 	dead.Wait(5 * time.Second)
-	waitFor(t, "the dead engine's ejection", 5*time.Second, func() bool { return healthy() == 0 })
+	wait.Within(t, 5*time.Second, "the dead engine's ejection", func() bool { return healthy() == 0 })
 	imp := &badReplica{mode: "impostor", model: "some-other-model"}
 	serve(t, dead.addr, imp)
+	// Staying out for 4 s is the behaviour under test.
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if healthy() != 0 {
 			t.Fatalf("the other service on %s was put back in rotation", dead.addr)

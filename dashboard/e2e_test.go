@@ -311,7 +311,7 @@ func TestLiveScreenshot(t *testing.T) {
 	}
 	tot := res.Totals()
 	t.Logf("%d requests, %d ok, hit rate %.3f, errors %v", tot.Requests, tot.OK, tot.HitRate(), tot.Errors)
-	time.Sleep(3 * time.Second) // the last samples
+	time.Sleep(3 * time.Second) // the last samples reach the page before the screenshot (a live demo run, not a check)
 	run(t, ctx, 5*time.Second, "expand", chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tr.decision').click()`))
 	png := run(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))
 	if err := os.WriteFile(*liveShot, png, 0o644); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/loadgen"
 	"github.com/kvrouter/kvrouter/proxy"
 	"github.com/kvrouter/kvrouter/report"
@@ -30,7 +31,6 @@ const (
 	DefaultReplicas  = 4
 	DefaultRequests  = 240
 	DefaultTimeScale = 0.1
-	DefaultPreset    = "llama3-8b-h100"
 )
 
 // DefaultPolicies are the policies the demo compares.
@@ -55,7 +55,7 @@ type Config struct {
 	// overhead of HTTP weigh more in model time.
 	TimeScale float64
 	// Preset is the engine preset of the replicas and of the router's cost
-	// model; empty means DefaultPreset.
+	// model; empty means engine.DefaultPreset.
 	Preset string
 	// KVBlocks overrides each replica's KV capacity in blocks of 16 tokens;
 	// zero keeps the preset's.
@@ -118,7 +118,7 @@ func (c Config) withDefaults() Config {
 		c.TimeScale = DefaultTimeScale
 	}
 	if c.Preset == "" {
-		c.Preset = DefaultPreset
+		c.Preset = engine.DefaultPreset
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

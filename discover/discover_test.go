@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/miekg/dns"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // zone is a DNS server's records, changed by the tests while it serves.
@@ -215,9 +217,9 @@ func TestRunResolvesAgain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	waitFor(t, func() bool { return len(rec.all()) == 1 })
+	wait.For(t, "one backend list", func() bool { return len(rec.all()) == 1 })
 	z.set("vllm.test", "A 10.0.0.1", "A 10.0.0.9")
-	waitFor(t, func() bool { return len(rec.all()) == 2 })
+	wait.For(t, "two backend lists", func() bool { return len(rec.all()) == 2 })
 	cancel()
 	if err := <-done; err != context.Canceled {
 		t.Errorf("Run returned %v, want context.Canceled", err)
@@ -225,14 +227,4 @@ func TestRunResolvesAgain(t *testing.T) {
 	if got := rec.all()[1]; len(got) != 2 || got[1] != "http://10.0.0.9:80" {
 		t.Errorf("second list %v, want 10.0.0.1 and 10.0.0.9", got)
 	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatal("condition not met in 5 s")
 }

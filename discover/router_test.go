@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -75,14 +76,14 @@ func TestRouterFollowsDNS(t *testing.T) {
 	wg.Go(func() { d.Run(ctx) })
 
 	a, b := engines[0].URL(), engines[1].URL()
-	waitFor(t, func() bool { return len(rt.Backends()) == 2 })
+	wait.For(t, "two backends", func() bool { return len(rt.Backends()) == 2 })
 	if got := spread(t, api.URL, 6); got[a] != 3 || got[b] != 3 {
 		t.Errorf("requests over the discovered backends: %v, want 3 on each", got)
 	}
 	// A stream on pod-1, then pod-1 leaves DNS.
 	resp, br := streamOn(t, api.URL, b)
 	z.set("_http._tcp.vllm.llm.svc", srv[0])
-	waitFor(t, func() bool {
+	wait.For(t, "the backend removed", func() bool {
 		for _, s := range rt.Backends() {
 			if s.URL == b {
 				return s.State == "removed"
@@ -98,7 +99,7 @@ func TestRouterFollowsDNS(t *testing.T) {
 	if err != nil || !strings.Contains(string(rest), "data: [DONE]") {
 		t.Errorf("the stream on the vanished backend: %v, ended without [DONE]", err)
 	}
-	waitFor(t, func() bool { return len(rt.Backends()) == 1 })
+	wait.For(t, "one backend", func() bool { return len(rt.Backends()) == 1 })
 }
 
 // spread sends n short requests and counts them per replica.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // kvMsg is one message off the PUB socket.
@@ -32,7 +34,7 @@ func subscribe(t *testing.T, s *Server) <-chan kvMsg {
 		t.Fatal(err)
 	}
 	pub := s.pub.pub.(zmq4.Topics)
-	eventually(t, "the subscription to reach the publisher", func() bool { return len(pub.Topics()) > 0 })
+	wait.For(t, "the subscription to reach the publisher", func() bool { return len(pub.Topics()) > 0 })
 	return readSub(t, sub)
 }
 
@@ -434,21 +436,20 @@ func TestPublisherConnects(t *testing.T) {
 	}
 	// Until the connection and subscription are up, events are dropped (PUB
 	// semantics): send distinct prompts until one arrives.
-	for i := 0; ; i++ {
+	i := 0
+	wait.For(t, "an event through a connecting publisher", func() bool {
 		select {
 		case m := <-c:
 			if m.topic != s.Topic() {
 				t.Errorf("topic %q, want %q", m.topic, s.Topic())
 			}
-			return
+			return true
 		default:
 		}
-		if i == 500 {
-			t.Fatal("no event through a connecting publisher")
-		}
 		workload(t, s, 1, 1, 16+i)
-		time.Sleep(10 * time.Millisecond)
-	}
+		i++
+		return false
+	})
 }
 
 func TestBinds(t *testing.T) {

@@ -238,18 +238,6 @@ func metric(t *testing.T, fams map[string]*familyView, name string) float64 {
 	return f.value
 }
 
-// eventually polls cond every 5 ms for up to 10 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // words returns a prompt of n distinct-ish words (each one token), seeded
 // by tag so different tags give different prompts.
 func words(tag string, n int) string {

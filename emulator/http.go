@@ -56,7 +56,7 @@ type job struct {
 	// continues, so that a continued reply reads as one; 0 otherwise.
 	offset int
 	// kv is the request's kv_transfer_params; nil without.
-	kv *kvTransferParams
+	kv *engine.TransferParams
 }
 
 // httpError is an error with its HTTP status and, if not empty, the

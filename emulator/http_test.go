@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 func TestSamePromptTwiceIsCached(t *testing.T) {
@@ -247,7 +249,7 @@ func TestWaitingRequestsShowInMetrics(t *testing.T) {
 		})
 	}
 	var waiting, running float64
-	eventually(t, "num_requests_waiting > 0 with a full batch", func() bool {
+	wait.For(t, "num_requests_waiting > 0 with a full batch", func() bool {
 		m := scrape(t, s.URL())
 		waiting = metric(t, m, "vllm:num_requests_waiting")
 		running = metric(t, m, "vllm:num_requests_running")
@@ -346,7 +348,7 @@ func TestDisconnectFreesSlot(t *testing.T) {
 		t.Fatalf("first line %q, %v", line, err)
 	}
 	resp.Body.Close() // the client goes away mid-stream
-	eventually(t, "the slot to be freed", func() bool {
+	wait.For(t, "the slot to be freed", func() bool {
 		st := s.Stats()
 		return st.Running == 0 && st.UsedBlocks == 0
 	})
@@ -434,7 +436,7 @@ func TestCloseFailsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := postAsync(s.URL()+"/v1/completions", `{"prompt":"x","max_tokens":100000}`)
-	eventually(t, "the request to run", func() bool { return s.Stats().Running == 1 })
+	wait.For(t, "the request to run", func() bool { return s.Stats().Running == 1 })
 	t0 := time.Now()
 	s.Close()
 	if code := <-done; code != http.StatusServiceUnavailable && code != -1 {

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // ids returns n token ids from base on.
@@ -94,7 +96,7 @@ func TestKVFullStatus(t *testing.T) {
 		t.Errorf("Rejected() = %d, want 2", got)
 	}
 	disconnect()
-	eventually(t, "the held request to end", func() bool { return s.Stats().UsedBlocks == 0 })
+	wait.For(t, "the held request to end", func() bool { return s.Stats().UsedBlocks == 0 })
 	// The held request's blocks are evictable now: a prompt of 40 new
 	// blocks fits.
 	if code, b := post(t, s.URL()+"/v1/completions", map[string]any{"prompt": ids(50_000, 640), "max_tokens": 1}); code != 200 {
@@ -108,7 +110,7 @@ func TestKVFullQueuesByDefault(t *testing.T) {
 		map[string]any{"prompt": ids(10_000, 640), "max_tokens": 100, "stream": true})
 	b, _ := json.Marshal(map[string]any{"prompt": ids(20_000, 400), "max_tokens": 1})
 	done := postAsync(s.URL()+"/v1/completions", string(b))
-	eventually(t, "the request to wait for blocks", func() bool { return s.Stats().Waiting == 1 })
+	wait.For(t, "the request to wait for blocks", func() bool { return s.Stats().Waiting == 1 })
 	disconnect()
 	if code := <-done; code != 200 {
 		t.Errorf("queued request: status %d, want 200", code)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/engine"
 )
 
 // The OpenAI request and response shapes, as vLLM serves them
@@ -28,7 +30,7 @@ type chatRequest struct {
 	// new one: it is rendered open, without its end-of-turn token.
 	ContinueFinalMessage bool `json:"continue_final_message"`
 	// KVTransferParams is vLLM's KV-connector field (transfer.go).
-	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
+	KVTransferParams *engine.TransferParams `json:"kv_transfer_params"`
 }
 
 // completionRequest is the body of POST /v1/completions.
@@ -40,7 +42,7 @@ type completionRequest struct {
 	StreamOptions *streamOptions  `json:"stream_options"`
 	N             *int            `json:"n"`
 	// KVTransferParams is vLLM's KV-connector field (transfer.go).
-	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
+	KVTransferParams *engine.TransferParams `json:"kv_transfer_params"`
 }
 
 // tokenizeRequest is the body of POST /tokenize: prompt or messages.
@@ -139,6 +141,7 @@ func chatPrompt(req *chatRequest) (text string, offset int, err error) {
 		return text, 0, err
 	}
 	if gen {
+		//lint:ignore ST1005 vLLM's own message, verbatim
 		return "", 0, errors.New("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 	}
 	text, partial, err := renderContinued(req.Messages)

@@ -5,11 +5,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // The KV-event publisher follows vLLM's ZmqEventPublisher
@@ -80,7 +81,7 @@ func newPublisher(endpoint, replayEndpoint, topic string, log *slog.Logger) (*pu
 			p.close()
 			return nil, fmt.Errorf("kv events publisher: bind %s: %w", endpoint, err)
 		}
-		p.pubAddr = dialable(endpoint, p.pub.Addr())
+		p.pubAddr = zmtp.Dialable(endpoint, p.pub.Addr())
 	} else {
 		p.wg.Go(func() {
 			if err := p.pub.Dial(endpoint); err != nil && ctx.Err() == nil {
@@ -96,24 +97,9 @@ func newPublisher(endpoint, replayEndpoint, topic string, log *slog.Logger) (*pu
 		p.close()
 		return nil, fmt.Errorf("kv events replay: bind %s: %w", replayEndpoint, err)
 	}
-	p.replayAddr = dialable(replayEndpoint, p.router.Addr())
+	p.replayAddr = zmtp.Dialable(replayEndpoint, p.router.Addr())
 	p.wg.Go(p.serveReplay)
 	return p, nil
-}
-
-// dialable turns a bound endpoint into one a local peer can dial:
-// tcp://127.0.0.1:PORT for a wildcard host, the real port for a wildcard
-// port.
-func dialable(endpoint string, addr net.Addr) string {
-	tcp, ok := addr.(*net.TCPAddr)
-	if !ok || !strings.HasPrefix(endpoint, "tcp://") {
-		return endpoint
-	}
-	host := "127.0.0.1"
-	if !tcp.IP.IsUnspecified() {
-		host = tcp.IP.String()
-	}
-	return "tcp://" + net.JoinHostPort(host, fmt.Sprint(tcp.Port))
 }
 
 // publish sends one encoded batch with the next sequence number and keeps

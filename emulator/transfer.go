@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/prefix"
 )
 
@@ -58,44 +59,9 @@ const (
 	outcomeInvalid     = "invalid"     // the params name no source: recompute
 )
 
-// kvTransferParams is vLLM's kv_transfer_params request field, as its
-// NixlConnector reads it (vllm/distributed/kv_transfer/kv_connector/v1/
-// nixl_connector.py), plus RemoteNumTokens, the emulator's own.
-type kvTransferParams struct {
-	// DoRemotePrefill asks to import the prompt's KV from the source
-	// instead of computing it (a P/D decode instance's leg).
-	DoRemotePrefill bool `json:"do_remote_prefill"`
-	// DoRemoteDecode marks a P/D prefill instance's leg; the emulator
-	// serves such a request as any other.
-	DoRemoteDecode bool `json:"do_remote_decode"`
-	// RemoteEngineID and RemoteRequestID name the source and its request;
-	// the emulator names the source by RemoteEngineID in its log and
-	// ignores RemoteRequestID.
-	RemoteEngineID  string `json:"remote_engine_id"`
-	RemoteRequestID string `json:"remote_request_id"`
-	// RemoteHost and RemotePort are the source's address. In vLLM they
-	// are the NIXL side channel's; here, the source emulator's HTTP API,
-	// which serves TransferPath.
-	RemoteHost string `json:"remote_host"`
-	RemotePort int    `json:"remote_port"`
-	// RemoteBlockIDs are, in vLLM, the source's engine block ids (a list,
-	// or a list per KV-cache group). The emulator has no physical ids: an
-	// empty or absent list means "the prompt's leading blocks you hold"
-	// (what a router, which does not know the source's ids, sends), a
-	// non-empty one imports as many leading blocks as it has ids (its first
-	// group's, when grouped).
-	RemoteBlockIDs json.RawMessage `json:"remote_block_ids"`
-	// TPSize is the source's tensor-parallel size; ignored.
-	TPSize int `json:"tp_size"`
-	// RemoteNumTokens (the emulator's own field) caps the import to the
-	// prompt's first RemoteNumTokens tokens, rounded down to whole blocks;
-	// absent or zero means no cap beyond remote_block_ids.
-	RemoteNumTokens int `json:"remote_num_tokens"`
-}
-
-// blockCount is how many blocks RemoteBlockIDs names; 0 for none (or a
+// blockCount is how many blocks p.RemoteBlockIDs names; 0 for none (or a
 // value that is not a list of ids).
-func (p *kvTransferParams) blockCount() int {
+func blockCount(p *engine.TransferParams) int {
 	raw := bytes.TrimSpace(p.RemoteBlockIDs)
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0
@@ -209,7 +175,7 @@ func (s *Server) importBlocks(ctx context.Context, j *job, f *flight) {
 	}
 	bs := s.ecfg.BlockSize
 	want := min(len(f.req.Hashes), (len(j.tokens)-1)/bs)
-	if n := p.blockCount(); n > 0 {
+	if n := blockCount(p); n > 0 {
 		want = min(want, n)
 	}
 	if p.RemoteNumTokens > 0 {
@@ -248,7 +214,7 @@ func (s *Server) importBlocks(ctx context.Context, j *job, f *flight) {
 // askSource posts the ask to the source named by p and checks its answer:
 // a prefix of hashes, sent within maxSentIn. On failure it returns the
 // outcome to count.
-func (s *Server) askSource(ctx context.Context, id string, p *kvTransferParams, hashes []prefix.Hash) (*transferAnswer, string, error) {
+func (s *Server) askSource(ctx context.Context, id string, p *engine.TransferParams, hashes []prefix.Hash) (*transferAnswer, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, transferTimeout)
 	defer cancel()
 	body, _ := json.Marshal(transferAsk{RequestID: id, Hashes: hashes})
@@ -289,7 +255,7 @@ func (s *Server) askSource(ctx context.Context, id string, p *kvTransferParams, 
 }
 
 // transferFailed counts and logs an import that falls back to recompute.
-func (s *Server) transferFailed(j *job, p *kvTransferParams, outcome string, err error) {
+func (s *Server) transferFailed(j *job, p *engine.TransferParams, outcome string, err error) {
 	s.tm.outcomes.WithLabelValues(outcome).Inc()
 	s.log.Warn("kv transfer failed, recomputing", "request", j.id, "outcome", outcome,
 		"source", p.RemoteEngineID, "host", p.RemoteHost, "port", p.RemotePort, "err", err)

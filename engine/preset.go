@@ -136,10 +136,14 @@ func qwen32B() Config {
 	}
 }
 
+// DefaultPreset is the preset used where none is named: an 8B model on
+// one H100.
+const DefaultPreset = "llama3-8b-h100"
+
 // presets maps a preset name to its constructor.
 func presets() map[string]func() Config {
 	return map[string]func() Config{
-		"llama3-8b-h100":    llama8B,
+		DefaultPreset:       llama8B,
 		"llama3-70b-8xh100": llama70B,
 		"qwen3-32b-2xh100":  qwen32B,
 	}

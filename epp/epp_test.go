@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -167,15 +168,10 @@ func TestImmediateErrors(t *testing.T) {
 	f := start(t, 2, Config{MaxBodyBytes: 4096}, nil)
 	// An unknown model is answered 404 once the replicas' models are
 	// listed; until then every model is taken to be served.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	wait.For(t, "the replicas' models listed", func() bool {
 		v := f.rt.View(time.Now())
-		if v.Replicas[0].ModelsKnown && v.Replicas[1].ModelsKnown {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replicas' models were never listed")
-		}
-	}
+		return v.Replicas[0].ModelsKnown && v.Replicas[1].ModelsKnown
+	})
 	ok := chat("m", "s", "hello", false)
 	big := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`)
 	cases := []struct {
@@ -300,18 +296,11 @@ func TestHealth(t *testing.T) {
 	f := start(t, 1, Config{}, nil)
 	hc := healthpb.NewHealthClient(f.conn)
 	ctx := context.Background()
-	deadline := time.Now().Add(5 * time.Second)
 	for _, svc := range []string{HealthLiveness, HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
-		for {
+		wait.For(t, svc+" SERVING", func() bool {
 			resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
-			if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %v %v, want SERVING", svc, resp, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+		})
 	}
 }
 

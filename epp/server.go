@@ -21,6 +21,7 @@
 package epp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -127,12 +128,12 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 	if cfg.BodyMode != FullDuplex && cfg.BodyMode != Buffered {
 		return nil, fmt.Errorf("epp: unknown body mode %d", cfg.BodyMode)
 	}
-	cfg.MaxBodyBytes = or(cfg.MaxBodyBytes, proxy.DefaultMaxBodyBytes)
-	cfg.BodyTimeout = or(cfg.BodyTimeout, DefaultBodyTimeout)
-	cfg.IdleTimeout = or(cfg.IdleTimeout, DefaultIdleTimeout)
-	cfg.Header = or(cfg.Header, DefaultHeader)
-	cfg.Namespace = or(cfg.Namespace, DefaultNamespace)
-	cfg.MaxStreams = or(cfg.MaxStreams, DefaultMaxStreams)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, proxy.DefaultMaxBodyBytes)
+	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, DefaultBodyTimeout)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
+	cfg.Header = cmp.Or(cfg.Header, DefaultHeader)
+	cfg.Namespace = cmp.Or(cfg.Namespace, DefaultNamespace)
+	cfg.MaxStreams = cmp.Or(cfg.MaxStreams, DefaultMaxStreams)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -219,15 +220,6 @@ func (s *Server) setReady(ready bool) {
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	st := newStream(s, srv)
 	return st.run()
-}
-
-// or returns v, or def when v is zero.
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)

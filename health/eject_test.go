@@ -72,7 +72,7 @@ func runFirstProbe(t *testing.T, c *Checker, id string) context.CancelFunc {
 	c.Add(id)
 	ctx, cancel := context.WithCancel(t.Context())
 	go c.Run(ctx)
-	time.Sleep(offset(id, DefaultInterval) + time.Nanosecond)
+	time.Sleep(offset(id, DefaultInterval) + time.Nanosecond) // synctest: advances the bubble's clock
 	synctest.Wait()
 	return cancel
 }
@@ -106,7 +106,7 @@ func TestImpostorNotReadmitted(t *testing.T) {
 					t.Fatal("healthy after Eject")
 				}
 				srv.set("other")
-				time.Sleep(10 * time.Second)
+				time.Sleep(10 * time.Second) // synctest: advances the bubble's clock
 				synctest.Wait()
 				got, holds := e.get()
 				if c.Healthy(id) {
@@ -119,7 +119,7 @@ func TestImpostorNotReadmitted(t *testing.T) {
 					t.Errorf("holds: got %q, want one saying it lists no m", holds)
 				}
 				srv.set("m", "m-lora", "new")
-				time.Sleep(DefaultInterval)
+				time.Sleep(DefaultInterval) // synctest: advances the bubble's clock
 				synctest.Wait()
 				if !c.Healthy(id) {
 					t.Error("the replica listing its model again stays out")
@@ -145,6 +145,7 @@ func TestEjectionBackoff(t *testing.T) {
 
 		admitted := 0
 		wasHealthy := true
+		// synctest: each sleep advances the bubble's clock
 		for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 			h := c.Healthy(id)
 			if h && !wasHealthy {
@@ -167,7 +168,7 @@ func TestEjectionBackoff(t *testing.T) {
 		}
 
 		for !c.Healthy(id) {
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // synctest: advances the bubble's clock
 		}
 		time.Sleep(DefaultEjectMax) // a healthy period: the count resets
 		for range DefaultConsecutive {

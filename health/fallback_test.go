@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/poll"
 )
 
@@ -86,16 +87,6 @@ func (l *log) get() (transitions, notes []string) {
 	return slices.Clone(l.transitions), slices.Clone(l.notes)
 }
 
-// waitFor polls cond every 5 ms and fails after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within 10 s", what)
-		}
-	}
-}
-
 // TestFallback probes real loopback servers with and without /health and
 // /v1/models, and checks which route each ends up probed at, its health,
 // and the notes and reasons the operator gets.
@@ -149,7 +140,7 @@ func TestFallback(t *testing.T) {
 			if final == "" {
 				final = "/v1/models"
 			}
-			waitFor(t, "settled probes", func() bool {
+			wait.For(t, "settled probes", func() bool {
 				if tt.wantProbe == "" {
 					_, notes := l.get()
 					return len(notes) == 2
@@ -203,7 +194,7 @@ func TestPassiveOnly(t *testing.T) {
 	defer srv.Close()
 	var l log
 	const window = 300 * time.Millisecond
-	c := &Checker{Interval: 5 * time.Millisecond, Timeout: time.Second, Window: window, EjectBase: window}
+	c := &Checker{Interval: 5 * time.Millisecond, Timeout: time.Second, Window: window, Outlier: Outlier{EjectBase: window}}
 	l.hook(c)
 	var mu sync.Mutex
 	var changed []time.Time
@@ -217,8 +208,8 @@ func TestPassiveOnly(t *testing.T) {
 	defer cancel()
 	go c.Run(ctx)
 
-	waitFor(t, "passive-only note", func() bool { _, notes := l.get(); return len(notes) == 2 })
-	time.Sleep(10 * c.Interval)
+	wait.For(t, "passive-only note", func() bool { _, notes := l.get(); return len(notes) == 2 })
+	time.Sleep(10 * c.Interval) // staying healthy through ten probe periods is the behaviour under test
 	if st, _ := c.Status(srv.URL); !st.Healthy || st.Probe != "" {
 		t.Fatalf("without probe routes: got %+v, want healthy, no probe", st)
 	}
@@ -233,7 +224,7 @@ func TestPassiveOnly(t *testing.T) {
 	if c.Healthy(srv.URL) {
 		t.Fatal("after 5 of 6 failed: got healthy, want unhealthy")
 	}
-	waitFor(t, "return to service", func() bool { return c.Healthy(srv.URL) })
+	wait.For(t, "return to service", func() bool { return c.Healthy(srv.URL) })
 
 	transitions, _ := l.get()
 	want := []string{
@@ -276,7 +267,7 @@ func TestReasons(t *testing.T) {
 		time.Sleep(DefaultInterval) // second
 		synctest.Wait()
 		rt.health.Store(http.StatusOK)
-		time.Sleep(DefaultInterval)
+		time.Sleep(DefaultInterval) // synctest: advances the bubble's clock
 		synctest.Wait()
 		for range 5 { // the second ejection in a row: 2 s
 			c.ReportFailure(id)
@@ -298,12 +289,12 @@ func TestReasons(t *testing.T) {
 			c.ReportFailure(id)
 		}
 		down := time.Now()
-		time.Sleep(4*DefaultEjectBase - DefaultInterval)
+		time.Sleep(4*DefaultEjectBase - DefaultInterval) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if c.Healthy(id) {
 			t.Errorf("%v after the third ejection: got healthy, want unhealthy", time.Since(down))
 		}
-		time.Sleep(2 * DefaultInterval)
+		time.Sleep(2 * DefaultInterval) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if st, _ := c.Status(id); !st.Healthy || st.Ejections != 3 || st.Since.Sub(down) < 4*DefaultEjectBase || st.Since.Sub(down) > 4*DefaultEjectBase+DefaultInterval {
 			t.Errorf("status %v after the ejection: got %+v, want healthy since %v..%v later, 3 ejections", time.Since(down), st, 4*DefaultEjectBase, 4*DefaultEjectBase+DefaultInterval)

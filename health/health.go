@@ -30,6 +30,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -52,6 +53,46 @@ const (
 	DefaultEjectBase       = time.Second
 	DefaultEjectMax        = 30 * time.Second
 )
+
+// Outlier is the outlier detection of passive checks: when reported
+// failures eject a replica, and for how long (Envoy's consecutive_5xx,
+// base_ejection_time and max_ejection_time). The YAML keys are kvrouter
+// serve's flag names.
+type Outlier struct {
+	// Consecutive is the number of consecutive reported failures that
+	// eject a replica however many successes came before; zero means
+	// DefaultConsecutive.
+	Consecutive int `yaml:"eject-consecutive"`
+	// EjectBase is how long a first ejection lasts at least; each
+	// ejection in a row doubles it, up to EjectMax. Zero means
+	// DefaultEjectBase.
+	EjectBase time.Duration `yaml:"eject-base"`
+	// EjectMax caps an ejection's duration, and is how long a replica must
+	// stay in service for its ejection count to reset. Zero means
+	// DefaultEjectMax.
+	EjectMax time.Duration `yaml:"eject-max"`
+}
+
+// DefaultOutlier returns the outlier detection that zero values stand
+// for.
+func DefaultOutlier() Outlier {
+	return Outlier{Consecutive: DefaultConsecutive, EjectBase: DefaultEjectBase, EjectMax: DefaultEjectMax}
+}
+
+// Validate reports the settings that are negative.
+func (o Outlier) Validate() error {
+	var errs []error
+	if o.Consecutive < 0 {
+		errs = append(errs, fmt.Errorf("eject-consecutive: must not be negative, got %d", o.Consecutive))
+	}
+	if o.EjectBase < 0 {
+		errs = append(errs, fmt.Errorf("eject-base: must not be negative, got %d", int64(o.EjectBase)))
+	}
+	if o.EjectMax < 0 {
+		errs = append(errs, fmt.Errorf("eject-max: must not be negative, got %d", int64(o.EjectMax)))
+	}
+	return errors.Join(errs...)
+}
 
 // Checker tracks the health of a set of replicas (base URLs). Set the
 // exported fields before Run; Add, Remove, ReportFailure and ReportSuccess
@@ -81,15 +122,9 @@ type Checker struct {
 	// must be failures, 0..1; zero means 0.5. It keeps a busy replica with a
 	// few failed requests in service.
 	FailureRatio float64
-	// Consecutive is the number of consecutive reported failures that
-	// eject a replica however many successes came before; zero means 5.
-	Consecutive int
-	// EjectBase is how long a first ejection lasts at least; each
-	// ejection in a row doubles it, up to EjectMax. Zero means 1 s.
-	EjectBase time.Duration
-	// EjectMax caps an ejection's duration, and is how long a replica must
-	// stay in service for its ejection count to reset. Zero means 30 s.
-	EjectMax time.Duration
+	// Outlier says when reported failures eject a replica, and for how
+	// long.
+	Outlier
 	// Models, if set, returns the model names replica id must list in its
 	// /v1/models to be re-admitted after an ejection. Nil, or an empty
 	// result, means the ones it listed at its first successful probe (none

@@ -52,7 +52,7 @@ func TestCheckerServerDiesAndReturns(t *testing.T) {
 	defer cancel()
 	go c.Run(ctx)
 
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // staying healthy through five probe periods is the behaviour under test
 	if !c.Healthy(srv.URL) {
 		t.Fatal("live server reported unhealthy")
 	}
@@ -124,7 +124,7 @@ func TestCheckerFlippingHandler(t *testing.T) {
 			t.Fatal("healthy after 3 failed probes, want unhealthy")
 		}
 		down.Store(false)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if !c.Healthy(id) {
 			t.Fatal("unhealthy after a good probe, want healthy")
@@ -195,7 +195,7 @@ func TestPassive(t *testing.T) {
 				const id = "http://r"
 				c.Add(id)
 				for i, s := range tt.steps {
-					time.Sleep(s.wait)
+					time.Sleep(s.wait) // synctest: advances the bubble's clock
 					for range s.successes {
 						c.ReportSuccess(id)
 					}

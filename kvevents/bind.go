@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +35,7 @@ func (s *Subscriber) listen(endpoint string) (*listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: bind %s: %w", endpoint, err)
 	}
-	return &listener{s: s, ln: ln, addr: dialable(endpoint, ln.Addr()),
+	return &listener{s: s, ln: ln, addr: zmtp.Dialable(endpoint, ln.Addr()),
 		slots: make(chan struct{}, s.cfg.MaxConns), conns: map[net.Conn]struct{}{}}, nil
 }
 
@@ -178,17 +177,4 @@ func (l *listener) close() {
 	for nc := range l.conns {
 		nc.Close()
 	}
-}
-
-// dialable turns a bound endpoint into one a local peer can dial.
-func dialable(endpoint string, addr net.Addr) string {
-	tcp, ok := addr.(*net.TCPAddr)
-	if !ok || !strings.HasPrefix(endpoint, "tcp://") {
-		return endpoint
-	}
-	host := "127.0.0.1"
-	if !tcp.IP.IsUnspecified() {
-		host = tcp.IP.String()
-	}
-	return "tcp://" + net.JoinHostPort(host, fmt.Sprint(tcp.Port))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/prefix"
 )
 
@@ -67,7 +68,7 @@ func settle(t *testing.T, sub *Subscriber, r int, e *emulator.Server) {
 			int64(st.Stored) == es.StoredBlocks && int64(st.Removed) == es.RemovedBlocks
 	}
 	// The engine's stats are published after its step: hold for 20 ms.
-	eventually(t, "the index to catch up with the engine", func() bool {
+	wait.For(t, "the index to catch up with the engine", func() bool {
 		if !caught() {
 			return false
 		}
@@ -100,7 +101,7 @@ func TestEngineTruth(t *testing.T) {
 		t.Run(format, func(t *testing.T) {
 			e := startEngine(t, zmqEngine(format))
 			sub, idx := startSub(t, Config{Replicas: []Replica{{ID: 1, Model: "m", Endpoint: e.KVEventsEndpoint(), Replay: e.ReplayEndpoint()}}})
-			eventually(t, "connected", func() bool { return sub.Healthy(1) })
+			wait.For(t, "connected", func() bool { return sub.Healthy(1) })
 			if bs := status(t, sub, 1).BlockSize; bs != 0 {
 				t.Errorf("block size before any BlockStored: got %d, want 0", bs)
 			}
@@ -142,7 +143,7 @@ func TestEvictionsSeen(t *testing.T) {
 	cfg.KVBlocks = 40
 	e := startEngine(t, cfg)
 	sub, idx := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: "m", Endpoint: e.KVEventsEndpoint(), Replay: e.ReplayEndpoint()}}})
-	eventually(t, "connected", func() bool { return sub.Healthy(0) })
+	wait.For(t, "connected", func() bool { return sub.Healthy(0) })
 	var ps [][]uint32
 	for round := range 3 {
 		for p := range 5 {
@@ -192,23 +193,23 @@ func TestEngineResetAndRestart(t *testing.T) {
 	e := startEngine(t, cfg)
 	sub, idx := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: "m",
 		Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pubPort), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", repPort)}}})
-	eventually(t, "connected", func() bool { return sub.Healthy(0) })
+	wait.For(t, "connected", func() bool { return sub.Healthy(0) })
 	complete(t, e, prompt(1, 64))
 	settle(t, sub, 0, e)
 	if idx.Blocks(0) != 4 {
 		t.Fatalf("index holds %d blocks, want 4", idx.Blocks(0))
 	}
 	e.Reset()
-	eventually(t, "the clear", func() bool { return idx.Blocks(0) == 0 && status(t, sub, 0).Resets == 1 })
+	wait.For(t, "the clear", func() bool { return idx.Blocks(0) == 0 && status(t, sub, 0).Resets == 1 })
 
 	complete(t, e, prompt(2, 64))
-	eventually(t, "the blocks after the clear", func() bool { return slices.Equal(sorted(idx.Hashes(0)), truth(prompt(2, 64))) })
+	wait.For(t, "the blocks after the clear", func() bool { return slices.Equal(sorted(idx.Hashes(0)), truth(prompt(2, 64))) })
 	e.Close()
-	eventually(t, "disconnected", func() bool { return !status(t, sub, 0).Connected })
+	wait.For(t, "disconnected", func() bool { return !status(t, sub, 0).Connected })
 	e2 := startEngine(t, cfg)
-	eventually(t, "reconnected", func() bool { return status(t, sub, 0).Connected })
+	wait.For(t, "reconnected", func() bool { return status(t, sub, 0).Connected })
 	complete(t, e2, prompt(3, 32))
-	eventually(t, "the new engine's blocks", func() bool {
+	wait.For(t, "the new engine's blocks", func() bool {
 		return slices.Equal(sorted(idx.Hashes(0)), truth(prompt(3, 32)))
 	})
 	if st := status(t, sub, 0); st.Resets != 2 {
@@ -220,7 +221,7 @@ func TestEngineResetAndRestart(t *testing.T) {
 // connect endpoint (no wildcard) dials in and is recognised by its topic
 // (its topic names another host: Allow admits loopback).
 func TestBindMode(t *testing.T) {
-	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Allow: []string{"127.0.0.0/8"}, Replicas: []Replica{
+	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Limits: Limits{Allow: AllowList{"127.0.0.0/8"}}, Replicas: []Replica{
 		{ID: 4, Addr: "10.0.0.5:8000"}, // model from the topic
 		{ID: 5, Addr: "10.0.0.6:8000", Model: "m"},
 	}})
@@ -229,20 +230,22 @@ func TestBindMode(t *testing.T) {
 	// Until the engine's connection is up its events are dropped (PUB
 	// semantics): send distinct prompts until one arrives, then clear the
 	// engine and check the index follows a workload exactly.
-	for i := 0; status(t, sub, 4).Batches == 0; i++ {
-		if i == 300 {
-			t.Fatal("no event through a dialing engine")
+	i := 0
+	wait.For(t, "an event through a dialing engine", func() bool {
+		if status(t, sub, 4).Batches > 0 {
+			return true
 		}
 		complete(t, e, prompt(i, 32))
-		time.Sleep(5 * time.Millisecond)
-	}
+		i++
+		return false
+	})
 	e.Reset()
-	eventually(t, "the clear", func() bool { return idx.Blocks(4) == 0 })
+	wait.For(t, "the clear", func() bool { return idx.Blocks(4) == 0 })
 	ps := [][]uint32{prompt(1, 64), prompt(2, 48)}
 	for _, p := range ps {
 		complete(t, e, p)
 	}
-	eventually(t, "the workload", func() bool { return slices.Equal(sorted(idx.Hashes(4)), truth(ps...)) })
+	wait.For(t, "the workload", func() bool { return slices.Equal(sorted(idx.Hashes(4)), truth(ps...)) })
 	if idx.Blocks(4) != e.Stats().CachedBlocks {
 		t.Errorf("index holds %d blocks, engine %d", idx.Blocks(4), e.Stats().CachedBlocks)
 	}

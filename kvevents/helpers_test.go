@@ -10,20 +10,9 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/residency"
 )
-
-// eventually polls cond every 5 ms for up to 15 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // startSub starts a Subscriber over a fresh index for the test.
 func startSub(t *testing.T, cfg Config) (*Subscriber, *residency.Index) {
@@ -122,7 +111,7 @@ func newTestPub(t *testing.T, topic string, replay, old bool) *testPub {
 // waitSubscribed waits until a subscriber's subscription reached the PUB.
 func (p *testPub) waitSubscribed() {
 	p.t.Helper()
-	eventually(p.t, "a subscriber", func() bool { return len(p.pub.(zmq4.Topics).Topics()) > 0 })
+	wait.For(p.t, "a subscriber", func() bool { return len(p.pub.(zmq4.Topics).Topics()) > 0 })
 }
 
 // send publishes payload as seq; skip keeps it for replay only (a drop).

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/zmtp"
 )
@@ -47,12 +48,12 @@ func TestBindPeers(t *testing.T) {
 		{ID: 0, Addr: "127.0.0.1:8000", Model: "m"},
 		{ID: 1, Addr: "127.0.0.2:8000", Model: "m"},
 		{ID: 2, Addr: "127.0.0.1:8001", Model: "m"},
-	}, Allow: []string{"127.0.0.4/31"}})
+	}, Limits: Limits{Allow: AllowList{"127.0.0.4/31"}}})
 	const a, b, c = "kv@127.0.0.1:8000@m", "kv@127.0.0.2:8000@m", "kv@127.0.0.1:8001@m"
 	if _, err := forge(t, sub.BindAddr(), "127.0.0.3"); err == nil {
 		t.Error("a peer that is no replica's host completed its handshake")
 	}
-	eventually(t, "the peer rejection", func() bool { return sub.Rejected(RejectPeer) == 1 })
+	wait.For(t, "the peer rejection", func() bool { return sub.Rejected(RejectPeer) == 1 })
 
 	p, err := forge(t, sub.BindAddr(), "127.0.0.1")
 	if err != nil {
@@ -62,7 +63,7 @@ func TestBindPeers(t *testing.T) {
 	sendBatch(t, p, a, 0, storedBatch(t, []any{1}, nil, 0)) // its own: binds the connection to replica 0
 	sendBatch(t, p, c, 0, storedBatch(t, []any{1}, nil, 0)) // same host, but the connection is replica 0's
 	sendBatch(t, p, "kv@10.9.9.9:1@m", 0, nil)
-	eventually(t, "replica 0's batch and the refusals", func() bool {
+	wait.For(t, "replica 0's batch and the refusals", func() bool {
 		return idx.Blocks(0) == 1 && sub.Rejected(RejectTopic) == 2 && sub.Rejected(RejectUnknownTopic) == 1
 	})
 	if idx.Blocks(1) != 0 || idx.Blocks(2) != 0 {
@@ -73,18 +74,18 @@ func TestBindPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	sendBatch(t, q, b, 0, storedBatch(t, []any{1, 2}, nil, 0))
-	eventually(t, "the allowed peer's batch", func() bool { return idx.Blocks(1) == 2 })
+	wait.For(t, "the allowed peer's batch", func() bool { return idx.Blocks(1) == 2 })
 	if st := status(t, sub, 0); !st.Connected {
 		t.Errorf("replica 0 not connected with its connection open: %+v", st)
 	}
 	p.Close()
-	eventually(t, "replica 0 disconnected", func() bool { return !status(t, sub, 0).Connected })
+	wait.For(t, "replica 0 disconnected", func() bool { return !status(t, sub, 0).Connected })
 }
 
 // TestBindIdlePeer: idle TCP connections on the bind socket hold up no
 // engine's connect, and are closed at the handshake deadline.
 func TestBindIdlePeer(t *testing.T) {
-	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", HandshakeTimeout: 500 * time.Millisecond,
+	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Limits: Limits{HandshakeTimeout: 500 * time.Millisecond},
 		Replicas: []Replica{{ID: 0, Addr: "127.0.0.1:8000", Model: "m"}}})
 	var idle []net.Conn
 	for range 5 {
@@ -100,20 +101,20 @@ func TestBindIdlePeer(t *testing.T) {
 		t.Fatalf("a publisher behind 5 idle connections: %v", err)
 	}
 	sendBatch(t, p, "kv@127.0.0.1:8000@m", 0, storedBatch(t, []any{1}, nil, 0))
-	eventually(t, "the publisher's batch", func() bool { return idx.Blocks(0) == 1 })
+	wait.For(t, "the publisher's batch", func() bool { return idx.Blocks(0) == 1 })
 	for _, nc := range idle {
 		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, err := io.ReadAll(nc); err != nil { // the greeting, then EOF
 			t.Errorf("idle connection not closed by the router: %v", err)
 		}
 	}
-	eventually(t, "5 handshake rejections", func() bool { return sub.Rejected(RejectHandshake) == 5 })
+	wait.For(t, "5 handshake rejections", func() bool { return sub.Rejected(RejectHandshake) == 5 })
 }
 
 // TestBindMaxConns: connections beyond MaxConns are closed at once and
 // counted; a freed slot takes a new one.
 func TestBindMaxConns(t *testing.T) {
-	sub, _ := startSub(t, Config{Bind: "tcp://127.0.0.1:0", MaxConns: 2,
+	sub, _ := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Limits: Limits{MaxConns: 2},
 		Replicas: []Replica{{ID: 0, Addr: "127.0.0.1:8000", Model: "m"}}})
 	var ps []*zmtp.Conn
 	for range 2 {
@@ -130,7 +131,7 @@ func TestBindMaxConns(t *testing.T) {
 		t.Errorf("conns rejections %d, want 1", got)
 	}
 	ps[0].Close()
-	eventually(t, "a freed slot", func() bool {
+	wait.For(t, "a freed slot", func() bool {
 		_, err := forge(t, sub.BindAddr(), "127.0.0.1")
 		return err == nil
 	})
@@ -146,10 +147,10 @@ func TestSeqJump(t *testing.T) {
 	for i := range 3 {
 		p.send(uint64(i), chainedBatch(t, i), false)
 	}
-	eventually(t, "3 batches", func() bool { return status(t, sub, 0).Batches == 3 })
+	wait.For(t, "3 batches", func() bool { return status(t, sub, 0).Batches == 3 })
 	p.send(1_000_000_000, storedBatch(t, []any{999}, nil, 900), false)
 	p.send(3, chainedBatch(t, 3), false)
-	eventually(t, "batch 3", func() bool { return status(t, sub, 0).Batches == 4 })
+	wait.For(t, "batch 3", func() bool { return status(t, sub, 0).Batches == 4 })
 	st := status(t, sub, 0)
 	checkCounts(t, []count{{"seq jumps", sub.Rejected(RejectSeqJump), 1}, {"resets", st.Resets, 0}, {"gaps", st.Gaps, 0}})
 	if !slices.Equal(sorted(idx.Hashes(0)), sorted(blocks4(4))) {
@@ -157,8 +158,8 @@ func TestSeqJump(t *testing.T) {
 	}
 	p.send(2_000_000_000, storedBatch(t, []any{999}, nil, 900), false)
 	p.send(2_000_000_001, storedBatch(t, []any{998}, nil, 800), false)
-	eventually(t, "the resync", func() bool { return status(t, sub, 0).Resets == 1 })
-	eventually(t, "the new position", func() bool { return idx.Blocks(0) == 1 })
+	wait.For(t, "the resync", func() bool { return status(t, sub, 0).Resets == 1 })
+	wait.For(t, "the new position", func() bool { return idx.Blocks(0) == 1 })
 	if got := sub.Rejected(RejectSeqJump); got != 2 {
 		t.Errorf("seq jumps %d, want 2", got)
 	}
@@ -172,7 +173,7 @@ func TestUnknownRemoval(t *testing.T) {
 	p.waitSubscribed()
 	p.send(0, chainedBatch(t, 0), false)
 	p.send(1, pack(t, []any{0.0, []any{[]any{"BlockRemoved", []any{77, 78, 79}, "GPU"}}}), false)
-	eventually(t, "the removal", func() bool { return sub.Rejected(RejectUnknownRemoval) == 3 })
+	wait.For(t, "the removal", func() bool { return sub.Rejected(RejectUnknownRemoval) == 3 })
 	if idx.Blocks(0) != 1 {
 		t.Errorf("index %d blocks, want 1", idx.Blocks(0))
 	}
@@ -189,7 +190,7 @@ func TestOversizePublisher(t *testing.T) {
 	}
 	ep := attacker(t, attacks...)
 	sub, _ := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: "m", Endpoint: ep}}})
-	eventually(t, "4 oversize refusals", func() bool { return sub.Rejected(RejectSize) >= 4 })
+	wait.For(t, "4 oversize refusals", func() bool { return sub.Rejected(RejectSize) >= 4 })
 	_, err := replay(context.Background(), attacker(t, attacks[0]), 0, &sub.cfg)
 	if !errors.Is(err, zmtp.ErrTooLarge) {
 		t.Errorf("replay from the attacker: %v, want ErrTooLarge", err)
@@ -236,7 +237,7 @@ func pubReady() []byte {
 // MaxQueueBytes of payload; what does not fit is dropped and counted, and
 // the bytes are released as the ingester takes messages.
 func TestQueueBounds(t *testing.T) {
-	cfg := Config{QueueLen: 3, MaxQueueBytes: 100, Logger: slog.New(slog.DiscardHandler), Now: func() time.Duration { return 0 },
+	cfg := Config{QueueLen: 3, Limits: Limits{MaxQueueBytes: 100}, Logger: slog.New(slog.DiscardHandler), Now: func() time.Duration { return 0 },
 		Index: residency.New(residency.Config{MaxReplicas: 1, DefaultCapacity: 16})}
 	var rej rejects
 	g := newIngester(Replica{ID: 0}, &cfg, &rej)
@@ -254,7 +255,7 @@ func TestQueueBounds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go g.run(ctx)
-	eventually(t, "the ingester to take the 3 messages", func() bool { return g.c.batches.Load() == 3 })
+	wait.For(t, "the ingester to take the 3 messages", func() bool { return g.c.batches.Load() == 3 })
 	if q := g.queued.Load(); q != 0 {
 		t.Errorf("queued %d bytes after draining, want 0", q)
 	}
@@ -275,7 +276,7 @@ func TestConnectForeignTopic(t *testing.T) {
 	q.waitSubscribed()
 	p.send(0, chainedBatch(t, 0), false)
 	q.send(0, chainedBatch(t, 0), false)
-	eventually(t, "the refusal and the accepted batch", func() bool {
+	wait.For(t, "the refusal and the accepted batch", func() bool {
 		return sub.Rejected(RejectTopic) == 1 && idx.Blocks(1) == 1
 	})
 	if idx.Blocks(0) != 0 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/route"
 )
@@ -31,7 +32,7 @@ func TestLibzmqPublisher(t *testing.T) {
 			pport, rport := startPy(t, py, "testdata/vllm_pub.py", fmt.Sprint(first))
 			sub, idx := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: "m",
 				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pport), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", rport)}}})
-			eventually(t, "the publisher's 100 blocks", func() bool {
+			wait.For(t, "the publisher's 100 blocks", func() bool {
 				return idx.Blocks(0) == len(want) || status(t, sub, 0).Orphans > 0
 			})
 			if d := cmp.Diff(want, sorted(idx.Hashes(0))); d != "" {
@@ -82,7 +83,7 @@ func TestLibzmqOffloadedEarnCredit(t *testing.T) {
 	off := residency.New(residency.Config{MaxReplicas: 8, DefaultCapacity: 1 << 20})
 	sub, idx := startSub(t, Config{Offloaded: off, Replicas: []Replica{{ID: 0, Model: "m",
 		Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pport), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", rport)}}})
-	eventually(t, "the publisher's 50 batches", func() bool { return status(t, sub, 0).Batches == 50 })
+	wait.For(t, "the publisher's 50 batches", func() bool { return status(t, sub, 0).Batches == 50 })
 	chain := keys("m", "", utoks(0, 50*8), 4)
 	gpu, cpu := make([]int, 2), make([]int, 2)
 	idx.Match(chain, 0, gpu, nil)

@@ -3,6 +3,8 @@ package kvevents
 import (
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // TestStop: a stopped replica's events no longer reach the index and its
@@ -15,7 +17,7 @@ func TestStop(t *testing.T) {
 	p1.waitSubscribed()
 	p0.send(0, storedBatch(t, []any{1}, nil, 0), false)
 	p1.send(0, storedBatch(t, []any{1}, nil, 0), false)
-	eventually(t, "both first batches", func() bool { return status(t, s, 0).Batches == 1 && status(t, s, 1).Batches == 1 })
+	wait.For(t, "both first batches", func() bool { return status(t, s, 0).Batches == 1 && status(t, s, 1).Batches == 1 })
 	s.Stop(1)
 	s.Stop(1) // twice: nothing more
 	s.Stop(7) // unknown: ignored
@@ -25,7 +27,7 @@ func TestStop(t *testing.T) {
 	held := len(idx.Hashes(1))
 	p1.send(1, storedBatch(t, []any{2}, 1, 4), false)
 	p0.send(1, storedBatch(t, []any{2}, 1, 4), false)
-	eventually(t, "replica 0's second batch", func() bool { return status(t, s, 0).Batches == 2 })
+	wait.For(t, "replica 0's second batch", func() bool { return status(t, s, 0).Batches == 2 })
 	time.Sleep(50 * time.Millisecond) // replica 1's batch, were it still read, would be applied by now
 	if got := len(idx.Hashes(1)); got != held {
 		t.Errorf("replica 1 holds %d blocks after its Stop, want %d (none applied since)", got, held)

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/residency"
 )
@@ -42,13 +43,13 @@ func TestGaps(t *testing.T) {
 			s, idx := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: "m", Endpoint: p.pubAddr, Replay: p.repAddr}}})
 			p.waitSubscribed()
 			p.send(0, storedBatch(t, []any{1, 2}, nil, 0), false)
-			eventually(t, "seq 0", func() bool { return status(t, s, 0).Batches == 1 })
+			wait.For(t, "seq 0", func() bool { return status(t, s, 0).Batches == 1 })
 			p.send(1, storedBatch(t, []any{3}, 2, 8), true) // dropped
 			if tt.overrun {
 				p.forget(2)
 			}
 			p.send(2, storedBatch(t, []any{4}, 3, 12), false)
-			eventually(t, "seq 2", func() bool { return status(t, s, 0).Batches == tt.batches })
+			wait.For(t, "seq 2", func() bool { return status(t, s, 0).Batches == tt.batches })
 			st := status(t, s, 0)
 			if st.Gaps != tt.gaps || st.Replays != tt.replays || st.Resets != tt.resets || int(st.Orphans) != tt.orphans || st.Blocks != tt.blocksInStatus {
 				t.Errorf("status %+v; want gaps %d replays %d resets %d orphans %d blocks %d", st, tt.gaps, tt.replays, tt.resets, tt.orphans, tt.blocksInStatus)
@@ -88,7 +89,7 @@ func TestLateJoin(t *testing.T) {
 				t.Errorf("block size before any batch: got %d, want 0", got)
 			}
 			p.send(tt.first+uint64(tt.early), chainedBatch(t, tt.early), false)
-			eventually(t, "the join", func() bool { // Blocks is counted last
+			wait.For(t, "the join", func() bool { // Blocks is counted last
 				st := status(t, s, 0)
 				return st.Orphans > 0 || st.Blocks == tt.early+1
 			})
@@ -104,9 +105,9 @@ func TestLateJoin(t *testing.T) {
 
 			p.forget(EndSeq) // the publisher restarts with an empty buffer
 			p.send(tt.first, storedBatch(t, []any{7}, nil, 500), false)
-			eventually(t, "the restart", func() bool { return status(t, s, 0).Resets == 1 })
+			wait.For(t, "the restart", func() bool { return status(t, s, 0).Resets == 1 })
 			want := keys("m", "", utoks(500, 4), 4)
-			eventually(t, "the restarted publisher's block", func() bool { return slices.Equal(idx.Hashes(0), want) })
+			wait.For(t, "the restarted publisher's block", func() bool { return slices.Equal(idx.Hashes(0), want) })
 			if got := status(t, s, 0).Orphans; got != 0 {
 				t.Errorf("orphans after the restart: got %d, want 0", got)
 			}
@@ -131,14 +132,14 @@ func TestGarbage(t *testing.T) {
 	s, idx := startSub(t, Config{Replicas: []Replica{{ID: 3, Model: "m", Endpoint: p.pubAddr, Replay: p.repAddr}}})
 	p.waitSubscribed()
 	p.send(0, storedBatch(t, []any{1, 2}, nil, 0), false)
-	eventually(t, "seq 0", func() bool { return status(t, s, 3).Blocks == 2 })
+	wait.For(t, "seq 0", func() bool { return status(t, s, 3).Blocks == 2 })
 	before := idx.Hashes(3)
 	for i, g := range [][]byte{{0xc1}, []byte("not msgpack at all"), pack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{1.5}}}})} {
 		p.send(uint64(1+i), g, false)
 	}
 	p.pub.SendMulti(zmq4.NewMsgFrom([]byte("kv@h:1@m"), []byte{1, 2}, []byte{0x90})) // bad seq frame
 	p.send(4, storedBatch(t, []any{3}, 2, 8), false)
-	eventually(t, "seq 4", func() bool { return status(t, s, 3).Batches == 5 })
+	wait.For(t, "seq 4", func() bool { return status(t, s, 3).Batches == 5 })
 	st := status(t, s, 3)
 	if st.DecodeErrors != 4 || st.Gaps != 0 || st.Resets != 0 {
 		t.Errorf("status %+v; want 4 decode errors, no gap, no reset", st)
@@ -156,11 +157,11 @@ func TestRestartBySeq(t *testing.T) {
 	p.waitSubscribed()
 	p.send(0, storedBatch(t, []any{1, 2}, nil, 0), false)
 	p.send(1, storedBatch(t, []any{3}, 2, 8), false)
-	eventually(t, "3 blocks", func() bool { return idx.Blocks(0) == 3 })
+	wait.For(t, "3 blocks", func() bool { return idx.Blocks(0) == 3 })
 	p.send(0, storedBatch(t, []any{7}, nil, 500), false)
-	eventually(t, "the restart", func() bool { return status(t, s, 0).Resets == 1 })
+	wait.For(t, "the restart", func() bool { return status(t, s, 0).Resets == 1 })
 	want := keys("m", "", utoks(500, 4), 4)
-	eventually(t, "the new block", func() bool { return slices.Equal(idx.Hashes(0), want) })
+	wait.For(t, "the new block", func() bool { return slices.Equal(idx.Hashes(0), want) })
 }
 
 // TestStaleAndMetrics: a replica is stale when events the router expects
@@ -173,18 +174,18 @@ func TestStaleAndMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.waitSubscribed()
-	eventually(t, "connected", func() bool { return s.Healthy(2) })
-	time.Sleep(100 * time.Millisecond)
+	wait.For(t, "connected", func() bool { return s.Healthy(2) })
+	time.Sleep(100 * time.Millisecond) // twice StaleAfter without events: the behaviour under test
 	if !s.Healthy(2) {
 		t.Error("an idle replica nobody expects events from is not healthy")
 	}
 	s.Expect(2)
-	eventually(t, "stale", func() bool { return !s.Healthy(2) })
+	wait.For(t, "stale", func() bool { return !s.Healthy(2) })
 	if got := gauge(t, reg, "kvrouter_kv_events_stale", "2"); got != 1 {
 		t.Errorf("stale gauge %g, want 1", got)
 	}
 	p.send(0, storedBatch(t, []any{1}, nil, 0), false)
-	eventually(t, "healthy again", func() bool { return s.Healthy(2) })
+	wait.For(t, "healthy again", func() bool { return s.Healthy(2) })
 	if got := gauge(t, reg, "kvrouter_kv_event_blocks_stored_total", "2"); got != 1 {
 		t.Errorf("stored blocks %g, want 1", got)
 	}

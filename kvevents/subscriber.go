@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/residency"
-	"github.com/kvrouter/kvrouter/zmtp"
 )
 
 // Replica is one engine whose events a Subscriber follows.
@@ -77,56 +76,10 @@ type Config struct {
 	// slog.Default().
 	Logger *slog.Logger
 
-	// Limits on hostile input. Every socket is untrusted: a peer can
-	// claim any frame size, stall, or forge topics and batches.
-
-	// Allow lists the peers, besides each bind-mode replica's own host
-	// (the host of its Addr, resolved at Start), that may publish on the
-	// bind socket: CIDRs ("10.0.0.0/8"), IP addresses or host names
-	// (resolved at Start), or "*" for any peer. A connection from another
-	// host is closed at once; a message for a replica whose host is not
-	// the sender's, and that Allow does not admit, is refused. Empty
-	// means each replica's own host only.
-	Allow []string
-	// MaxMessageBytes bounds one message (its frames together) from a
-	// publisher or a replay socket, checked on each frame header before
-	// the frame is read; a larger claim closes the connection. Zero
-	// means 16 MiB.
-	MaxMessageBytes int64
-	// MaxReplayBytes bounds the payload bytes of one replay. Zero means
-	// 256 MiB.
-	MaxReplayBytes int64
-	// MaxQueueBytes bounds the payload bytes queued for one replica
-	// (besides QueueLen messages); a message past it is dropped, a gap.
-	// Zero means 64 MiB.
-	MaxQueueBytes int64
-	// MaxConns bounds the bind socket's open connections (one goroutine
-	// each); more are closed at once. Zero means 256.
-	MaxConns int
-	// HandshakeTimeout bounds a connection's TCP connect (connect mode)
-	// and ZMTP greeting and READY exchange. Zero means 5 s.
-	HandshakeTimeout time.Duration
-	// ReadTimeout bounds the reading of one message once its first byte
-	// arrived (the wait between messages is not bounded: an idle engine
-	// publishes nothing). Zero means 30 s.
-	ReadTimeout time.Duration
-	// MaxSeqJump is the largest sequence gap taken as lost batches. A
-	// batch further ahead is not applied and not trusted as the
-	// publisher's new position unless the next batch continues from it
-	// (then the replica resynchronises by replay). Zero means 1,000,000
-	// (vLLM buffers 10,000 batches for replay).
-	MaxSeqJump uint64
+	// Limits bound what the sockets may cost; zero values mean
+	// DefaultLimits'.
+	Limits
 }
-
-// limits are the ZMTP limits of every connection.
-func (c *Config) limits() zmtp.Limits {
-	return zmtp.Limits{MaxMessageBytes: c.MaxMessageBytes, MaxFrames: maxFrames,
-		HandshakeTimeout: c.HandshakeTimeout, ReadTimeout: c.ReadTimeout}
-}
-
-// maxFrames bounds a message's frames: live messages have 3, replay
-// replies 4 (with the empty delimiter).
-const maxFrames = 8
 
 // Subscriber follows the KV events of a set of replicas into the index:
 // one goroutine per replica applies its batches in order; in connect mode
@@ -198,13 +151,7 @@ func (s *Subscriber) configure(cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	cfg.MaxMessageBytes = cmp0(cfg.MaxMessageBytes, 16<<20)
-	cfg.MaxReplayBytes = cmp0(cfg.MaxReplayBytes, 256<<20)
-	cfg.MaxQueueBytes = cmp0(cfg.MaxQueueBytes, 64<<20)
-	cfg.MaxConns = cmp0(cfg.MaxConns, 256)
-	cfg.HandshakeTimeout = cmp0(cfg.HandshakeTimeout, 5*time.Second)
-	cfg.ReadTimeout = cmp0(cfg.ReadTimeout, 30*time.Second)
-	cfg.MaxSeqJump = cmp0(cfg.MaxSeqJump, 1_000_000)
+	cfg.Limits = cfg.Limits.resolved()
 	s.cfg = cfg
 	p, err := parsePeers(cfg.Allow)
 	if err != nil {
@@ -247,13 +194,6 @@ func (s *Subscriber) resolveHost(g *ingester) {
 
 // hostKnown reports whether ip is some bind-mode replica's host.
 func (s *Subscriber) hostKnown(ip netip.Addr) bool { return s.hosts[ip] }
-
-func cmp0[T int | int64 | uint64 | time.Duration](d, def T) T {
-	if d <= 0 {
-		return def
-	}
-	return d
-}
 
 // Close stops every goroutine and closes the sockets. The index keeps what
 // was applied.

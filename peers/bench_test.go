@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/redisserver"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/scrape"
@@ -53,11 +54,11 @@ func benchDecide(b *testing.B, n int, shared bool) {
 	if shared {
 		rs := redisserver.Start(b)
 		other := mk()
-		sa, err := New(Config{URL: rs.URL(), Router: "bench", Interval: 50 * time.Millisecond}, f)
+		sa, err := New(Config{Settings: Settings{URL: rs.URL(), Router: "bench", Interval: 50 * time.Millisecond}}, f)
 		if err != nil {
 			b.Fatal(err)
 		}
-		so, err := New(Config{URL: rs.URL(), Router: "other", Interval: 50 * time.Millisecond}, other)
+		so, err := New(Config{Settings: Settings{URL: rs.URL(), Router: "other", Interval: 50 * time.Millisecond}}, other)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -65,9 +66,7 @@ func benchDecide(b *testing.B, n int, shared bool) {
 		wg.Go(func() { so.Run(ctx) })
 		// The other router keeps some load and routes blocks.
 		wg.Go(func() { otherTraffic(ctx, other) })
-		for !sa.Up() || sa.Peers() != 1 {
-			time.Sleep(5 * time.Millisecond)
-		}
+		wait.For(b, "the router up with its peer", func() bool { return sa.Up() && sa.Peers() == 1 })
 	}
 	hashes := make([]prefix.Hash, 64)
 	chains := []residency.Chain{{Tokens: 16, Hashes: hashes}}
@@ -115,6 +114,6 @@ func otherTraffic(ctx context.Context, f *fleet.Fleet) {
 			held[0].Done(time.Now(), fleet.NoUsage, nil)
 			held = held[1:]
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the other router's request rate
 	}
 }

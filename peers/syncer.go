@@ -36,18 +36,25 @@ const (
 	readCount = 256
 )
 
-// Config describes a Syncer.
-type Config struct {
+// Settings are what an operator sets of Config (kvrouter serve's flags,
+// which are the YAML keys).
+type Settings struct {
 	// URL is the Redis URL (redis://[user:pass@]host:port[/db], or
-	// rediss:// for TLS).
-	URL string
-	// Router names this router among its peers; empty means a random id.
-	Router string
+	// rediss:// for TLS); kvrouter runs no syncer without one.
+	URL string `yaml:"redis"`
 	// Interval is the time between rounds; zero means DefaultInterval.
-	Interval time.Duration
+	Interval time.Duration `yaml:"sync-interval"`
 	// TTL is how long a router's load is counted after its last round;
 	// zero means 20 × Interval, at least 1 s.
-	TTL time.Duration
+	TTL time.Duration `yaml:"shared-ttl"`
+	// Router names this router among its peers; empty means a random id.
+	Router string `yaml:"router-id"`
+}
+
+// Config describes a Syncer.
+type Config struct {
+	// Settings are the Redis server, the router's name and the timing.
+	Settings
 	// Timeout bounds each round's Redis commands; zero means 2 × Interval,
 	// at least 250 ms, at most TTL/2 (a slow round only delays the next:
 	// the request path never waits for one).

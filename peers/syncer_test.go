@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/redisserver"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -33,7 +34,7 @@ func newFleet(t testing.TB) *fleet.Fleet {
 
 func newSyncer(t testing.TB, url, router string, f *fleet.Fleet) *Syncer {
 	t.Helper()
-	s, err := New(Config{URL: url, Router: router, Interval: 20 * time.Millisecond, TTL: 400 * time.Millisecond}, f)
+	s, err := New(Config{Settings: Settings{URL: url, Router: router, Interval: 20 * time.Millisecond, TTL: 400 * time.Millisecond}}, f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,20 +48,6 @@ func run(t *testing.T, s *Syncer) context.CancelFunc {
 	wg.Go(func() { s.Run(ctx) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return cancel
-}
-
-// waitFor polls cond every 10 ms for up to d.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for time.Since(start) < d {
-		if cond() {
-			return time.Since(start)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %v", what, d)
-	return 0
 }
 
 // TestSyncerShares: through a real Redis, one router's load and session
@@ -81,7 +68,7 @@ func TestSyncerShares(t *testing.T) {
 	if !sa.Up() {
 		t.Fatal("router a's round did not reach Redis")
 	}
-	waitFor(t, 2*time.Second, "b sees a's load", func() bool { return fb.PeerLoad(id).InFlight == 1 })
+	wait.Within(t, 2*time.Second, "b sees a's load", func() bool { return fb.PeerLoad(id).InFlight == 1 })
 	if got := fb.PeerLoad(id).PrefillTokens; got != 100 {
 		t.Errorf("b sees %d prefill tokens of a's on %s, want 100", got, id)
 	}
@@ -95,7 +82,7 @@ func TestSyncerShares(t *testing.T) {
 		t.Errorf("b sees %d peers, want 1", sb.Peers())
 	}
 	// a is gone: within its TTL (400 ms) and a round, b stops counting it.
-	took := waitFor(t, 2*time.Second, "a's load expires", func() bool { return fb.PeerLoad(id).InFlight == 0 })
+	took := wait.Within(t, 2*time.Second, "a's load expires", func() bool { return fb.PeerLoad(id).InFlight == 0 })
 	if took > 400*time.Millisecond+400*time.Millisecond {
 		t.Errorf("a's load took %v to expire, want ≤ TTL 400ms + 400ms of slack", took)
 	}
@@ -112,9 +99,9 @@ func TestSyncerDegraded(t *testing.T) {
 	sa, sb := newSyncer(t, rs.URL(), "a", fa), newSyncer(t, rs.URL(), "b", fb)
 	run(t, sa)
 	run(t, sb)
-	waitFor(t, 2*time.Second, "both up", func() bool { return sa.Up() && sb.Up() })
+	wait.Within(t, 2*time.Second, "both up", func() bool { return sa.Up() && sb.Up() })
 	rs.Kill()
-	waitFor(t, 2*time.Second, "both down", func() bool { return !sa.Up() && !sb.Up() })
+	wait.Within(t, 2*time.Second, "both down", func() bool { return !sa.Up() && !sb.Up() })
 	var sc fleet.Scratch
 	start := time.Now()
 	d, tk := fa.Decide(&fleet.Request{ID: "q1", Session: "during-outage", Tokens: 100}, nil, time.Now(), &sc)
@@ -122,12 +109,12 @@ func TestSyncerDegraded(t *testing.T) {
 		t.Fatalf("decision with Redis down: %+v in %v", d, time.Since(start))
 	}
 	rs.Restart()
-	waitFor(t, 3*time.Second, "both up again", func() bool { return sa.Up() && sb.Up() })
+	wait.Within(t, 3*time.Second, "both up again", func() bool { return sa.Up() && sb.Up() })
 	id := replicas[d.Replica].ID
-	waitFor(t, 2*time.Second, "b sees a's load after the restart", func() bool { return fb.PeerLoad(id).InFlight == 1 })
+	wait.Within(t, 2*time.Second, "b sees a's load after the restart", func() bool { return fb.PeerLoad(id).InFlight == 1 })
 	// The binding comes through the stream, the load through a's key: a
 	// round of b's can read the one before a's round wrote the other.
-	waitFor(t, 2*time.Second, "b sees the session a bound during the outage", func() bool { return fb.Sessions() == 1 })
+	wait.Within(t, 2*time.Second, "b sees the session a bound during the outage", func() bool { return fb.Sessions() == 1 })
 	var sc2 fleet.Scratch
 	if d2, tk2 := fb.Decide(&fleet.Request{ID: "q2", Session: "during-outage", Tokens: 10}, nil, time.Now(), &sc2); d2.Replica != d.Replica {
 		t.Errorf("b routed the session bound during the outage to %d, want %d", d2.Replica, d.Replica)
@@ -139,13 +126,13 @@ func TestSyncerDegraded(t *testing.T) {
 
 func TestNewRejects(t *testing.T) {
 	f := newFleet(t)
-	for _, c := range []Config{
+	for _, c := range []Settings{
 		{URL: "http://x"},
 		{URL: "redis://127.0.0.1:1", Interval: -1},
 		{URL: "redis://127.0.0.1:1", Interval: time.Second, TTL: time.Second},
 		{URL: "redis://127.0.0.1:1", Router: "a b"},
 	} {
-		if _, err := New(c, f); err == nil {
+		if _, err := New(Config{Settings: c}, f); err == nil {
 			t.Errorf("New(%+v) accepted", c)
 		}
 	}

@@ -65,7 +65,7 @@ func TestEveryTiming(t *testing.T) {
 					if len(starts) == 4 {
 						cancel()
 					}
-					time.Sleep(tt.work)
+					time.Sleep(tt.work) // synctest: advances the bubble's clock
 				})
 				if want := tt.want(Offset(id, period)); !slices.Equal(starts, want) {
 					t.Errorf("got starts %v, want %v", starts, want)
@@ -86,7 +86,7 @@ func TestImmediate(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		ran := make(chan error, 1)
 		go func() { ran <- g.Run(ctx, Loop[int]{Period: period, Immediate: true, Do: r.do}) }()
-		time.Sleep(period + time.Millisecond)
+		time.Sleep(period + time.Millisecond) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got := r.get("a"); len(got) != 2 || got[0] != 0 || got[1] != period {
 			t.Errorf("got runs at %v, want [0s 1s]", got)
@@ -113,7 +113,7 @@ func TestGroup(t *testing.T) {
 		ran := make(chan error, 1)
 		go func() { ran <- g.Run(ctx, Loop[int]{Period: period, Do: r.do}) }()
 
-		time.Sleep(period - time.Nanosecond)
+		time.Sleep(period - time.Nanosecond) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got := len(r.get("a")); got != 1 {
 			t.Fatalf("a after one period: got %d runs, want 1", got)
@@ -124,7 +124,7 @@ func TestGroup(t *testing.T) {
 
 		added := time.Since(r.start)
 		g.Add("b", 2)
-		time.Sleep(3 * period)
+		time.Sleep(3 * period) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got, want := r.get("b"), added+Offset("b", period); len(got) != 3 || got[0] != want {
 			t.Errorf("b added during Run: got runs %v, want 3 from %v", got, want)
@@ -137,7 +137,7 @@ func TestGroup(t *testing.T) {
 			t.Error("second Remove(a): got true, want false")
 		}
 		n := len(r.get("a"))
-		time.Sleep(3 * period)
+		time.Sleep(3 * period) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got := len(r.get("a")); got != n {
 			t.Errorf("removed a: got %d more runs, want 0", got-n)
@@ -148,7 +148,7 @@ func TestGroup(t *testing.T) {
 			t.Errorf("Run: got %v, want context.Canceled", err)
 		}
 		n = len(r.get("b"))
-		time.Sleep(3 * period)
+		time.Sleep(3 * period) // synctest: advances the bubble's clock
 		if got := len(r.get("b")); got != n {
 			t.Errorf("after Run returned: got %d more runs, want 0", got-n)
 		}
@@ -171,7 +171,7 @@ func TestGroupRunJoins(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		ran := make(chan error, 1)
 		go func() { ran <- g.Run(ctx, slow) }()
-		time.Sleep(time.Hour)
+		time.Sleep(time.Hour) // synctest: advances the bubble's clock
 		cancel()
 		synctest.Wait()
 		select {

@@ -13,23 +13,24 @@ import (
 //
 // A zero field means its default (Default…); a negative one means no limit
 // (nesting is then still bounded by HardMaxDepth, as in encoding/json).
+// The YAML keys are kvrouter serve's flag names.
 type Limits struct {
 	// Messages is the most chat messages a request may carry; zero means
 	// DefaultMaxMessages.
-	Messages int
+	Messages int `yaml:"max-messages"`
 	// Parts is the most content parts (the elements of array contents) of
 	// all the messages together; zero means DefaultMaxParts.
-	Parts int
+	Parts int `yaml:"max-content-parts"`
 	// Depth is the deepest nesting of objects and arrays in the body, the
 	// body's own object counting as 1 (so a chat with content parts needs
 	// 5, a tool's JSON schema more); zero means DefaultMaxDepth.
-	Depth int
+	Depth int `yaml:"max-json-depth"`
 	// Tools is the most entries of the "tools" array; zero means
 	// DefaultMaxTools.
-	Tools int
+	Tools int `yaml:"max-tools"`
 	// Prompts is the most prompts of a completions batch (an array of
 	// strings or of token-id arrays); zero means DefaultMaxPrompts.
-	Prompts int
+	Prompts int `yaml:"max-prompts"`
 }
 
 // Defaults of Limits. Messages and Tools are OpenAI's own limits on
@@ -44,6 +45,12 @@ const (
 	// HardMaxDepth bounds nesting even when Limits.Depth is negative.
 	HardMaxDepth = 10000
 )
+
+// DefaultLimits returns the limits that zero values stand for.
+func DefaultLimits() Limits {
+	return Limits{Messages: DefaultMaxMessages, Parts: DefaultMaxParts, Depth: DefaultMaxDepth,
+		Tools: DefaultMaxTools, Prompts: DefaultMaxPrompts}
+}
 
 // NoLimits returns Limits with every limit off (nesting still bounded by
 // HardMaxDepth).

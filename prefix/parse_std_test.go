@@ -223,7 +223,7 @@ func TestParseMatchesStd(t *testing.T) {
 	for _, body := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"a\"b\\c\/d\b\f\n\r\te"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"\u00e9\u65e5\ud83d\ude42 \ud83d x \ude42 \ud83d\u0041"}]}`,
-		`{"model":"m","messages":[{"role":"user","content":"cafÃ© æ¥æ¬"}]}`,
+		"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"cafÃ© æ\u0097¥æ\u009c¬\"}]}",
 		` {"model" : "m" , "messages" : [ { "role" : "user" , "content" : [ {"text":"t1","type":"text"} , {"type":"image_url","image_url":{"url":"u"}} ] } ] } ` + "\n",
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text"},{"type":"text","text":null},{"type":"text","text":"x","extra":[1,{"a":null}]}]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","text":"not text"}]}]}`,

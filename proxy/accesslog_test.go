@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/prefix"
 )
 
@@ -133,19 +134,15 @@ func TestAccessLogJSON(t *testing.T) {
 		t.Errorf("the repeated chat had %d cached tokens, want some (the test compares real cache hits)", reqs[1].cached)
 	}
 	var access []map[string]any
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, "an access line per request", func() bool {
 		access = access[:0]
 		for _, m := range jsonLines(t, logBuf.String()) {
 			if m["msg"] == "request" {
 				access = append(access, m)
 			}
 		}
-		if len(access) >= len(reqs) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(access) >= len(reqs)
+	})
 	if len(access) != len(reqs) {
 		t.Fatalf("got %d access lines, want %d:\n%s", len(access), len(reqs), logBuf.String())
 	}
@@ -243,8 +240,8 @@ func BenchmarkAccessLog(b *testing.B) {
 	}
 	rt.st.bes.setLocked(0, be)
 	t0 := time.Now()
-	c := &call{rt: rt, id: "kvr-abc-1", method: "POST", path: "/v1/chat/completions", prompt: &prefix.Prompt{Model: "m", Stream: true},
-		status: 200, outcome: "ok", replica: 0, routed: true, sessionSrc: SessionHeader, start: t0, end: t0.Add(40 * time.Millisecond),
+	c := &call{rt: rt, bufs: newBufs(), id: "kvr-abc-1", method: "POST", path: "/v1/chat/completions", prompt: &prefix.Prompt{Model: "m", Stream: true},
+		status: 200, outcome: "ok", replica: 0, routed: true, sessionSrc: SessionFromHeader, start: t0, end: t0.Add(40 * time.Millisecond),
 		ttft: 12 * time.Millisecond, usage: fleet.Usage{PromptTokens: 1200, CachedTokens: 1024, CompletionTokens: 64}}
 	c.dec.Reason, c.dec.Matched = "least-cost", 1024
 	b.ReportAllocs()

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // longChat is a streamed chat request of about tokens prompt tokens in
@@ -50,12 +52,7 @@ func send(t *testing.T, url, body string, hdr ...string) admitted {
 // waitQueued waits until the router's admission queue holds n requests.
 func waitQueued(t *testing.T, rt *Router, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); rt.adm.q.Len() != n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("queue holds %d, want %d", rt.adm.q.Len(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, fmt.Sprintf("the queue to hold %d", n), func() bool { return rt.adm.q.Len() == n })
 }
 
 // TestAdmissionQueuesWhenSaturated: on one real-time emulated replica, a
@@ -67,7 +64,7 @@ func waitQueued(t *testing.T, rt *Router, n int) {
 func TestAdmissionQueuesWhenSaturated(t *testing.T) {
 	reps := replicas(t, 1, 1)
 	rt, url := startRouter(t, "kv-aware", func(c *Config) {
-		c.MaxWait, c.MaxQueue, c.QueueTimeout = 50*time.Millisecond, 2, 20*time.Second
+		c.Admission.MaxWait, c.Admission.MaxQueue, c.Admission.QueueTimeout = 50*time.Millisecond, 2, 20*time.Second
 	}, urls(reps)...)
 	runRouter(t, rt)
 
@@ -80,9 +77,7 @@ func TestAdmissionQueuesWhenSaturated(t *testing.T) {
 		go func() { out[i] <- send(t, url, longChat(i, 16000, 2), hdr...) }()
 	}
 	run(0)
-	for rt.st.fleet.View(time.Now()).Replicas[0].InFlight == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "the first request in flight", func() bool { return rt.st.fleet.View(time.Now()).Replicas[0].InFlight > 0 })
 	run(1)
 	waitQueued(t, rt, 1)
 	run(2)
@@ -126,14 +121,12 @@ func TestAdmissionQueuesWhenSaturated(t *testing.T) {
 func TestAdmissionQueueTimeout(t *testing.T) {
 	reps := replicas(t, 1, 1)
 	rt, url := startRouter(t, "kv-aware", func(c *Config) {
-		c.MaxWait, c.QueueTimeout = 50*time.Millisecond, 100*time.Millisecond
+		c.Admission.MaxWait, c.Admission.QueueTimeout = 50*time.Millisecond, 100*time.Millisecond
 	}, urls(reps)...)
 	runRouter(t, rt)
 	first := make(chan admitted, 1)
 	go func() { first <- send(t, url, longChat(0, 30000, 2)) }()
-	for rt.st.fleet.View(time.Now()).Replicas[0].InFlight == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "the first request in flight", func() bool { return rt.st.fleet.View(time.Now()).Replicas[0].InFlight > 0 })
 	start := time.Now()
 	late := send(t, url, longChat(1, 1000, 2))
 	if late.status != http.StatusTooManyRequests || !strings.Contains(late.body, `"queue_timeout"`) {
@@ -160,14 +153,12 @@ func TestAdmissionKeyPriority(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt, url := startRouter(t, "kv-aware", func(c *Config) {
-		c.MaxWait, c.APIKeys = 50*time.Millisecond, keys
+		c.Admission.MaxWait, c.APIKeys = 50*time.Millisecond, keys
 	}, urls(reps)...)
 	runRouter(t, rt)
 	first := make(chan admitted, 1)
 	go func() { first <- send(t, url, longChat(0, 16000, 2), "Authorization", "Bearer sk-online") }()
-	for rt.st.fleet.View(time.Now()).Replicas[0].InFlight == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "the first request in flight", func() bool { return rt.st.fleet.View(time.Now()).Replicas[0].InFlight > 0 })
 	shed := send(t, url, longChat(1, 16000, 2), "Authorization", "Bearer sk-batch")
 	kept := send(t, url, longChat(2, 100, 2), "Authorization", "Bearer sk-batch", HeaderPriority, "1")
 	if shed.status != http.StatusTooManyRequests || !strings.Contains(shed.body, `"queue_sheddable"`) {

@@ -137,13 +137,6 @@ type keyInfo struct {
 	priority int
 }
 
-// KeyName returns the name of the API key the request carrying ctx
-// authenticated with, or "" when keys are not checked.
-func KeyName(ctx context.Context) string {
-	k, _ := ctx.Value(keyNameKey{}).(keyInfo)
-	return k.name
-}
-
 // keyPriority returns the default priority of the API key the request
 // carrying ctx authenticated with (zero without keys).
 func keyPriority(ctx context.Context) int {

@@ -81,7 +81,7 @@ func (rt *Router) serveAddBackend(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	err := rt.AddBackend(Backend{URL: b.URL, KV: b.KV, Replay: b.Replay, Models: b.Models}, SourceAdmin)
+	err := rt.AddBackend(Backend(b), SourceAdmin)
 	if err != nil {
 		rt.writeMemberError(w, err)
 		return

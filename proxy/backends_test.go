@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/view"
 )
 
@@ -210,7 +211,10 @@ func TestAddRemoveLeaksNoGoroutine(t *testing.T) {
 	// one on the emulator) are closed before each count: they are the
 	// transport's, not the loops'.
 	idle := rt.upstream.(*http.Transport).CloseIdleConnections
-	time.Sleep(200 * time.Millisecond) // the first loops settle
+	// The baseline is taken once the first loops settled and the idle
+	// connections' goroutines ended; no counter says when, so these are
+	// quiet periods.
+	time.Sleep(200 * time.Millisecond)
 	idle()
 	time.Sleep(50 * time.Millisecond)
 	before := runtime.NumGoroutine()
@@ -220,22 +224,17 @@ func TestAddRemoveLeaksNoGoroutine(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the loops run before their removal: running loops must stop
 		for _, s := range reps[1:] {
 			if _, err := rt.RemoveBackend(s.URL(), SourceAdmin); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	var after int
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	wait.For(t, fmt.Sprintf("the goroutines back to the %d before 20 add/remove rounds", before), func() bool {
 		idle()
-		if after = runtime.NumGoroutine(); after <= before {
-			return
-		}
-	}
-	buf := make([]byte, 1<<20)
-	t.Errorf("goroutines: %d before, %d after 20 add/remove rounds:\n%s", before, after, buf[:runtime.Stack(buf, true)])
+		return runtime.NumGoroutine() <= before
+	})
 }
 
 // TestSetBackendsBySource applies lists from the config and from
@@ -317,17 +316,10 @@ func TestAddedBackendFollowsKVEvents(t *testing.T) {
 		}
 		return nil
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, "the added backend's KV events followed, connected and matched precisely", func() bool {
 		r := replicaView()
-		if r != nil && r.Events != nil && r.Events.Followed && r.Events.Connected && r.IndexMode == IndexPrecise {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("added backend's KV events: %+v, want followed, connected, matched precisely", r)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return r != nil && r.Events != nil && r.Events.Followed && r.Events.Connected && r.IndexMode == IndexPrecise
+	})
 	slot := rt.st.fleet.At(b.URL)
 	if _, err := rt.RemoveBackend(b.URL, SourceAdmin); err != nil {
 		t.Fatal(err)
@@ -336,9 +328,7 @@ func TestAddedBackendFollowsKVEvents(t *testing.T) {
 		t.Errorf("slot %d still followed after the removal", slot)
 	}
 	// The watch polls the feed every watchInterval.
-	for deadline := time.Now().Add(time.Second); rt.st.fleet.Tracker().Live(slot); time.Sleep(watchInterval) {
-		if time.Now().After(deadline) {
-			t.Fatalf("slot %d still matched against the precise index after the removal", slot)
-		}
-	}
+	wait.Within(t, time.Second, fmt.Sprintf("slot %d no longer matched against the precise index", slot), func() bool {
+		return !rt.st.fleet.Tracker().Live(slot)
+	})
 }

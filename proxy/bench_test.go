@@ -18,6 +18,21 @@ import (
 	"github.com/kvrouter/kvrouter/route"
 )
 
+// Events of a streamed chat completion, as the test upstreams send them
+// (bare1 and bare2 as the router hands on chunk1 and chunk2 when it
+// strips the usage it asked for).
+var (
+	chunk1    = event(`{"id":"c","choices":[{"delta":{"content":"Hi"}}],"usage":null}`)
+	chunk2    = event(`{"id":"c","choices":[{"delta":{"content":" there"}}],"usage":null}`)
+	usageOnly = event(`{"id":"c","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":64}}}`)
+	done      = event(`[DONE]`)
+	bare1     = event(`{"id":"c","choices":[{"delta":{"content":"Hi"}}]}`)
+	bare2     = event(`{"id":"c","choices":[{"delta":{"content":" there"}}]}`)
+)
+
+// event is the SSE event of one data line.
+func event(data string) string { return "data: " + data + "\n\n" }
+
 // streamUpstream answers every request with a short SSE stream (8 chunks and
 // the usage chunk when asked), as fast as loopback allows.
 func streamUpstream() *httptest.Server {
@@ -139,7 +154,7 @@ func BenchmarkDecide(b *testing.B) {
 				}
 				c.ticket.Done(rt.now(), fleet.NoUsage, nil)
 				d := c.decide
-				rt.pool.Put(c)
+				rt.pool.Put(c.bufs)
 				return d
 			}
 			for k := range prompts {

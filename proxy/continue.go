@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // maxPendingEvent caps the bytes of one SSE event the router holds while
@@ -48,39 +49,31 @@ type stream struct {
 	rc    io.ReadCloser // the current replica's body
 
 	in  []byte // bytes read and not yet framed into events
-	out []byte // events ready for the client, from off
-	off int
-	err error // terminal: io.EOF, or the failure handed to the tap
+	off int    // sp.Out[:off] went to the client
+	err error  // terminal: io.EOF, or the failure handed to the tap
 
-	ch chunk // the event being read, reused
-
-	committed bool   // the current attempt delivered a content event or its end
-	ended     bool   // the stream delivered its end
-	errEvent  error  // an error event before the first token
-	stuck     string // why the stream cannot be continued; "" if it can
-
-	// What the client saw of the first replica, which continuations keep.
-	id      string
-	created []byte // the JSON number
-	text    []byte // choice 0's text so far
-	tokens  int    // content events so far
-
-	// The current continuation, if any: its own chunk id and created,
-	// replaced by the first replica's, and tokens when it started.
-	cont        bool
-	contID      string
-	contCreated []byte
-	before      int
-	continued   int // continuations so far
+	sp        sse.Splice // the events, as the client must see them
+	continued int        // continuations so far
 }
 
-// newStream wraps the body of resp, the answer to req within a.
+// newStream wraps the body of resp, the answer to req within a, in the
+// call's stream.
 func newStream(c *call, req *http.Request, a *attempt, rc io.ReadCloser) *stream {
-	s := &stream{c: c, first: req, req: req, a: a, rc: rc}
+	s := &c.st
+	s.reset()
+	s.c, s.first, s.req, s.a, s.rc = c, req, req, a, rc
+	s.sp.Chat = c.path == "/v1/chat/completions"
 	if !replayable(req) {
-		s.stuck = "the request body cannot be replayed"
+		s.sp.Stuck = "the request body cannot be replayed"
 	}
 	return s
+}
+
+// reset empties s for another request, keeping its events' buffers.
+func (s *stream) reset() {
+	sp := s.sp
+	sp.Reset(keepBytes)
+	*s = stream{sp: sp}
 }
 
 // readAhead reads until the attempt's first content event (or its end),
@@ -88,7 +81,7 @@ func newStream(c *call, req *http.Request, a *attempt, rc io.ReadCloser) *stream
 // the stream-idle timeout. An error means nothing may reach the client:
 // the call is retried elsewhere.
 func (s *stream) readAhead() error {
-	for !s.committed {
+	for !s.sp.Committed {
 		if err := s.fill(); err != nil && err != io.EOF {
 			return err
 		}
@@ -99,8 +92,8 @@ func (s *stream) readAhead() error {
 
 // Read implements io.Reader.
 func (s *stream) Read(p []byte) (int, error) {
-	for s.off == len(s.out) {
-		s.out, s.off = s.out[:0], 0
+	for s.off == len(s.sp.Out) {
+		s.sp.Out, s.off = s.sp.Out[:0], 0
 		if s.err != nil {
 			return 0, s.err
 		}
@@ -111,7 +104,7 @@ func (s *stream) Read(p []byte) (int, error) {
 			s.err = s.failover(err)
 		}
 	}
-	n := copy(p, s.out[s.off:])
+	n := copy(p, s.sp.Out[s.off:])
 	s.off += n
 	return n, nil
 }
@@ -159,236 +152,23 @@ func (s *stream) fill() error {
 	n, err := s.rc.Read(s.in[len(s.in):cap(s.in)])
 	if n > 0 {
 		s.a.tick()
-		s.in = s.in[:len(s.in)+n]
-		s.frame()
+		s.in = s.sp.Frame(s.in[:len(s.in)+n])
 	}
 	switch {
-	case s.errEvent != nil:
-		return s.errEvent
+	case s.sp.Failed:
+		return &upstreamError{code: codeStreamCut, err: fmt.Errorf("the replica sent an error event: %s", s.sp.FailMessage)}
 	case len(s.in) > maxPendingEvent:
 		return s.a.fault(fmt.Errorf("the replica sent an SSE event larger than %d bytes", maxPendingEvent))
 	case err == nil:
 		return nil
-	case s.ended:
-		s.out = append(s.out, s.in...) // a trailing partial event passes through
+	case s.sp.Ended:
+		s.sp.Out = append(s.sp.Out, s.in...) // a trailing partial event passes through
 		s.in = s.in[:0]
 		return io.EOF
 	case err == io.EOF:
 		err = errors.New("the replica ended the stream before it finished")
 	}
 	return s.a.fault(err)
-}
-
-// frame hands each whole event of in to event and keeps the rest.
-func (s *stream) frame() {
-	done := 0
-	for {
-		i := nextEventEnd(s.in[done:])
-		if i < 0 {
-			break
-		}
-		s.event(s.in[done : done+i])
-		done += i
-	}
-	s.in = s.in[:copy(s.in, s.in[done:])]
-}
-
-// chunk is as much of a completion chunk as a stream reads, in a shape
-// that decodes with few allocations (it is read for every event).
-type chunk struct {
-	Choices []choice        `json:"choices"`
-	Usage   nonNull         `json:"usage"`
-	Error   json.RawMessage `json:"error"`
-}
-
-type choice struct {
-	Index int    `json:"index"`
-	Text  string `json:"text"`
-	Delta struct {
-		Content   string  `json:"content"`
-		Reasoning string  `json:"reasoning_content"`
-		ToolCalls nonNull `json:"tool_calls"`
-	} `json:"delta"`
-	FinishReason nonNull `json:"finish_reason"`
-}
-
-// chunkIDs are a chunk's id and created, read until known.
-type chunkIDs struct {
-	ID      string          `json:"id"`
-	Created json.RawMessage `json:"created"`
-}
-
-// nonNull notes whether a JSON value is there and not null (or an empty
-// array) without keeping it.
-type nonNull bool
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (n *nonNull) UnmarshalJSON(b []byte) error {
-	*n = nonNull(string(b) != "null" && string(b) != "[]")
-	return nil
-}
-
-// event reads one event and passes it on, as the client must see it.
-func (s *stream) event(ev []byte) {
-	data := sseData(ev)
-	switch {
-	case bytes.Equal(data, doneData):
-		s.committed, s.ended = true, true
-		s.emit(ev)
-		return
-	case len(data) == 0 || data[0] != '{': // a comment, a keep-alive
-		if s.committed || !s.cont {
-			s.out = append(s.out, ev...)
-		}
-		return
-	case s.committed && s.stuck != "": // nothing more to learn from it
-		s.ended = s.ended || finished(ev)
-		s.emit(ev)
-		return
-	case s.committed && !s.cont:
-		s.scan(ev, data)
-		return
-	}
-	ch := &s.ch
-	ch.Choices, ch.Usage, ch.Error = ch.Choices[:0], false, nil
-	if err := json.Unmarshal(data, ch); err != nil {
-		s.stuck = "an event is not JSON"
-		s.emit(ev)
-		return
-	}
-	if len(ch.Error) > 0 && string(ch.Error) != "null" {
-		s.errorEvent(ev, ch.Error)
-		return
-	}
-	content := s.choices(ch)
-	s.learnIDs(data)
-	if !s.committed && !content && !s.ended {
-		if !s.cont {
-			s.out = append(s.out, ev...)
-		}
-		return // a continuation's role chunk: the client has one
-	}
-	s.committed = true
-	if s.cont && len(ch.Choices) == 0 && bool(ch.Usage) {
-		s.emitUsage(data)
-		return
-	}
-	s.emit(ev)
-}
-
-// scan reads a committed event of the first replica without decoding it
-// whole: its text, whether it ends the stream, whether it makes the stream
-// impossible to continue (reasoning, tool calls). vLLM sends one such
-// event per token.
-func (s *stream) scan(ev, data []byte) {
-	switch {
-	case bytes.HasPrefix(data, errorKey):
-		s.ended = true
-	case hasValue(data, reasoningKey) || hasValue(data, reasonKey):
-		s.stuck = "the reply has reasoning content"
-	case hasValue(data, toolCallsKey):
-		s.stuck = "the reply has tool calls"
-	}
-	key := textKey
-	if s.c.path == "/v1/chat/completions" {
-		key = contentKey
-	}
-	n := len(s.text)
-	text, ok := stringField(s.text, data, key)
-	if !ok && bytes.Contains(data, key) && !bytes.Contains(data, emptyChoices) {
-		s.stuck = "an event could not be read"
-	}
-	if s.text = text; len(text) > n {
-		s.tokens++
-	}
-	s.ended = s.ended || finished(ev)
-	s.emit(ev)
-}
-
-// choices notes what the event's choices carry and reports whether it
-// has content (text, a tool call, reasoning) or an end.
-func (s *stream) choices(ch *chunk) bool {
-	content := false
-	for i := range ch.Choices {
-		c := &ch.Choices[i]
-		if c.Index != 0 {
-			s.stuck = "the request asks for several choices"
-		}
-		if bool(c.FinishReason) {
-			s.ended, content = true, true
-		}
-		if c.Delta.Reasoning != "" {
-			s.stuck, content = "the reply has reasoning content", true
-		}
-		if bool(c.Delta.ToolCalls) {
-			s.stuck, content = "the reply has tool calls", true
-		}
-		if text := c.Text + c.Delta.Content; text != "" {
-			content = true
-			s.text = append(s.text, text...)
-			s.tokens++
-		}
-	}
-	return content
-}
-
-// learnIDs keeps the first replica's chunk id and created, and a
-// continuation's own, from the first event that has them.
-func (s *stream) learnIDs(data []byte) {
-	if (!s.cont && s.id != "") || (s.cont && s.contID != "") {
-		return
-	}
-	var ids chunkIDs
-	if json.Unmarshal(data, &ids) != nil || ids.ID == "" {
-		return
-	}
-	if s.cont {
-		s.contID, s.contCreated = ids.ID, ids.Created
-	} else {
-		s.id, s.created = ids.ID, ids.Created
-	}
-}
-
-// errorEvent handles an engine's error event: before the first token the
-// attempt failed (and is retried); after it the event ends the stream.
-func (s *stream) errorEvent(ev, e []byte) {
-	if !s.committed {
-		var ae struct {
-			Message string `json:"message"`
-		}
-		json.Unmarshal(e, &ae)
-		s.errEvent = &upstreamError{code: codeStreamCut, err: fmt.Errorf("the replica sent an error event: %s", ae.Message)}
-		return
-	}
-	s.ended = true
-	s.emit(ev)
-}
-
-// emit appends ev to out, a continuation's with the first replica's
-// chunk id and created in place of its own.
-func (s *stream) emit(ev []byte) {
-	if !s.cont {
-		s.out = append(s.out, ev...)
-		return
-	}
-	if s.contID != "" && s.contID != s.id {
-		ev = replaceOnce(&s.out, ev, strconv.AppendQuote(nil, s.contID), strconv.AppendQuote(nil, s.id))
-	}
-	if len(s.contCreated) > 0 && !bytes.Equal(s.contCreated, s.created) {
-		ev = replaceOnce(&s.out, ev, append([]byte(`"created":`), s.contCreated...), append([]byte(`"created":`), s.created...))
-	}
-	s.out = append(s.out, ev...)
-}
-
-// replaceOnce appends to *out ev up to and including new in place of the
-// first old, and returns the rest of ev; all of ev when old is absent.
-func replaceOnce(out *[]byte, ev, old, new []byte) []byte {
-	i := bytes.Index(ev, old)
-	if i < 0 {
-		return ev
-	}
-	*out = append(append(*out, ev[:i]...), new...)
-	return ev[i+len(old):]
 }
 
 // failover continues the stream on another replica after cause ended the
@@ -403,8 +183,8 @@ func (s *stream) failover(cause error) error {
 		return cause // the client went away
 	}
 	s.Close()
-	sent := s.tokens
-	why := s.stuck
+	sent := s.sp.Tokens
+	why := s.sp.Stuck
 	switch {
 	case timeoutKind(cause) == timeoutTotal:
 		why = "the request is out of time"
@@ -474,14 +254,37 @@ func (s *stream) open(body []byte) error {
 		return fmt.Errorf("continuation answered %s", resp.Status)
 	}
 	s.req, s.a, s.rc = next, a, resp.Body
-	s.in, s.cont, s.committed, s.errEvent = s.in[:0], true, false, nil
-	s.contID, s.contCreated, s.before = "", nil, s.tokens
+	s.in = s.in[:0]
+	s.sp.Continue()
 	if err := s.readAhead(); err != nil {
 		s.Close()
 		return err
 	}
 	c.ticket.FirstToken(rt.now())
 	return nil
+}
+
+// continuation returns the body asking for the rest of the reply: the
+// call's original body (as first sent) with the text generated so far.
+func (s *stream) continuation() ([]byte, error) {
+	if s.orig == nil {
+		s.orig = s.c.untransferred() // without the KV transfer's params; nil: none
+	}
+	if s.orig == nil {
+		if s.first.GetBody == nil {
+			return nil, errors.New("the request body cannot be replayed")
+		}
+		rc, err := s.first.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		s.orig, err = io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return sse.ContinueBody(s.orig, s.sp.Chat, string(s.sp.Text), s.sp.Tokens)
 }
 
 // isSSE reports whether resp is an event stream.

@@ -127,7 +127,7 @@ func (r *ring) last(n int) []view.Decision {
 	for k := range n {
 		i := (r.n - 1 - uint64(k)) % uint64(len(r.recs))
 		out[k] = r.recs[i]
-		if out[k].SessionSource != SessionContent { // the router's own key shows nothing a client sent
+		if out[k].SessionSource != SessionFromContent { // the router's own key shows nothing a client sent
 			out[k].Session = shownID(r.idKey, out[k].Session)
 		}
 		out[k].Candidates = appendCandidates(make([]view.Candidate, 0, len(r.costs[i])), r.costs[i], r.bes)

@@ -1,13 +1,13 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // cutWriteTimeout bounds the write of the event that ends a request at
@@ -83,11 +83,7 @@ func (f *liveSet) cut(why string) int {
 		all = append(all, t)
 	}
 	f.mu.Unlock()
-	var e apiError
-	e.Error.Message, e.Error.Type, e.Error.Code = why, errUnavailable, codeShuttingDown
-	b, _ := json.Marshal(&e)
-	event := append([]byte("data: "), b...)
-	event = append(event, eventEnd...)
+	event := sse.AppendError(nil, errUnavailable, codeShuttingDown, why)
 	var n atomic.Int64
 	var wg sync.WaitGroup
 	for _, t := range all {
@@ -116,19 +112,14 @@ func (t *tracked) end(event []byte, why string) bool {
 	case !t.wrote:
 		t.early, t.why = true, why
 	case t.sse:
-		if t.n > 0 && !eventClosed(t.tail[3-t.n:]) {
-			t.w.Write(eventEnd)
+		if t.n > 0 && !sse.Closed(t.tail[3-t.n:]) {
+			t.w.Write(sse.EventEnd)
 		}
 		t.w.Write(event)
 		rc.Flush()
 	}
 	t.cancel()
 	return true
-}
-
-// eventClosed reports whether body bytes ending in tail end an SSE event.
-func eventClosed(tail []byte) bool {
-	return bytes.HasSuffix(tail, eventEnd) || bytes.HasSuffix(tail, []byte("\n\r\n"))
 }
 
 // finish runs when the handler returns: a request cut before it had an

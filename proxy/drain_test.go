@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // TestCutInFlight: a drain turns /readyz to 503 while a stream goes on;
@@ -37,11 +40,7 @@ func TestCutInFlight(t *testing.T) {
 		}
 		unanswered <- r
 	}()
-	for wait := time.Now().Add(5 * time.Second); rt.InFlight() < 2; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(wait) {
-			t.Fatalf("in flight %d, want 2", rt.InFlight())
-		}
-	}
+	wait.For(t, "two requests in flight", func() bool { return rt.InFlight() >= 2 })
 	rt.Drain()
 	r, out := do(t, "GET", admin+"/readyz", "")
 	if r.StatusCode != http.StatusServiceUnavailable {
@@ -83,13 +82,7 @@ func TestCutInFlight(t *testing.T) {
 	if got := metricValue(t, admin, "kvrouter_errors_total", "code", codeShuttingDown); got != 2 {
 		t.Errorf("server_shutting_down counted %v, want 2", got)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for rt.InFlight() != 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := rt.InFlight(); n != 0 {
-		t.Errorf("in flight after the cut: %d, want 0", n)
-	}
+	wait.For(t, "no request in flight after the cut", func() bool { return rt.InFlight() == 0 })
 }
 
 // TestTrackedTail: the cut closes a partial event before its own.
@@ -108,7 +101,7 @@ func TestTrackedTail(t *testing.T) {
 		for _, w := range tc.writes {
 			tr.note([]byte(w))
 		}
-		if got := eventClosed(tr.tail[len(tr.tail)-tr.n:]); got != tc.closed {
+		if got := sse.Closed(tr.tail[len(tr.tail)-tr.n:]); got != tc.closed {
 			t.Errorf("%q: closed %v, want %v", tc.writes, got, tc.closed)
 		}
 	}

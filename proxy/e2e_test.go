@@ -5,14 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/view"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvrouter/kvrouter/emulator"
-	"github.com/kvrouter/kvrouter/route"
 )
 
 // replicas starts n emulated replicas on loopback, fast (timeScale wall
@@ -191,13 +191,7 @@ func TestKilledReplicaGetsNoTraffic(t *testing.T) {
 	if len(served) != 2 {
 		t.Errorf("served by %v, want the two live replicas", served)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for rt.st.healthy(1) {
-		if time.Now().After(deadline) {
-			t.Fatal("killed replica still marked healthy after 2 s of 20 ms probes")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.Within(t, 2*time.Second, "the killed replica unhealthy (20 ms probes)", func() bool { return !rt.st.healthy(1) })
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
@@ -224,13 +218,9 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for reps[0].Stats().Running != 0 || inflight(rt, 0) != 0 || rt.Decisions(1)[0].Outcome == view.OutcomeInFlight {
-		if time.Now().After(deadline) {
-			t.Fatalf("after disconnect: replica running %d, router in flight %v; want 0 and 0", reps[0].Stats().Running, inflight(rt, 0))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, "the replica and the router to end the request", func() bool {
+		return reps[0].Stats().Running == 0 && inflight(rt, 0) == 0 && rt.Decisions(1)[0].Outcome != view.OutcomeInFlight
+	})
 	if c := reps[0].Stats().Canceled; c != 1 {
 		t.Errorf("replica canceled %d requests, want 1", c)
 	}
@@ -263,13 +253,9 @@ func TestViewCapacityAndCalibration(t *testing.T) {
 	// 512 engine blocks of 16 tokens = 8192 tokens = 512 blocks of 16
 	// estimated tokens (64-character chunks).
 	const wantCap = 512
-	deadline := time.Now().Add(2 * time.Second)
-	for rt.View(time.Now()).Replicas[0].IndexCapacity != wantCap {
-		if time.Now().After(deadline) {
-			t.Fatalf("index capacity %d, want %d from the engine's cache_config_info", rt.View(time.Now()).Replicas[0].IndexCapacity, wantCap)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, "the index capacity of the engine's cache_config_info", func() bool {
+		return rt.View(time.Now()).Replicas[0].IndexCapacity == wantCap
+	})
 	// Long new questions after a shared system prompt: the preset predicts
 	// hundreds of milliseconds of prefill, the engine takes a hundredth of
 	// it, and the HTTP path's few milliseconds (tens under -race on a busy
@@ -331,18 +317,12 @@ func TestSessionRebindsWhenReplicaDies(t *testing.T) {
 		dead = 1
 	}
 	reps[dead].Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for rt.st.healthy(dead) {
-		if time.Now().After(deadline) {
-			t.Fatal("dead replica still healthy after 2 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.Within(t, 2*time.Second, "the dead replica unhealthy", func() bool { return !rt.st.healthy(dead) })
 	second := send(2)
 	if second == first {
 		t.Fatalf("turn 2 went to the dead replica %s", first)
 	}
-	if rec := rt.Decisions(1)[0]; len(rec.Failed) != 0 || rec.Session != shownID(rt.sf.idKey, "s-1") || rec.SessionSource != SessionHeader {
+	if rec := rt.Decisions(1)[0]; len(rec.Failed) != 0 || rec.Session != shownID(rt.sf.idKey, "s-1") || rec.SessionSource != SessionFromHeader {
 		t.Errorf("turn 2 record: failed %v session %q from %q; want no retry, s-1 from header", rec.Failed, rec.Session, rec.SessionSource)
 	}
 	if got := send(3); got != second {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // apiError is the OpenAI error shape,
@@ -37,7 +38,7 @@ const (
 
 // codeStreamCut is the error code of the event that ends a stream the
 // replica cut before its end.
-const codeStreamCut = "upstream_stream_cut"
+const codeStreamCut = sse.CodeStreamCut
 
 // writeError answers with status and an OpenAI-shaped error body whose
 // param is null.

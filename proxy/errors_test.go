@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // oaiError is an OpenAI error object as a client reads it.
@@ -83,7 +84,7 @@ func errorRouter(t *testing.T, mod func(*Config)) (*Router, string) {
 		}
 	}, e.URL())
 	runRouter(t, rt)
-	eventually(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
+	wait.For(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
 	return rt, url
 }
 
@@ -255,7 +256,7 @@ func TestErrorModelsAgreeWithHealth(t *testing.T) {
 	es := replicas(t, 1, 0.01)
 	rt, url := startRouter(t, "kv-aware", func(c *Config) { c.HealthInterval = 20 * time.Millisecond }, es[0].URL())
 	runRouter(t, rt)
-	eventually(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
+	wait.For(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
 
 	resp, body := do(t, "GET", url+"/v1/models/m", "")
 	var card struct{ ID, Object string }
@@ -266,7 +267,7 @@ func TestErrorModelsAgreeWithHealth(t *testing.T) {
 	checkError(t, resp, body, 404, errInvalidRequest, "model", codeModelNotFound)
 
 	es[0].Close()
-	eventually(t, "replica unhealthy", func() bool {
+	wait.For(t, "replica unhealthy", func() bool {
 		resp, _ := do(t, "GET", url+"/health", "")
 		return resp.StatusCode == 503
 	})

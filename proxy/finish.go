@@ -36,12 +36,12 @@ func (c *call) finish(ctx context.Context) {
 	c.end = rt.now()
 	c.outcome = c.outcomeOf(ctx)
 	if c.tapped {
-		if c.tap.hasUsage {
-			c.usage = fleet.Usage{PromptTokens: c.tap.usage.PromptTokens, CachedTokens: c.tap.usage.cached(),
-				CompletionTokens: c.tap.usage.completion()}
+		if c.tap.HasUsage {
+			c.usage = fleet.Usage{PromptTokens: c.tap.Usage.PromptTokens, CachedTokens: c.tap.Usage.Cached(),
+				CompletionTokens: c.tap.Usage.Completion()}
 		}
-		if !c.tap.first.IsZero() {
-			c.ttft = c.tap.first.Sub(c.start)
+		if !c.tap.First.IsZero() {
+			c.ttft = c.tap.First.Sub(c.start)
 		}
 	}
 	if c.replica >= 0 {
@@ -64,11 +64,11 @@ func (c *call) outcomeOf(ctx context.Context) string {
 	switch {
 	case c.errCode != "":
 		return view.OutcomeError
-	case c.tapped && c.tap.sse && c.tap.ended && !c.tap.errEvent:
+	case c.tapped && c.tap.SSE && c.tap.Ended && !c.tap.ErrEvent:
 		return view.OutcomeOK
 	case ctx.Err() != nil:
 		return view.OutcomeCanceled
-	case c.tapped && (c.tap.cut || c.tap.err != nil || c.tap.errEvent), c.status >= 500:
+	case c.tapped && (c.tap.Cut || c.tap.Err != nil || c.tap.ErrEvent), c.status >= 500:
 		return view.OutcomeUpstreamError
 	}
 	return view.OutcomeOK
@@ -87,8 +87,8 @@ func (c *call) settle() {
 	case view.OutcomeUpstreamError:
 		c.ticket.Done(c.end, fleet.NoUsage, errUpstreamFailed)
 		rt.st.reportFailure(c.replica)
-		if c.tapped && c.tap.cut {
-			rt.m.errors.WithLabelValues(c.tap.cutCode).Inc()
+		if c.tapped && c.tap.Cut {
+			rt.m.errors.WithLabelValues(c.tap.CutCode).Inc()
 		}
 	default:
 		c.ticket.Done(c.end, fleet.NoUsage, errRouterAnswered)
@@ -117,6 +117,7 @@ func (rt *Router) recycle(c *call) {
 	if c.rb.r.Size() > 0 && !c.rb.eof.Load() || len(c.failed) > 0 {
 		return
 	}
-	c.prompt, c.ticket, c.tap.body, c.tap.onFirst = nil, nil, nil, nil
-	rt.pool.Put(c)
+	b := c.bufs
+	b.owner, b.tap.Body, b.tap.OnFirst = nil, nil, nil
+	rt.pool.Put(b)
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // dashboardFile is the Grafana dashboard over the router's metrics.
@@ -290,7 +292,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		t.Fatalf("tokenize: %d %s", resp.StatusCode, body)
 	}
 	waitTotal(t, url, 1, "kvrouter_passthrough_requests_total")
-	eventually(t, "the refusing replica ejected", func() bool { return !rt.st.healthy(1) })
+	wait.For(t, "the refusing replica ejected", func() bool { return !rt.st.healthy(1) })
 
 	have := map[string]bool{}
 	for name, mf := range families(t, url) {

@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouter/kvrouter/hashing"
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // Response headers every routed response carries.
@@ -36,21 +37,22 @@ const (
 // Session sources, as Record.SessionSource names them: where the session
 // id came from.
 const (
-	// SessionHeader: the configured request header (default X-Session-ID).
-	SessionHeader = "header"
-	// SessionUser: the OpenAI "user" field.
-	SessionUser = "user"
-	// SessionContent: the conversation's own content
+	// SessionFromHeader: the configured request header (default X-Session-ID).
+	SessionFromHeader = "header"
+	// SessionFromUser: the OpenAI "user" field.
+	SessionFromUser = "user"
+	// SessionFromContent: the conversation's own content
 	// (prefix.Prompt.ConversationKey: its messages up to the first user
 	// message), for requests that carry no session id.
-	SessionContent = "content"
+	SessionFromContent = "content"
 )
 
 // call is one request's state from arrival to the end of its response. It
 // travels in the request context; only the request's own goroutine (the
 // handler, and the ReverseProxy hooks it calls synchronously) touches it.
-// Calls are pooled: every slice keeps its capacity from one request to the
-// next, so that routing a request allocates little.
+// A call is the request's own, as httputil.ReverseProxy keeps its state in
+// locals; its buffers are pooled (bufs), so that routing a request
+// allocates little.
 type call struct {
 	rt         *Router
 	id         string
@@ -63,7 +65,6 @@ type call struct {
 	freq       fleet.Request  // the request as the fleet routes it
 	dec        route.Decision // the last decision
 	replica    int            // current replica, -1 before routing
-	failed     []int          // replicas that failed before the first byte
 	strip      bool           // the router injected include_usage; drop the usage chunk
 	decide     time.Duration
 	sent       time.Time // when the current replica was chosen
@@ -84,9 +85,7 @@ type call struct {
 	xferTokens int
 	plain      []byte
 
-	scratch // reused across requests
-	tap     tap
-	rb      reqBody
+	*bufs // borrowed from Router.pool until finish
 
 	// Outcome, set by finish.
 	outcome string
@@ -95,8 +94,41 @@ type call struct {
 	end     time.Time
 }
 
-// scratch is a call's buffers, kept with their capacity from one request
-// to the next.
+// bufs are the buffers a call borrows from the router's pool, kept with
+// their capacity from one request to the next. They are reset when
+// borrowed, and returned by finish unless the upstream transport may
+// still read the request body they hold (recycle).
+type bufs struct {
+	scratch
+	failed []int   // the call's replicas that failed before the first byte
+	tap    sse.Tap // the response body as the client reads it
+	st     stream  // a routed stream's reader, its buffers kept
+	rb     reqBody // the request body sent upstream
+
+	// owner is the call borrowing the buffers; onFirst is the tap's
+	// OnFirst, made once per buffer set: a method value of each call would
+	// allocate for every request.
+	owner   *call
+	onFirst func(time.Time)
+}
+
+// newBufs returns an empty buffer set.
+func newBufs() *bufs {
+	b := new(bufs)
+	b.onFirst = func(at time.Time) { b.owner.firstByte(at) }
+	return b
+}
+
+// borrow resets b for c.
+func (b *bufs) borrow(c *call) {
+	b.scratch = b.scratch.reset()
+	b.failed = b.failed[:0]
+	b.tap.Reset(keepBytes)
+	b.st.reset()
+	b.owner = c
+}
+
+// scratch is a call's buffers for its body and its decision.
 type scratch struct {
 	body  []byte
 	inj   []byte // body with include_usage injected
@@ -151,13 +183,13 @@ func callFrom(ctx context.Context) *call {
 	return c
 }
 
-// newCall takes a call from the pool, reset, keeping its scratch capacity.
+// newCall starts a request's call, with buffers from the pool.
 func (rt *Router) newCall(r *http.Request, routed bool) *call {
-	c := rt.pool.Get().(*call)
-	*c = call{
+	c := &call{
 		rt: rt, start: rt.now(), method: r.Method, path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
-		failed: c.failed[:0], scratch: c.scratch.reset(), tap: tap{buf: c.tap.buf[:0], copy: c.tap.copy[:0]},
+		bufs: rt.pool.Get().(*bufs),
 	}
+	c.borrow(c)
 	return c
 }
 
@@ -170,7 +202,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := rt.cfg.parseLimits().Parse(body)
+	p, err := rt.cfg.BodyLimits.Parse(body)
 	if err != nil {
 		c.parseError(w, err)
 		return
@@ -202,12 +234,12 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 func (c *call) sessionOf(r *http.Request, p *prefix.Prompt) {
 	switch {
 	case r.Header.Get(c.rt.cfg.SessionHeader) != "":
-		c.session, c.sessionSrc = fleet.SessionKey(r.Header.Get(c.rt.cfg.SessionHeader)), SessionHeader
+		c.session, c.sessionSrc = fleet.SessionKey(r.Header.Get(c.rt.cfg.SessionHeader)), SessionFromHeader
 	case p.User != "":
-		c.session, c.sessionSrc = fleet.SessionKey(p.User), SessionUser
+		c.session, c.sessionSrc = fleet.SessionKey(p.User), SessionFromUser
 	default:
 		var b [24]byte
-		c.session, c.sessionSrc = string(strconv.AppendUint(append(b[:0], "conv-"...), p.ConversationKey(), 16)), SessionContent
+		c.session, c.sessionSrc = string(strconv.AppendUint(append(b[:0], "conv-"...), p.ConversationKey(), 16)), SessionFromContent
 	}
 }
 
@@ -460,7 +492,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
-	c.tap.body, c.tap.sse, c.tap.strip, c.tap.onFirst, c.tap.now = resp.Body, sse, c.strip && sse, c, rt.now
+	c.tap.Body, c.tap.SSE, c.tap.Strip, c.tap.OnFirst, c.tap.Now = resp.Body, sse, c.strip && sse, c.onFirst, rt.now
 	c.tapped = true
 	resp.Body = &c.tap
 	return nil

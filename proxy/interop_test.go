@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/view"
 )
 
@@ -40,9 +41,9 @@ func TestBlockSizes(t *testing.T) {
 					b = eventBackend(e)
 				}
 				rt, url := preciseRouter(t, []Backend{b})
-				eventually(t, "the block size", func() bool { return rt.View(time.Now()).Replicas[0].BlockSize == bs })
+				wait.For(t, "the block size", func() bool { return rt.View(time.Now()).Replicas[0].BlockSize == bs })
 				if precise {
-					eventually(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+					wait.For(t, "precise mode", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 				}
 				msgs := []chatMsg{{"system", words(1, 300)}, {"user", words(2, 100)}}
 				for turn := range 3 {
@@ -99,7 +100,7 @@ func TestKVFullRetried(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	eventually(t, "the held request running", func() bool { return full.Stats().Running == 1 })
+	wait.For(t, "the held request running", func() bool { return full.Stats().Running == 1 })
 	ok := replicas(t, 1, 0.01)[0]
 	rt, url := startRouter(t, "session-hash", func(c *Config) { c.HealthInterval = time.Minute }, full.URL(), ok.URL())
 	runRouter(t, rt)
@@ -193,7 +194,7 @@ func TestNoHealthRoute(t *testing.T) {
 		c.HealthInterval = 20 * time.Millisecond
 	}, urls(reps)...)
 	runRouter(t, rt)
-	time.Sleep(200 * time.Millisecond) // ten probe periods
+	time.Sleep(200 * time.Millisecond) // staying in rotation through ten probe periods is the behaviour under test
 	if !rt.View(time.Now()).Replicas[0].Healthy {
 		t.Fatal("a replica without the probed route was taken out of rotation")
 	}

@@ -14,14 +14,6 @@ import (
 	"github.com/kvrouter/kvrouter/prefix"
 )
 
-// parseLimits returns the request parser's limits of c.
-func (c *Config) parseLimits() prefix.Limits {
-	return prefix.Limits{
-		Messages: c.MaxMessages, Parts: c.MaxContentParts, Depth: c.MaxJSONDepth,
-		Tools: c.MaxTools, Prompts: c.MaxPrompts,
-	}
-}
-
 // validateLimits checks the limits and timeouts.
 func (c *Config) validateLimits() []error {
 	var errs []error

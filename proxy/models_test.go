@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // modelEngine starts an emulated engine serving models (the first is the
@@ -35,7 +36,7 @@ func TestRoutesByModel(t *testing.T) {
 		t.Run(policy, func(t *testing.T) {
 			rt, url := startRouter(t, policy, nil, a.URL(), b.URL())
 			runRouter(t, rt)
-			eventually(t, "models listed", func() bool {
+			wait.For(t, "models listed", func() bool {
 				v := rt.View(time.Now())
 				return v.Replicas[0].ModelsKnown && v.Replicas[1].ModelsKnown
 			})
@@ -93,7 +94,7 @@ func TestLoRAPrecise(t *testing.T) {
 	}
 	t.Cleanup(func() { e.Close() })
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	eventually(t, "precise mode and models", func() bool {
+	wait.For(t, "precise mode and models", func() bool {
 		r := rt.View(time.Now()).Replicas[0]
 		return r.IndexMode == IndexPrecise && r.ModelsKnown && r.BlockSize > 0
 	})

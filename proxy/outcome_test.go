@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/view"
 )
 
@@ -46,7 +47,7 @@ func streamUntilDone(t *testing.T, client *http.Client, url, body string) []stri
 func waitSettled(t *testing.T, rt *Router, n int) []view.Decision {
 	t.Helper()
 	var recs []view.Decision
-	eventually(t, "every request settled", func() bool {
+	wait.For(t, "every request settled", func() bool {
 		recs = rt.Decisions(n)
 		for _, r := range recs {
 			if r.Outcome == view.OutcomeInFlight {

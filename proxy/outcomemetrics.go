@@ -127,11 +127,11 @@ func (rt *Router) observe(c *call) {
 
 // metricOutcome classifies a finished call into one of the outcomes.
 func (c *call) metricOutcome() string {
-	cut := c.tapped && c.tap.cut
+	cut := c.tapped && c.tap.Cut
 	switch {
 	case c.outcome == view.OutcomeCanceled:
 		return outcomeCanceled
-	case c.status == 504 || c.errCode == codeUpstreamTimeout || cut && c.tap.cutCode == codeUpstreamTimeout:
+	case c.status == 504 || c.errCode == codeUpstreamTimeout || cut && c.tap.CutCode == codeUpstreamTimeout:
 		return outcomeTimeout
 	case c.status == 429 || c.errCode != "" && c.status == 503:
 		return outcomeRejected

@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/sse"
 	"github.com/kvrouter/kvrouter/view"
 )
 
@@ -71,13 +73,7 @@ func labelValues(mfs map[string]*dto.MetricFamily, name, label string) []string 
 // waitTotal polls url's /metrics until total(name, labels) is want.
 func waitTotal(t *testing.T, url string, want float64, name string, labels ...string) {
 	t.Helper()
-	var got float64
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if got = total(families(t, url), name, labels...); got == want {
-			return
-		}
-	}
-	t.Fatalf("%s%v = %v, want %v", name, labels, got, want)
+	wait.For(t, fmt.Sprintf("%s%v = %v", name, labels, want), func() bool { return total(families(t, url), name, labels...) == want })
 }
 
 // TestRoutedCountedOnce: one streamed chat request and one pass-through
@@ -123,7 +119,7 @@ func TestRoutedCountedOnce(t *testing.T) {
 func TestUpstream500Counted(t *testing.T) {
 	rt, url := kvFullRouter(t)
 	runRouter(t, rt)
-	eventually(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
+	wait.For(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
 	if resp, body := do(t, "POST", url+"/v1/completions", full500); resp.StatusCode != 500 {
 		t.Fatalf("got %d %s, want 500", resp.StatusCode, body)
 	}
@@ -150,7 +146,7 @@ func TestModelLabelBounded(t *testing.T) {
 	e := modelEngine(t, names)
 	rt, url := startRouter(t, "kv-aware", nil, e.URL())
 	runRouter(t, rt)
-	eventually(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
+	wait.For(t, "models listed", func() bool { return rt.View(time.Now()).Replicas[0].ModelsKnown })
 	bodies := []string{`{"messages":[{"role":"user","content":"x"}]}`, `{"model":`}
 	for i := range 5 {
 		bodies = append(bodies, fmt.Sprintf(`{"model":"unknown-%d","messages":[{"role":"user","content":"x"}]}`, i))
@@ -207,11 +203,11 @@ func TestMetricOutcome(t *testing.T) {
 		{"engine 500", &call{status: 500, outcome: view.OutcomeUpstreamError}, outcomeUpstreamError},
 		{"unreachable", &call{status: 502, errCode: "upstream_unreachable", outcome: view.OutcomeError}, outcomeUpstreamError},
 		{"engine 503", &call{status: 503, outcome: view.OutcomeUpstreamError}, outcomeUpstreamError},
-		{"cut after 200", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, tap: tap{cut: true, cutCode: codeStreamCut}}, outcomeUpstreamError},
+		{"cut after 200", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, bufs: &bufs{tap: sse.Tap{Cut: true, CutCode: codeStreamCut}}}, outcomeUpstreamError},
 		{"no healthy replica", &call{status: 503, errCode: codeNoHealthy, outcome: view.OutcomeError}, outcomeRejected},
 		{"queue full", &call{status: 429, errCode: "queue_full", outcome: view.OutcomeError}, outcomeRejected},
 		{"504", &call{status: 504, outcome: view.OutcomeUpstreamError}, outcomeTimeout},
-		{"stalled stream", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, tap: tap{cut: true, cutCode: codeUpstreamTimeout}}, outcomeTimeout},
+		{"stalled stream", &call{status: 200, outcome: view.OutcomeUpstreamError, tapped: true, bufs: &bufs{tap: sse.Tap{Cut: true, CutCode: codeUpstreamTimeout}}}, outcomeTimeout},
 		{"client gone", &call{status: 200, outcome: view.OutcomeCanceled}, outcomeCanceled},
 	} {
 		if got := tc.c.metricOutcome(); got != tc.want {

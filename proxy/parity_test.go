@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func newLiveReplay(t *testing.T, policy string, n int, model string, events bool
 	lr := &liveReplay{now: parityEpoch, calls: map[string]*call{}}
 	cfg := DefaultConfig()
 	name, precise := policy, false
-	if base, ok := cutSuffix(policy, sim.PreciseSuffix); ok {
+	if base, ok := strings.CutSuffix(policy, sim.PreciseSuffix); ok {
 		name, precise = base, true
 	}
 	cfg.Policy = name
@@ -61,13 +62,6 @@ func newLiveReplay(t *testing.T, policy string, n int, model string, events bool
 	}
 	lr.rt = rt
 	return lr
-}
-
-func cutSuffix(s, suffix string) (string, bool) {
-	if len(s) > len(suffix) && s[len(s)-len(suffix):] == suffix {
-		return s[:len(s)-len(suffix)], true
-	}
-	return s, false
 }
 
 // play applies one step of the simulator's transcript to the live router
@@ -138,7 +132,7 @@ func TestParity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every policy on three workloads")
 	}
-	preset, err := engine.Preset(DefaultPreset)
+	preset, err := engine.Preset(engine.DefaultPreset)
 	if err != nil {
 		t.Fatal(err)
 	}

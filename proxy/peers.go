@@ -11,15 +11,12 @@ import (
 )
 
 // newShared returns the syncer that shares the fleet's view with the other
-// routers through Config.Redis (package peers), or nil without one.
+// routers through Config.Peers (package peers), or nil without a Redis URL.
 func (rt *Router) newShared(reg prometheus.Registerer) (*peers.Syncer, error) {
-	if rt.cfg.Redis == "" {
+	if rt.cfg.Peers.URL == "" {
 		return nil, nil
 	}
-	s, err := peers.New(peers.Config{
-		URL: rt.cfg.Redis, Router: rt.cfg.RouterID, Interval: rt.cfg.SyncInterval, TTL: rt.cfg.SharedTTL,
-		Logger: rt.log, Registry: reg, Now: rt.now,
-	}, rt.st.fleet)
+	s, err := peers.New(peers.Config{Settings: rt.cfg.Peers, Logger: rt.log, Registry: reg, Now: rt.now}, rt.st.fleet)
 	if err != nil {
 		return nil, fmt.Errorf("shared state: %w", err)
 	}
@@ -39,5 +36,5 @@ func (rt *Router) runShared(ctx context.Context, run func(context.Context) error
 	return err
 }
 
-// Shared returns the shared-state syncer, nil without Config.Redis.
+// Shared returns the shared-state syncer, nil without Config.Peers.URL.
 func (rt *Router) Shared() *peers.Syncer { return rt.shared }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/redisserver"
+	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/peers"
 )
 
 // syncEvery is the tests' --sync-interval.
@@ -23,19 +25,13 @@ func startRouters(t *testing.T, n int, policy, redisURL string, backends ...stri
 	rts, us := make([]*Router, n), make([]string, n)
 	for i := range n {
 		rts[i], us[i] = startRouter(t, policy, func(c *Config) {
-			c.Redis, c.SyncInterval, c.SharedTTL, c.RouterID = redisURL, syncEvery, 500*time.Millisecond, fmt.Sprint("router-", i)
+			c.Peers = peers.Settings{URL: redisURL, Interval: syncEvery, TTL: 500 * time.Millisecond, Router: fmt.Sprint("router-", i)}
 		}, backends...)
 		runRouter(t, rts[i])
 	}
 	if redisURL != "" {
-		deadline := time.Now().Add(5 * time.Second)
 		for _, rt := range rts {
-			for rt.Shared().Peers() != n-1 && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
-			if rt.Shared().Peers() != n-1 {
-				t.Fatalf("router %s sees %d peers, want %d", rt.Shared().Router(), rt.Shared().Peers(), n-1)
-			}
+			wait.For(t, fmt.Sprintf("router %s to see %d peers", rt.Shared().Router(), n-1), func() bool { return rt.Shared().Peers() == n-1 })
 		}
 	}
 	return rts, us
@@ -75,7 +71,7 @@ func TestSharedConversation(t *testing.T) {
 			// The user reads the answer: longer than the staleness bound,
 			// two rounds of every router (slower than 2 intervals on a
 			// loaded machine).
-			twoRounds(rts)
+			twoRounds(t, rts)
 		}
 		spread[mode] = len(served)
 		t.Logf("%s: 9 turns over 3 routers served by %d replicas", mode, len(served))
@@ -131,16 +127,10 @@ func bursts(t *testing.T, rts []*Router, us []string, order [][]int) map[string]
 				<-done
 			})
 		}
-		deadline := time.Now().Add(10 * time.Second)
 		for i := range rts {
-			for ownInFlight(rts[i]) != sent[i] && time.Now().Before(deadline) {
-				time.Sleep(2 * time.Millisecond)
-			}
-			if own := ownInFlight(rts[i]); own != sent[i] {
-				t.Fatalf("router %d holds %d requests in flight, want %d (routed, none finished yet)", i, own, sent[i])
-			}
+			wait.For(t, fmt.Sprintf("router %d to hold its %d requests in flight", i, sent[i]), func() bool { return ownInFlight(rts[i]) == sent[i] })
 		}
-		twoRounds(rts)
+		twoRounds(t, rts)
 	}
 	placed.Wait()
 	mu.Lock()
@@ -214,27 +204,35 @@ func TestSharedRedisKilled(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(200 * time.Millisecond)
+	// answered waits for 20 more responses than were had when it was called.
+	answered := func(what string) {
+		t.Helper()
+		mu.Lock()
+		from := codes[http.StatusOK] + codes[-1]
+		mu.Unlock()
+		wait.For(t, "20 responses "+what, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return codes[http.StatusOK]+codes[-1] >= from+20
+		})
+	}
+	answered("with Redis up")
 	rs.Kill()
-	downSeen := false
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) && !downSeen {
-		downSeen = metricValue(t, us[0], "kvrouter_shared_state_up") == 0
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // routing with Redis away
+	wait.For(t, "kvrouter_shared_state_up 0 with Redis killed", func() bool { return metricValue(t, us[0], "kvrouter_shared_state_up") == 0 })
+	answered("with Redis away")
 	rs.Restart()
-	deadline = time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) && !(rts[0].Shared().Up() && rts[1].Shared().Up() && rts[2].Shared().Up()) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(100 * time.Millisecond)
+	wait.For(t, "every router up again, seeing its two peers", func() bool {
+		for _, rt := range rts {
+			if !rt.Shared().Up() || rt.Shared().Peers() != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	answered("with Redis back")
 	close(stop)
 	wg.Wait()
 	t.Logf("responses by status: %v", codes)
-	if !downSeen {
-		t.Error("kvrouter_shared_state_up never went to 0 with Redis killed")
-	}
 	for i := range us {
 		if v := metricValue(t, us[i], "kvrouter_shared_state_up"); v != 1 {
 			t.Errorf("router %d: kvrouter_shared_state_up %v after Redis came back, want 1", i, v)
@@ -251,8 +249,11 @@ func TestSharedRedisKilled(t *testing.T) {
 // twoRounds waits until every router sharing state has completed two
 // rounds since the call (publish, then the peers' read): the staleness
 // bound of the protocol; without shared state, 4 sync intervals.
-func twoRounds(rts []*Router) {
+func twoRounds(t *testing.T, rts []*Router) {
+	t.Helper()
 	if rts[0].Shared() == nil {
+		// No rounds to count: the routers alone get the same time, the
+		// comparison the tests make.
 		time.Sleep(4 * syncEvery)
 		return
 	}
@@ -260,10 +261,7 @@ func twoRounds(rts []*Router) {
 	for i, rt := range rts {
 		start[i] = rt.Shared().Rounds()
 	}
-	deadline := time.Now().Add(10 * time.Second)
 	for i, rt := range rts {
-		for rt.Shared().Rounds() < start[i]+2 && time.Now().Before(deadline) {
-			time.Sleep(2 * time.Millisecond)
-		}
+		wait.For(t, fmt.Sprintf("router %d's two rounds", i), func() bool { return rt.Shared().Rounds() >= start[i]+2 })
 	}
 }

@@ -36,7 +36,7 @@ func (rt *Router) Pick(w http.ResponseWriter, r *http.Request, body []byte, subs
 	if !completion {
 		return rt.pickAny(w, c, subset)
 	}
-	p, err := rt.cfg.parseLimits().Parse(body)
+	p, err := rt.cfg.BodyLimits.Parse(body)
 	if err != nil {
 		c.parseError(w, err)
 		c.finish(r.Context())

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -62,11 +61,7 @@ func startPrecise(cfg *Config, bes *backendSet, fl *fleet.Fleet, log *slog.Logge
 	}
 	kc := kvevents.Config{
 		Index: fl.Tracker().Precise(), Offloaded: fl.Tracker().Offloaded(), Replicas: reps, Bind: cfg.KVEventsBind,
-		Now: func() time.Duration { return now().Sub(start) }, Logger: log,
-		Allow: splitList(cfg.KVEventsAllow), MaxMessageBytes: cfg.KVEventsMaxMessageBytes,
-		MaxReplayBytes: cfg.KVEventsMaxReplayBytes, MaxQueueBytes: cfg.KVEventsMaxQueueBytes, MaxConns: cfg.KVEventsMaxConns,
-		HandshakeTimeout: cfg.KVEventsHandshakeTimeout, ReadTimeout: cfg.KVEventsReadTimeout,
-		MaxSeqJump: cfg.KVEventsMaxSeqJump,
+		Now: func() time.Duration { return now().Sub(start) }, Logger: log, Limits: cfg.KVEvents,
 	}
 	sub, err := kvevents.Start(kc)
 	if err != nil {
@@ -80,17 +75,6 @@ func startPrecise(cfg *Config, bes *backendSet, fl *fleet.Fleet, log *slog.Logge
 	p.sub = sub
 	fl.Tracker().SetFeed(feedOf{p})
 	return p, nil
-}
-
-// splitList splits a comma-separated list, dropping empty items.
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 // watch follows every replica's stream until ctx is done, then closes the

@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/hashing"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/residency"
@@ -67,21 +68,9 @@ func eventBackend(s *emulator.Server) Backend {
 // reads the block size from the replica's metrics.
 func preciseReady(t *testing.T, rt *Router, i int) {
 	t.Helper()
-	eventually(t, "precise mode and the block size", func() bool {
+	wait.For(t, "precise mode and the block size", func() bool {
 		return rt.st.fleet.IndexMode(i) == IndexPrecise && rt.View(time.Now()).Replicas[i].BlockSize > 0
 	})
-}
-
-// eventually polls cond every 5 ms for up to 15 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // settled waits until replica i's engine is idle and the router applied
@@ -110,21 +99,18 @@ func settled(t *testing.T, rt *Router, i int, e *emulator.Server) {
 		recounted := (st.Replays > 0 || st.Resets > 0 || st.Orphans > 0) && st.Blocks == es.CachedBlocks
 		return s, exact || recounted
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	wait.For(t, fmt.Sprintf("replica %d's events to be applied", i), func() bool {
 		a, ok := read()
-		if ok {
-			time.Sleep(20 * time.Millisecond) // stats are published after the step
-			b, ok2 := read()
-			if ok2 && b.es.StoredBlocks == a.es.StoredBlocks && b.es.RemovedBlocks == a.es.RemovedBlocks {
-				return
-			}
+		if !ok {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for replica %d's events to be applied: router %+v, engine %+v", i, a.st, a.es)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		// The engine publishes its stats after the step, and no counter
+		// says it did: two reads a quiet period apart that agree are the
+		// condition.
+		time.Sleep(20 * time.Millisecond)
+		b, ok := read()
+		return ok && b.es.StoredBlocks == a.es.StoredBlocks && b.es.RemovedBlocks == a.es.RemovedBlocks
+	})
 }
 
 // chatKeys is what the engine caches for a chat: the router keys of the
@@ -301,17 +287,11 @@ func TestPreciseLearnsDisplaced(t *testing.T) {
 	if d := displaced(); d != 0 {
 		t.Fatalf("Displaced %.3f before anything evicted was asked for again, want 0", d)
 	}
+	// The overlay's entries expiring with time is the behaviour under
+	// test: the evicted prefix must be asked for again after its TTL.
 	time.Sleep(residency.DefaultOverlayTTL + 100*time.Millisecond)
 	complete(url, first, 2)
-	deadline := time.Now().Add(15 * time.Second)
-	for displaced() <= 0 {
-		if time.Now().After(deadline) {
-			v := rt.View(time.Now()).Replicas[0]
-			t.Fatalf("Displaced not learned: mode %s, block size %d, events %+v, decisions %+v",
-				v.IndexMode, v.BlockSize, v.Events, rt.Decisions(3))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, "Displaced learned", func() bool { return displaced() > 0 })
 }
 
 // freePort returns a loopback TCP port that was free a moment ago.
@@ -351,7 +331,7 @@ func TestPreciseEngineRestart(t *testing.T) {
 		t.Fatal("no blocks indexed")
 	}
 	e.Close()
-	eventually(t, "the fallback", func() bool {
+	wait.For(t, "the fallback", func() bool {
 		v := rt.View(time.Now()).Replicas[0]
 		return v.IndexMode == IndexApproximate && v.Events.Fallback && !v.Events.Connected
 	})
@@ -359,13 +339,13 @@ func TestPreciseEngineRestart(t *testing.T) {
 		t.Errorf("kvrouter_index_mode approximate = %v, want 1", got)
 	}
 	e2 := eventEngine(t, 0, addr, bind(pub), bind(rep))
-	eventually(t, "precise again", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	wait.For(t, "precise again", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	direct := words(8, 60)
 	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": direct, "max_tokens": 2})
 	if resp, out := do(t, "POST", e2.URL()+"/v1/completions", string(b)); resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
-	eventually(t, "the new engine's blocks only", func() bool {
+	wait.For(t, "the new engine's blocks only", func() bool {
 		return slices.Equal(sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)), sortedSet(textKeys(direct)))
 	})
 	v := rt.View(time.Now()).Replicas[0]
@@ -384,10 +364,10 @@ func TestPreciseFallbackDeadEndpoint(t *testing.T) {
 	good, bad := eventEngine(t, 0, "", "", ""), eventEngine(t, 0, "", "", "")
 	dead := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	rt, url := preciseRouter(t, []Backend{eventBackend(good), {URL: bad.URL(), KV: dead}})
-	eventually(t, "replica 0 precise", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
+	wait.For(t, "replica 0 precise", func() bool { return rt.st.fleet.IndexMode(0) == IndexPrecise })
 	// In token mode a replica is matched (and tracked) only once its block
 	// size is known: from its metrics, here.
-	eventually(t, "block sizes known", func() bool { return rt.View(time.Now()).Replicas[1].BlockSize > 0 })
+	wait.For(t, "block sizes known", func() bool { return rt.View(time.Now()).Replicas[1].BlockSize > 0 })
 	v := rt.View(time.Now())
 	if r := v.Replicas[1]; r.IndexMode != IndexApproximate || r.Events == nil || !r.Events.Fallback || r.Events.Connected {
 		t.Errorf("dead-endpoint replica: mode %q kv events %+v", r.IndexMode, r.Events)
@@ -489,7 +469,7 @@ func gauge(t *testing.T, rt *Router, name, replica, mode string) float64 {
 func TestRemoteTokenizeMemo(t *testing.T) {
 	e := eventEngine(t, 0, "", "", "")
 	rt, url := preciseRouter(t, []Backend{eventBackend(e)})
-	eventually(t, "block size known", func() bool { return rt.View(time.Now()).Replicas[0].BlockSize > 0 })
+	wait.For(t, "block size known", func() bool { return rt.View(time.Now()).Replicas[0].BlockSize > 0 })
 	msgs := []chatMsg{{"system", words(1, 50)}, {"user", words(2, 50)}}
 	send := func() {
 		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 2})
@@ -547,7 +527,7 @@ func TestPreciseBindMode(t *testing.T) {
 		t.Errorf("mode before any event: %q, want approximate", rt.st.fleet.IndexMode(0))
 	}
 	e := eventEngine(t, 0, addr, rt.st.feed.sub.BindAddr(), rep)
-	eventually(t, "healthy", func() bool { return rt.st.healthy(0) })
+	wait.For(t, "healthy", func() bool { return rt.st.healthy(0) })
 	send := func(k int) {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":"%s"}`, words(k, 40))
 		if resp, out := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
@@ -555,15 +535,17 @@ func TestPreciseBindMode(t *testing.T) {
 		}
 	}
 	// Until the engine's connection is up its events are dropped (PUB).
-	for k := 0; rt.st.fleet.IndexMode(0) != IndexPrecise; k++ {
-		if k == 300 {
-			t.Fatal("no event through a dialing engine")
+	k := 0
+	wait.For(t, "an event through a dialing engine", func() bool {
+		if rt.st.fleet.IndexMode(0) == IndexPrecise {
+			return true
 		}
 		send(k)
-		time.Sleep(5 * time.Millisecond)
-	}
+		k++
+		return false
+	})
 	e.Reset()
-	eventually(t, "the clear", func() bool { return rt.st.fleet.Tracker().Precise().Blocks(0) == 0 })
+	wait.For(t, "the clear", func() bool { return rt.st.fleet.Tracker().Precise().Blocks(0) == 0 })
 	var want []prefix.Hash
 	for k := 1000; k < 1004; k++ {
 		send(k)
@@ -571,7 +553,7 @@ func TestPreciseBindMode(t *testing.T) {
 	}
 	// The subscriber's counters include the events before the reset:
 	// wait for the index itself.
-	eventually(t, "the workload's blocks", func() bool {
+	wait.For(t, "the workload's blocks", func() bool {
 		return slices.Equal(sortedSet(want), sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)))
 	})
 	if n := e.Stats().CachedBlocks; rt.st.fleet.Tracker().Precise().Blocks(0) != n {
@@ -651,21 +633,23 @@ func TestPreciseDroppedBatchReplayed(t *testing.T) {
 		want = append(want, textKeys(text)...)
 	}
 	batches := func() uint64 { st, _ := rt.st.feed.sub.Status(0); return st.Batches }
-	for k := 0; batches() == 0; k++ { // until events flow end to end
-		if k == 300 {
-			t.Fatal("no event through the relay")
+	sent := 0
+	wait.For(t, "events through the relay", func() bool {
+		if batches() > 0 {
+			return true
 		}
-		send(k)
-		time.Sleep(5 * time.Millisecond)
-	}
+		send(sent)
+		sent++
+		return false
+	})
 	rl.mu.Lock()
 	next := rl.n + 1
 	rl.drop = func(n int) bool { return n == next }
 	rl.mu.Unlock()
 	send(1000) // its batch is dropped
-	eventually(t, "the drop", func() bool { rl.mu.Lock(); defer rl.mu.Unlock(); return rl.dropped == 1 })
+	wait.For(t, "the drop", func() bool { rl.mu.Lock(); defer rl.mu.Unlock(); return rl.dropped == 1 })
 	send(1001) // its batch reveals the gap
-	eventually(t, "the replayed index", func() bool {
+	wait.For(t, "the replayed index", func() bool {
 		return slices.Equal(sortedSet(want), sortedSet(rt.st.fleet.Tracker().Precise().Hashes(0)))
 	})
 	k := rt.View(time.Now()).Replicas[0].Events

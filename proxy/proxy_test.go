@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/view"
 	"io"
 	"log/slog"
@@ -12,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -322,10 +322,10 @@ func TestSessionSource(t *testing.T) {
 		name, body, header    string
 		wantSource, wantValue string // wantValue "" means any conv- key
 	}{
-		{"header", convo("alice", 1), "sess-42", SessionHeader, "sess-42"},
-		{"user field", convo("alice", 1), "", SessionUser, "alice"},
-		{"content", convo("", 1), "", SessionContent, ""},
-		{"content, later turn", convo("", 3), "", SessionContent, ""},
+		{"header", convo("alice", 1), "sess-42", SessionFromHeader, "sess-42"},
+		{"user field", convo("alice", 1), "", SessionFromUser, "alice"},
+		{"content", convo("", 1), "", SessionFromContent, ""},
+		{"content, later turn", convo("", 3), "", SessionFromContent, ""},
 	}
 	var convKeys []string
 	for _, tc := range tests {
@@ -386,10 +386,7 @@ func TestDecisionRecordLifecycle(t *testing.T) {
 	close(release)
 	io.ReadAll(resp.Body)
 	resp.Body.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for rt.Decisions(1)[0].Outcome == view.OutcomeInFlight && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, "the record's outcome", func() bool { return rt.Decisions(1)[0].Outcome != view.OutcomeInFlight })
 	rec := rt.Decisions(1)[0]
 	if rec.Outcome != view.OutcomeOK || rec.Status != 200 || rec.ActualCached != 64 || rec.PromptTokens != 100 || rec.TTFTMS <= 0 || rec.E2EMS < rec.TTFTMS {
 		t.Errorf("finished: got %+v, want ok 200 with 64 of 100 cached and TTFT ≤ E2E", rec)

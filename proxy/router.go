@@ -73,13 +73,13 @@ type Router struct {
 	models     modelsCache
 	st         *state
 	adm        *admission // nil: admission control off
-	pool       sync.Pool  // *call
+	pool       sync.Pool  // *bufs: the calls' buffers
 	readBufs   readBufs   // stream read buffers
 	now        func() time.Time
 	start      time.Time     // the router's start: time zero of the residency index
 	sf         surface       // keys, pass-through list, id hashing
 	live       liveSet       // API requests in flight, for the drain
-	shared     *peers.Syncer // nil without Config.Redis (peers.go)
+	shared     *peers.Syncer // nil without Config.Peers.URL (peers.go)
 
 	tracer trace.Tracer // nil: tracing off (Deps.TracerProvider)
 }
@@ -143,7 +143,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if rt.mm, err = newMemberMetrics(reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
-	if rt.adm, err = newAdmission(cfg.admission(), reg); err != nil {
+	if rt.adm, err = newAdmission(cfg.Admission.fleet(), reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	var onRelease func()
@@ -181,7 +181,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		BufferPool:     &bufferPool{},
 		ErrorLog:       slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
-	rt.pool.New = func() any { return new(call) }
+	rt.pool.New = func() any { return newBufs() }
 	if rt.shared, err = rt.newShared(reg); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -35,26 +36,17 @@ func (rt *Router) server(addr string, h http.Handler) *http.Server {
 	return &http.Server{
 		Addr:              addr,
 		Handler:           rt.guard(h),
-		MaxHeaderBytes:    or(c.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		ReadHeaderTimeout: or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout),
-		IdleTimeout:       or(c.IdleTimeout, DefaultIdleTimeout),
+		MaxHeaderBytes:    cmp.Or(c.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		ReadHeaderTimeout: cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout),
+		IdleTimeout:       cmp.Or(c.IdleTimeout, DefaultIdleTimeout),
 		ConnContext:       conns.context,
 		ConnState:         conns.state,
 		ErrorLog:          slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
 }
 
-// or returns v, or def when v is zero.
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
-}
-
 // bodyTimeout is BodyTimeout, or its default.
-func (c *Config) bodyTimeout() time.Duration { return or(c.BodyTimeout, DefaultBodyTimeout) }
+func (c *Config) bodyTimeout() time.Duration { return cmp.Or(c.BodyTimeout, DefaultBodyTimeout) }
 
 // guard wraps h with the per-request client limits: a request with more
 // than MaxHeaders header fields is answered 431 too_many_headers, and a
@@ -62,7 +54,7 @@ func (c *Config) bodyTimeout() time.Duration { return or(c.BodyTimeout, DefaultB
 // read deadline on the connection, lifted once the body is read, so that
 // the response may stream for as long as it lasts).
 func (rt *Router) guard(h http.Handler) http.Handler {
-	maxHeaders := or(rt.cfg.MaxHeaders, DefaultMaxHeaders)
+	maxHeaders := cmp.Or(rt.cfg.MaxHeaders, DefaultMaxHeaders)
 	bodyTimeout := rt.cfg.bodyTimeout()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served(r.Context())

@@ -14,6 +14,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/prefix"
 )
 
 // serveLimited runs a Router in front of backends on a real listener with
@@ -66,7 +69,7 @@ func errorCode(body string) string {
 func TestParseLimitsAnswered(t *testing.T) {
 	up := newFake(t, 0)
 	_, url, admin := serveLimited(t, func(c *Config) {
-		c.MaxMessages, c.MaxContentParts, c.MaxJSONDepth, c.MaxTools, c.MaxPrompts = 2, 2, 8, 1, 2
+		c.BodyLimits = prefix.Limits{Messages: 2, Parts: 2, Depth: 8, Tools: 1, Prompts: 2}
 	}, up.URL)
 	tests := []struct{ name, body, code string }{
 		{"messages", `{"model":"m","messages":[{},{},{}]}`, "too_many_messages"},
@@ -143,7 +146,7 @@ func TestHeaderLimits(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("1 MiB header: got %d, want 431", resp.StatusCode)
 	}
-	eventually(t, "the 1 MiB header counted", func() bool {
+	wait.For(t, "the 1 MiB header counted", func() bool {
 		return metricValue(t, admin, "kvrouter_header_rejected_total") == 1
 	})
 	if n := len(up.received()); n != 0 {
@@ -163,7 +166,7 @@ func slowUpstream(t *testing.T, n int, gap time.Duration) *httptest.Server {
 		for range n {
 			io.WriteString(w, chunk1)
 			w.(http.Flusher).Flush()
-			time.Sleep(gap)
+			time.Sleep(gap) // a slow replica is the behaviour under test
 		}
 		io.WriteString(w, done)
 	}))

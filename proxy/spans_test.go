@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/otlptest"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/tracing"
 )
@@ -204,7 +205,7 @@ func TestSpansExported(t *testing.T) {
 	defer cancel()
 	for _, rt := range []*Router{kvRT, retryRT, contRT} {
 		// A handler ends its server span after the client read the last byte.
-		eventually(t, "requests finished", func() bool { return rt.InFlight() == 0 })
+		wait.For(t, "requests finished", func() bool { return rt.InFlight() == 0 })
 	}
 	if err := tp.Shutdown(ctx); err != nil {
 		t.Fatal(err)
@@ -316,7 +317,7 @@ func BenchmarkSpans(b *testing.B) {
 	costs := []route.Cost{{Replica: 0, Matched: 1024, Wait: time.Millisecond, Prefill: 20 * time.Millisecond, Total: 30 * time.Millisecond}}
 	b.ReportAllocs()
 	for b.Loop() {
-		c := &call{rt: rt, id: "kvr-abc-1", method: "POST", path: req.URL.Path, replica: 0, routed: true, usage: fleet.NoUsage}
+		c := &call{rt: rt, bufs: newBufs(), id: "kvr-abc-1", method: "POST", path: req.URL.Path, replica: 0, routed: true, usage: fleet.NoUsage}
 		r := c.startSpan(req)
 		c.dec = route.Decision{Replica: 0, Reason: "least-cost", Matched: 1024, Costs: costs}
 		ctx, span := c.startAttempt(r.Context())

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/view"
 	"net/http"
 	"strings"
@@ -114,17 +115,9 @@ func TestSharedPrefixSpills(t *testing.T) {
 // waitRecords waits until the router has begun n decision records.
 func waitRecords(t *testing.T, rt *Router, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, fmt.Sprintf("%d decision records", n), func() bool {
 		rt.decisions.mu.Lock()
-		got := rt.decisions.n
-		rt.decisions.mu.Unlock()
-		if got >= uint64(n) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d decisions recorded after 5 s, want %d", got, n)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+		defer rt.decisions.mu.Unlock()
+		return rt.decisions.n >= uint64(n)
+	})
 }

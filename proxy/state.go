@@ -95,7 +95,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		SessionTTL:  cfg.SessionTTL,
 		MaxSessions: cfg.MaxSessions,
 		Start:       start,
-		Admission:   cfg.admission(),
+		Admission:   cfg.Admission.fleet(),
 		OnRelease:   onRelease,
 	})
 	if err != nil {
@@ -111,9 +111,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		Interval:     cfg.HealthInterval,
 		Timeout:      max(cfg.HealthInterval, health.DefaultTimeout),
 		Path:         cfg.HealthPath,
-		Consecutive:  cfg.EjectConsecutive,
-		EjectBase:    cfg.EjectBase,
-		EjectMax:     cfg.EjectMax,
+		Outlier:      cfg.Outlier,
 		Models:       st.declared,
 		OnChange:     st.fleet.SetHealthy,
 		OnTransition: st.onHealth,

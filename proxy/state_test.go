@@ -55,7 +55,7 @@ func TestTimeScaleRates(t *testing.T) {
 		rt, _ := startRouter(t, "kv-aware", func(c *Config) { c.TimeScale = scale }, up.URL)
 		var s route.Snapshot
 		rt.st.fleet.Snapshot(&s, time.Now(), 0)
-		ecfg, err := engine.Preset(DefaultPreset)
+		ecfg, err := engine.Preset(engine.DefaultPreset)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // seen serves an emulated engine and keeps the path and Authorization
@@ -62,7 +64,7 @@ func seenEngine(t *testing.T) (*seen, string) {
 // surfaceRouter serves the router's two surfaces on a server each.
 func surfaceRouter(t *testing.T, mod func(*Config), backends ...string) (rt *Router, api, admin string) {
 	t.Helper()
-	rt = newTestRouter(t, DefaultPolicy, mod, backends...)
+	rt = newTestRouter(t, route.Default, mod, backends...)
 	a, m := httptest.NewServer(rt.Handler()), httptest.NewServer(rt.AdminHandler())
 	t.Cleanup(a.Close)
 	t.Cleanup(m.Close)

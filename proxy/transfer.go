@@ -63,19 +63,6 @@ func newTransferMetrics(reg prometheus.Registerer, preset string) (*transferMetr
 	return m, nil
 }
 
-// kvTransferParams is the field the router adds, in vLLM's NixlConnector
-// names (remote_num_tokens is the emulator's).
-type kvTransferParams struct {
-	DoRemotePrefill bool     `json:"do_remote_prefill"`
-	DoRemoteDecode  bool     `json:"do_remote_decode"`
-	RemoteEngineID  string   `json:"remote_engine_id"`
-	RemoteRequestID string   `json:"remote_request_id"`
-	RemoteHost      string   `json:"remote_host"`
-	RemotePort      int      `json:"remote_port"`
-	RemoteBlockIDs  []uint64 `json:"remote_block_ids"`
-	RemoteNumTokens int      `json:"remote_num_tokens"`
-}
-
 // paramsKey is the field as it appears in a body that has it.
 var paramsKey = []byte(`"kv_transfer_params"`)
 
@@ -104,10 +91,10 @@ func (c *call) withTransfer(body []byte) []byte {
 		tokens = min(tokens, c.freq.Tokens)
 	}
 	src := rt.url(t.From)
-	p, _ := json.Marshal(kvTransferParams{
+	p, _ := json.Marshal(engine.TransferParams{
 		DoRemotePrefill: true, RemoteEngineID: rt.name(t.From), RemoteRequestID: c.id,
 		RemoteHost: src.Hostname(), RemotePort: portOf(src.Scheme, src.Port()),
-		RemoteBlockIDs: []uint64{}, RemoteNumTokens: tokens,
+		RemoteBlockIDs: json.RawMessage("[]"), RemoteNumTokens: tokens, // the source's block ids are unknown
 	})
 	b := append(c.xbody[:0], body[:i+1]...)
 	b = append(b, `"kv_transfer_params":`...)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/view"
 )
@@ -66,7 +67,7 @@ func transferRouter(t *testing.T, on bool, backends ...string) (*Router, string)
 
 func startEmulator(t *testing.T) *emulator.Server {
 	t.Helper()
-	e, err := emulator.Start(emulator.Config{Model: "m", Preset: DefaultPreset, TimeScale: 0.02}, "127.0.0.1:0")
+	e, err := emulator.Start(emulator.Config{Model: "m", Preset: engine.DefaultPreset, TimeScale: 0.02}, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestKVTransferOrdered(t *testing.T) {
 	if got := metricValue(t, url, "kvrouter_kv_transfers_total", "from", src.URL(), "to", dst.URL()); got != 1 {
 		t.Errorf("kvrouter_kv_transfers_total %v, want 1", got)
 	}
-	ec, err := engine.Preset(DefaultPreset)
+	ec, err := engine.Preset(engine.DefaultPreset)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,7 @@ func TestKVTransferContinuationDropsParams(t *testing.T) {
 func TestKVAwareOrdersTransfer(t *testing.T) {
 	const scale, gbps = 0.2, 5
 	start := func() *emulator.Server {
-		e, err := emulator.Start(emulator.Config{Model: "m", Preset: DefaultPreset, TimeScale: scale, InterconnectGBps: gbps}, "127.0.0.1:0")
+		e, err := emulator.Start(emulator.Config{Model: "m", Preset: engine.DefaultPreset, TimeScale: scale, InterconnectGBps: gbps}, "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,7 +318,7 @@ func TestKVAwareOrdersTransfer(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, "the holder's queue in its metrics", func() bool {
+	wait.For(t, "the holder's queue in its metrics", func() bool {
 		for _, r := range rt.st.fleet.View(time.Now()).Replicas {
 			if r.ID == holder && r.Waiting >= 8 {
 				return true

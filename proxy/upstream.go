@@ -68,6 +68,9 @@ type upstreamError struct {
 func (e *upstreamError) Error() string { return e.err.Error() }
 func (e *upstreamError) Unwrap() error { return e.err }
 
+// Code is the error code of the event that ends the stream (sse.Tap).
+func (e *upstreamError) Code() string { return e.code }
+
 // attempt is one upstream try: a context its timers cancel, with the
 // timeout as cause. The phase timer bounds the time to the first token,
 // then the gaps between reads; the total timer bounds the whole call.

@@ -166,7 +166,7 @@ func TestBrowserSimReport(t *testing.T) {
 	}
 	if *screenshot != "" {
 		browser.Run(t, ctx, 5*time.Second, "wide", chromedp.EmulateViewport(1500, 1000))
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the relayout before the screenshot, which no event reports
 		png := browser.Run(t, ctx, 10*time.Second, "screenshot", chromedp.FullScreenshot(100))
 		if err := os.WriteFile(*screenshot, png, 0o644); err != nil {
 			t.Fatal(err)

@@ -211,17 +211,17 @@ func TestScraperModels(t *testing.T) {
 		defer cancel()
 		go s.Run(ctx)
 
-		time.Sleep(time.Nanosecond)
+		time.Sleep(time.Nanosecond) // synctest: advances the bubble's clock
 		synctest.Wait()
 		st, _ := s.Status(id)
 		if d := cmp.Diff([]Model{{ID: "base"}}, st.Models); d != "" || st.ModelsErr != nil || !st.ModelsAt.Equal(time.Now().Add(-time.Nanosecond)) {
 			t.Errorf("at start: got %+v, want the base model listed at once, 1 ns ago (models -want +got:\n%s)", st, d)
 		}
 		m.set(lora)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // synctest: advances the bubble's clock
 		synctest.Wait()
 		m.set("")
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // synctest: advances the bubble's clock
 		synctest.Wait()
 		st, _ = s.Status(id)
 		if st.ModelsErr == nil || !strings.Contains(st.ModelsErr.Error(), "status 404") || len(st.Models) != 2 {
@@ -241,7 +241,7 @@ func TestScraperModels(t *testing.T) {
 		}
 
 		s.Remove(id)
-		time.Sleep(5 * time.Second)
+		time.Sleep(5 * time.Second) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got := m.hits.Load(); got != 3 {
 			t.Errorf("removed target: got %d more model requests, want 0", got-3)
@@ -257,7 +257,7 @@ func TestScraperModelsOff(t *testing.T) {
 		s.Add("http://r")
 		ctx, cancel := context.WithCancel(t.Context())
 		go s.Run(ctx)
-		time.Sleep(time.Minute)
+		time.Sleep(time.Minute) // synctest: advances the bubble's clock
 		cancel()
 		synctest.Wait()
 		if got := m.hits.Load(); got != 0 {

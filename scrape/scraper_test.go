@@ -12,6 +12,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // serveFile returns a handler serving testdata/name as Prometheus text.
@@ -74,16 +76,11 @@ func TestScraperLive(t *testing.T) {
 		t.Fatal("no 3 errors from the dead server within 10 s")
 	}
 	// Wait for both live servers to have been scraped at least once.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, "both live servers scraped", func() bool {
 		mu.Lock()
-		n := len(loads)
-		mu.Unlock()
-		if n == 2 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(loads) == 2
+	})
 	cancel()
 	if err := <-ran; !errors.Is(err, context.Canceled) {
 		t.Errorf("Run returned %v, want context.Canceled", err)
@@ -151,19 +148,19 @@ func TestScraperTiming(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		go s.Run(ctx)
 
-		time.Sleep(time.Nanosecond)
+		time.Sleep(time.Nanosecond) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got := loads.Load(); got != 1 {
 			t.Fatalf("at start: %d loads, want 1 (a replica is scraped as soon as it is added)", got)
 		}
-		time.Sleep(950*time.Millisecond - time.Since(start))
+		time.Sleep(950*time.Millisecond - time.Since(start)) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got := loads.Load(); got != 10 {
 			t.Errorf("after 0.95 s: %d loads, want 10", got)
 		}
 
 		failing.Store(true)
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // synctest: advances the bubble's clock
 		synctest.Wait()
 		st, _ := s.Status(id)
 		if st.Errors != 5 || errs.Load() != 5 {
@@ -177,7 +174,7 @@ func TestScraperTiming(t *testing.T) {
 		}
 
 		failing.Store(false)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if st, _ := s.Status(id); st.Errors != 0 || st.Err != nil {
 			t.Errorf("after recovery: %+v, want no errors", st)
@@ -185,7 +182,7 @@ func TestScraperTiming(t *testing.T) {
 
 		s.Remove(id)
 		n := loads.Load()
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // synctest: advances the bubble's clock
 		synctest.Wait()
 		if got := loads.Load(); got != n {
 			t.Errorf("removed target scraped %d more times", got-n)

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 )
@@ -42,8 +43,8 @@ func docSessionsFor(kvTokens int) int {
 // session.
 func documentQA(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamDocs)
-	sessions := or(opt.Groups, docSessionsFor(opt.FleetKVTokens))
-	n, rate := or(opt.Requests, docRounds*sessions), or(opt.Rate, docRate)
+	sessions := cmp.Or(opt.Groups, docSessionsFor(opt.FleetKVTokens))
+	n, rate := cmp.Or(opt.Requests, docRounds*sessions), cmp.Or(opt.Rate, docRate)
 	segs := make([][]Segment, sessions)
 	for s := range segs {
 		segs[s] = []Segment{g.seg(g.logNormal(docMedian, 0.5, 2<<10, 32<<10))}

@@ -208,11 +208,3 @@ func request(at time.Duration, session, tenant string, segs []Segment, output in
 	copy(s, segs)
 	return Request{At: at, Session: session, Tenant: tenant, Segments: s, Prompt: promptOf(s), Output: max(output, 1)}
 }
-
-// or returns v, or def when v is zero.
-func or[T int | float64](v, def T) T {
-	if v == 0 {
-		return def
-	}
-	return v
-}

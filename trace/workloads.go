@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"time"
@@ -23,12 +24,12 @@ const (
 // number of groups: Requests/PerGroup, rounded up.
 func sharedPrefix(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamShared)
-	per := or(opt.PerGroup, 16)
-	groups := or(opt.Groups, 64)
+	per := cmp.Or(opt.PerGroup, 16)
+	groups := cmp.Or(opt.Groups, 64)
 	if opt.Requests > 0 && opt.Groups == 0 {
 		groups = (opt.Requests + per - 1) / per
 	}
-	rate := or(opt.Rate, 10)
+	rate := cmp.Or(opt.Rate, 10)
 	prefixes := make([]Segment, groups)
 	for i := range prefixes {
 		prefixes[i] = g.seg(2048)
@@ -105,9 +106,9 @@ func tenantGroupsFor(kvTokens, users int) int {
 // tokens' churn of each replica's cache.
 func multiTenant(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamTenant)
-	users := or(opt.PerGroup, tenantUsers)
-	groups := or(opt.Groups, tenantGroupsFor(opt.FleetKVTokens, users))
-	n, rate := or(opt.Requests, tenantSets*groups*users), or(opt.Rate, tenantRate)
+	users := cmp.Or(opt.PerGroup, tenantUsers)
+	groups := cmp.Or(opt.Groups, tenantGroupsFor(opt.FleetKVTokens, users))
+	n, rate := cmp.Or(opt.Requests, tenantSets*groups*users), cmp.Or(opt.Rate, tenantRate)
 	type user struct {
 		name, group string
 		segs        []Segment
@@ -140,7 +141,7 @@ func multiTenant(opt GenOptions) []Request {
 // real request rate somewhat lower).
 func multiTurn(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamChat)
-	n, rate := or(opt.Requests, 4000), or(opt.Rate, 2)
+	n, rate := cmp.Or(opt.Requests, 4000), cmp.Or(opt.Rate, 2)
 	const meanTurns = 16.5
 	sys := make([]Segment, 4)
 	for i := range sys {
@@ -176,7 +177,7 @@ func multiTurn(opt GenOptions) []Request {
 // Rate/22.5 per second (Rate defaults to 4/s).
 func agentic(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamAgent)
-	n, rate, tenants := or(opt.Requests, 3000), or(opt.Rate, 4), or(opt.Groups, 8)
+	n, rate, tenants := cmp.Or(opt.Requests, 3000), cmp.Or(opt.Rate, 4), cmp.Or(opt.Groups, 8)
 	const meanSteps = 22.5
 	tools := g.seg(1536)
 	inst := make([]Segment, tenants)
@@ -207,7 +208,7 @@ func agentic(opt GenOptions) []Request {
 // at Rate (8/s).
 func unique(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamUnique)
-	n, rate := or(opt.Requests, 2000), or(opt.Rate, 8)
+	n, rate := cmp.Or(opt.Requests, 2000), cmp.Or(opt.Rate, 8)
 	reqs := make([]Request, 0, n)
 	for range n {
 		reqs = append(reqs, request(g.arrive(rate), "", "",
@@ -221,7 +222,7 @@ func unique(opt GenOptions) []Request {
 // each adds a 256-token unique question and asks for 128 tokens.
 func hotPrefix(opt GenOptions) []Request {
 	g := newGen(opt.Seed, streamHot)
-	n, rate, groups := or(opt.Requests, 2000), or(opt.Rate, 20), or(opt.Groups, 128)
+	n, rate, groups := cmp.Or(opt.Requests, 2000), cmp.Or(opt.Rate, 20), cmp.Or(opt.Groups, 128)
 	hot := g.seg(4096)
 	cold := make([]Segment, groups)
 	for i := range cold {

@@ -108,9 +108,6 @@ type Conn struct {
 	deadline time.Time // caps every read and write; zero: none
 }
 
-// RemoteAddr is the peer's network address.
-func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
-
 // PeerType is the socket type the peer announced in its READY.
 func (c *Conn) PeerType() Type { return c.peer }
 

@@ -15,6 +15,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // TestSubFromZmq4Pub: a SUB dialing a zmq4 PUB subscribes and receives
@@ -45,13 +47,15 @@ func TestSubFromZmq4Pub(t *testing.T) {
 		}
 		got <- f
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(got) == 0 && time.Now().Before(deadline) { // until the subscription reached the PUB
+	wait.For(t, "the subscription at the PUB", func() bool {
+		if len(got) > 0 {
+			return true
+		}
 		if err := pub.SendMulti(zmq4.NewMsgFrom(want...)); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 	if d := cmp.Diff(want, <-got); d != "" {
 		t.Errorf("message (-want +got):\n%s", d)
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -192,6 +193,21 @@ func Listen(endpoint string) (net.Listener, error) {
 		return nil, fmt.Errorf("zmtp: listen %s: %w", endpoint, err)
 	}
 	return l, nil
+}
+
+// Dialable turns endpoint, bound at addr, into an endpoint a local peer
+// can dial: tcp://127.0.0.1:PORT for a wildcard host, the real port for
+// a wildcard port; other endpoints as they are.
+func Dialable(endpoint string, addr net.Addr) string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok || !strings.HasPrefix(endpoint, "tcp://") {
+		return endpoint
+	}
+	host := "127.0.0.1"
+	if !tcp.IP.IsUnspecified() {
+		host = tcp.IP.String()
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port))
 }
 
 // splitEndpoint maps a ZMQ endpoint to a Go network and address.

@@ -73,7 +73,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318; spans to /v1/traces); empty: tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.StringVar(&cfg.KVEventsBind, "kv-events-bind", cfg.KVEventsBind,
 		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
-	admissionFlags(fs, &cfg.MaxWait, &cfg.MaxQueue, &cfg.QueueTimeout)
+	admissionFlags(fs, &cfg.Admission.MaxWait, &cfg.Admission.MaxQueue, &cfg.Admission.QueueTimeout)
 	dynamicFlags(fs, cfg)
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer,
 		"token mode: a directory with the model's tokenizer.json and tokenizer_config.json, or \"remote\" to ask a healthy replica's /tokenize; empty: text mode (per model: YAML key tokenizers: {model: dir})")
@@ -96,27 +96,27 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"show session ids and user values verbatim in /debug/decisions and the dashboard (default: a keyed hash)")
 
 	// KV-event input limits.
-	fs.StringVar(&cfg.KVEventsAllow, "kv-events-allow", cfg.KVEventsAllow,
+	fs.Var(&cfg.KVEvents.Allow, "kv-events-allow",
 		"peers besides each backend's own host allowed to publish on --kv-events-bind, comma-separated: CIDRs, IPs, host names, or * for any")
-	fs.Int64Var(&cfg.KVEventsMaxMessageBytes, "kv-events-max-message-bytes", cfg.KVEventsMaxMessageBytes,
+	fs.Int64Var(&cfg.KVEvents.MaxMessageBytes, "kv-events-max-message-bytes", cfg.KVEvents.MaxMessageBytes,
 		"largest KV-event or replay message, bytes, checked before it is read (a larger claim closes the connection)")
-	fs.Int64Var(&cfg.KVEventsMaxReplayBytes, "kv-events-max-replay-bytes", cfg.KVEventsMaxReplayBytes, "largest replay, payload bytes")
-	fs.Int64Var(&cfg.KVEventsMaxQueueBytes, "kv-events-max-queue-bytes", cfg.KVEventsMaxQueueBytes,
+	fs.Int64Var(&cfg.KVEvents.MaxReplayBytes, "kv-events-max-replay-bytes", cfg.KVEvents.MaxReplayBytes, "largest replay, payload bytes")
+	fs.Int64Var(&cfg.KVEvents.MaxQueueBytes, "kv-events-max-queue-bytes", cfg.KVEvents.MaxQueueBytes,
 		"most KV-event bytes queued per replica; past it messages are dropped (a gap, replayed)")
-	fs.IntVar(&cfg.KVEventsMaxConns, "kv-events-max-conns", cfg.KVEventsMaxConns, "most open connections on --kv-events-bind")
-	fs.DurationVar(&cfg.KVEventsHandshakeTimeout, "kv-events-handshake-timeout", cfg.KVEventsHandshakeTimeout,
+	fs.IntVar(&cfg.KVEvents.MaxConns, "kv-events-max-conns", cfg.KVEvents.MaxConns, "most open connections on --kv-events-bind")
+	fs.DurationVar(&cfg.KVEvents.HandshakeTimeout, "kv-events-handshake-timeout", cfg.KVEvents.HandshakeTimeout,
 		"longest a KV-event connection's connect and ZMTP handshake may take")
-	fs.DurationVar(&cfg.KVEventsReadTimeout, "kv-events-read-timeout", cfg.KVEventsReadTimeout,
+	fs.DurationVar(&cfg.KVEvents.ReadTimeout, "kv-events-read-timeout", cfg.KVEvents.ReadTimeout,
 		"longest one KV-event message may take to arrive once started")
-	fs.Uint64Var(&cfg.KVEventsMaxSeqJump, "kv-events-max-seq-jump", cfg.KVEventsMaxSeqJump,
+	fs.Uint64Var(&cfg.KVEvents.MaxSeqJump, "kv-events-max-seq-jump", cfg.KVEvents.MaxSeqJump,
 		"largest KV-event sequence gap taken as lost batches (a batch further ahead is not applied unless the next continues from it)")
 
 	// Limits (issue 13): bounded memory per request and client, server timeouts, headers.
-	fs.IntVar(&cfg.MaxMessages, "max-messages", cfg.MaxMessages, "most chat messages in a request (400 too_many_messages; negative: no limit)")
-	fs.IntVar(&cfg.MaxContentParts, "max-content-parts", cfg.MaxContentParts, "most content parts over a request's messages (400 too_many_content_parts; negative: no limit)")
-	fs.IntVar(&cfg.MaxJSONDepth, "max-json-depth", cfg.MaxJSONDepth, "deepest nesting of objects and arrays in a request body, the body counting 1 (400 nesting_too_deep)")
-	fs.IntVar(&cfg.MaxTools, "max-tools", cfg.MaxTools, "most tools in a request (400 too_many_tools; negative: no limit)")
-	fs.IntVar(&cfg.MaxPrompts, "max-prompts", cfg.MaxPrompts, "most prompts in a completions batch (400 too_many_prompts; negative: no limit)")
+	fs.IntVar(&cfg.BodyLimits.Messages, "max-messages", cfg.BodyLimits.Messages, "most chat messages in a request (400 too_many_messages; negative: no limit)")
+	fs.IntVar(&cfg.BodyLimits.Parts, "max-content-parts", cfg.BodyLimits.Parts, "most content parts over a request's messages (400 too_many_content_parts; negative: no limit)")
+	fs.IntVar(&cfg.BodyLimits.Depth, "max-json-depth", cfg.BodyLimits.Depth, "deepest nesting of objects and arrays in a request body, the body counting 1 (400 nesting_too_deep)")
+	fs.IntVar(&cfg.BodyLimits.Tools, "max-tools", cfg.BodyLimits.Tools, "most tools in a request (400 too_many_tools; negative: no limit)")
+	fs.IntVar(&cfg.BodyLimits.Prompts, "max-prompts", cfg.BodyLimits.Prompts, "most prompts in a completions batch (400 too_many_prompts; negative: no limit)")
 	fs.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most sessions bound to replicas at once, least recently used dropped past it")
 	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", cfg.MaxHeaderBytes, "largest request header, bytes (431)")
 	fs.IntVar(&cfg.MaxHeaders, "max-headers", cfg.MaxHeaders, "most header fields in a request (431 too_many_headers)")
@@ -134,13 +134,13 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.Float64Var(&cfg.InterconnectGBps, "interconnect-gbps", cfg.InterconnectGBps, "the replicas' link bandwidth in GB/s each way, at which --kv-transfer prices imports; 0: the preset's (50 per GPU)")
 	fs.BoolVar(&cfg.KVTransfer, "kv-transfer", cfg.KVTransfer, "let the router order KV transfers between replicas (kv_transfer_params naming the source, as vLLM's NixlConnector reads them); only for engines with a KV connector")
 	fs.Int64Var(&cfg.RetryBufferBytes, "retry-buffer-bytes", cfg.RetryBufferBytes, "largest non-streaming response read whole before the client gets it, so that a failure reading it is retried (0: none)")
-	fs.IntVar(&cfg.EjectConsecutive, "eject-consecutive", cfg.EjectConsecutive, "failed requests in a row that eject a replica")
-	fs.DurationVar(&cfg.EjectBase, "eject-base", cfg.EjectBase, "first ejection's duration, doubled for each ejection in a row")
-	fs.DurationVar(&cfg.EjectMax, "eject-max", cfg.EjectMax, "longest ejection; also the time in service that resets the doubling")
-	fs.StringVar(&cfg.Redis, "redis", cfg.Redis, "Redis URL through which several routers share sessions, in-flight load and routed blocks, redis://host:port[/db] (empty: this router decides alone)")
-	fs.DurationVar(&cfg.SyncInterval, "sync-interval", cfg.SyncInterval, "how often the shared state is published to and read from --redis (0: 50ms)")
-	fs.DurationVar(&cfg.SharedTTL, "shared-ttl", cfg.SharedTTL, "how long a router's load counts after its last publication to --redis (0: 20 sync intervals, at least 1s)")
-	fs.StringVar(&cfg.RouterID, "router-id", cfg.RouterID, "this router's name among its peers on --redis (empty: random)")
+	fs.IntVar(&cfg.Outlier.Consecutive, "eject-consecutive", cfg.Outlier.Consecutive, "failed requests in a row that eject a replica")
+	fs.DurationVar(&cfg.Outlier.EjectBase, "eject-base", cfg.Outlier.EjectBase, "first ejection's duration, doubled for each ejection in a row")
+	fs.DurationVar(&cfg.Outlier.EjectMax, "eject-max", cfg.Outlier.EjectMax, "longest ejection; also the time in service that resets the doubling")
+	fs.StringVar(&cfg.Peers.URL, "redis", cfg.Peers.URL, "Redis URL through which several routers share sessions, in-flight load and routed blocks, redis://host:port[/db] (empty: this router decides alone)")
+	fs.DurationVar(&cfg.Peers.Interval, "sync-interval", cfg.Peers.Interval, "how often the shared state is published to and read from --redis (0: 50ms)")
+	fs.DurationVar(&cfg.Peers.TTL, "shared-ttl", cfg.Peers.TTL, "how long a router's load counts after its last publication to --redis (0: 20 sync intervals, at least 1s)")
+	fs.StringVar(&cfg.Peers.Router, "router-id", cfg.Peers.Router, "this router's name among its peers on --redis (empty: random)")
 	return bl
 }
 

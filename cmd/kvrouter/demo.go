@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/demo"
+	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/report"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/trace"
@@ -59,7 +60,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Workload, "workload", demo.ChatWorkload, "workload: "+strings.Join(append([]string{demo.ChatWorkload}, trace.Names()...), ", "))
 	fs.IntVar(&cfg.Requests, "requests", demo.DefaultRequests, "requests per policy")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", demo.DefaultTimeScale, "wall seconds per model second (0.1 runs 10x faster than real time)")
-	fs.StringVar(&cfg.Preset, "preset", demo.DefaultPreset, "engine preset of the replicas")
+	fs.StringVar(&cfg.Preset, "preset", engine.DefaultPreset, "engine preset of the replicas")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV capacity per replica in blocks of 16 tokens; 0: the preset's")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "workload seed")
 	htmlOut := fs.String("report", "kvrouter-demo.html", "write the HTML report here; empty: none")

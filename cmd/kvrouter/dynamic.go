@@ -152,15 +152,22 @@ func (r *reloader) reload(trigger string) error {
 // changedSettings names (by their YAML keys) the settings but the backend
 // list that differ between old and cfg.
 func changedSettings(old, cfg proxy.Config) []string {
-	var out []string
-	a, b := reflect.ValueOf(old), reflect.ValueOf(cfg)
+	return changedFields(nil, reflect.ValueOf(old), reflect.ValueOf(cfg))
+}
+
+// changedFields appends to out the YAML keys of the fields of structs a
+// and b that differ, looking into the inline ones.
+func changedFields(out []string, a, b reflect.Value) []string {
 	for i := range a.NumField() {
 		f := a.Type().Field(i)
-		key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if key == "backend" || key == "-" || !f.IsExported() {
+		key, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case key == "backend" || key == "-" || !f.IsExported():
 			continue
-		}
-		if key == "" {
+		case opts == "inline" && f.Type.Kind() == reflect.Struct:
+			out = changedFields(out, a.Field(i), b.Field(i))
+			continue
+		case key == "":
 			key = f.Name
 		}
 		if !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {

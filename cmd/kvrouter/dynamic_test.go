@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/emulator"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -56,16 +57,6 @@ func counter(t *testing.T, admin, prefix string) float64 {
 		}
 	}
 	return 0
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("%s: not within 10 s", what)
 }
 
 // TestServeReloadsConfig runs kvrouter serve with a --config file and
@@ -114,13 +105,13 @@ func TestServeReloadsConfig(t *testing.T) {
 	have := func(want ...string) func() bool {
 		return func() bool { got, err := adminBackends(admin); return err == nil && slices.Equal(got, want) }
 	}
-	eventually(t, "the router up with the file's backend", have(urls[0]))
+	wait.For(t, "the router up with the file's backend", have(urls[0]))
 
 	write(list(urls[0], urls[1]))
-	eventually(t, "the second backend added on change", have(urls[0], urls[1]))
+	wait.For(t, "the second backend added on change", have(urls[0], urls[1]))
 
 	write("backend: [\"ftp://nowhere:1\"]\n")
-	eventually(t, "the invalid file counted", func() bool {
+	wait.For(t, "the invalid file counted", func() bool {
 		return counter(t, admin, `kvrouter_config_reloads_total{result="error",trigger="change"}`) >= 1
 	})
 	if got, _ := adminBackends(admin); !slices.Equal(got, urls[:2]) {
@@ -131,8 +122,8 @@ func TestServeReloadsConfig(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the list replaced", have(urls[1], urls[2]))
-	eventually(t, "the SIGHUP reload counted", func() bool {
+	wait.For(t, "the list replaced", have(urls[1], urls[2]))
+	wait.For(t, "the SIGHUP reload counted", func() bool {
 		return counter(t, admin, `kvrouter_config_reloads_total{result="ok",trigger="sighup"}`) >= 1
 	})
 	if got := counter(t, admin, `kvrouter_backend_changes_total{op="remove",result="ok",source="config"}`); got != 1 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/epp"
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 func TestSplitEPPFlags(t *testing.T) {
@@ -64,17 +65,10 @@ func TestRunEPP(t *testing.T) {
 	}
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, "readiness SERVING", func() bool {
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: epp.HealthReadiness})
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("readiness: %v %v", resp, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	})
 	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
 	if err != nil {
 		t.Fatal(err)

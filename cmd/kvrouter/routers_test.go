@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/internal/redisserver"
+	"github.com/kvrouter/kvrouter/internal/wait"
 )
 
 // serveEnv makes the test binary run `kvrouter serve` with its arguments
@@ -46,18 +47,15 @@ func startRouterProc(t *testing.T, id, redisURL string, backends []string) *rout
 	}
 	p := &routerProc{cmd: cmd, api: "http://" + api, admin: "http://" + admin}
 	t.Cleanup(func() { p.kill() })
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get(p.api + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
+	wait.Within(t, 20*time.Second, "router "+id+" ready", func() bool {
+		resp, err := http.Get(p.api + "/readyz")
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("router %s not ready in 20 s", id)
-	return nil
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
 }
 
 func (p *routerProc) kill() {
@@ -118,7 +116,7 @@ func TestKilledRouterLoadExpires(t *testing.T) {
 	for i := range ps {
 		ps[i] = startRouterProc(t, fmt.Sprint("r", i), rs.URL(), backends)
 	}
-	waitUntil(t, 5*time.Second, "every router sees 2 peers", func() bool {
+	wait.Within(t, 5*time.Second, "every router sees 2 peers", func() bool {
 		return ps[0].gauge(t, "kvrouter_shared_state_peers") == 2 && ps[1].gauge(t, "kvrouter_shared_state_peers") == 2 &&
 			ps[2].gauge(t, "kvrouter_shared_state_peers") == 2
 	})
@@ -134,12 +132,12 @@ func TestKilledRouterLoadExpires(t *testing.T) {
 			}
 		}()
 	}
-	waitUntil(t, 5*time.Second, "routers 0 and 1 see router 2's 4 requests", func() bool {
+	wait.Within(t, 5*time.Second, "routers 0 and 1 see router 2's 4 requests", func() bool {
 		return ps[0].gauge(t, "kvrouter_peer_inflight") == 4 && ps[1].gauge(t, "kvrouter_peer_inflight") == 4
 	})
 	ps[2].kill()
 	killed := time.Now()
-	waitUntil(t, 5*time.Second, "router 2's load leaves the others' view", func() bool {
+	wait.Within(t, 5*time.Second, "router 2's load leaves the others' view", func() bool {
 		return ps[0].gauge(t, "kvrouter_peer_inflight") == 0 && ps[1].gauge(t, "kvrouter_peer_inflight") == 0
 	})
 	took := time.Since(killed)
@@ -150,16 +148,4 @@ func TestKilledRouterLoadExpires(t *testing.T) {
 	if n := ps[0].gauge(t, "kvrouter_shared_state_peers"); n != 1 {
 		t.Errorf("router 0 sees %v peers after the kill, want 1", n)
 	}
-}
-
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %v", what, d)
 }

@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
-	"time"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -30,10 +29,9 @@ type Receiver struct {
 	// URL is the base URL to give an exporter (spans go to URL/v1/traces).
 	URL string
 
-	mu       sync.Mutex // guards spans, services and requests
+	mu       sync.Mutex // guards spans and services
 	spans    []*tracepb.Span
 	services []string // each span's resource service.name, index-aligned with spans
-	requests int
 }
 
 // Start starts a receiver on loopback, closed when the test ends.
@@ -76,7 +74,6 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.mu.Lock()
-	r.requests++
 	for _, rs := range msg.GetResourceSpans() {
 		svc := String(rs.GetResource().GetAttributes(), "service.name")
 		for _, ss := range rs.GetScopeSpans() {
@@ -97,28 +94,6 @@ func (r *Receiver) Spans() ([]*tracepb.Span, []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]*tracepb.Span(nil), r.spans...), append([]string(nil), r.services...)
-}
-
-// WaitSpans waits up to timeout for at least n spans and returns them.
-func (r *Receiver) WaitSpans(t testing.TB, n int, timeout time.Duration) []*tracepb.Span {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		spans, _ := r.Spans()
-		if len(spans) >= n {
-			return spans
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("otlp receiver: got %d spans in %d requests after %v, want %d", len(spans), r.requestCount(), timeout, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func (r *Receiver) requestCount() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.requests
 }
 
 // Attr returns the value of attribute key as a string (ints and floats

@@ -1,4 +1,4 @@
-package proxy
+package sse
 
 import (
 	"encoding/json"
@@ -20,9 +20,9 @@ func TestStringField(t *testing.T) {
 		{`{"choices":[{"delta":{"content":"bad\q"}}]}`, "", false},
 	}
 	for _, tt := range tests {
-		got, ok := stringField([]byte("pre:"), []byte(tt.data), contentKey)
+		got, ok := StringField([]byte("pre:"), []byte(tt.data), contentKey)
 		if ok != tt.ok || (ok && string(got) != "pre:"+tt.want) || (!ok && string(got) != "pre:") {
-			t.Errorf("stringField(%s) = %q, %v; want %q, %v", tt.data, got, ok, tt.want, tt.ok)
+			t.Errorf("StringField(%s) = %q, %v; want %q, %v", tt.data, got, ok, tt.want, tt.ok)
 		}
 	}
 	for _, tt := range []struct {
@@ -34,13 +34,13 @@ func TestStringField(t *testing.T) {
 		{`{"delta":{"tool_calls":null,"content":"x"}}`, false},
 		{`{"delta":{"tool_calls": [ ]}}`, false},
 	} {
-		if got := hasValue([]byte(tt.data), toolCallsKey); got != tt.want {
-			t.Errorf("hasValue(%s) = %v, want %v", tt.data, got, tt.want)
+		if got := HasValue([]byte(tt.data), toolCallsKey); got != tt.want {
+			t.Errorf("HasValue(%s) = %v, want %v", tt.data, got, tt.want)
 		}
 	}
 }
 
-// FuzzStringField checks stringField against encoding/json on chunks
+// FuzzStringField checks StringField against encoding/json on chunks
 // carrying a content string: whatever s is, it decodes as json does.
 //
 //	go test -run='^$' -fuzz=FuzzStringField -fuzztime=20s ./proxy
@@ -58,9 +58,9 @@ func FuzzStringField(f *testing.F) {
 		if err := json.Unmarshal(b, &want); err != nil {
 			t.Skip()
 		}
-		got, ok := stringField(nil, b, contentKey)
+		got, ok := StringField(nil, b, contentKey)
 		if !ok || string(got) != want.Choices[0].Delta.Content {
-			t.Errorf("stringField(%s) = %q, %v; want %q", b, got, ok, want.Choices[0].Delta.Content)
+			t.Errorf("StringField(%s) = %q, %v; want %q", b, got, ok, want.Choices[0].Delta.Content)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package proxy
+package sse
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 )
 
-// Keys a stream reads from every event without decoding it whole.
+// Keys a Splice reads from every event without decoding it whole.
 var (
 	contentKey   = []byte(`"content"`)
 	textKey      = []byte(`"text"`)
@@ -17,13 +17,13 @@ var (
 	emptyChoices = []byte(`"choices":[]`)
 )
 
-// stringField appends to dst the decoded value of the first member key
+// StringField appends to dst the decoded value of the first member key
 // (quoted, as in contentKey) of the JSON object data whose value is a
 // string, and reports whether there was one; ok is false, with dst as it
 // was, when there is none or it is malformed. A member whose value is not
 // a string (logprobs' "content": [...]) is skipped. The byte pattern
 // `"key":"` cannot occur inside a JSON string, where quotes are escaped.
-func stringField(dst, data, key []byte) (out []byte, ok bool) {
+func StringField(dst, data, key []byte) (out []byte, ok bool) {
 	for off := 0; ; {
 		i := bytes.Index(data[off:], key)
 		if i < 0 {
@@ -42,9 +42,9 @@ func stringField(dst, data, key []byte) (out []byte, ok bool) {
 	}
 }
 
-// hasValue reports whether data has a member key whose value is neither
+// HasValue reports whether data has a member key whose value is neither
 // null, false, an empty string nor an empty array.
-func hasValue(data, key []byte) bool {
+func HasValue(data, key []byte) bool {
 	for off := 0; ; {
 		i := bytes.Index(data[off:], key)
 		if i < 0 {

@@ -1,4 +1,4 @@
-package proxy
+package sse
 
 import (
 	"bytes"
@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
-
-	"github.com/kvrouter/kvrouter/prefix"
 )
 
 const (
@@ -59,7 +57,7 @@ func TestTap(t *testing.T) {
 	for _, tc := range tests {
 		for rname, mk := range readers {
 			t.Run(tc.name+"/"+rname, func(t *testing.T) {
-				tp := &tap{body: io.NopCloser(mk(tc.in)), sse: tc.sse, strip: tc.strip}
+				tp := &Tap{Body: io.NopCloser(mk(tc.in)), SSE: tc.sse, Strip: tc.strip}
 				got, err := io.ReadAll(tp)
 				if err != nil {
 					t.Fatal(err)
@@ -68,8 +66,8 @@ func TestTap(t *testing.T) {
 					t.Errorf("got %q, want %q", got, tc.want)
 				}
 				cached, prompt, completion := -1, -1, -1
-				if tp.hasUsage {
-					cached, prompt, completion = tp.usage.cached(), tp.usage.PromptTokens, tp.usage.completion()
+				if tp.HasUsage {
+					cached, prompt, completion = tp.Usage.Cached(), tp.Usage.PromptTokens, tp.Usage.Completion()
 				}
 				if cached != tc.cached || prompt != tc.prompt {
 					t.Errorf("got cached %d prompt %d, want %d %d", cached, prompt, tc.cached, tc.prompt)
@@ -77,11 +75,11 @@ func TestTap(t *testing.T) {
 				if completion != tc.completion {
 					t.Errorf("got completion tokens %d, want %d", completion, tc.completion)
 				}
-				if tp.first.IsZero() {
+				if tp.First.IsZero() {
 					t.Error("first byte time not recorded")
 				}
-				if wantCut := tc.sse && strings.HasSuffix(tc.want, cut); tp.cut != wantCut || tc.sse && tp.ended == wantCut {
-					t.Errorf("cut %v ended %v, want cut %v", tp.cut, tp.ended, wantCut)
+				if wantCut := tc.sse && strings.HasSuffix(tc.want, cut); tp.Cut != wantCut || tc.sse && tp.Ended == wantCut {
+					t.Errorf("cut %v ended %v, want cut %v", tp.Cut, tp.Ended, wantCut)
 				}
 			})
 		}
@@ -91,7 +89,7 @@ func TestTap(t *testing.T) {
 // TestTapEventPerRead checks that SSE comes out one whole event per Read,
 // so that ReverseProxy's flush after each write flushes whole events.
 func TestTapEventPerRead(t *testing.T) {
-	tp := &tap{body: io.NopCloser(strings.NewReader(chunk1 + chunk2 + done)), sse: true}
+	tp := &Tap{Body: io.NopCloser(strings.NewReader(chunk1 + chunk2 + done)), SSE: true}
 	buf := make([]byte, 64<<10)
 	var got []string
 	for {
@@ -118,32 +116,6 @@ func TestTapEventPerRead(t *testing.T) {
 	}
 }
 
-func TestInjectUsage(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{`{"model":"m","prompt":"x"}`, `{"stream_options":{"include_usage":true},"model":"m","prompt":"x"}`},
-		{` { "model":"m","prompt":"x"}`, ` {"stream_options":{"include_usage":true}, "model":"m","prompt":"x"}`},
-		{`{"model":"m","stream_options":null,"prompt":"x"}`, `{"model":"m","stream_options":{"include_usage":true},"prompt":"x"}`},
-		{`{"model":"m","stream_options": {},"prompt":"x"}`, `{"model":"m","stream_options": {"include_usage":true},"prompt":"x"}`},
-		{`{"model":"m","stream_options":{ "continuous_usage_stats":true},"prompt":"x"}`,
-			`{"model":"m","stream_options":{"include_usage":true, "continuous_usage_stats":true},"prompt":"x"}`},
-		{`{"model":"m","stream_options":{"include_usage": false},"prompt":"x"}`, `{"model":"m","stream_options":{"include_usage": true},"prompt":"x"}`},
-		{`{"model":"m","stream_options":{"include_usage":null,"x":1},"prompt":"x"}`, `{"model":"m","stream_options":{"include_usage":true,"x":1},"prompt":"x"}`},
-	}
-	for _, tc := range tests {
-		p, err := prefix.Parse([]byte(tc.in))
-		if err != nil {
-			t.Fatalf("Parse(%s): %v", tc.in, err)
-		}
-		got := string(appendInjectUsage(nil, []byte(tc.in), p))
-		if got != tc.want {
-			t.Errorf("appendInjectUsage(%s): got %s, want %s", tc.in, got, tc.want)
-		}
-		if q, err := prefix.Parse([]byte(got)); err != nil || !q.IncludeUsage {
-			t.Errorf("appendInjectUsage(%s) = %s: include_usage not set (%v)", tc.in, got, err)
-		}
-	}
-}
-
 // FuzzTap: whatever the upstream sends, the tap never panics, hands out
 // every byte unchanged when not stripping, and when stripping only removes
 // bytes (a usage-only event, a trailing "usage": null member); a stream
@@ -154,23 +126,23 @@ func FuzzTap(f *testing.F) {
 		f.Add([]byte(s), false)
 	}
 	f.Fuzz(func(t *testing.T, in []byte, strip bool) {
-		tp := &tap{body: io.NopCloser(iotest.HalfReader(bytes.NewReader(in))), sse: true, strip: strip}
+		tp := &Tap{Body: io.NopCloser(iotest.HalfReader(bytes.NewReader(in))), SSE: true, Strip: strip}
 		out, err := io.ReadAll(tp)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tp.cut == tp.ended {
-			t.Fatalf("cut %v, ended %v: exactly one must hold at EOF", tp.cut, tp.ended)
+		if tp.Cut == tp.Ended {
+			t.Fatalf("cut %v, ended %v: exactly one must hold at EOF", tp.Cut, tp.Ended)
 		}
-		if tp.cut {
+		if tp.Cut {
 			var ok bool
 			if out, ok = bytes.CutSuffix(out, []byte(cut)); !ok {
 				t.Fatalf("cut stream %q does not end with the cut event", out)
 			}
 			// The tap may have closed a partial last event.
-			in = append(in[:len(in):len(in)], eventEnd...)
+			in = append(in[:len(in):len(in)], EventEnd...)
 			if !strip && bytes.Equal(out, in[:len(in)-2]) {
-				out = append(out, eventEnd...)
+				out = append(out, EventEnd...)
 			}
 		}
 		if !strip && !bytes.Equal(out, in) {

@@ -1,10 +1,9 @@
-package proxy
+package sse
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 )
 
 // contUsage is the usage of a continuation, rewritten for the whole reply.
@@ -22,11 +21,11 @@ type contUsage struct {
 // the continuation's plus those sent before it, the prompt is the
 // continuation's net of the partial reply it carried (counted as the
 // content events sent before, one token each, as vLLM streams them).
-func (s *stream) emitUsage(data []byte) {
+func (s *Splice) emitUsage(data []byte) {
 	var m map[string]json.RawMessage
 	var u contUsage
 	if json.Unmarshal(data, &m) != nil || json.Unmarshal(m["usage"], &u) != nil {
-		s.emit(append(append([]byte("data: "), data...), eventEnd...))
+		s.emit(append(append([]byte("data: "), data...), EventEnd...))
 		return
 	}
 	u.PromptTokens = max(u.PromptTokens-s.before, 0)
@@ -36,47 +35,24 @@ func (s *stream) emitUsage(data []byte) {
 		d.CachedTokens = min(d.CachedTokens, u.PromptTokens)
 	}
 	m["usage"], _ = json.Marshal(&u)
-	m["id"], _ = json.Marshal(s.id)
-	if len(s.created) > 0 {
-		m["created"] = s.created
+	m["id"], _ = json.Marshal(s.ID)
+	if len(s.Created) > 0 {
+		m["created"] = s.Created
 	}
 	b, _ := json.Marshal(m)
-	s.out = append(s.out, "data: "...)
-	s.out = append(s.out, b...)
-	s.out = append(s.out, eventEnd...)
+	s.Out = append(s.Out, "data: "...)
+	s.Out = append(s.Out, b...)
+	s.Out = append(s.Out, EventEnd...)
 }
 
-// continuation returns the body asking for the rest of the reply: the
-// call's original body (as first sent) with the text generated so far.
-func (s *stream) continuation() ([]byte, error) {
-	if s.orig == nil {
-		s.orig = s.c.untransferred() // without the KV transfer's params; nil: none
-	}
-	if s.orig == nil {
-		if s.first.GetBody == nil {
-			return nil, errors.New("the request body cannot be replayed")
-		}
-		rc, err := s.first.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		s.orig, err = io.ReadAll(rc)
-		rc.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	return continueBody(s.orig, s.c.path == "/v1/chat/completions", string(s.text), s.tokens)
-}
-
-// continueBody returns orig, a chat or completions request, asking to
+// ContinueBody returns orig, a chat or completions request, asking to
 // continue after text, generated tokens long: for chat, the conversation
 // plus the partial assistant message with continue_final_message (vLLM's
 // extension; add_generation_prompt false), for completions the prompt plus
 // the text; max_tokens (and max_completion_tokens, min_tokens) reduced by
 // generated. It fails for what cannot be continued this way: echo, several
 // choices, a prompt of token ids, no tokens left.
-func continueBody(orig []byte, chat bool, text string, generated int) ([]byte, error) {
+func ContinueBody(orig []byte, chat bool, text string, generated int) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(orig, &m); err != nil {
 		return nil, errors.New("the request is not a JSON object")
