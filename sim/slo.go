@@ -41,10 +41,6 @@ func (s SLO) derive(jobs []job, c *engine.Config) SLO {
 	return s
 }
 
-// medianPrompt is the lower median prompt length of the jobs an engine of
-// configuration c serves (of all jobs if it serves none; 1 without jobs).
-func medianPrompt(jobs []job, c *engine.Config) int { return promptQuantile(jobs, c, 0.5) }
-
 // promptQuantile is the q-quantile (nearest rank: the ⌈q·n⌉-th of n) of the prompt
 // lengths of the jobs an engine of configuration c serves (of all jobs
 // if it serves none; 1 without jobs).

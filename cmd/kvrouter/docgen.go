@@ -278,14 +278,21 @@ func metricDocs(rec *recorder, types map[string]string) ([]metricDoc, error) {
 				}
 			}
 			if md.typ == "" && len(descs) == 1 {
+				// A Gauge has every method of a Counter, and a Summary
+				// those of a Histogram: the vectors are told apart by
+				// type, a lone Gauge before a Counter, and a lone
+				// Observer is taken for a histogram (none here is a
+				// summary without a sample).
 				switch c.(type) {
-				case *prometheus.CounterVec, prometheus.Counter:
+				case *prometheus.CounterVec:
 					md.typ = "counter"
 				case *prometheus.GaugeVec, prometheus.Gauge:
 					md.typ = "gauge"
+				case prometheus.Counter:
+					md.typ = "counter"
 				case *prometheus.HistogramVec, prometheus.Histogram:
 					md.typ = "histogram"
-				case *prometheus.SummaryVec, prometheus.Summary:
+				case *prometheus.SummaryVec:
 					md.typ = "summary"
 				}
 			}

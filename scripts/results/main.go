@@ -430,27 +430,31 @@ func capacity(outs [][]byte) (string, error) {
 		caps = append(caps, cs...)
 	}
 	var sum, b strings.Builder
-	sum.WriteString("| workload | kv-aware at 99% | best peer | kv-aware ÷ best peer | kv-aware ÷ round-robin |\n|---|---|---|---|---|\n")
+	sum.WriteString("| workload | kv-aware at 99% | best peer | kv-aware ÷ best peer | kv-aware ÷ round-robin | kv-aware at 90% | best peer at 90% | ÷ |\n|---|---|---|---|---|---|---|---|\n")
 	b.WriteString("| workload | policy | load at 99% | req/s | load at 90% | req/s | × round-robin | binds |\n|---|---|---|---|---|---|---|---|\n")
 	for _, c := range caps {
 		workload := c.label()
-		ref, own, best, who := 0.0, -1.0, -1.0, ""
+		ref := 0.0
+		var own, best [2]float64
+		var who [2]string
+		found := false
 		for _, p := range c.Policies {
-			if len(p.At) == 0 {
-				continue
-			}
-			switch {
-			case p.Policy == "round-robin":
+			if p.Policy == "round-robin" && len(p.At) > 0 {
 				ref = p.At[0].Load
 			}
-			if p.Policy == "kv-aware" {
-				own = p.At[0].Load
-			} else if !strings.HasPrefix(p.Policy, "kv-aware") && p.At[0].Load > best { // kv-aware-precise is kv-aware
-				best, who = p.At[0].Load, p.Policy
+			for k := range min(len(p.At), 2) {
+				switch l := p.At[k].Load; {
+				case p.Policy == "kv-aware":
+					own[k], found = l, true
+				case strings.HasPrefix(p.Policy, "kv-aware"): // kv-aware-precise is kv-aware
+				case l > best[k] || who[k] == "":
+					best[k], who[k] = l, p.Policy
+				}
 			}
 		}
-		if own >= 0 && best >= 0 {
-			fmt.Fprintf(&sum, "| %s | %.3g | %.3g (%s) | %s | %s |\n", workload, own, best, who, ratio(own, best), ratio(own, ref))
+		if found && who[0] != "" {
+			fmt.Fprintf(&sum, "| %s | %.3g | %.3g (%s) | %s | %s | %.3g | %.3g (%s) | %s |\n", workload, own[0], best[0], who[0], ratio(own[0], best[0]), ratio(own[0], ref),
+				own[1], best[1], who[1], ratio(own[1], best[1]))
 		}
 		for _, p := range c.Policies {
 			cells := []string{}
