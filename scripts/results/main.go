@@ -14,6 +14,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -394,28 +395,39 @@ type capacityJSON struct {
 		Name  string `json:"name"`
 		Value string `json:"value"`
 	} `json:"params"`
-	KneeRate float64 `json:"knee_rate"`
-	Policies []struct {
-		Policy string `json:"policy"`
-		At     []struct {
-			Level  float64 `json:"level"`
-			Load   float64 `json:"load"`
-			Rate   float64 `json:"rate"`
-			Capped bool    `json:"capped"`
-		} `json:"at"`
-		Binding string `json:"binding"`
-	} `json:"policies"`
+	KneeRate float64          `json:"knee_rate"`
+	Policies []capacityPolicy `json:"policies"`
 }
 
-// rate formats requests per second: whole above 100.
-func rate(r float64) string {
-	if r >= 100 {
-		return fmt.Sprintf("%.0f", r)
+// capacityPolicy is one policy's capacity in capacityJSON.
+type capacityPolicy struct {
+	Policy string          `json:"policy"`
+	At     []capacityLevel `json:"at"`
+	// Binding is the bound its misses break first.
+	Binding string `json:"binding"`
+}
+
+// capacityLevel is a capacity at one level of attainment.
+type capacityLevel struct {
+	Level  float64 `json:"level"`
+	Load   float64 `json:"load"`
+	Rate   float64 `json:"rate"`
+	Capped bool    `json:"capped"`
+}
+
+// cmpLoads orders two policies' capacities: by the first level, then the
+// second.
+func cmpLoads(a, b []capacityLevel) int {
+	for k := range min(len(a), len(b)) {
+		if c := cmp.Compare(a[k].Load, b[k].Load); c != 0 {
+			return c
+		}
 	}
-	return fmt.Sprintf("%.3g", r)
+	return cmp.Compare(len(a), len(b))
 }
 
-// capacity: one row per workload and policy, its capacity at each level.
+// capacity: per workload, kv-aware's capacity against the best peer's,
+// then every policy's, highest first.
 func capacity(outs [][]byte) (string, error) {
 	var caps []capacityJSON
 	for _, out := range outs {
@@ -431,7 +443,7 @@ func capacity(outs [][]byte) (string, error) {
 	}
 	var sum, b strings.Builder
 	sum.WriteString("| workload | kv-aware at 99% | best peer | kv-aware ÷ best peer | kv-aware ÷ round-robin | kv-aware at 90% | best peer at 90% | ÷ |\n|---|---|---|---|---|---|---|---|\n")
-	b.WriteString("| workload | policy | load at 99% | req/s | load at 90% | req/s | × round-robin | binds |\n|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| workload | every policy's capacity at 99% (at 90%), highest first; the bound kv-aware breaks first |\n|---|---|\n")
 	for _, c := range caps {
 		workload := c.label()
 		ref := 0.0
@@ -456,30 +468,29 @@ func capacity(outs [][]byte) (string, error) {
 			fmt.Fprintf(&sum, "| %s | %.3g | %.3g (%s) | %s | %s | %.3g | %.3g (%s) | %s |\n", workload, own[0], best[0], who[0], ratio(own[0], best[0]), ratio(own[0], ref),
 				own[1], best[1], who[1], ratio(own[1], best[1]))
 		}
-		for _, p := range c.Policies {
-			cells := []string{}
-			for k := range 2 {
-				if k >= len(p.At) {
-					cells = append(cells, "", "")
-					continue
-				}
-				l := p.At[k]
-				load := fmt.Sprintf("%.3g", l.Load)
-				if l.Capped {
+		ps := slices.Clone(c.Policies)
+		slices.SortStableFunc(ps, func(a, b capacityPolicy) int { return cmpLoads(b.At, a.At) })
+		cells := make([]string, 0, len(ps))
+		binds := "-"
+		for _, p := range ps {
+			cell := p.Policy
+			for k := range min(len(p.At), 2) {
+				load := fmt.Sprintf("%.3g", p.At[k].Load)
+				if p.At[k].Capped {
 					load = "≥ " + load
 				}
-				cells = append(cells, load, rate(l.Rate))
+				if k == 0 {
+					cell += " " + load
+				} else {
+					cell += " (" + load + ")"
+				}
 			}
-			r := ""
-			if len(p.At) > 0 {
-				r = ratio(p.At[0].Load, ref)
+			cells = append(cells, cell)
+			if p.Policy == "kv-aware" && p.Binding != "" {
+				binds = p.Binding
 			}
-			binds := p.Binding
-			if binds == "" {
-				binds = "-"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", workload, p.Policy, strings.Join(cells, " | "), r, binds)
 		}
+		fmt.Fprintf(&b, "| %s | %s; kv-aware: %s |\n", workload, strings.Join(cells, ", "), binds)
 	}
 	return sum.String() + "\n" + b.String(), nil
 }

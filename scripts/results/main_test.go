@@ -81,8 +81,8 @@ func TestCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| shared-prefix | round-robin | 0.5 | 5 | 0.6 | 6 | 1.00 | ttft |",
-		"| shared-prefix | kv-aware | ≥ 1.5 | 15 | ≥ 1.5 | 15 | 3.00 | - |",
+		"| shared-prefix | 1.5 | 0.5 (round-robin) | 3.00 | 3.00 | 1.5 | 0.6 (round-robin) | 2.50 |",
+		"| shared-prefix | kv-aware ≥ 1.5 (≥ 1.5), round-robin 0.5 (0.6); kv-aware: - |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in:\n%s", want, got)
