@@ -1,9 +1,6 @@
 package route
 
-import (
-	"math"
-	"time"
-)
+import "time"
 
 // KVAware is kvrouter's default policy. It prices every candidate replica
 // in one unit, time, and sends the request where the fleet's total latency
@@ -174,96 +171,87 @@ func (p KVAware) Pick(r *Request, s *Snapshot) Decision {
 	return p.pick(r, s, len(s.Replicas) > kvPruneAbove)
 }
 
-// pick is Pick, pruning with the bounds if prune.
+// pick is Pick, pruning with the bounds if prune: every candidate priced
+// in turn, or the pruned scan (kvChoice.scanPruned).
 func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
-	rs := s.Replicas
-	prune = prune && r.Tokens >= 0
 	sc := screens.Get().(*screen)
 	defer screens.Put(sc)
+	prune = prune && r.Tokens >= 0
 	var hits []int // collected for the pruned scan, in sc's buffer of one per replica
 	if prune {
-		sc.size(len(rs))
+		sc.size(len(s.Replicas))
 		hits = sc.hits[:0]
 	}
 	q := newKVRequest(p, r, s, sc.summary(p, s), hits)
-	costs := costsFor(r, len(rs))
-	best, bestTotal, bestCached, maxCached, maxPruned, pruned := -1, 0.0, 0, 0, 0, 0
-	var bestImport Transfer
-	consider := func(i int, k *Cost, total float64) {
-		local := k.Matched // what it caches on its GPU, as deepest counts
-		if k.Import.Blocks > 0 || k.Load > 0 {
-			local = int(q.cached(&rs[i], i, q.rates(&rs[i].Rates)))
+	c := kvChoice{best: -1, costs: costsFor(r, len(s.Replicas))}
+	switch {
+	case !prune:
+		for i := range s.Replicas {
+			if s.Replicas[i].Healthy {
+				c.price(&q, i)
+			}
 		}
-		maxCached = max(maxCached, local)
-		if best < 0 || total < bestTotal || total == bestTotal && p.tieBefore(r, i, best) {
-			best, bestTotal, bestCached, bestImport = i, total, k.Matched, k.Import
-		}
+	case q.first >= 0:
+		c.scanPruned(&q, sc)
 	}
-	if !prune {
-		for i := range rs {
-			if !rs[i].Healthy {
-				continue
-			}
-			k, total := q.price(&rs[i], i)
-			if costs != nil {
-				costs = append(costs, k)
-			}
-			consider(i, &k, total)
-		}
-	} else if q.first >= 0 {
-		// A good first candidate makes the bounds bite: the least quick
-		// bound's on a fleet of one preset. It is priced once, and
-		// recorded in its place in the scan. sc.quick is +Inf for a
-		// replica that is not a candidate, 0 for every candidate on a
-		// fleet of several presets, and −Inf for the pinned candidate,
-		// which is always priced; sc.priced says which were priced.
-		first := q.screen(sc)
-		firstCost, total := q.price(&rs[first], first)
-		consider(first, &firstCost, total)
-		pinned := r.Pinned
-		if pinned >= 0 && pinned < len(rs) && q.rows[pinned].preset >= 0 {
-			sc.quick[pinned] = math.Inf(-1)
-		}
-		priced, above := 0, bestTotal*(1+1e-9)
-		for i, lb := range sc.quick {
-			if lb > above || q.rows[i].preset < 0 {
-				continue // pruned, or not a candidate (+Inf, which a total of +Inf does not prune)
-			}
-			if i == first {
-				if costs != nil {
-					costs = append(costs, firstCost)
-				}
-				sc.priced[i], priced = true, priced+1
-				continue
-			}
-			if i != pinned && q.bound(&rs[i], i) > above {
-				continue
-			}
-			k, total := q.price(&rs[i], i)
-			if costs != nil {
-				costs = append(costs, k)
-			}
-			consider(i, &k, total)
-			sc.priced[i], priced, above = true, priced+1, bestTotal*(1+1e-9)
-		}
-		pruned = q.candidates - priced
-		for _, i := range q.hits {
-			if !sc.priced[i] {
-				maxPruned = max(maxPruned, int(q.matched(i)))
-			}
-		}
+	return c.decision(&q)
+}
+
+// kvChoice (of the kvRequest its methods take) is a pick's cheapest candidate so far, best (−1: none), its
+// Total and what it caches and imports; the priced candidates' costs
+// when the request records them; and what the reason needs of the
+// others: the most any priced one caches locally (maxCached), and the
+// deepest match of those pruned (maxPruned, pruned of them).
+type kvChoice struct {
+	costs                        []Cost
+	best                         int
+	total                        float64
+	cached                       int
+	imp                          Transfer
+	maxCached, maxPruned, pruned int
+}
+
+// price prices candidate i, records its cost and considers it.
+func (c *kvChoice) price(q *kvRequest, i int) {
+	k, total := q.price(&q.reps[i], i)
+	c.record(k)
+	c.consider(q, i, &k, total)
+}
+
+// record appends k to the costs when the request records them.
+func (c *kvChoice) record(k Cost) {
+	if c.costs != nil {
+		c.costs = append(c.costs, k)
 	}
-	if best < 0 {
-		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: costs, Pruned: pruned}
+}
+
+// consider makes candidate i, priced k at total, the best if it is
+// cheaper, or as cheap and first in a tie (tieBefore).
+func (c *kvChoice) consider(q *kvRequest, i int, k *Cost, total float64) {
+	local := k.Matched // what it caches on its GPU, as deepest counts
+	if k.Import.Blocks > 0 || k.Load > 0 {
+		rp := &q.reps[i]
+		local = int(q.cached(rp, i, q.rates(&rp.Rates)))
 	}
-	if maxPruned > bestCached {
-		maxCached = max(maxCached, q.deepest(rs, bestCached))
+	c.maxCached = max(c.maxCached, local)
+	if c.best < 0 || total < c.total || total == c.total && q.p.tieBefore(q.r, i, c.best) {
+		c.best, c.total, c.cached, c.imp = i, total, k.Matched, k.Import
 	}
-	reason := kvReason(r, best, bestCached, maxCached, q.bs)
-	if bestImport.Blocks > 0 {
+}
+
+// decision is the Decision for the best candidate, and its reason.
+func (c *kvChoice) decision(q *kvRequest) Decision {
+	if c.best < 0 {
+		return Decision{Replica: -1, Reason: ReasonNoHealthy, Costs: c.costs, Pruned: c.pruned}
+	}
+	if c.maxPruned > c.cached {
+		c.maxCached = max(c.maxCached, q.deepest(q.reps, c.cached))
+	}
+	reason := kvReason(q.r, c.best, c.cached, c.maxCached, q.bs)
+	if c.imp.Blocks > 0 {
 		reason = ReasonTransfer
 	}
-	return Decision{Replica: best, Reason: reason, Matched: bestCached, Costs: costs, Transfer: bestImport, Pruned: pruned}
+	return Decision{Replica: c.best, Reason: reason, Matched: c.cached, Costs: c.costs, Transfer: c.imp, Pruned: c.pruned}
 }
 
 // kvPruneAbove is the fleet size up to which every candidate is priced in
