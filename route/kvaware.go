@@ -62,7 +62,9 @@ import "time"
 //     placement that stores a copy of what another replica caches (it
 //     computes or imports the prefix the best holder has) evicts as many
 //     tokens, each asked for again with the replica's measured
-//     probability Rates.Displaced: 2 × Displaced × the copy's prefill.
+//     probability Rates.Displaced, and its recompute counts in the next
+//     request's time to first token, twice, and stalls the fleet's mean
+//     batch B̄: (2 + B̄) × Displaced × the copy's prefill (displaced).
 //     A token stored that no replica has is worth about what it evicts;
 //     a copy's hits are the holder's anyway, save the balancing the
 //     other terms price. On a cache that has yet to evict, or under
@@ -97,9 +99,10 @@ import "time"
 // there and wait) or a recompute does; an import that makes a hot prefix
 // resident on a second replica is also a replication.
 //
-// Total = 2 × (Wait + Prefill) + Decode + Others + Memory + Future, Others
+// Total = 2 × (Wait + Load or Import + Prefill) + Decode + Others + Memory
+// + Future (kvmodel.go's formula block, one line per term), Others
 // counting the arrivals' wait twice too: a time to first token is part of
-// both latencies. Wait, Prefill and the prefill stall are prefill work and
+// both latencies (ttftWeight). Wait, Prefill and the prefill stall are prefill work and
 // scale with Rates.Scale; Decode, the decode slowdown and the decode
 // iterations inside Wait and Prefill scale with Rates.DecodeScale. Wait +
 // Prefill is the predicted time to first token (Needs.Calibrate).

@@ -1,9 +1,39 @@
+// The kv-aware cost model (KVAware): the price of sending the request to
+// one candidate replica, in float64 nanoseconds of the fleet's latency,
+// the request's time to first and to last token plus what it adds to the
+// others'. One line per term, each with the function that prices it:
+//
+//	Total   = ttftWeight·(Wait + Load|Import + Prefill) + Decode + Others + Memory + Future   priceWith, less PinBonus
+//	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queued, batch, stepNS
+//	          + step/2 on a decoding replica with nothing queued, again after a Load|Import
+//	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              occupancy
+//	Load    = (tier − cached)·LoadPerMTokens, the CPU tier's tokens over PCIe                 loading, tiered
+//	Import  = (source's cached − cached)·TransferPerMTokens + LinkWait                        importing, source
+//	Prefill = compute(uncached after cached)·Scale + ⌈uncached/MaxBatchedTokens⌉·iter         cached, prefillNS, iterNS
+//	Decode  = out·(step(life, lifeContext) + Δ)·DecodeScale                                   life, kept, lifeContext
+//	Others  = B·compute·Scale + life·out·Δ·DecodeScale + ttftWeight·behind                    behind
+//	Memory  = (memory + displaced)·Scale, displaced = (ttftWeight + B̄)·Displaced·copy         memory, displaced, copied, holds
+//	Future  = future − shared, future = FutureTurns·turn(kept batch)                          future, turn, shared
+//
+// with B and K the replica's batch and its KV context (batch), step =
+// stepNS(B, K), Δ what one more sequence of this request adds to a step,
+// B̄ the fleet's mean batch, and Load, Import or neither, whichever of
+// the three placements prices least (price). kvprune.go bounds Total
+// from below to skip candidates on a large fleet; this file does not
+// know of it.
+
 package route
 
 import (
 	"math"
 	"time"
 )
+
+// ttftWeight is how many times a request's time to first token counts
+// in Total: it is part of both its time to first token and its time to
+// last, and so are the waits its prefill imposes on others (behind,
+// displaced, shared, turn; kvprune.go's bounds and the Summary's rows).
+const ttftWeight = 2
 
 // price is the kv-aware cost model of one candidate (KVAware's doc says
 // what each term is): its terms and their total, in float64 nanoseconds.
@@ -131,7 +161,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// Others: the stall of the running decodes, the slowdown of the
 	// sequences that share its iterations, and the wait of the requests
 	// that arrive during its prefill.
-	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + 2*q.behind(rt, wait, prefill)
+	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + ttftWeight*q.behind(rt, wait, prefill)
 
 	// Memory: KV pressure (imported blocks take room too), and the copy
 	// of what another replica holds that this placement stores: computed
@@ -142,7 +172,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	}
 	memory := (q.memory(rp, rt, fresh, q.tokens-local) + q.displaced(rt, own)) * rt.Scale
 	future := q.future(rp, i, rt) - q.shared(rt, max(own, cached))
-	total := 2*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
+	total := ttftWeight*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
@@ -300,7 +330,7 @@ func (q *kvRequest) displaced(rt *Rates, own float64) float64 {
 	if copied <= 0 {
 		return 0
 	}
-	return (2 + q.meanBatch) * rt.Displaced * prefillNS(rt, copied, 0)
+	return (ttftWeight + q.meanBatch) * rt.Displaced * prefillNS(rt, copied, 0)
 }
 
 // copied is the tokens of the best holder's expected cached prefix
@@ -373,7 +403,7 @@ func (q *kvRequest) shared(rt *Rates, own float64) float64 {
 	}
 	age := max(q.fresh, time.Millisecond)
 	n := float64(stay) / float64(age) / (1 + q.turns) / float64(q.holders+1)
-	return 2 * prefillNS(rt, copied, own) * rt.Scale * n / (1 + n)
+	return ttftWeight * prefillNS(rt, copied, own) * rt.Scale * n / (1 + n)
 }
 
 // turn is the latency one turn of this request's size pays, and imposes,
@@ -395,5 +425,5 @@ func (q *kvRequest) turn(rt *Rates, b float64) float64 {
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	decode := q.out * (stepNS(rt, b, b*q.perSeq) + grow + b*grow)
 	stall := b * prefillNS(rt, max(q.tokens-q.deepMatch, 0), q.deepMatch)
-	return (2*ttft+decode)*rt.DecodeScale + stall*rt.Scale
+	return (ttftWeight*ttft+decode)*rt.DecodeScale + stall*rt.Scale
 }

@@ -97,7 +97,7 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
 	prefill := compute*rt.Scale + iters*iterNS(rt, batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
-	total := 2*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + 2*q.behind(rt, wait, prefill)
+	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
