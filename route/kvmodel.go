@@ -4,9 +4,9 @@
 // others'. One line per term, each with the function that prices it:
 //
 //	Total   = ttftWeight·(Wait + Load|Import + Prefill) + Decode + Others + Memory + Future   priceWith, less PinBonus
-//	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queued, batch, stepNS
+//	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queued, othersWaiting, stepNS
 //	          + step/2 on a decoding replica with nothing queued, again after a Load|Import
-//	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              occupancy
+//	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              occupied
 //	Load    = (tier − cached)·LoadPerMTokens, the CPU tier's tokens over PCIe                 loading, tiered
 //	Import  = (source's cached − cached)·TransferPerMTokens + LinkWait                        importing, source
 //	Prefill = compute(uncached after cached)·Scale + ⌈uncached/MaxBatchedTokens⌉·iter         cached, prefillNS, iterNS
@@ -106,11 +106,11 @@ func (q *kvRequest) importing(rp *Replica, i int, rt *Rates, local float64) (Tra
 // when imp brings them, in imp.Time before it, or its CPU tier does, in
 // load.
 func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load float64, imp Transfer) (Cost, float64) {
-	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
+	fresh := isFresh(rp, q.p.StaleAfter)
 	uncached := q.tokens - cached
 	compute := q.compute0 // this prefill's compute
 	if cached > 0 {
-		compute = prefillNS(rt, uncached, cached)
+		compute = rt.prefillNS(uncached, cached)
 	}
 
 	// The running batch: its size and KV context, and one iteration now;
@@ -118,9 +118,9 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// during which the batch relaxes to the fleet's mean and the context
 	// its sequences hold now leaves as they finish.
 	batch, context := q.batch(rp, fresh)
-	step := stepNS(rt, batch, context)
+	step := rt.stepNS(batch, context)
 	life := q.life(batch, q.kept(rp))
-	lifeStep := stepNS(rt, life, q.lifeContext(batch, context, life))
+	lifeStep := rt.stepNS(life, q.lifeContext(batch, context, life))
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	budget := float64(rt.MaxBatchedTokens)
 
@@ -135,10 +135,10 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		// queue, the queue's iterations count that one.)
 		wait += step / 2 * rt.DecodeScale
 	}
-	if seats, occupied := float64(rt.MaxSeqs), q.occupancy(rp, fresh); occupied >= seats {
+	if seats, taken := float64(rt.MaxSeqs), float64(occupied(rp, fresh)); taken >= seats {
 		// A seat frees every out × step(MaxSeqs) / MaxSeqs on average.
-		over := occupied - seats + 1
-		full := stepNS(rt, seats, context/max(batch, 1)*seats)
+		over := taken - seats + 1
+		full := rt.stepNS(seats, context/max(batch, 1)*seats)
 		wait += over * q.out * full / seats * rt.DecodeScale
 	}
 
@@ -149,7 +149,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// admits the request and computes the rest at the first iteration
 	// after it lands: on a decoding replica, half a step later on
 	// average; an idle one starts that iteration when it lands.
-	iter := iterNS(rt, batch, context) * rt.DecodeScale
+	iter := rt.iterNS(batch, context) * rt.DecodeScale
 	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/budget)*iter
 	if (imp.Blocks > 0 || load > 0) && batch > 0 {
 		wait += step / 2 * rt.DecodeScale
@@ -194,8 +194,7 @@ func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
 // of the router's queued ones (or of this request).
 func (q *kvRequest) queued(rp *Replica, fresh bool) float64 {
 	tokens := float64(rp.PrefillTokens)
-	own := max(rp.InFlight-rp.Decoding, 0)
-	if extra := rp.Waiting - own; fresh && extra > 0 {
+	if own, extra := othersWaiting(rp, fresh); extra > 0 {
 		per := q.tokens
 		if own > 0 {
 			per = float64(rp.PrefillTokens) / float64(own)
@@ -203,16 +202,6 @@ func (q *kvRequest) queued(rp *Replica, fresh bool) float64 {
 		tokens += float64(extra) * per
 	}
 	return tokens
-}
-
-// occupancy is the requests holding or awaiting a seat: the router's own
-// in flight, or the engine's running and waiting when fresh and more.
-func (q *kvRequest) occupancy(rp *Replica, fresh bool) float64 {
-	n := rp.InFlight
-	if fresh {
-		n = max(n, rp.Running+rp.Waiting)
-	}
-	return float64(n)
 }
 
 // life is the replica's batch averaged over the request's decode, for a
@@ -299,13 +288,13 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 			return 0
 		}
 	}
-	cost := max((after/capacity-hw)/(1-hw), 0) * prefillNS(rt, need*bs, 0)
+	cost := max((after/capacity-hw)/(1-hw), 0) * rt.prefillNS(need*bs, 0)
 	if after > capacity {
 		ctx := need * bs
 		if rp.InFlight > 0 && rp.DecodeBlocks > 0 {
 			ctx = float64(rp.DecodeBlocks) * bs / float64(rp.InFlight)
 		}
-		cost += prefillNS(rt, ctx, 0)
+		cost += rt.prefillNS(ctx, 0)
 	}
 	return cost
 }
@@ -330,7 +319,7 @@ func (q *kvRequest) displaced(rt *Rates, own float64) float64 {
 	if copied <= 0 {
 		return 0
 	}
-	return (ttftWeight + q.meanBatch) * rt.Displaced * prefillNS(rt, copied, 0)
+	return (ttftWeight + q.meanBatch) * rt.Displaced * rt.prefillNS(copied, 0)
 }
 
 // copied is the tokens of the best holder's expected cached prefix
@@ -403,7 +392,7 @@ func (q *kvRequest) shared(rt *Rates, own float64) float64 {
 	}
 	age := max(q.fresh, time.Millisecond)
 	n := float64(stay) / float64(age) / (1 + q.turns) / float64(q.holders+1)
-	return ttftWeight * prefillNS(rt, copied, own) * rt.Scale * n / (1 + n)
+	return ttftWeight * rt.prefillNS(copied, own) * rt.Scale * n / (1 + n)
 }
 
 // turn is the latency one turn of this request's size pays, and imposes,
@@ -419,11 +408,11 @@ func (q *kvRequest) turn(rt *Rates, b float64) float64 {
 	busy, ttft := 1-expNeg(b), float64(rt.StepOverhead)
 	if busy > 0 {
 		n := b / busy
-		step := stepNS(rt, n, n*q.perSeq)
+		step := rt.stepNS(n, n*q.perSeq)
 		ttft = busy*(step/2+step) + (1-busy)*ttft
 	}
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
-	decode := q.out * (stepNS(rt, b, b*q.perSeq) + grow + b*grow)
-	stall := b * prefillNS(rt, max(q.tokens-q.deepMatch, 0), q.deepMatch)
+	decode := q.out * (rt.stepNS(b, b*q.perSeq) + grow + b*grow)
+	stall := b * rt.prefillNS(max(q.tokens-q.deepMatch, 0), q.deepMatch)
 	return (ttftWeight*ttft+decode)*rt.DecodeScale + stall*rt.Scale
 }

@@ -36,10 +36,10 @@ type kvBounds struct {
 
 // setBounds fills q's bounds for the preset of q.rt (setRates).
 func (q *kvRequest) setBounds() {
-	q.computeDeep = prefillNS(&q.rt, q.tokens-q.deepMatch, q.deepMatch)
+	q.computeDeep = q.rt.prefillNS(q.tokens-q.deepMatch, q.deepMatch)
 	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
-	q.decodeFloor = q.out * (stepNS(&q.rt, q.meanBatch, 0) + grow + q.meanBatch*grow)
+	q.decodeFloor = q.out * (q.rt.stepNS(q.meanBatch, 0) + grow + q.meanBatch*grow)
 	q.outPerToken = q.out * float64(q.rt.DecodePerMTokens) * 1e-6
 }
 
@@ -90,12 +90,12 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 		// prefill with the sessions after this one (shared).
 		compute, iters = q.computeDeep, 1
 	}
-	fresh := rp.Scraped && rp.LoadAge <= q.p.StaleAfter
+	fresh := isFresh(rp, q.p.StaleAfter)
 	batch, context := q.batch(rp, fresh)
-	step := stepNS(rt, batch, context) * rt.DecodeScale
+	step := rt.stepNS(batch, context) * rt.DecodeScale
 	queued := q.queued(rp, fresh)
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
-	prefill := compute*rt.Scale + iters*iterNS(rt, batch, context)*rt.DecodeScale
+	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
 	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {

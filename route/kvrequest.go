@@ -193,8 +193,8 @@ func samePreset(a, b *Rates) bool {
 //go:noinline
 func (q *kvRequest) setRates(raw *Rates) {
 	q.raw, q.rt, q.haveRates = *raw, raw.WithDefaults(), true
-	q.compute0 = prefillNS(&q.rt, q.tokens, 0)
-	meanStep := stepNS(&q.rt, q.meanBatch, q.meanContext)
+	q.compute0 = q.rt.prefillNS(q.tokens, 0)
+	meanStep := q.rt.stepNS(q.meanBatch, q.meanContext)
 	q.arrivals = q.meanBatch / (float64(q.p.MeanOutput) * meanStep)
 	q.setBounds()
 }

@@ -103,7 +103,7 @@ func (m *Summary) Fresh(i int) bool { return m.rows[i].fresh }
 
 // IsFresh says whether m counts rp's scraped metrics at its LoadAge: an
 // entry whose IsFresh differs from Fresh needs an Update.
-func (m *Summary) IsFresh(rp *Replica) bool { return rp.Scraped && rp.LoadAge <= m.staleAfter }
+func (m *Summary) IsFresh(rp *Replica) bool { return isFresh(rp, m.staleAfter) }
 
 // Update summarises entry i of s anew.
 func (m *Summary) Update(s *Snapshot, i int) {
