@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"slices"
 	"sync"
 )
 
@@ -32,6 +33,22 @@ type kvBounds struct {
 	// holds some, in replica order, so that a scan of every replica need
 	// not read the request's matches.
 	hits []int
+}
+
+// tierHits adds to q.hits the candidates that match none of the prompt
+// on their GPU (matches) but whose CPU tier holds some, keeping them in
+// replica order.
+func (q *kvRequest) tierHits(matches []int) {
+	tiers := q.r.Offloaded[:min(len(q.r.Offloaded), len(q.rows))]
+	if len(tiers) == 0 {
+		return
+	}
+	for i, n := range tiers {
+		if n > 0 && q.rows[i].preset >= 0 && (i >= len(matches) || matches[i] <= 0) {
+			q.hits = append(q.hits, i)
+		}
+	}
+	slices.Sort(q.hits)
 }
 
 // setBounds fills q's bounds for the preset of q.rt (setRates).

@@ -2,7 +2,6 @@ package route
 
 import (
 	"math"
-	"slices"
 	"time"
 )
 
@@ -73,8 +72,9 @@ type kvRequest struct {
 // newKVRequest derives q from r and s, whose replicas sum summarises:
 // the fleet's means, a candidate, one preset or several from the
 // summary's totals, and the deepest match and the transfer source in one
-// pass over the request's matches, appending the hits to hits[:0]
-// (which must hold len(s.Replicas); nil: the hits are not collected).
+// pass over the request's matches (matches), appending the hits to
+// hits[:0] (which must hold len(s.Replicas); nil: the hits are not
+// collected).
 func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) kvRequest {
 	p = p.withDefaults()
 	out := r.MaxTokens
@@ -91,37 +91,13 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	if n := float64(sum.candidates); n > 0 {
 		q.meanBatch, q.meanContext = float64(sum.seqs)/n, float64(sum.tokens)/n
 	}
-	matches, tiers := r.Match[:min(len(r.Match), len(q.rows))], r.Offloaded[:min(len(r.Offloaded), len(q.rows))]
-	collect := hits != nil
-	q.hits = hits[:0]
-	holders := 0
-	for i, m := range matches {
-		if m > 0 && q.rows[i].preset >= 0 {
-			q.deepMatch = max(q.deepMatch, q.matched(i))
-			q.source(&s.Replicas[i], i)
-			holders++
-			if collect {
-				q.hits = append(q.hits, i)
-			}
-		}
-	}
-	if collect && len(tiers) > 0 {
-		for i, n := range tiers {
-			if n > 0 && q.rows[i].preset >= 0 && (i >= len(matches) || matches[i] <= 0) {
-				q.hits = append(q.hits, i)
-			}
-		}
-		slices.Sort(q.hits)
+	matches := r.Match[:min(len(r.Match), len(q.rows))]
+	holders := q.readMatches(matches, hits)
+	if hits != nil {
+		q.tierHits(matches)
 	}
 	if r.Session != 0 && r.FutureTurns > 0 && r.Pinned < 0 {
-		q.turns, q.fresh, q.holders = r.FutureTurns, -1, holders
-		for i, m := range matches {
-			if m > 0 && q.rows[i].preset >= 0 {
-				if a := ageOf(r, i); q.fresh < 0 || a < q.fresh {
-					q.fresh = a
-				}
-			}
-		}
+		q.turns, q.fresh, q.holders = r.FutureTurns, q.freshest(matches), holders
 	}
 	q.decodeLen = q.out / float64(p.MeanOutput)
 	q.persist = 1.0
@@ -133,6 +109,40 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	}
 	q.haveRates = false // source filled the cache before the means were known
 	return q
+}
+
+// readMatches reads the candidates' matches of the prompt once: the deepest
+// (deepMatch), the transfer source (source), and each holder appended to
+// hits[:0] unless hits is nil (q.hits). It returns the holders' number.
+func (q *kvRequest) readMatches(matches, hits []int) int {
+	collect := hits != nil
+	q.hits = hits[:0]
+	holders := 0
+	for i, m := range matches {
+		if m > 0 && q.rows[i].preset >= 0 {
+			q.deepMatch = max(q.deepMatch, q.matched(i))
+			q.source(&q.reps[i], i)
+			holders++
+			if collect {
+				q.hits = append(q.hits, i)
+			}
+		}
+	}
+	return holders
+}
+
+// freshest is the age of the freshest of the candidates' matches, the
+// time since any of them last served the prompt; −1 when none matches.
+func (q *kvRequest) freshest(matches []int) time.Duration {
+	fresh := time.Duration(-1)
+	for i, m := range matches {
+		if m > 0 && q.rows[i].preset >= 0 {
+			if a := ageOf(q.r, i); fresh < 0 || a < fresh {
+				fresh = a
+			}
+		}
+	}
+	return fresh
 }
 
 // source makes matched replica i the transfer source if it can send KV
