@@ -190,8 +190,10 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	switch {
 	case !prune:
 		for i := range s.Replicas {
-			if s.Replicas[i].Healthy {
-				c.price(&q, i)
+			if rp := &s.Replicas[i]; rp.Healthy {
+				k, total := q.price(rp, i)
+				c.record(k)
+				c.consider(&q, i, &k, total)
 			}
 		}
 	case q.first >= 0:
