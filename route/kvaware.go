@@ -49,7 +49,7 @@ import "time"
 //   - Others: the delay it imposes: its prefill stalls each of the B
 //     running decodes (B × its prefill compute), which their last tokens
 //     feel; its presence slows every iteration it shares with the batch
-//     (that batch × output × Δ); and the requests that queue behind it
+//     (its batch over the decode, kvRequest.life, × output × Δ); and the requests that queue behind it
 //     while it waits wait for all of its prefill, and those that arrive
 //     while it runs for half (λ × prefill × (Wait + prefill/2), λ the
 //     fleet's per-replica arrival rate: the mean batch over the time a
