@@ -178,10 +178,10 @@ func (q *kvRequest) path(i int) uint8 {
 
 // quick is a lower bound of bound's total for candidate i, cheaper to
 // take from its summary row: the decode at its floor, the prefill's
-// compute as bound takes it, twice and once for each sequence it stalls,
-// and the router's own queue ahead of it, twice. It takes q.rt's preset
-// fields for the replica's, so it holds only on a fleet of one preset
-// (!q.mixed), once screen has set q.computes.
+// compute as bound takes it, ttftWeight times and once for each sequence
+// it stalls, and the router's own queue ahead of it, ttftWeight times.
+// It takes q.rt's preset fields for the replica's, so it holds only on a
+// fleet of one preset (!q.mixed), once screen has set q.computes.
 func (q *kvRequest) quick(i int) float64 {
 	t := &q.rows[i]
 	return (q.decodeFloor+q.outPerToken*q.lowContext(t.batch, t.context))*t.decodeScale +
@@ -214,7 +214,10 @@ func (q *kvRequest) screen(sc *screen) int {
 	best, least := q.first, math.Inf(1)
 	// quick, for every row, with what it reads of q hoisted: the same
 	// operations in the same order (TestKVAwarePruningMatchesFullPricing
-	// compares the two).
+	// compares the two). This is the one hand-inlined copy of a formula
+	// in kv-aware, and it pays: quick's formula as a helper the loop
+	// calls (inlined, over a struct of what it reads) took BenchmarkPick
+	// at 1,000 replicas from 5.3 to 7.6 µs.
 	// Every row as if its prefill were the whole prompt's (a row that is
 	// not a candidate has an infinite queue, so its bound is too), then
 	// the hits on their own paths.
