@@ -259,11 +259,6 @@ func (c *kvChoice) decision(q *kvRequest) Decision {
 	return Decision{Replica: c.best, Reason: reason, Matched: c.cached, Costs: c.costs, Transfer: c.imp, Pruned: c.pruned}
 }
 
-// kvPruneAbove is the fleet size up to which every candidate is priced in
-// full: the full terms of every candidate explain a decision best, and
-// pruning saves little there.
-const kvPruneAbove = 64
-
 // tieBefore reports whether i wins an exact tie against j.
 func (KVAware) tieBefore(r *Request, i, j int) bool {
 	if i == r.Pinned || j == r.Pinned {

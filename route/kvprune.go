@@ -1,3 +1,13 @@
+// The pruned scan kv-aware runs above kvPruneAbove replicas
+// (kvChoice.scanPruned): it prices in full (kvmodel.go) only the
+// candidates whose lower bound of Total does not already exceed the
+// cheapest Total found, which leaves the decision unchanged
+// (TestKVAwarePruningMatchesFullPricing). Two bounds, each below the
+// next: quick, from a replica's Summary row alone, and bound, from its
+// Replica. Each keeps a subset of priceWith's terms at their floor, so a
+// new term of the model that is never negative needs no change here; one
+// that can be needs its floor in bound.
+
 package route
 
 import (
@@ -5,6 +15,11 @@ import (
 	"slices"
 	"sync"
 )
+
+// kvPruneAbove is the fleet size up to which every candidate is priced in
+// full: the full terms of every candidate explain a decision best, and
+// pruning saves little there.
+const kvPruneAbove = 64
 
 // kvBounds is what a pruned scan derives of the request for its lower
 // bounds of price's Total (bound, quick), beside the model's kvRequest.
