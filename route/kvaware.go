@@ -202,11 +202,13 @@ func (p KVAware) pick(r *Request, s *Snapshot, prune bool) Decision {
 	return c.decision(&q)
 }
 
-// kvChoice (of the kvRequest its methods take) is a pick's cheapest candidate so far, best (−1: none), its
+// kvChoice is a pick's cheapest candidate so far, best (−1: none), its
 // Total and what it caches and imports; the priced candidates' costs
 // when the request records them; and what the reason needs of the
 // others: the most any priced one caches locally (maxCached), and the
-// deepest match of those pruned (maxPruned, pruned of them).
+// deepest match of those pruned (maxPruned, pruned of them). Its methods
+// take the kvRequest rather than hold it: a pointer beside costs, which
+// append may grow, would move the request to the heap.
 type kvChoice struct {
 	costs                        []Cost
 	best                         int
