@@ -25,7 +25,8 @@ type Admission struct {
 	// requests holding the seats of a full replica; zero means 256.
 	MeanOutput int
 	// StaleAfter is the age beyond which an engine's scraped load no
-	// longer counts in Backlog; zero means route's kv-aware default (2 s).
+	// longer counts in Backlog; zero means DefaultBacklogStale (2 s, twice
+	// kv-aware's KVAware.StaleAfter default).
 	StaleAfter time.Duration
 	// MaxQueue is how many requests the caller's Queue holds; zero means
 	// DefaultMaxQueue.
@@ -46,6 +47,9 @@ const (
 	DefaultMaxQueue = 1024
 	// DefaultQueueTimeout is the longest wait in the queue.
 	DefaultQueueTimeout = 30 * time.Second
+	// DefaultBacklogStale is the age beyond which Backlog ignores an
+	// engine's scraped load (Admission.StaleAfter).
+	DefaultBacklogStale = 2 * time.Second
 )
 
 // Capacity returns MaxQueue, or its default.
@@ -101,7 +105,7 @@ func (a *Admission) Backlog(rp *route.Replica, tokens int) time.Duration {
 		out = 256
 	}
 	if stale <= 0 {
-		stale = 2 * time.Second
+		stale = DefaultBacklogStale
 	}
 	return route.Backlog(rp, tokens, out, stale)
 }

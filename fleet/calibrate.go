@@ -3,8 +3,6 @@ package fleet
 import (
 	"math"
 	"time"
-
-	"github.com/kvrouter/kvrouter/route"
 )
 
 // Calibrator learns one correction factor of a replica's route.Rates from
@@ -187,15 +185,16 @@ func (t *Ticket) predictedTTFT(u Usage) (predicted, compute time.Duration) {
 		return c.PredictedTTFT, t.prefill
 	}
 	cached := int(int64(min(u.CachedTokens, u.PromptTokens)) * int64(c.PromptTokens) / int64(u.PromptTokens))
-	compute = prefillTime(&t.f.preset, c.PromptTokens-cached, cached)
+	compute = t.f.preset.PrefillTime(c.PromptTokens-cached, cached)
 	return max(c.PredictedTTFT-t.prefill+compute, 0), compute
 }
 
 // observeITL corrects the replica's DecodeScale from a streamed request
 // that completed at now with usage u, batch being the replica's decode
 // batch then: its observed decode span, from first token to done, against
-// predictedITL times its output tokens but one. The batch it saw is the
-// mean of the batches at its first token and at its end, and its
+// the cost model's inter-token latency at DecodeScale 1 (a decode step,
+// route.Rates.StepTime) times its output tokens but one. The batch it saw
+// is the mean of the batches at its first token and at its end, and its
 // sequences' context that many times its own mean context (prompt plus
 // half its output): the router sees neither the engine's iterations nor
 // the other sequences' lengths. The prefills that finished on the replica
@@ -220,33 +219,10 @@ func (t *Ticket) observeITLLocked(now time.Time, u Usage, batch int) bool {
 	ctx := seqs * (float64(prompt) + float64(u.CompletionTokens)/2)
 	r := t.r
 	others := time.Duration(r.prefilled.Load() - t.work0.Load())
-	predicted := predictedITL(r.rates, seqs, ctx) * time.Duration(u.CompletionTokens-1)
+	rt := r.rates.WithDefaults()
+	predicted := rt.StepTime(seqs, ctx) * time.Duration(u.CompletionTokens-1)
 	r.dcal.Observe(predicted, span-time.Duration(float64(others)*r.cal.Scale()))
 	return true
-}
-
-// prefillTime is the cost model's time to prefill n tokens after c cached
-// ones at Scale 1: n×PrefillPerToken + n×(c+n/2)×AttnPerMPairs/1e6 (route,
-// Rates; rt with its defaults filled).
-func prefillTime(rt *route.Rates, n, c int) time.Duration {
-	if n <= 0 {
-		return 0
-	}
-	pairs := float64(n) * (float64(max(c, 0)) + float64(n)/2)
-	return time.Duration(n)*rt.PrefillPerToken + time.Duration(pairs*float64(rt.AttnPerMPairs)/1e6)
-}
-
-// predictedITL is the cost model's inter-token latency at DecodeScale 1:
-// one decode iteration of batch sequences holding ctx tokens of context
-// in all, DecodeStep + batch×DecodePerSeq + ctx×DecodePerMTokens/1e6
-// (rt's figures, route's defaults for zero ones). It is the engine model's
-// iteration time when only decodes share the iteration (engine: the
-// step's duration, whose DecodeStep with the step overhead is
-// Rates.DecodeStep); prefill chunks scheduled beside them lengthen the
-// observed one, and observeITL takes their predicted time off.
-func predictedITL(rt route.Rates, batch, ctx float64) time.Duration {
-	rt = rt.WithDefaults()
-	return rt.DecodeStep + time.Duration(batch*float64(rt.DecodePerSeq)+ctx*float64(rt.DecodePerMTokens)/1e6)
 }
 
 // batch is r's decode batch at now as the router can tell: its own

@@ -156,7 +156,7 @@ func TestChurnHorizon(t *testing.T) {
 
 // TestTicketCalibratesDecode: a streamed request that completed with at
 // least 2 output tokens calibrates its replica's DecodeScale with its
-// decode span against predictedITL (batch: the replica's decoding
+// decode span against route.Rates.StepTime (batch: the replica's decoding
 // requests; context: batch × prompt plus half the output), net of the
 // prefills that finished there meanwhile; the uncalibrated replicas take
 // the calibrated one's scale (priorScale); a request not streamed, with
@@ -164,9 +164,10 @@ func TestChurnHorizon(t *testing.T) {
 func TestTicketCalibratesDecode(t *testing.T) {
 	preset := route.Rates{DecodeStep: 10 * time.Millisecond, DecodePerSeq: 100 * time.Microsecond,
 		DecodePerMTokens: 50 * time.Millisecond, PrefillPerToken: 50 * time.Microsecond}
-	pred := predictedITL(preset, 1, 1000+50) // 10 ms + 0.1 ms + 1050 × 50 ns
+	rt := preset.WithDefaults()
+	pred := rt.StepTime(1, 1000+50) // 10 ms + 0.1 ms + 1050 × 50 ns
 	if want := 10*time.Millisecond + 100*time.Microsecond + 52500*time.Nanosecond; pred != want {
-		t.Fatalf("predictedITL = %v, want %v", pred, want)
+		t.Fatalf("StepTime = %v, want %v", pred, want)
 	}
 	tests := []struct {
 		name   string
@@ -219,7 +220,7 @@ func TestNearHitsDoNotCalibrate(t *testing.T) {
 	f := newFleet(t, Config{Replicas: reps(a)})
 	observe := func(cached int, slowdown float64) {
 		c := Claim{PrefillTokens: 7200 - cached, PredictedCached: cached, PromptTokens: 7200, Tokens: 7300, Streamed: true}
-		compute := prefillTime(&f.preset, 7200-cached, cached)
+		compute := f.preset.PrefillTime(7200-cached, cached)
 		c.PredictedTTFT = compute + 10*time.Millisecond // an iteration, say
 		tk, err := f.Acquire(a, c, t0)
 		if err != nil {

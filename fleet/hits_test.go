@@ -32,12 +32,12 @@ func TestScaleLearnsSpeedNotCacheMisses(t *testing.T) {
 			for range 40 {
 				h := f.rates(t).HitScale
 				c := Claim{PrefillTokens: 5000 - int(4000*h), Tokens: 5001, PredictedCached: int(4000 * h), PromptTokens: 5000,
-					PredictedTTFT: prefillTime(&f.preset, 5000-int(4000*h), int(4000*h)), HitScale: h, Streamed: true}
+					PredictedTTFT: f.preset.PrefillTime(5000-int(4000*h), int(4000*h)), HitScale: h, Streamed: true}
 				tk, err := f.Acquire(a, c, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				now = now.Add(prefillTime(&f.preset, 5000-tc.cached, tc.cached))
+				now = now.Add(f.preset.PrefillTime(5000-tc.cached, tc.cached))
 				tk.FirstToken(now)
 				tk.Done(now, Usage{PromptTokens: 5000, CachedTokens: tc.cached, CompletionTokens: 1}, nil)
 				now = now.Add(time.Second)

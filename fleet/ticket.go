@@ -114,7 +114,7 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 		r.recent.Add(now, w, int64(c.PrefillTokens), 0)
 		r.mu.Unlock()
 	}
-	return &Ticket{f: f, r: r, claim: c, sent: now, scrapes: r.scrapes.Load(), prefill: prefillTime(&f.preset, c.PrefillTokens, c.PredictedCached)}
+	return &Ticket{f: f, r: r, claim: c, sent: now, scrapes: r.scrapes.Load(), prefill: f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)}
 }
 
 // Replica returns the id of the ticket's replica.

@@ -19,10 +19,9 @@ const ReasonSaturated = "saturated"
 // MaxSeqs on average, step at the nominal context of a sequence.
 func Backlog(rp *Replica, tokens, meanOutput int, staleAfter time.Duration) time.Duration {
 	rt := rp.Rates.WithDefaults()
-	fresh := rp.Scraped && rp.LoadAge <= staleAfter
+	fresh := isFresh(rp, staleAfter)
 	queued := rp.PrefillTokens
-	own := max(rp.InFlight-rp.Decoding, 0)
-	if extra := rp.Waiting - own; fresh && extra > 0 {
+	if own, extra := othersWaiting(rp, fresh); extra > 0 {
 		per := tokens
 		if own > 0 {
 			per = rp.PrefillTokens / own
@@ -30,13 +29,40 @@ func Backlog(rp *Replica, tokens, meanOutput int, staleAfter time.Duration) time
 		queued += extra * per
 	}
 	wait := time.Duration(float64(time.Duration(queued)*rt.PrefillPerToken) * rt.Scale)
-	occupied := rp.InFlight
-	if fresh {
-		occupied = max(occupied, rp.Running+rp.Waiting)
-	}
-	if over := occupied - rt.MaxSeqs + 1; over > 0 {
-		seat := float64(time.Duration(meanOutput)*rt.stepTime(rt.MaxSeqs)) / float64(rt.MaxSeqs)
+	if over := occupied(rp, fresh) - rt.MaxSeqs + 1; over > 0 {
+		seat := float64(time.Duration(meanOutput)*rt.nominalStep(rt.MaxSeqs)) / float64(rt.MaxSeqs)
 		wait += time.Duration(float64(over) * seat * rt.DecodeScale)
 	}
 	return wait
+}
+
+// The queue ahead of a request, as Backlog and kv-aware (kvRequest.queued,
+// priceWith's seat) count it; each prices it in its own arithmetic.
+
+// isFresh says whether rp's scraped engine metrics count, at staleAfter:
+// scraped, and no older.
+func isFresh(rp *Replica, staleAfter time.Duration) bool {
+	return rp.Scraped && rp.LoadAge <= staleAfter
+}
+
+// othersWaiting is the router's own requests on rp not yet past their
+// prefill (own) and, when fresh metrics show more waiting requests than
+// those, how many more: other clients' (extra; else 0).
+func othersWaiting(rp *Replica, fresh bool) (own, extra int) {
+	own = max(rp.InFlight-rp.Decoding, 0)
+	if extra = rp.Waiting - own; !fresh || extra < 0 {
+		extra = 0
+	}
+	return own, extra
+}
+
+// occupied is the requests holding or awaiting a seat on rp: the
+// router's own in flight, or the engine's running and waiting when fresh
+// and more.
+func occupied(rp *Replica, fresh bool) int {
+	n := rp.InFlight
+	if fresh {
+		n = max(n, rp.Running+rp.Waiting)
+	}
+	return n
 }

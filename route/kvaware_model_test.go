@@ -221,7 +221,7 @@ func TestKVAwareEachReplicaItsOwnDisplaced(t *testing.T) {
 	r.Costs = make([]Cost, 0, 3)
 	d := KVAware{}.Pick(r, s)
 	rt := s.Replicas[2].Rates.WithDefaults()
-	want := 2 * prefillNS(&rt, 992, 0) // (2 + mean batch 0) × Displaced 1 × the copy's prefill
+	want := 2 * rt.prefillNS(992, 0) // (2 + mean batch 0) × Displaced 1 × the copy's prefill
 	if m := d.Costs[1].Memory; m != 0 {
 		t.Errorf("Memory of the replica that displaces nothing = %v, want 0", m)
 	}
@@ -242,8 +242,8 @@ func TestKVAwareWaitsForTheIterationUnderWay(t *testing.T) {
 	r.Costs = make([]Cost, 0, 2)
 	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{busy, idle()}})
 	rt := Rates{}.WithDefaults()
-	step := stepNS(&rt, 3, 3*100*16)
-	compute := prefillNS(&rt, 1000, 0)
+	step := rt.stepNS(3, 3*100*16)
+	compute := rt.prefillNS(1000, 0)
 	for _, c := range []struct {
 		name          string
 		got           Cost
@@ -276,7 +276,7 @@ func TestKVAwareImportWaitsForOneBoundary(t *testing.T) {
 	r.Costs = make([]Cost, 0, 3)
 	d := KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{holder, busy, idle}})
 	rt := link.WithDefaults()
-	step := stepNS(&rt, 3, 3*100*16)
+	step := rt.stepNS(3, 3*100*16)
 	for _, c := range []struct {
 		name string
 		got  Cost

@@ -37,7 +37,7 @@ func (Mooncake) Pick(r *Request, s *Snapshot) Decision {
 		rt := rp.Rates.WithDefaults()
 		m := min(matchOf(r, i)*bs, r.Tokens)
 		wait := scaled(time.Duration(rp.PrefillTokens)*rt.PrefillPerToken, rt.Scale)
-		pre := scaled(rt.prefillTime(r.Tokens-m, m), rt.Scale)
+		pre := scaled(rt.PrefillTime(r.Tokens-m, m), rt.Scale)
 		c.consider(i, float64(wait+pre))
 		if c.costs != nil {
 			c.costs = append(c.costs, Cost{Replica: i, Matched: m, Wait: wait, Prefill: pre, Total: wait + pre})

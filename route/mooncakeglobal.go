@@ -66,7 +66,7 @@ func (p MooncakeGlobal) Pick(r *Request, s *Snapshot) Decision {
 			pull, m = Transfer{From: src, Blocks: best / bs, Time: t}, best
 		}
 		wait := scaled(time.Duration(rp.PrefillTokens)*rt.PrefillPerToken, rt.Scale)
-		pre := scaled(rt.prefillTime(r.Tokens-m, m), rt.Scale)
+		pre := scaled(rt.PrefillTime(r.Tokens-m, m), rt.Scale)
 		c.consider(i, float64(pull.Time+wait+pre))
 		if c.best == i {
 			chosen = pull

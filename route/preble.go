@@ -53,7 +53,7 @@ func (p PrebleE2) load(rp *Replica) time.Duration {
 	}
 	l := time.Duration(rp.RecentPrefill) * rt.PrefillPerToken
 	if rp.InFlight > 0 {
-		l += time.Duration(out) * rt.stepTime(rp.InFlight)
+		l += time.Duration(out) * rt.nominalStep(rp.InFlight)
 	}
 	return l
 }
@@ -91,7 +91,7 @@ func (p PrebleE2) Pick(r *Request, s *Snapshot) Decision {
 		floor := 0.0
 		if c.best >= 0 {
 			rt := s.Replicas[c.best].Rates.WithDefaults()
-			floor = float64(rt.prefillTime(r.Tokens, 0))
+			floor = float64(rt.PrefillTime(r.Tokens, 0))
 		}
 		if c.best == heavy.best && c.best != light.best && c.key >= ratio*max(light.key, floor) {
 			return Decision{Replica: light.best, Reason: ReasonRebalance, Matched: min(matchOf(r, light.best)*bs, r.Tokens), Costs: c.costs}
@@ -102,7 +102,7 @@ func (p PrebleE2) Pick(r *Request, s *Snapshot) Decision {
 		if rp := &s.Replicas[i]; rp.Healthy {
 			rt := rp.Rates.WithDefaults()
 			m := min(matchOf(r, i)*bs, r.Tokens)
-			c.offer(i, float64(p.load(rp)+rt.prefillTime(r.Tokens-m, m)), m)
+			c.offer(i, float64(p.load(rp)+rt.PrefillTime(r.Tokens-m, m)), m)
 		}
 	}
 	return c.decision(ReasonExplore, min(matchOf(r, c.best)*bs, r.Tokens))

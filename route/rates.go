@@ -75,29 +75,6 @@ func (r Rates) WithDefaults() Rates {
 	return r
 }
 
-// prefillTime is the time to prefill n new tokens after c cached ones:
-// n×PrefillPerToken + n×(c+n/2)×AttnPerMPairs/1e6 (see Rates). r must have
-// its defaults filled.
-func (r *Rates) prefillTime(n, c int) time.Duration {
-	if n <= 0 {
-		return 0
-	}
-	lin := time.Duration(n) * r.PrefillPerToken
-	pairs := float64(n) * (float64(c) + float64(n)/2)
-	return lin + time.Duration(pairs*float64(r.AttnPerMPairs)/1e6)
-}
-
-// stepTime is the duration of one decode step with batch running sequences
-// of nominalContext tokens each.
-func (r *Rates) stepTime(batch int) time.Duration {
-	perSeq := r.DecodePerSeq + r.DecodePerMTokens*nominalContext/1_000_000
-	return r.DecodeStep + time.Duration(batch)*perSeq
-}
-
-// nominalContext is the context, in tokens, of a sequence whose length a
-// peer's model does not take into account (stepTime).
-const nominalContext = 4096
-
 // resident is the probability that a prefix last touched age ago on a
 // replica is still cached, given the replica's eviction horizon h (the
 // time its misses take to fill the cache) and its capacity in tokens.

@@ -50,11 +50,11 @@ type summaryRow struct {
 	// (rounded down, so that quick stays a lower bound).
 	batch, context float64
 	// decodeScale is its Rates' DecodeScale, with the default; stall is
-	// its Scale (also with the default) × (batch + 2): a prefill's compute
-	// counts twice in the request's latency, and once in each of the
+	// its Scale (also with the default) × (batch + ttftWeight): a prefill's compute
+	// counts ttftWeight times in the request's latency, and once in each of the
 	// batch's (quick); queue is the prefill of the router's own queue
-	// there, twice, at its Scale, and +Inf for a replica that is not a
-	// candidate, so that its quick bound is too (screen).
+	// there, ttftWeight times, at its Scale, and +Inf for a replica that
+	// is not a candidate, so that its quick bound is too (screen).
 	decodeScale, stall, queue float64
 	// preset indexes Summary.presets; −1 for a replica that is not a
 	// candidate (unhealthy).
@@ -103,7 +103,7 @@ func (m *Summary) Fresh(i int) bool { return m.rows[i].fresh }
 
 // IsFresh says whether m counts rp's scraped metrics at its LoadAge: an
 // entry whose IsFresh differs from Fresh needs an Update.
-func (m *Summary) IsFresh(rp *Replica) bool { return rp.Scraped && rp.LoadAge <= m.staleAfter }
+func (m *Summary) IsFresh(rp *Replica) bool { return isFresh(rp, m.staleAfter) }
 
 // Update summarises entry i of s anew.
 func (m *Summary) Update(s *Snapshot, i int) {
@@ -189,8 +189,8 @@ func (m *Summary) row(out *summaryRow, s *Snapshot, i int) {
 	if perToken <= 0 {
 		perToken = DefaultPrefillPerToken
 	}
-	*out = summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: scale * (batch + 2),
-		queue: 2 * float64(rp.PrefillTokens) * float64(perToken) * scale, fresh: fresh}
+	*out = summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: scale * (batch + ttftWeight),
+		queue: ttftWeight * float64(rp.PrefillTokens) * float64(perToken) * scale, fresh: fresh}
 }
 
 // preset is the index of rt's preset fields in m.presets, added if new.
