@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"container/heap"
+	"fmt"
 	"sync"
 	"time"
 
@@ -15,25 +16,36 @@ import (
 // a replica to free (Config.OnRelease) and is decided again, or rejects
 // it. Sending it anyway would only queue it inside an engine, bound to
 // that replica whichever frees first; holding it in the router keeps the
-// choice open until one does.
+// choice open until one does. Its YAML keys are kvrouter serve's
+// (max-wait, max-queue, queue-timeout); a request the Queue cannot hold,
+// or that waits past QueueTimeout, gets 429 with Retry-After, and the
+// X-Priority header's highest wait first.
 type Admission struct {
 	// MaxWait is the longest predicted wait before a request's prefill
 	// starts (route.Backlog) that a replica may have and still take it;
 	// zero means admission control is off.
-	MaxWait time.Duration
+	MaxWait time.Duration `yaml:"max-wait"`
 	// MeanOutput is the output length, in tokens, Backlog assumes of the
 	// requests holding the seats of a full replica; zero means 256.
-	MeanOutput int
+	MeanOutput int `yaml:"-"`
 	// StaleAfter is the age beyond which an engine's scraped load no
 	// longer counts in Backlog; zero means DefaultBacklogStale (2 s, twice
 	// kv-aware's KVAware.StaleAfter default).
-	StaleAfter time.Duration
+	StaleAfter time.Duration `yaml:"-"`
 	// MaxQueue is how many requests the caller's Queue holds; zero means
 	// DefaultMaxQueue.
-	MaxQueue int
+	MaxQueue int `yaml:"max-queue"`
 	// QueueTimeout is the longest a request waits in the queue before it
 	// is rejected; zero means DefaultQueueTimeout.
-	QueueTimeout time.Duration
+	QueueTimeout time.Duration `yaml:"queue-timeout"`
+}
+
+// Validate reports a negative setting.
+func (a Admission) Validate() error {
+	if a.MaxWait < 0 || a.MaxQueue < 0 || a.QueueTimeout < 0 || a.MeanOutput < 0 || a.StaleAfter < 0 {
+		return fmt.Errorf("max-wait, max-queue, queue-timeout: must not be negative, got %s, %d, %s", a.MaxWait, a.MaxQueue, a.QueueTimeout)
+	}
+	return nil
 }
 
 // Defaults of the live router's and the simulator's admission control

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -197,31 +196,4 @@ func priorityOf(r *http.Request) (int, bool) {
 		return 0, false
 	}
 	return p, true
-}
-
-// Admission is admission control (fleet.Admission, whose settings these
-// are; they are here, with their YAML keys, until fleet declares them).
-// MaxWait is the predicted wait before its prefill starts past which a
-// replica takes no more requests: when every replica is past it, a
-// request waits in the router's queue (the X-Priority header's highest
-// first, then the oldest) for up to QueueTimeout, and MaxQueue of them at
-// most; past those limits it gets 429 with Retry-After. Zero MaxWait
-// turns it off; zero MaxQueue and QueueTimeout mean fleet's defaults.
-type Admission struct {
-	MaxWait      time.Duration `yaml:"max-wait"`
-	MaxQueue     int           `yaml:"max-queue"`
-	QueueTimeout time.Duration `yaml:"queue-timeout"`
-}
-
-// fleet returns the settings as fleet takes them.
-func (a Admission) fleet() fleet.Admission {
-	return fleet.Admission{MaxWait: a.MaxWait, MaxQueue: a.MaxQueue, QueueTimeout: a.QueueTimeout}
-}
-
-// Validate reports a negative setting.
-func (a Admission) Validate() error {
-	if a.MaxWait < 0 || a.MaxQueue < 0 || a.QueueTimeout < 0 {
-		return fmt.Errorf("max-wait, max-queue, queue-timeout: must not be negative, got %s, %d, %s", a.MaxWait, a.MaxQueue, a.QueueTimeout)
-	}
-	return nil
 }

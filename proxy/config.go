@@ -115,7 +115,7 @@ type Config struct {
 
 	// Admission is admission control: the router's queue of requests no
 	// replica can start in time.
-	Admission Admission `yaml:",inline"`
+	Admission fleet.Admission `yaml:",inline"`
 
 	// Safety surface (issue 13): drain, authentication, TLS, the admin
 	// listener, what passes through and what decision records show.
@@ -326,7 +326,7 @@ func DefaultConfig() Config {
 		Retries:        DefaultRetries,
 		LogLevel:       DefaultLogLevel,
 		LogFormat:      LogText,
-		Admission: Admission{
+		Admission: fleet.Admission{
 			MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout,
 		},
 

@@ -510,14 +510,15 @@ func (c *call) summary() string {
 	b = append(b, c.dec.Reason...)
 	b = append(b, "; predicted-cached="...)
 	b = strconv.AppendInt(b, int64(c.dec.Matched), 10)
-	if chosen.Total == 0 && chosen.Score != 0 {
-		b = append(b, "; score="...)
-		b = strconv.AppendFloat(b, chosen.Score, 'g', 6, 64)
-	} else {
+	switch {
+	case chosen.Total != 0:
 		b = append(b, "; cost="...)
 		b = strconv.AppendFloat(b, ms(chosen.Total), 'f', 3, 64)
 		b = append(b, "ms"...)
-	}
+	case chosen.Score != 0:
+		b = append(b, "; score="...)
+		b = strconv.AppendFloat(b, chosen.Score, 'g', 6, 64)
+	} // a policy that prices nothing (round-robin) says neither
 	b = append(b, "; session="...)
 	b = append(b, c.sessionSrc...)
 	b = append(b, "; id="...)

@@ -143,7 +143,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if rt.mm, err = newMemberMetrics(reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
-	if rt.adm, err = newAdmission(cfg.Admission.fleet(), reg); err != nil {
+	if rt.adm, err = newAdmission(cfg.Admission, reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	var onRelease func()

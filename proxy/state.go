@@ -95,7 +95,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		SessionTTL:  cfg.SessionTTL,
 		MaxSessions: cfg.MaxSessions,
 		Start:       start,
-		Admission:   cfg.Admission.fleet(),
+		Admission:   cfg.Admission,
 		OnRelease:   onRelease,
 	})
 	if err != nil {

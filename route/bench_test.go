@@ -14,7 +14,7 @@ func benchFleet(n int) (*Request, *Snapshot) {
 	r := &Request{ID: "bench", Hash: 0x1234567, Tokens: 1030, Blocks: 64, Pinned: 3, Session: 99, PrefixKey: 42,
 		Match: make([]int, n), Age: make([]time.Duration, n), Costs: make([]Cost, 0, n)}
 	for i := range s.Replicas {
-		h := mix64(uint64(i))
+		h := Mix64(uint64(i))
 		s.Replicas[i] = Replica{
 			ID: fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256), Healthy: h%17 != 0,
 			Running: int(h % 40), Waiting: int(h>>8) % 6, KVUsage: float64(h>>16%100) / 100, Scraped: true,

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"flag"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -15,58 +16,67 @@ import (
 	"time"
 )
 
-// updateGolden rewrites testdata/kvaware_digest.txt from the full pricing.
-var updateGolden = flag.Bool("update-kvaware-digest", false, "rewrite testdata/kvaware_digest.txt")
+// updateGolden rewrites testdata/kvaware_decisions.txt from the full pricing.
+var updateGolden = flag.Bool("update-kvaware-digest", false, "rewrite testdata/kvaware_decisions.txt")
 
-// goldenCases is how many generated decisions the digest covers.
+// goldenCases is how many generated decisions the golden covers.
 const goldenCases = 2000
 
 // TestKVAwareGoldenDigest pins the kv-aware cost model bit for bit: it runs
 // the full pricing (every candidate priced by price) over goldenCases seeded snapshots
 // and requests (1..1,000 replicas, varied Match, Age, Rates, health,
-// staleness, Scale, Pinned, PinBonus and policy settings) and compares a
-// SHA-256 of every Decision field and every Cost field with the digest in
-// testdata. TestKVAwarePruningMatchesFullPricing holds the pruned scan to
-// the full pricing, so speed changes to pruning never touch the digest;
-// regenerate it
-// (-update-kvaware-digest) only for a deliberate change of the model. Some
-// Rates have a Scale near 1e9, so that terms exceed 2^53 ns and the
-// recorded Durations show every last-bit difference of the float
-// arithmetic (a reordered sum, say).
+// staleness, Scale, Pinned, PinBonus and policy settings) and compares,
+// case by case, the decision and a SHA-256 of every Decision field and
+// every Cost field with testdata; a failure names the first case that
+// differs and how. TestKVAwarePruningMatchesFullPricing holds the pruned
+// scan to the full pricing, so speed changes to pruning never touch the
+// golden; regenerate it (-update-kvaware-digest) only for a deliberate
+// change of the model. Some Rates have a Scale near 1e9, so that terms
+// exceed 2^53 ns and the recorded Durations show every last-bit
+// difference of the float arithmetic (a reordered sum, say).
 //
-// The digest is amd64's: other architectures may fuse x*y+z into one
+// The golden is amd64's: other architectures may fuse x*y+z into one
 // rounding, and out-of-range float-to-int conversions are
 // implementation-defined.
 func TestKVAwareGoldenDigest(t *testing.T) {
 	if runtime.GOARCH != "amd64" {
-		t.Skipf("digest recorded on amd64; GOARCH=%s rounds differently", runtime.GOARCH)
+		t.Skipf("golden recorded on amd64; GOARCH=%s rounds differently", runtime.GOARCH)
 	}
-	got := kvAwareDigest()
-	path := filepath.Join("testdata", "kvaware_digest.txt")
+	got := kvAwareDecisions()
+	path := filepath.Join("testdata", "kvaware_decisions.txt")
 	if *updateGolden {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(strings.Join(got, "\n")+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want, err := os.ReadFile(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("read golden digest (run with -update-kvaware-digest to create): %v", err)
+		t.Fatalf("read golden decisions (run with -update-kvaware-digest to create): %v", err)
 	}
-	if got != strings.TrimSpace(string(want)) {
-		t.Errorf("kv-aware digest over %d cases = %s, want %s: decisions or cost terms changed", goldenCases, got, strings.TrimSpace(string(want)))
+	want := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for c := range max(len(got), len(want)) {
+		g, w := "(none)", "(none)"
+		if c < len(got) {
+			g = got[c]
+		}
+		if c < len(want) {
+			w = want[c]
+		}
+		if g != w {
+			t.Fatalf("the first decision that differs, as case replica reason matched total digest:\n got %s\nwant %s\n(the digest covers every Cost term: equal decisions with another digest are other terms)", g, w)
+		}
 	}
 }
 
-// kvAwareDigest hashes the decisions and costs of the full pricing on goldenCases
-// generated cases.
-func kvAwareDigest() string {
+// kvAwareDecisions describes the decisions of the full pricing on
+// goldenCases generated cases, a line each: the case, the replica, the
+// reason, the matched tokens, the chosen candidate's Total in ns, and the
+// first 12 hex digits of a SHA-256 of every Decision and Cost field.
+func kvAwareDecisions() []string {
 	rng := rand.New(rand.NewPCG(20240611, 3))
-	h := sha256.New()
 	var buf []byte
 	put := func(v int64) { buf = binary.LittleEndian.AppendUint64(buf, uint64(v)) }
+	out := make([]string, 0, goldenCases)
 	for c := range goldenCases {
 		p, r, s := goldenCase(rng, c)
 		d := p.pick(r, s, false)
@@ -79,6 +89,7 @@ func kvAwareDigest() string {
 		if d.Costs == nil {
 			put(-1)
 		}
+		var total time.Duration
 		for _, k := range d.Costs {
 			put(int64(k.Replica))
 			put(int64(k.Matched))
@@ -88,10 +99,14 @@ func kvAwareDigest() string {
 			put(int64(k.Others))
 			put(int64(k.Memory))
 			put(int64(k.Total))
+			if k.Replica == d.Replica {
+				total = k.Total
+			}
 		}
-		h.Write(buf)
+		sum := sha256.Sum256(buf)
+		out = append(out, fmt.Sprintf("%d %d %s %d %d %s", c, d.Replica, d.Reason, d.Matched, total, hex.EncodeToString(sum[:6])))
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return out
 }
 
 // goldenCase generates case c: a policy, a request and a snapshot.

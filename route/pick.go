@@ -60,7 +60,7 @@ func blockSize(s *Snapshot) int {
 }
 
 // mix64 is the SplitMix64 finalizer: a cheap, well-mixed bijection of x.
-func mix64(x uint64) uint64 {
+func Mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
@@ -71,7 +71,7 @@ func mix64(x uint64) uint64 {
 
 // tieKey orders replica i for request hash h: the lower key wins a tie.
 func tieKey(h uint64, i int) uint64 {
-	return mix64(h ^ (uint64(i)+1)*0x9e3779b97f4a7c15)
+	return Mix64(h ^ (uint64(i)+1)*0x9e3779b97f4a7c15)
 }
 
 // matchOf is the number of leading blocks of r resident on replica i.

@@ -13,10 +13,10 @@ func (PowerOfTwo) Pick(r *Request, s *Snapshot) Decision {
 	if n == 0 {
 		return rejected(r)
 	}
-	a := int(mix64(r.Hash) % uint64(n))
+	a := int(Mix64(r.Hash) % uint64(n))
 	b := a
 	if n > 1 {
-		b = int(mix64(r.Hash+0x9e3779b97f4a7c15) % uint64(n-1))
+		b = int(Mix64(r.Hash+0x9e3779b97f4a7c15) % uint64(n-1))
 		if b >= a {
 			b++
 		}

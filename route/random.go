@@ -11,7 +11,7 @@ func (Random) Pick(r *Request, s *Snapshot) Decision {
 	if n == 0 {
 		return rejected(r)
 	}
-	i := nthHealthy(s, int(mix64(r.Hash)%uint64(n)))
+	i := nthHealthy(s, int(Mix64(r.Hash)%uint64(n)))
 	return Decision{Replica: i, Reason: ReasonRandom, Matched: matchOf(r, i) * blockSize(s), Costs: costsFor(r, len(s.Replicas))}
 }
 

@@ -204,7 +204,9 @@ type Request struct {
 	Costs []Cost
 }
 
-// Cost is one candidate's terms in a decision. Every term is a duration.
+// Cost is one candidate's terms in a decision: durations for a policy
+// that prices in time (kv-aware, whose Total is their sum), or a Score
+// for one that ranks otherwise (the terms are then zero).
 type Cost struct {
 	Replica int
 	// Matched is the predicted cached prompt tokens on this replica.

@@ -41,7 +41,7 @@ func hrw(s *Snapshot, key uint64, maxLoad float64) (owner, bounded int) {
 		if !rp.Healthy {
 			continue
 		}
-		score := mix64(key ^ xxhash.Sum64String(rp.ID))
+		score := Mix64(key ^ xxhash.Sum64String(rp.ID))
 		if owner < 0 || score > ownerScore {
 			owner, ownerScore = i, score
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/trace"
 )
 
@@ -50,7 +51,7 @@ func modelOf(r *trace.Request, n int) int {
 	if key == "" {
 		key = r.ID
 	}
-	return int(mix64(xxhash.Sum64String(key)) % uint64(n))
+	return int(route.Mix64(xxhash.Sum64String(key)) % uint64(n))
 }
 
 // fleetEvent is a trace.FleetEvent on the scaled clock.
@@ -92,21 +93,11 @@ func makeJobs(reqs []trace.Request, blockSize int, seed uint64, models int) []jo
 		j.prompt = r.Prompt
 		j.output = max(r.Output, 1)
 		j.hashes = buf[start:len(buf):len(buf)]
-		j.hash = mix64(xxhash.Sum64String(r.ID) ^ seed*0x9e3779b97f4a7c15)
+		j.hash = route.Mix64(xxhash.Sum64String(r.ID) ^ seed*0x9e3779b97f4a7c15)
 		j.session = r.Session
 		j.prefixKey = r.PrefixKey(prefixKeyTokens)
 	}
 	return jobs
-}
-
-// mix64 is the SplitMix64 finalizer.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }
 
 // FleetKVTokens returns the KV capacity, in tokens, of a fleet of replicas
