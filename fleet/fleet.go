@@ -73,11 +73,8 @@ type Config struct {
 	// CacheBlocks is a replica's KV capacity in engine blocks until its
 	// metrics report one; zero means unknown.
 	CacheBlocks int
-	// SessionTTL is how long an idle session stays bound; zero means 10 min.
-	SessionTTL time.Duration
-	// MaxSessions is the most sessions bound at once, the least recently
-	// bound dropped past it; zero means DefaultMaxSessions.
-	MaxSessions int
+	// Sessions bound a session to its replica: for how long, and how many.
+	Sessions
 	// Calibration is the template of each replica's two Calibrators (their
 	// tuning fields), for Scale and DecodeScale; the zero value uses the
 	// Calibrator defaults.

@@ -170,7 +170,7 @@ func TestDecideExcludes(t *testing.T) {
 }
 
 func TestSessions(t *testing.T) {
-	f := newFleet(t, Config{SessionTTL: time.Minute, Policy: route.LeastLoaded{}})
+	f := newFleet(t, Config{Sessions: Sessions{SessionTTL: time.Minute}, Policy: route.LeastLoaded{}})
 	var s route.Snapshot
 	snap := func(at time.Time) *route.Snapshot { f.Snapshot(&s, at, 0); return &s }
 	rb := f.lookup(b)
@@ -209,7 +209,7 @@ func TestSessions(t *testing.T) {
 }
 
 func TestSweepBoundsSessions(t *testing.T) {
-	f := newFleet(t, Config{SessionTTL: time.Minute})
+	f := newFleet(t, Config{Sessions: Sessions{SessionTTL: time.Minute}})
 	ra := f.lookup(a)
 	for i := range 1000 {
 		f.bind(fmt.Sprint("old-", i), ra, t0, nil)

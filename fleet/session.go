@@ -3,6 +3,7 @@ package fleet
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -10,6 +11,26 @@ import (
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/route"
 )
+
+// Sessions are the settings of session binding, with kvrouter serve's
+// YAML keys.
+type Sessions struct {
+	// SessionTTL is how long an idle session stays bound to its replica;
+	// zero means DefaultSessionTTL.
+	SessionTTL time.Duration `yaml:"session-ttl"`
+	// MaxSessions is the most sessions bound at once, the least recently
+	// bound dropped past it; zero means DefaultMaxSessions. Session ids
+	// longer than MaxSessionIDBytes are kept as a hash.
+	MaxSessions int `yaml:"max-sessions"`
+}
+
+// Validate reports a negative setting.
+func (s Sessions) Validate() error {
+	if s.SessionTTL < 0 || s.MaxSessions < 0 {
+		return fmt.Errorf("session-ttl, max-sessions: must not be negative, got %s, %d", s.SessionTTL, s.MaxSessions)
+	}
+	return nil
+}
 
 // Bounds of the session table.
 const (

@@ -13,7 +13,7 @@ import (
 )
 
 func TestSessionsLRU(t *testing.T) {
-	f := newFleet(t, Config{SessionTTL: time.Hour, MaxSessions: 3})
+	f := newFleet(t, Config{Sessions: Sessions{SessionTTL: time.Hour, MaxSessions: 3}})
 	ra, rb := f.lookup(a), f.lookup(b)
 	var s route.Snapshot
 	f.Snapshot(&s, t0, 0)
@@ -36,7 +36,7 @@ func TestSessionsLRU(t *testing.T) {
 }
 
 func TestSessionsSweepFromBack(t *testing.T) {
-	f := newFleet(t, Config{SessionTTL: time.Minute})
+	f := newFleet(t, Config{Sessions: Sessions{SessionTTL: time.Minute}})
 	ra := f.lookup(a)
 	for i := range 100 {
 		f.bind(fmt.Sprint("s", i), ra, t0.Add(time.Duration(i)*time.Second), nil)

@@ -49,9 +49,9 @@ type Config struct {
 	Policy string `yaml:"policy"`
 	// SessionHeader is the request header that carries a session id.
 	SessionHeader string `yaml:"session-header"`
-	// SessionTTL is how long an idle session stays bound to its replica;
-	// zero means fleet.DefaultSessionTTL (10 min).
-	SessionTTL time.Duration `yaml:"session-ttl"`
+	// Sessions bound a session to its replica (session-ttl,
+	// max-sessions).
+	fleet.Sessions `yaml:",inline"`
 	// MaxBodyBytes caps a request body, in bytes; larger ones get 413.
 	MaxBodyBytes int64 `yaml:"max-body-bytes"`
 	// ChunkChars is the text-mode prefix block size, in characters.
@@ -162,11 +162,6 @@ type Config struct {
 	// too_many_content_parts, nesting_too_deep, too_many_tools,
 	// too_many_prompts past a limit).
 	BodyLimits prefix.Limits `yaml:",inline"`
-	// MaxSessions is the most sessions bound to a replica at once, the
-	// least recently used dropped past it; zero means
-	// fleet.DefaultMaxSessions. Session ids longer than
-	// fleet.MaxSessionIDBytes are kept as a hash.
-	MaxSessions int `yaml:"max-sessions"`
 	// MaxHeaderBytes caps a request's header (request line included), in
 	// bytes; larger ones get 431 from the server. Zero means
 	// DefaultMaxHeaderBytes.
@@ -274,7 +269,6 @@ func (c *Config) TokenMode() bool { return c.Tokenizer != "" || len(c.Tokenizers
 const (
 	DefaultListen         = "127.0.0.1:8000"
 	DefaultSessionHeader  = "X-Session-ID"
-	DefaultSessionTTL     = 10 * time.Minute
 	DefaultMaxBodyBytes   = 8 << 20
 	DefaultChunkChars     = 64
 	DefaultScrapeInterval = 100 * time.Millisecond
@@ -316,7 +310,6 @@ func DefaultConfig() Config {
 		Listen:         DefaultListen,
 		Policy:         route.Default,
 		SessionHeader:  DefaultSessionHeader,
-		SessionTTL:     DefaultSessionTTL,
 		MaxBodyBytes:   DefaultMaxBodyBytes,
 		ChunkChars:     DefaultChunkChars,
 		ScrapeInterval: DefaultScrapeInterval,
@@ -326,6 +319,7 @@ func DefaultConfig() Config {
 		Retries:        DefaultRetries,
 		LogLevel:       DefaultLogLevel,
 		LogFormat:      LogText,
+		Sessions:       fleet.Sessions{SessionTTL: fleet.DefaultSessionTTL, MaxSessions: fleet.DefaultMaxSessions},
 		Admission: fleet.Admission{
 			MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout,
 		},
@@ -337,7 +331,6 @@ func DefaultConfig() Config {
 		KVEvents:   kvevents.DefaultLimits(),
 		BodyLimits: prefix.DefaultLimits(),
 
-		MaxSessions:       fleet.DefaultMaxSessions,
 		MaxHeaderBytes:    DefaultMaxHeaderBytes,
 		MaxHeaders:        DefaultMaxHeaders,
 		ReadHeaderTimeout: DefaultReadHeaderTimeout,

@@ -21,7 +21,6 @@ func (c *Config) validateLimits() []error {
 		name string
 		v    int
 	}{
-		{"max-sessions", c.MaxSessions},
 		{"max-header-bytes", c.MaxHeaderBytes},
 		{"max-headers", c.MaxHeaders},
 	} {

@@ -63,8 +63,8 @@ func (c *Config) Validate() error {
 	if c.ModelsInterval < 0 {
 		errs = append(errs, fmt.Errorf("models-interval: must not be negative, got %s", c.ModelsInterval))
 	}
-	if c.SessionTTL < 0 {
-		errs = append(errs, fmt.Errorf("session-ttl: must not be negative, got %s", c.SessionTTL))
+	if err := c.Sessions.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(c.Backends) > residency.MaxReplicasLimit {
 		errs = append(errs, fmt.Errorf("backend: at most %d, got %d", residency.MaxReplicasLimit, len(c.Backends)))
