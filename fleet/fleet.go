@@ -106,6 +106,9 @@ type Replica struct {
 	// Draining adds the replica draining (see Drain): no request goes to
 	// it until Undrain.
 	Draining bool
+	// Role is its part in a disaggregated fleet; a RolePrefill replica is
+	// never a candidate, only a prefill worker (route.Replica.Prefills).
+	Role route.Role
 }
 
 // IndexKind returns the residency index a policy with needs reads: a
@@ -167,6 +170,7 @@ type Fleet struct {
 type replica struct {
 	id    string
 	index int // position in Fleet.reps
+	role  route.Role
 	// ver is bumped after every change of what a snapshot reads of the
 	// replica (health, the router's counts, the published state), so that
 	// a Scratch rewrites only the replicas whose version moved (snapCache).
@@ -340,7 +344,7 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	} else {
 		f.tr.Clear(i) // what a request decided before the removal touched
 	}
-	r := &replica{id: rc.ID, index: i, ver: &f.vers[i], cal: f.cfg.Calibration}
+	r := &replica{id: rc.ID, index: i, role: rc.Role, ver: &f.vers[i], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.dev, r.cal.n = 0, 0, 0
 	r.dcal = r.cal
 	f.tr.AddReplica(r.index)

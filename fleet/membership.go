@@ -3,6 +3,8 @@ package fleet
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // A replica's membership (replica.member). A draining replica keeps its
@@ -49,6 +51,18 @@ type Member struct {
 // available reports whether r may get new requests: healthy and serving.
 func (r *replica) available() bool {
 	return r.healthy.Load() && r.member.Load() == memberServing
+}
+
+// candidate says a policy may pick the replica (route.Replica.Healthy):
+// available, and not a prefill worker.
+func (r *replica) candidate() bool {
+	return r.role != route.RolePrefill && r.available()
+}
+
+// prefillWorker says the replica can take a prefill leg now
+// (route.Replica.Prefills): an available prefill worker.
+func (r *replica) prefillWorker() bool {
+	return r.role == route.RolePrefill && r.available()
 }
 
 // Drain stops new requests to replica id (snapshots show it unhealthy;

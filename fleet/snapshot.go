@@ -134,7 +134,7 @@ func (c *snapCache) begin(f *Fleet, dst *route.Snapshot, unit int) {
 	}
 	for _, i := range c.forced {
 		if int(i) < n {
-			dst.Replicas[i].Healthy = f.reps[i].available()
+			dst.Replicas[i].Healthy, dst.Replicas[i].Prefills = f.reps[i].candidate(), f.reps[i].prefillWorker()
 			c.dirty = append(c.dirty, i)
 		}
 	}
@@ -156,8 +156,8 @@ func (c *snapCache) summarise(dst *route.Snapshot) {
 
 // force marks entry i unhealthy in dst, to be restored by the next fill.
 func (c *snapCache) force(dst *route.Snapshot, i int) {
-	if dst.Replicas[i].Healthy {
-		dst.Replicas[i].Healthy = false
+	if rp := &dst.Replicas[i]; rp.Healthy || rp.Prefills {
+		rp.Healthy, rp.Prefills = false, false
 		c.forced = append(c.forced, int32(i))
 		if c.sum != nil {
 			c.sum.Update(dst, i)
@@ -285,7 +285,9 @@ func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *p
 	pl := f.peerLoad(r.index) // other routers' (peers.go); zero without
 	*out = route.Replica{
 		ID:            r.id,
-		Healthy:       r.available(),
+		Healthy:       r.candidate(),
+		Role:          r.role,
+		Prefills:      r.prefillWorker(),
 		InFlight:      int(r.inFlight.Load() + pl.InFlight),
 		PrefillTokens: int(max(r.prefillTokens.Load(), 0) + pl.PrefillTokens),
 		Decoding:      int(r.decoding.Load() + pl.Decoding),

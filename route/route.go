@@ -13,8 +13,15 @@ import "time"
 type Replica struct {
 	// ID names the replica (its base URL in the live router).
 	ID string
-	// Healthy is false for replicas that must get no traffic.
+	// Healthy is false for replicas that must get no traffic, and for
+	// prefill workers (RolePrefill), which take prefill legs, never a
+	// request of their own.
 	Healthy bool
+	// Role is the replica's part in a disaggregated fleet (RoleBoth when
+	// it is not one); Prefills says a RolePrefill replica can take a
+	// prefill leg now (healthy and serving).
+	Role     Role
+	Prefills bool
 
 	// Running, Waiting and KVUsage are the engine's own figures from its last
 	// scrape; Scraped is false when no scrape has succeeded yet, and LoadAge
