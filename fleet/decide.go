@@ -178,6 +178,19 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		rep.prefills.add(tk, &r.Chains[0], sc.Request.Match[d.Replica]*sc.Snapshot.BlockSize)
 	}
 	f.bookLinks(d, now)
+	if t := d.Transfer; t.Blocks > 0 && t.From >= 0 && t.From < len(sc.Snapshot.Replicas) && sc.Snapshot.Replicas[t.From].Role == route.RolePrefill {
+		// A prefill leg: the worker computes what it does not cache, and
+		// keeps it cached after (its index learns the prompt too).
+		f.mu.RLock()
+		leg := f.reps[t.From]
+		f.mu.RUnlock()
+		own := 0
+		if t.From < len(sc.Request.Match) {
+			own = sc.Request.Match[t.From] * sc.Snapshot.BlockSize
+		}
+		tk.chargeLeg(leg, r.Tokens-own)
+		f.tr.Touch(t.From, r.Chains, f.indexTime(now), &sc.ms)
+	}
 	if r.Session != "" {
 		f.bind(r.Session, rep, now, firstChain(r.Chains))
 	}

@@ -334,6 +334,9 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	if _, ok := f.byID[rc.ID]; ok {
 		return fmt.Errorf("fleet: duplicate replica %q", rc.ID)
 	}
+	if rc.Role == route.RolePrefill && !f.transfers() {
+		return fmt.Errorf("fleet: prefill worker %q in a fleet that does not transfer KV (Rates.TransferPerMTokens is zero: turn KV transfer on)", rc.ID)
+	}
 	i := f.freeSlotLocked()
 	if i < 0 && len(f.reps) >= f.cfg.MaxReplicas {
 		return fmt.Errorf("fleet: replica %q beyond MaxReplicas %d: %w", rc.ID, f.cfg.MaxReplicas, ErrFull)

@@ -2,7 +2,10 @@ package fleet
 
 import (
 	"testing"
+	"time"
 
+	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -11,7 +14,12 @@ import (
 // and serving; excluding it for a request (a failed leg) clears that too,
 // until the next snapshot.
 func TestPrefillWorkerIsNoCandidate(t *testing.T) {
-	f := newFleet(t, Config{Replicas: []Replica{{ID: a, Role: route.RolePrefill}, {ID: b, Role: route.RoleDecode}, {ID: c}}})
+	cfg := Config{Replicas: []Replica{{ID: a, Role: route.RolePrefill}, {ID: b, Role: route.RoleDecode}, {ID: c}}}
+	if _, err := New(cfg); err == nil {
+		t.Error("a prefill worker in a fleet that does not transfer KV: no error")
+	}
+	cfg.Rates.TransferPerMTokens = 2600 * time.Microsecond
+	f := newFleet(t, cfg)
 	var s route.Snapshot
 	f.Snapshot(&s, t0, 16)
 	want := []struct {
@@ -42,5 +50,53 @@ func TestPrefillWorkerIsNoCandidate(t *testing.T) {
 	f.Decide(&Request{ID: "r2", Tokens: 100}, nil, t0, &sc)
 	if !sc.Snapshot.Replicas[0].Prefills {
 		t.Error("the next decision still excludes the prefill worker")
+	}
+}
+
+// legProbe sends every request to replica 1 with a prefill leg on
+// replica 0 (a disaggregated decision).
+type legProbe struct{}
+
+func (legProbe) Pick(r *route.Request, s *route.Snapshot) route.Decision {
+	return route.Decision{Replica: 1, Reason: route.ReasonDisagg, Matched: r.Tokens - 1,
+		Transfer: route.Transfer{From: 0, Blocks: (r.Tokens - 1) / 16, Time: time.Millisecond}}
+}
+
+func (legProbe) Needs() route.Needs { return route.Needs{Index: route.Approximate} }
+
+// A disaggregated decision charges the prefill worker the prompt it
+// computes until the leg ends (LegDone, or the first token, or Done,
+// whichever comes first, once), and its index learns the prompt: the
+// next request with it matches there.
+func TestPrefillLegCharge(t *testing.T) {
+	cfg := Config{Replicas: []Replica{{ID: a, Role: route.RolePrefill}, {ID: b, Role: route.RoleDecode}}, Policy: legProbe{}, BlockSize: 16}
+	cfg.Rates.TransferPerMTokens = 2600 * time.Microsecond
+	f := newFleet(t, cfg)
+	var sc Scratch
+	chains := []residency.Chain{{Tokens: 16, Hashes: []prefix.Hash{1, 2, 3, 4}}}
+	worker := func() int { return countsOf(f, 0).PrefillTokens }
+	_, first := f.Decide(&Request{ID: "r1", Tokens: 64, MaxTokens: 8, Chains: chains}, nil, t0, &sc)
+	if got := worker(); got != 64 {
+		t.Fatalf("worker's prefill tokens after a leg: %d, want 64", got)
+	}
+	_, second := f.Decide(&Request{ID: "r2", Tokens: 64, MaxTokens: 8, Chains: chains}, nil, t0, &sc)
+	if sc.Request.Match[0] != 4 {
+		t.Errorf("the worker's index matches %d blocks of a prompt it computed, want 4", sc.Request.Match[0])
+	}
+	if got := worker(); got != 64 { // the second leg computes nothing new there
+		t.Errorf("worker's prefill tokens after a leg on its cached prompt: %d, want 64", got)
+	}
+	first.LegDone()
+	first.LegDone()
+	if got := worker(); got != 0 {
+		t.Errorf("worker's prefill tokens after LegDone: %d, want 0", got)
+	}
+	first.Done(t0, NoUsage, nil)
+	second.FirstToken(t0)
+	second.Done(t0, NoUsage, nil)
+	for i := range 2 {
+		if c := countsOf(f, i); c != (counts{}) {
+			t.Errorf("replica %d after both finished: %+v", i, c)
+		}
 	}
 }

@@ -84,6 +84,33 @@ type Ticket struct {
 	// (batch0) and prefilled total (work0) then, and the time from sent to
 	// it plus 1 ns (first; zero: not yet), for Done's inter-token latency.
 	batch0, work0, first atomic.Int64
+	// leg is the prefill worker computing the prompt for the replica
+	// (route.ReasonDisagg), charged legTokens of prefill until LegDone;
+	// nil: none. legOpen says the charge is still on.
+	leg       *replica
+	legTokens int64
+	legOpen   atomic.Bool
+}
+
+// chargeLeg charges prefill worker leg with the
+// tokens of the prompt it computes, until LegDone.
+func (t *Ticket) chargeLeg(leg *replica, tokens int) {
+	t.leg, t.legTokens = leg, int64(max(tokens, 0))
+	t.legOpen.Store(true)
+	leg.prefillTokens.Add(t.legTokens)
+	leg.changed()
+}
+
+// LegDone records that the prefill leg on the ticket's prefill worker
+// ended (answered, failed or was abandoned): its prompt leaves the
+// worker's PrefillTokens. FirstToken and Done call it too; later calls,
+// and calls on a ticket without a leg, do nothing.
+func (t *Ticket) LegDone() {
+	if t == nil || t.leg == nil || !t.legOpen.CompareAndSwap(true, false) {
+		return
+	}
+	t.leg.prefillTokens.Add(-t.legTokens)
+	t.leg.changed()
 }
 
 // Ticket states.
@@ -141,6 +168,7 @@ func (t *Ticket) FirstToken(now time.Time) {
 	if t == nil || !t.state.CompareAndSwap(ticketPrefill, ticketDecoding) {
 		return
 	}
+	t.LegDone()
 	t.r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
 	if t.f.transfers() {
 		t.r.prefills.drop(t)
@@ -175,6 +203,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 			break
 		}
 	}
+	t.LegDone()
 	r := t.r
 	batch := 0
 	if prev == ticketPrefill {

@@ -99,6 +99,17 @@ import "time"
 // there and wait) or a recompute does; an import that makes a hot prefix
 // resident on a second replica is also a replication.
 //
+// In a disaggregated fleet there is a fourth way: the prefill worker
+// (Replica.Role RolePrefill) whose leg ends soonest, after the prompts
+// queued there and its own prefix cache, computes the prompt, and its KV
+// crosses the links to the candidate (Cost.Import, Decision.Transfer
+// from the worker, ReasonDisagg). The candidate's running decodes are
+// not stalled by the prompt, and the legs that arrive at the worker
+// after it wait for it instead (kvRequest.prefillWorker). Where computing
+// locally prices less (a short prompt, an idle decode replica, a busy
+// worker), the decision says ReasonLocalPrefill: Dynamo's conditional
+// disaggregation, where the price crosses rather than at a threshold.
+//
 // Total = 2 × (Wait + Load or Import + Prefill) + Decode + Others + Memory
 // + Future (kvmodel.go's formula block, one line per term), Others
 // counting the arrivals' wait twice too: a time to first token is part of
@@ -255,8 +266,13 @@ func (c *kvChoice) decision(q *kvRequest) Decision {
 		c.maxCached = max(c.maxCached, q.deepest(q.reps, c.cached))
 	}
 	reason := kvReason(q.r, c.best, c.cached, c.maxCached, q.bs)
-	if c.imp.Blocks > 0 {
+	switch {
+	case c.imp.Blocks > 0 && q.reps[c.imp.From].Role == RolePrefill:
+		reason = ReasonDisagg
+	case c.imp.Blocks > 0:
 		reason = ReasonTransfer
+	case q.pw >= 0:
+		reason = ReasonLocalPrefill
 	}
 	return Decision{Replica: c.best, Reason: reason, Matched: c.cached, Costs: c.costs, Transfer: c.imp, Pruned: c.pruned}
 }

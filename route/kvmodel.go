@@ -3,12 +3,14 @@
 // the request's time to first and to last token plus what it adds to the
 // others'. One line per term, each with the function that prices it:
 //
-//	Total   = ttftWeight·(Wait + Load|Import + Prefill) + Decode + Others + Memory + Future   priceWith, less PinBonus
+//	Total   = ttftWeight·(Wait + Load|Import|Leg + Prefill) + Decode + Others + Memory + Future   priceWith, less PinBonus
 //	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queued, othersWaiting, stepNS
 //	          + step/2 on a decoding replica with nothing queued, again after a Load|Import
 //	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              occupied
 //	Load    = (tier − cached)·LoadPerMTokens, the CPU tier's tokens over PCIe                 loading, tiered
 //	Import  = (source's cached − cached)·TransferPerMTokens + LinkWait                        importing, source
+//	Leg     = a prefill worker's queue and prefill + (sent − cached)·TransferPerMTokens         disaggregating, prefillWorker
+//	          + LinkWait, and Others gains ttftWeight·behind on the worker
 //	Prefill = compute(uncached after cached)·Scale + ⌈uncached/MaxBatchedTokens⌉·iter         cached, prefillNS, iterNS
 //	Decode  = out·(step(life, lifeContext) + Δ)·DecodeScale                                   life, kept, lifeContext
 //	Others  = B·compute·Scale + life·out·Δ·DecodeScale + ttftWeight·behind                    behind
@@ -17,8 +19,8 @@
 //
 // with B and K the replica's batch and its KV context (batch), step =
 // stepNS(B, K), Δ what one more sequence of this request adds to a step,
-// B̄ the fleet's mean batch, and Load, Import or neither, whichever of
-// the three placements prices least (price). kvprune.go bounds Total
+// B̄ the fleet's mean batch, and Load, Import, Leg or none, whichever
+// of the four placements prices least (price). kvprune.go bounds Total
 // from below to skip candidates on a large fleet; this file does not
 // know of it.
 
@@ -37,8 +39,10 @@ const ttftWeight = 2
 
 // price is the kv-aware cost model of one candidate (KVAware's doc says
 // what each term is): its terms and their total, in float64 nanoseconds.
-// It is the cheaper of computing what the replica does not cache and,
-// when the transfer source caches more, importing that first (import).
+// It is the cheapest of computing what the replica does not cache; when
+// the transfer source caches more, importing that first (importing);
+// loading what its CPU tier holds (loading); and having a prefill worker
+// compute the prompt and send its KV (disaggregating).
 func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	rt := q.rates(&rp.Rates)
 	cached := q.cached(rp, i, rt)
@@ -53,7 +57,39 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 			k, total = k2, t2
 		}
 	}
+	if sent, leg, ok := q.disaggregating(rp, i, rt, cached); ok {
+		if k2, t2 := q.priceWith(rp, i, rt, cached, sent, 0, leg); t2+ttftWeight*q.pwBehind < total {
+			k2.Others += ns(ttftWeight * q.pwBehind)
+			k2.Total = ns(t2 + ttftWeight*q.pwBehind)
+			k, total = k2, t2+ttftWeight*q.pwBehind
+		}
+	}
 	return k, total
+}
+
+// disaggregating is the prefill leg on the prefill worker q.pw for
+// replica i, which caches local tokens of the prompt: the worker
+// computes the prompt after its queue, and the blocks it sends, all the
+// prompt's but the last token's (which the decode replica computes, as
+// vLLM's decode worker does), cross the slower of the two links after
+// what either still carries. So the decode replica's running decodes are
+// not stalled by the prompt, and the request pays the leg, the transfer
+// and the wait of the legs behind it on the worker (pwBehind) instead.
+// ok is false without a prefill worker, or when the replica already
+// caches what would be sent.
+func (q *kvRequest) disaggregating(rp *Replica, i int, rt *Rates, local float64) (sent float64, leg Transfer, ok bool) {
+	if q.pw < 0 || rt.TransferPerMTokens <= 0 {
+		return 0, Transfer{}, false
+	}
+	blocks := max(int(q.tokens)-1, 0) / q.bs
+	sent = float64(blocks * q.bs)
+	if sent-local < float64(q.bs) {
+		return 0, Transfer{}, false
+	}
+	pw := &q.reps[q.pw]
+	per := float64(max(rt.TransferPerMTokens, pw.Rates.TransferPerMTokens))
+	t := q.pwTime + (sent-local)*per*1e-6 + float64(max(rp.LinkWait, pw.LinkWait))
+	return sent, Transfer{From: q.pw, Blocks: blocks, Time: ns(t)}, true
 }
 
 // loading is what replica i's CPU tier holds of the prompt beyond the

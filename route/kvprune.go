@@ -115,8 +115,8 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	rt := q.rates(&rp.Rates)
 	compute, iters := q.compute0, q.iters0
 	switch {
-	case i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
-		compute, iters = 0, 1 // its CPU tier may hold more than any GPU
+	case q.pw >= 0, i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
+		compute, iters = 0, 1 // a prefill worker, or its CPU tier, may compute or hold it all
 	case matchOf(q.r, i) > 0 || q.src >= 0 || q.turns > 0:
 		// It may import the source's prefix, or share most of its copy's
 		// prefill with the sessions after this one (shared).
@@ -225,7 +225,11 @@ func (q *kvRequest) screen(sc *screen) int {
 		// session, have most of its copy's prefill shared (shared).
 		whole = q.computeDeep
 	}
-	q.computes = [4]float64{pathWhole: whole, pathDeep: q.computeDeep, pathTier: 0}
+	deep := q.computeDeep
+	if q.pw >= 0 { // a prefill worker may compute it for any replica
+		whole, deep = 0, 0
+	}
+	q.computes = [4]float64{pathWhole: whole, pathDeep: deep, pathTier: 0}
 	best, least := q.first, math.Inf(1)
 	// quick, for every row, with what it reads of q hoisted: the same
 	// operations in the same order (TestKVAwarePruningMatchesFullPricing

@@ -47,6 +47,12 @@ type kvRequest struct {
 	srcCached float64
 	srcBlocks int
 	srcWorth  float64 // the source's cached tokens as compute time, less its link's wait
+	// pw is the prefill worker whose leg ends soonest (prefillWorker), or
+	// −1 when the fleet has none that can take one; pwTime is its leg,
+	// its queue and its prefill, and pwBehind the wait that prefill
+	// imposes on the legs that arrive there after it, in ns.
+	pw               int
+	pwTime, pwBehind float64
 	// held is the most expected cached tokens of the prompt on any
 	// healthy replica: a placement that stores more of the prompt than it
 	// has stores a copy of up to that many (Memory's displacement). It is
@@ -83,7 +89,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	}
 	tokens := float64(max(r.Tokens, 0))
 	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2,
-		src: -1, reps: s.Replicas, rows: sum.rows}
+		src: -1, pw: -1, reps: s.Replicas, rows: sum.rows}
 	q.first, q.mixed, q.candidates = sum.ref, sum.presetsIn > 1, sum.candidates
 	if q.fleetSeqs = s.Seqs; q.fleetSeqs <= 0 {
 		q.fleetSeqs = float64(sum.seqs)
@@ -108,7 +114,38 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 		q.perSeq = q.meanContext / q.meanBatch
 	}
 	q.haveRates = false // source filled the cache before the means were known
+	if sum.prefillers > 0 && sum.candidates > 0 {
+		q.prefillWorker(float64(sum.candidates) / float64(sum.prefillers))
+	}
 	return q
+}
+
+// prefillWorker sets q.pw to the prefill worker whose leg would end
+// soonest: the prompt tokens queued there ahead of it, then its prefill
+// of what it does not cache (a prefill worker keeps a prefix cache too),
+// in iterations that carry nothing else. Its legs arrive at the rate of
+// share candidates' requests (all of them sent to prefill workers, the
+// most they get), and each waits for the part of this one's prefill
+// still to run: behind. A worker that cannot transfer KV is none.
+func (q *kvRequest) prefillWorker(share float64) {
+	for i := range q.rows {
+		if !q.rows[i].prefills {
+			continue
+		}
+		rp := &q.reps[i]
+		rt := q.rates(&rp.Rates)
+		if rt.TransferPerMTokens <= 0 {
+			continue
+		}
+		cached := q.cached(rp, i, rt)
+		uncached := q.tokens - cached
+		wait := q.queued(rp, isFresh(rp, q.p.StaleAfter)) * float64(rt.PrefillPerToken) * rt.Scale
+		prefill := rt.prefillNS(uncached, cached)*rt.Scale + math.Ceil(max(uncached, 1)/float64(rt.MaxBatchedTokens))*float64(rt.StepOverhead)
+		if t := wait + prefill; q.pw < 0 || t < q.pwTime {
+			q.pw, q.pwTime = i, t
+			q.pwBehind = q.arrivals * share * prefill * (wait + prefill/2)
+		}
+	}
 }
 
 // readMatches reads the candidates' matches of the prompt once: the deepest

@@ -39,6 +39,13 @@ const (
 	// of it (Decision.Transfer), cheaper than recomputing it or waiting
 	// for the holder.
 	ReasonTransfer = "transfer"
+	// ReasonDisagg: a prefill worker computes the prompt and the decode
+	// replica receives its KV (Decision.Transfer from the worker), which
+	// prices least.
+	ReasonDisagg = "disagg"
+	// ReasonLocalPrefill: a prefill worker could have taken the prompt, but
+	// the decode replica computing it itself prices less.
+	ReasonLocalPrefill = "local-prefill"
 	// ReasonExploit: Preble's exploitation branch (cached prefix holder).
 	ReasonExploit = "exploit"
 	// ReasonExplore: Preble's exploration branch (lowest load).

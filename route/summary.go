@@ -41,6 +41,9 @@ type Summary struct {
 	candidates   int
 	seqs, tokens int64
 	ref          int
+	// prefillers is the rows of prefill workers that take legs now
+	// (Replica.Prefills).
+	prefillers int
 }
 
 // summaryRow is one replica's entry of a Summary.
@@ -60,8 +63,8 @@ type summaryRow struct {
 	// candidate (unhealthy).
 	preset int32
 	// fresh says its scraped metrics count (Scraped, LoadAge within
-	// StaleAfter).
-	fresh bool
+	// StaleAfter); prefills is Replica.Prefills.
+	fresh, prefills bool
 }
 
 // NewSummary returns an empty Summary for a policy that ignores scraped
@@ -88,7 +91,7 @@ func (m *Summary) size(n int) {
 	}
 	m.rows = m.rows[:n]
 	m.presets, m.inPreset, m.presetsIn = m.presets[:0], m.inPreset[:0], 0
-	m.candidates, m.seqs, m.tokens, m.ref = 0, 0, 0, -1
+	m.candidates, m.seqs, m.tokens, m.ref, m.prefillers = 0, 0, 0, -1, 0
 }
 
 // Len is the replicas m summarises.
@@ -131,6 +134,9 @@ func (m *Summary) Update(s *Snapshot, i int) {
 
 // count adds row's share of m's totals sign times (1: in, −1: out).
 func (m *Summary) count(row *summaryRow, sign int) {
+	if row.prefills {
+		m.prefillers += sign
+	}
 	if row.preset < 0 {
 		return
 	}
@@ -156,8 +162,8 @@ func (m *Summary) fill(s *Snapshot) {
 			if m.ref < 0 {
 				m.ref = i
 			}
-			m.count(row, 1)
 		}
+		m.count(row, 1)
 	}
 }
 
@@ -167,7 +173,7 @@ func (m *Summary) row(out *summaryRow, s *Snapshot, i int) {
 	rp := &s.Replicas[i]
 	fresh := m.IsFresh(rp)
 	if !rp.Healthy {
-		*out = summaryRow{queue: math.Inf(1), preset: -1, fresh: fresh}
+		*out = summaryRow{queue: math.Inf(1), preset: -1, fresh: fresh, prefills: rp.Prefills}
 		return
 	}
 	batch, context := batchOf(rp, fresh, blockSize(s))
@@ -226,7 +232,7 @@ func (m *Summary) Check(s *Snapshot) error {
 	var full Summary
 	full.staleAfter = m.staleAfter
 	full.fill(s)
-	if full.candidates != m.candidates || full.seqs != m.seqs || full.tokens != m.tokens || full.presetsIn != m.presetsIn ||
+	if full.candidates != m.candidates || full.prefillers != m.prefillers || full.seqs != m.seqs || full.tokens != m.tokens || full.presetsIn != m.presetsIn ||
 		(full.ref < 0) != (m.ref < 0) || m.ref >= 0 && m.rows[m.ref].preset < 0 {
 		return fmt.Errorf("summary totals %d candidates, %d seqs, %d tokens, %d presets, ref %d; are %d, %d, %d, %d",
 			m.candidates, m.seqs, m.tokens, m.presetsIn, m.ref, full.candidates, full.seqs, full.tokens, full.presetsIn)
