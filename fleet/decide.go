@@ -189,6 +189,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 			own = sc.Request.Match[t.From] * sc.Snapshot.BlockSize
 		}
 		tk.chargeLeg(leg, r.Tokens-own)
+		leg.arrived(sc.Request.Seq, len(sc.Snapshot.Replicas)) // its Share is of the legs
 		f.tr.Touch(t.From, r.Chains, f.indexTime(now), &sc.ms)
 	}
 	if r.Session != "" {

@@ -79,6 +79,11 @@ func TestPrefillLegCharge(t *testing.T) {
 	if got := worker(); got != 64 {
 		t.Fatalf("worker's prefill tokens after a leg: %d, want 64", got)
 	}
+	var s route.Snapshot
+	f.Snapshot(&s, t0, 16)
+	if s.Replicas[0].Share <= 0 {
+		t.Error("the worker's Share does not count the leg it runs")
+	}
 	_, second := f.Decide(&Request{ID: "r2", Tokens: 64, MaxTokens: 8, Chains: chains}, nil, t0, &sc)
 	if sc.Request.Match[0] != 4 {
 		t.Errorf("the worker's index matches %d blocks of a prompt it computed, want 4", sc.Request.Match[0])

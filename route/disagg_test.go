@@ -31,8 +31,8 @@ func disaggFleet(cfg engine.Config, batch, tokens int) (*route.Request, *route.S
 // = b over 256 mean steps); remotely, the worker's prefill in iterations
 // of the step overhead alone, the transfer of all blocks but the last
 // token's, half a step more for the engine to take it up, the residual
-// prefill in one iteration, and the wait of the legs behind it on the
-// worker. The time to first token counts twice. The decode, and what
+// prefill in one iteration; no leg waits behind it on the worker, which
+// has run none (its Share is 0). The time to first token counts twice. The decode, and what
 // the request's KV takes, are the same either way.
 func disaggGain(rt route.Rates, per float64, b, k, n float64) float64 {
 	c := func(n, cached float64) float64 {
@@ -50,7 +50,7 @@ func disaggGain(rt route.Rates, per float64, b, k, n float64) float64 {
 	sent := math.Floor((n-1)/16) * 16
 	worker := c(n, 0) + iters*so
 	rest := c(n-sent, sent) + iter
-	remoteCost := 2*(2*half+worker+sent*per*1e-6+rest) + b*c(n-sent, sent) + 2*lambda*rest*(2*half+rest/2) + 2*lambda*worker*worker/2
+	remoteCost := 2*(2*half+worker+sent*per*1e-6+rest) + b*c(n-sent, sent) + 2*lambda*rest*(2*half+rest/2)
 	return localCost - remoteCost
 }
 

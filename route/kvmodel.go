@@ -89,7 +89,7 @@ func (q *kvRequest) disaggregating(rp *Replica, i int, rt *Rates, local float64)
 	pw := &q.reps[q.pw]
 	per := float64(max(rt.TransferPerMTokens, pw.Rates.TransferPerMTokens))
 	t := q.pwTime + (sent-local)*per*1e-6 + float64(max(rp.LinkWait, pw.LinkWait))
-	return sent, Transfer{From: q.pw, Blocks: blocks, Time: ns(t)}, true
+	return sent, Transfer{From: q.pw, Blocks: blocks, Time: ns(t), Cached: int(q.pwCached)}, true
 }
 
 // loading is what replica i's CPU tier holds of the prompt beyond the

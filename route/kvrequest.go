@@ -49,10 +49,10 @@ type kvRequest struct {
 	srcWorth  float64 // the source's cached tokens as compute time, less its link's wait
 	// pw is the prefill worker whose leg ends soonest (prefillWorker), or
 	// −1 when the fleet has none that can take one; pwTime is its leg,
-	// its queue and its prefill, and pwBehind the wait that prefill
+	// its queue and its prefill, pwCached the tokens it caches, and pwBehind the wait that prefill
 	// imposes on the legs that arrive there after it, in ns.
-	pw               int
-	pwTime, pwBehind float64
+	pw                         int
+	pwTime, pwBehind, pwCached float64
 	// held is the most expected cached tokens of the prompt on any
 	// healthy replica: a placement that stores more of the prompt than it
 	// has stores a copy of up to that many (Memory's displacement). It is
@@ -115,7 +115,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	}
 	q.haveRates = false // source filled the cache before the means were known
 	if sum.prefillers > 0 && sum.candidates > 0 {
-		q.prefillWorker(float64(sum.candidates) / float64(sum.prefillers))
+		q.prefillWorker(float64(sum.candidates))
 	}
 	return q
 }
@@ -123,11 +123,13 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 // prefillWorker sets q.pw to the prefill worker whose leg would end
 // soonest: the prompt tokens queued there ahead of it, then its prefill
 // of what it does not cache (a prefill worker keeps a prefix cache too),
-// in iterations that carry nothing else. Its legs arrive at the rate of
-// share candidates' requests (all of them sent to prefill workers, the
-// most they get), and each waits for the part of this one's prefill
-// still to run: behind. A worker that cannot transfer KV is none.
-func (q *kvRequest) prefillWorker(share float64) {
+// in iterations that carry nothing else. The legs that arrive there
+// after it wait for the part of its prefill still to run (behind), at
+// the worker's rate: its share of the router's requests whose legs it
+// ran (Replica.Share, kept for prefill workers of the legs) of the
+// fleet's rate, candidates × the per-replica rate. A worker that cannot
+// transfer KV is none.
+func (q *kvRequest) prefillWorker(candidates float64) {
 	for i := range q.rows {
 		if !q.rows[i].prefills {
 			continue
@@ -142,8 +144,9 @@ func (q *kvRequest) prefillWorker(share float64) {
 		wait := q.queued(rp, isFresh(rp, q.p.StaleAfter)) * float64(rt.PrefillPerToken) * rt.Scale
 		prefill := rt.prefillNS(uncached, cached)*rt.Scale + math.Ceil(max(uncached, 1)/float64(rt.MaxBatchedTokens))*float64(rt.StepOverhead)
 		if t := wait + prefill; q.pw < 0 || t < q.pwTime {
-			q.pw, q.pwTime = i, t
-			q.pwBehind = q.arrivals * share * prefill * (wait + prefill/2)
+			q.pw, q.pwTime, q.pwCached = i, t, cached
+			rate := q.arrivals * candidates * rp.ShareAt(q.r.Seq, len(q.reps))
+			q.pwBehind = rate * prefill * (wait + prefill/2)
 		}
 	}
 }

@@ -27,12 +27,29 @@ func constructors() map[string]func() Policy {
 	}
 }
 
+// pdConstructors maps the names of the peers' prefill/decode schedulers
+// (PD), which only a disaggregated fleet tells from their base policies,
+// to their constructors.
+func pdConstructors() map[string]func() Policy {
+	return map[string]func() Policy{
+		"pd-round-robin": func() Policy { return pdRoundRobin() },
+		"llm-d-pd":       func() Policy { return llmdPD() },
+		"dynamo-pd":      func() Policy { return dynamoPD() },
+	}
+}
+
 // Default is the name of the default policy.
 const Default = "kv-aware"
 
-// Names lists every policy name New accepts, sorted.
-func Names() []string {
-	m := constructors()
+// Names lists the policies' names, sorted: every one New accepts but the
+// peers' prefill/decode schedulers (PDNames).
+func Names() []string { return sortedKeys(constructors()) }
+
+// PDNames lists the names of the peers' prefill/decode schedulers
+// (PD), sorted.
+func PDNames() []string { return sortedKeys(pdConstructors()) }
+
+func sortedKeys(m map[string]func() Policy) []string {
 	names := make([]string, 0, len(m))
 	for name := range m {
 		names = append(names, name)
@@ -45,7 +62,10 @@ func Names() []string {
 func New(name string) (Policy, error) {
 	c, ok := constructors()[name]
 	if !ok {
-		return nil, fmt.Errorf("unknown policy %q (want one of %v)", name, Names())
+		c, ok = pdConstructors()[name]
+	}
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (want one of %v, or for a disaggregated fleet %v)", name, Names(), PDNames())
 	}
 	return c(), nil
 }

@@ -277,6 +277,9 @@ type Decision struct {
 type Transfer struct {
 	From, Blocks int
 	Time         time.Duration
+	// Cached is, for a prefill leg (From a prefill worker), the prompt
+	// tokens the worker is predicted to cache: it computes the rest.
+	Cached int
 }
 
 // Policy picks a replica for a request.

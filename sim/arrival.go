@@ -47,26 +47,38 @@ func (r *runner) dispatch(j int) bool {
 		r.reject(j, -1, d.Reason, rejectPolicy)
 		return true
 	}
-	i := d.Replica
+	r.flights[j] = flight{rep: int32(d.Replica), leg: -1, ticket: tk, predicted: min(d.Matched, jb.prompt), reason: d.Reason}
+	r.live++
+	if r.startLeg(j, d.Transfer) {
+		return true
+	}
+	r.start(j, d.Transfer)
+	return true
+}
+
+// start hands job j, routed and charged (r.flights[j]), to its replica's
+// engine, importing transfer t's blocks first if it orders any.
+func (r *runner) start(j int, t route.Transfer) {
+	jb, f := &r.jobs[j], &r.flights[j]
+	i := int(f.rep)
 	rp := &r.reps[i]
 	er := &r.ereq[j]
 	*er = engine.Request{ID: jb.id, Prompt: jb.prompt, Hashes: jb.hashes, MaxTokens: jb.output}
-	r.importFrom(d.Transfer, er, jb, i)
+	r.importFrom(t, er, jb, i)
 	// A replica that does not serve the model answers 404, as an engine
 	// does: an error the policy caused.
 	if !rp.alive || rp.model != jb.model || rp.eng.Add(r.now, er) != nil {
-		tk.Done(at(r.now), fleet.NoUsage, errEngineRefused)
+		f.ticket.Done(at(r.now), fleet.NoUsage, errEngineRefused)
 		r.trace(Step{Kind: StepDone, Replica: i, ReqID: jb.id, Usage: fleet.NoUsage, Failed: true})
-		r.reject(j, i, d.Reason, rejectEngine)
-		return true
+		r.live--
+		r.reject(j, i, f.reason, rejectEngine)
+		return
 	}
-	r.flights[j] = flight{rep: int32(i), ticket: tk, predicted: min(d.Matched, jb.prompt), reason: d.Reason, active: true}
+	f.active = true
 	r.byID[jb.id] = int32(j)
-	r.live++
 	if rp.wake < 0 || !rp.eng.Busy() {
 		r.step(i) // an engine waiting only for loads admits it now, as the emulator's does
 	}
-	return true
 }
 
 // importFrom makes er, bound for replica dst, import transfer t's blocks,

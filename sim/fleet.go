@@ -71,7 +71,11 @@ func (r *runner) kill(i int) {
 	r.trace(Step{Kind: StepDown, Replica: i})
 	for j := range r.flights {
 		f := &r.flights[j]
-		if f.active && int(f.rep) == i {
+		if f.active && int(f.leg) == i {
+			r.failLeg(j)
+			continue
+		}
+		if f.active && f.leg < 0 && int(f.rep) == i {
 			f.active = false
 			f.ticket.Done(at(r.now), fleet.NoUsage, errKilled)
 			r.trace(Step{Kind: StepDone, Replica: i, ReqID: r.jobs[j].id, Usage: fleet.NoUsage, Failed: true})

@@ -25,6 +25,8 @@ type replica struct {
 	removed bool
 	// wake is the pending wake-up time, or -1 when none is queued.
 	wake time.Duration
+	// role is its part in a disaggregated fleet (Config.PrefillReplicas).
+	role route.Role
 }
 
 // epoch is virtual time zero on the wall clock: the fleet takes times as
@@ -36,11 +38,18 @@ func at(t time.Duration) time.Time { return epoch.Add(t) }
 
 // flight is one request's state while it runs on a replica.
 type flight struct {
-	rep       int32
-	ticket    *fleet.Ticket
-	predicted int    // cached tokens the policy predicted
-	reason    string // the decision's reason
-	active    bool
+	rep int32
+	// leg is the prefill worker computing the prompt before rep decodes
+	// it (legs.go), −1 when none is.
+	leg    int32
+	blocks int // the blocks the leg sends
+	// legComputed and legPredicted are the prompt tokens its prefill leg
+	// computed, and was predicted to, on the worker (legs.go).
+	legComputed, legPredicted int
+	ticket                    *fleet.Ticket
+	predicted                 int    // cached tokens the policy predicted
+	reason                    string // the decision's reason
+	active                    bool
 }
 
 // runner simulates one policy over the jobs on a fresh fleet: the engines
@@ -130,7 +139,7 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 func rates(cfg *Config) route.Rates {
 	rt := cfg.Preset.Rates()
 	rt.LoadPerMTokens = cfg.Preset.LoadPerMTokens()
-	if cfg.InterconnectGBps > 0 {
+	if cfg.InterconnectGBps > 0 || cfg.PrefillReplicas > 0 {
 		rt.TransferPerMTokens = cfg.Preset.TransferPerMTokens()
 	}
 	return rt
@@ -170,15 +179,22 @@ func (r *runner) addReplica() error {
 	// Replicas are named as the live router names them, by base URL (the
 	// consistent-hashing peers hash the names).
 	id, model := fmt.Sprintf("http://r%d:8000", n), modelName(n%r.cfg.Models)
+	role := route.RoleBoth
+	switch {
+	case n < r.cfg.PrefillReplicas:
+		role = route.RolePrefill
+	case r.cfg.PrefillReplicas > 0:
+		role = route.RoleDecode
+	}
 	r.each(func(f *fleet.Fleet) {
 		if err == nil {
-			err = f.AddReplica(fleet.Replica{ID: id, Models: []string{model}})
+			err = f.AddReplica(fleet.Replica{ID: id, Models: []string{model}, Role: role})
 		}
 	})
 	if err != nil {
 		return err
 	}
-	rp := replica{id: id, model: model, eng: e, alive: true, wake: -1}
+	rp := replica{id: id, model: model, eng: e, alive: true, wake: -1, role: role}
 	// The fleet gives it the next slot, or that of a removed replica
 	// whose requests have all finished (its engine is idle).
 	i := r.fl.At(id)
@@ -328,7 +344,7 @@ func (r *runner) step(i int) {
 func (r *runner) onEngine(i int, ev *engine.Event) {
 	switch ev.Kind {
 	case engine.FirstToken:
-		if j, ok := r.byID[ev.Req]; ok {
+		if j, ok := r.byID[ev.Req]; ok && r.jobs[j].id == ev.Req { // a leg's is not the request's
 			r.flights[j].ticket.FirstToken(at(ev.At))
 			r.trace(Step{Kind: StepFirstToken, Replica: i, ReqID: ev.Req})
 		}
@@ -350,6 +366,10 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 	if !ok {
 		return
 	}
+	if r.jobs[j].id != ev.Req {
+		r.onLegDone(int(j), ev)
+		return
+	}
 	f := &r.flights[j]
 	u := fleet.Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, CompletionTokens: ev.OutputTokens}
 	f.ticket.Done(at(ev.At), u, nil)
@@ -358,10 +378,13 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 	delete(r.byID, ev.Req)
 	r.live--
 	jb := &r.jobs[j]
+	// A prompt prefilled on a worker is not cached where the decode
+	// replica reports it so: what the worker computed is deducted
+	// (legs.go), and the prediction likewise.
 	r.res.samples = append(r.res.samples, report.Sample{
 		At: jb.at, TTFT: ev.First - jb.at, E2E: ev.At - jb.at, ITL: itl(ev),
-		Prompt: ev.PromptTokens, Cached: ev.CachedTokens, PredictedCached: f.predicted, Output: ev.OutputTokens,
-		Replica: i, OK: true, Reason: f.reason,
+		Prompt: ev.PromptTokens, Cached: max(ev.CachedTokens-f.legComputed, 0), PredictedCached: max(f.predicted-f.legPredicted, 0),
+		Output: ev.OutputTokens, Replica: i, OK: true, Reason: f.reason,
 	})
 	r.progress()
 }

@@ -82,6 +82,13 @@ type Config struct {
 	// InterconnectGBps), and the policies that can order transfers
 	// (route.Decision.Transfer) do; zero means no transfers.
 	InterconnectGBps float64
+	// PrefillReplicas, when positive, makes the fleet disaggregated: the
+	// first PrefillReplicas of the Replicas are prefill workers
+	// (route.RolePrefill), the rest decode (route.RoleDecode), and KV
+	// transfers are on (at InterconnectGBps, else the preset's). A
+	// policy's decision with a prefill leg runs it as the live router
+	// does (legs.go). Zero means an aggregated fleet.
+	PrefillReplicas int
 	// Load is the arrival rate as a multiple of the fleet's knee: at 1,
 	// requests arrive at the rate at which a balanced fleet that caches
 	// nothing just meets the SLO (kneeRate). Arrival times are scaled to
@@ -200,6 +207,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.InterconnectGBps > 0 {
 		c.Preset.InterconnectGBps = c.InterconnectGBps
+	}
+	if c.PrefillReplicas < 0 || c.PrefillReplicas >= c.Replicas {
+		return c, fmt.Errorf("sim: %d prefill replicas of %d: want 0 to %d, some must decode", c.PrefillReplicas, c.Replicas, c.Replicas-1)
 	}
 	e, err := engine.New(c.Preset)
 	if err != nil {

@@ -81,6 +81,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
 	interconnect := fs.Float64("interconnect-gbps", 0, "let replicas import KV from each other over links of this many GB/s each way (policies that can order transfers do: kv-aware, mooncake-global); 0: no transfers")
+	prefillReplicas := fs.Int("prefill-replicas", 0, "make the fleet disaggregated: this many of --replicas are prefill workers, the rest decode, and KV transfers are on (at --interconnect-gbps, else the preset's); 0: aggregated")
 	cpuBlocks := fs.Int("cpu-kv-blocks", 0, "give every replica a CPU offload tier of this many KV blocks (see kvrouter engine -h); 0: none")
 	pcie := fs.Float64("pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s; 0: %d", engine.DefaultPCIeGBps))
 	routers := fs.Int("routers", 1, "routers in front of the fleet, each with its own fleet state, exchanging their shares every --sync-interval (as --redis does live)")
@@ -105,9 +106,9 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		return err
 	}
 	base := sim.Config{
-		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies),
+		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies, *prefillReplicas > 0),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
-		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect,
+		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect, PrefillReplicas: *prefillReplicas,
 		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign,
 	}
 	base.RateScale = *rateScale
@@ -150,7 +151,10 @@ func admissionFlags(fs *flag.FlagSet, maxWait *time.Duration, maxQueue *int, tim
 }
 
 // policyNames parses --policies.
-func policyNames(s string) []string {
+func policyNames(s string, disaggregated bool) []string {
+	if s == "all" && disaggregated {
+		return append(append(route.Names(), route.PDNames()...), "kv-aware"+sim.PreciseSuffix)
+	}
 	if s == "all" {
 		return append(route.Names(), "kv-aware"+sim.PreciseSuffix)
 	}
