@@ -147,6 +147,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	f.mu.RUnlock()
 	c := Claim{
 		PrefillTokens:   r.Tokens - d.Matched,
+		Output:          max(r.MaxTokens, 0),
 		Tokens:          r.Tokens + max(r.MaxTokens, 0),
 		PredictedCached: d.Matched,
 		PromptTokens:    r.Tokens,

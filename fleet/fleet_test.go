@@ -120,7 +120,7 @@ func TestDecideCommitsAndPins(t *testing.T) {
 	if d.Replica != 2 || tk == nil {
 		t.Fatalf("decision %+v, ticket %v: want replica 2 and a ticket", d, tk)
 	}
-	if got, want := tk.Claim(), (Claim{PrefillTokens: 360, Tokens: 1100, PredictedCached: 640, PromptTokens: 1000, HitScale: 1}); got != want {
+	if got, want := tk.Claim(), (Claim{PrefillTokens: 360, Tokens: 1100, PredictedCached: 640, PromptTokens: 1000, HitScale: 1, Output: 100}); got != want {
 		t.Errorf("claim %+v, want %+v", got, want)
 	}
 	if got, _ := f.pin("conv-1", nil, &sc.Snapshot, t0); got != 2 {

@@ -44,6 +44,9 @@ type Claim struct {
 	// there (a KV import): counted in the engine's cached tokens, they
 	// were not the replica's own, and it stores them.
 	Imported int
+	// Output is the output tokens expected (max_tokens), zero unknown:
+	// its inverse counts in the replica's InvOutput.
+	Output int
 	// Streamed says the response streams, so that its first token and its
 	// end are seen when the engine makes them: the time between, over the
 	// output tokens, is its inter-token latency, which calibrates the
@@ -135,6 +138,10 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 	r.inFlight.Add(1)
 	r.prefillTokens.Add(int64(c.PrefillTokens))
 	r.decodeTokens.Add(int64(c.Tokens))
+	if c.Output > 0 {
+		r.outputs.Add(1)
+		r.invOut.Add(1e9 / int64(c.Output))
+	}
 	r.changed()
 	if w := f.needs.Window; w > 0 && c.PrefillTokens > 0 {
 		r.mu.Lock()
@@ -216,6 +223,10 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 		r.decoding.Add(-1)
 	}
 	r.decodeTokens.Add(-int64(t.claim.Tokens))
+	if t.claim.Output > 0 {
+		r.outputs.Add(-1)
+		r.invOut.Add(-1e9 / int64(t.claim.Output))
+	}
 	r.inFlight.Add(-1)
 	t.leftScrape(now)
 	r.changed()

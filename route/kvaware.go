@@ -48,7 +48,12 @@ import "time"
 //     (kvRequest.lifeContext).
 //   - Others: the delay it imposes: its prefill stalls each of the B
 //     running decodes (B × its prefill compute), which their last tokens
-//     feel; its presence slows every iteration it shares with the batch
+//     feel, and which matters to each per token: a stall of c adds c/n to
+//     each inter-token gap of an answer of n tokens on average, so each
+//     stalled sequence weighs its 1/n over the fleet's mean 1/n
+//     (kvRequest.stalled, over the requests that said their max_tokens;
+//     the weights sum to the fleet's sequences) and a batch of short
+//     answers is dear to stall, one of long answers cheap; its presence slows every iteration it shares with the batch
 //     (its batch over the decode, kvRequest.life, × output × Δ); and the requests that queue behind it
 //     while it waits wait for all of its prefill, and those that arrive
 //     while it runs for half (λ × prefill × (Wait + prefill/2), λ the

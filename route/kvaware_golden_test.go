@@ -328,6 +328,17 @@ func withPaths(rng *rand.Rand, r *Request, s *Snapshot) {
 			rt.LoadPerMTokens = time.Duration(1+rng.IntN(50)) * time.Millisecond
 			r.Offloaded[i] = rng.IntN(r.Blocks + 8)
 		}
+		if rp := &s.Replicas[i]; rng.IntN(2) == 0 && rp.InFlight > 0 {
+			// Some of its requests said their output length.
+			rp.Outputs = 1 + rng.IntN(rp.InFlight)
+			for range rp.Outputs {
+				rp.InvOutput += 1 / float64(1+rng.IntN(2000))
+			}
+		}
+		if rng.IntN(8) == 0 && rt.TransferPerMTokens > 0 && s.Replicas[i].Healthy {
+			// A prefill worker.
+			s.Replicas[i].Healthy, s.Replicas[i].Prefills, s.Replicas[i].Role = false, true, RolePrefill
+		}
 		rt.Displaced = []float64{0, 0, 0.3, 1}[rng.IntN(4)]
 	}
 }

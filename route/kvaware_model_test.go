@@ -380,3 +380,45 @@ func TestKVAwareSharesACopyWithLaterSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestKVAwareStallWeighsShortAnswers: two replicas alike but for their
+// running requests' lengths: 8 requests answering in 16 tokens each on
+// one, 8 answering in 1,024 on the other. A prompt of 4,000 tokens
+// stalls whichever batch it joins for its prefill; on the first that
+// adds a quarter of the prefill to each short answer's inter-token
+// gaps, on the second almost nothing, so the stall there weighs, per
+// token at the fleet's harmonic-mean output (about 32 tokens), 8 ×
+// (1/16)/(1/31.5) ≈ 15.8 sequences against 0.25: the request goes to
+// the long answers. Without the lengths (Outputs 0) both weigh their 8
+// sequences and price the same.
+func TestKVAwareStallWeighsShortAnswers(t *testing.T) {
+	snap := func(known bool) *Snapshot {
+		s := &Snapshot{BlockSize: 16, Replicas: []Replica{
+			{ID: "short", Healthy: true, InFlight: 8, Decoding: 8, DecodeBlocks: 8 * 1000 / 16},
+			{ID: "long", Healthy: true, InFlight: 8, Decoding: 8, DecodeBlocks: 8 * 1000 / 16},
+		}}
+		if known {
+			s.Replicas[0].Outputs, s.Replicas[0].InvOutput = 8, 8.0/16
+			s.Replicas[1].Outputs, s.Replicas[1].InvOutput = 8, 8.0/1024
+		}
+		return s
+	}
+	r := &Request{ID: "r", Tokens: 4000, MaxTokens: 200, Blocks: 250, Match: []int{0, 0}, Pinned: -1, Costs: make([]Cost, 0, 2)}
+	d := KVAware{}.Pick(r, snap(true))
+	if d.Replica != 1 {
+		t.Fatalf("chose %d (%+v), want the replica of long answers", d.Replica, d.Costs)
+	}
+	short, long := d.Costs[0].Others, d.Costs[1].Others
+	rt := Rates{}.WithDefaults()
+	compute := rt.prefillNS(4000, 0)
+	harmonic := 16.0 / (8.0/16 + 8.0/1024)
+	want := (8*harmonic/16 - 8*harmonic/1024) * compute
+	if got := float64(short - long); math.Abs(got-want) > 1e-6*want {
+		t.Errorf("Others differ by %v, want the stall weights' difference × the prefill, %v", time.Duration(got), time.Duration(want))
+	}
+	r.Costs = r.Costs[:0]
+	d = KVAware{}.Pick(r, snap(false))
+	if d.Costs[0].Others != d.Costs[1].Others {
+		t.Errorf("without output lengths: Others %v and %v, want equal", d.Costs[0].Others, d.Costs[1].Others)
+	}
+}

@@ -13,7 +13,8 @@
 //	          + LinkWait, and Others gains ttftWeight·behind on the worker
 //	Prefill = compute(uncached after cached)·Scale + ⌈uncached/MaxBatchedTokens⌉·iter         cached, prefillNS, iterNS
 //	Decode  = out·(step(life, lifeContext) + Δ)·DecodeScale                                   life, kept, lifeContext
-//	Others  = B·compute·Scale + life·out·Δ·DecodeScale + ttftWeight·behind                    behind
+//	Others  = B'·compute·Scale + life·out·Δ·DecodeScale + ttftWeight·behind                   stalled, behind
+//	          B' = B × (the batch's mean 1/output) / (the fleet's), per token
 //	Memory  = (memory + displaced)·Scale, displaced = (ttftWeight + B̄)·Displaced·copy         memory, displaced, copied, holds
 //	Future  = future − shared, future = FutureTurns·turn(kept batch)                          future, turn, shared
 //
@@ -197,7 +198,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// Others: the stall of the running decodes, the slowdown of the
 	// sequences that share its iterations, and the wait of the requests
 	// that arrive during its prefill.
-	others := batch*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + ttftWeight*q.behind(rt, wait, prefill)
+	others := q.stalled(rp, batch)*compute*rt.Scale + life*q.out*grow*rt.DecodeScale + ttftWeight*q.behind(rt, wait, prefill)
 
 	// Memory: KV pressure (imported blocks take room too), and the copy
 	// of what another replica holds that this placement stores: computed
@@ -281,6 +282,23 @@ func (q *kvRequest) kept(rp *Replica) float64 {
 // fleet's mean.
 func (q *kvRequest) lifeContext(batch, context, life float64) float64 {
 	return context*q.persist + max(life-batch*q.persist, 0)*q.perSeq
+}
+
+// stalled is the weight of the stall a prefill imposes on replica rp's
+// batch of sequences, in sequences of the fleet's mean: a stall of c
+// lengthens each inter-token gap of a sequence of n output tokens by c/n
+// on average, so it matters to each per token, and a batch of short
+// answers (whose mean inter-token latency one stall can break) is dearer
+// to stall than one of long answers. Priced per token at the fleet's
+// harmonic mean output 1/m̄, each sequence weighs its own 1/n over m̄:
+// batch × (the replica's mean 1/n) / m̄, over the router's requests that
+// said their output length (Replica.Outputs); over the fleet the weights
+// sum to its sequences. Without those, the batch.
+func (q *kvRequest) stalled(rp *Replica, batch float64) float64 {
+	if q.invMean <= 0 || rp.Outputs <= 0 || rp.InvOutput <= 0 {
+		return batch
+	}
+	return batch * rp.InvOutput / float64(rp.Outputs) * q.invScale
 }
 
 // behind is the wait a prefill of the given length, starting after wait,

@@ -129,7 +129,7 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
-	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + batch*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
+	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
 	if i == q.r.Pinned && q.p.PinBonus > 0 {
 		total = max(total-float64(q.p.PinBonus), 0)
 	}
@@ -200,7 +200,7 @@ func (q *kvRequest) path(i int) uint8 {
 func (q *kvRequest) quick(i int) float64 {
 	t := &q.rows[i]
 	return (q.decodeFloor+q.outPerToken*q.lowContext(t.batch, t.context))*t.decodeScale +
-		q.computes[q.path(i)&3]*t.stall + t.queue
+		q.computes[q.path(i)&3]*(t.stall+t.stallInv*q.invScale) + t.queue
 }
 
 // screen fills sc.quick with each replica's quick bound (+Inf for one
@@ -240,7 +240,7 @@ func (q *kvRequest) screen(sc *screen) int {
 	// Every row as if its prefill were the whole prompt's (a row that is
 	// not a candidate has an infinite queue, so its bound is too), then
 	// the hits on their own paths.
-	floor, perToken, persist, mean, perSeq := q.decodeFloor, q.outPerToken, q.persist, q.meanBatch, q.perSeq
+	floor, perToken, persist, mean, perSeq, invScale := q.decodeFloor, q.outPerToken, q.persist, q.meanBatch, q.perSeq, q.invScale
 	quick, rows := sc.quick[:len(q.rows)], q.rows
 	for i := range quick {
 		t := &rows[i]
@@ -249,7 +249,7 @@ func (q *kvRequest) screen(sc *screen) int {
 			short = 0
 		}
 		low := t.context*persist + short*perSeq
-		quick[i] = (floor+perToken*low)*t.decodeScale + whole*t.stall + t.queue
+		quick[i] = (floor+perToken*low)*t.decodeScale + whole*(t.stall+t.stallInv*invScale) + t.queue
 	}
 	for _, i := range q.hits {
 		quick[i] = q.quick(i)

@@ -27,6 +27,10 @@ type kvRequest struct {
 	haveRates bool
 	// compute0 is the prefill compute of the whole prompt with rt.
 	compute0 float64
+	// invMean is the fleet's mean 1/output over the router's requests in
+	// flight that said their output, m̄ (0: none did); invScale is 1/m̄,
+	// or 0 (stalled).
+	invMean, invScale float64
 	// deepMatch is the deepest match of the prompt, in tokens, on any
 	// candidate (copied, turn).
 	deepMatch float64
@@ -96,6 +100,10 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	}
 	if n := float64(sum.candidates); n > 0 {
 		q.meanBatch, q.meanContext = float64(sum.seqs)/n, float64(sum.tokens)/n
+	}
+	if sum.outputs > 0 && sum.invOutput > 0 {
+		q.invMean = float64(sum.invOutput) * 1e-9 / float64(sum.outputs)
+		q.invScale = 1 / q.invMean
 	}
 	matches := r.Match[:min(len(r.Match), len(q.rows))]
 	holders := q.readMatches(matches, hits)

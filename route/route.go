@@ -41,6 +41,12 @@ type Replica struct {
 	PrefillTokens int
 	// Decoding is the router's own count of requests past their first token.
 	Decoding int
+	// Outputs is the router's requests in flight here that said their
+	// output length (max_tokens), and InvOutput the sum of 1/output over
+	// them: a stall of the batch matters to each sequence per token
+	// (KVAware, Others).
+	Outputs   int
+	InvOutput float64
 	// DecodeBlocks is the KV footprint, in blocks of Snapshot.BlockSize
 	// tokens, of the requests this router has in flight here.
 	DecodeBlocks int

@@ -40,7 +40,10 @@ type Summary struct {
 	// rows come and go without rounding; ref is one of them (−1: none).
 	candidates   int
 	seqs, tokens int64
-	ref          int
+	// outputs and invOutput sum the candidates' Replica.Outputs and
+	// InvOutput (in units of 1e−9): their mean 1/output is the ratio.
+	outputs, invOutput int64
+	ref                int
 	// prefillers is the rows of prefill workers that take legs now
 	// (Replica.Prefills).
 	prefillers int
@@ -52,20 +55,30 @@ type summaryRow struct {
 	// in tokens, as kvRequest.batch has them, the context in whole tokens
 	// (rounded down, so that quick stays a lower bound).
 	batch, context float64
-	// decodeScale is its Rates' DecodeScale, with the default; stall is
+	// decodeScale is its Rates' DecodeScale, with the default; stall and
+	// stallInv make its stall weight at the fleet's mean 1/output m̄,
+	// stall + stallInv/m̄ (kvRequest.stalled, at its Scale, plus
+	// ttftWeight): stallInv is 0 when no request there said its output;
+	// stall is
 	// its Scale (also with the default) × (batch + ttftWeight): a prefill's compute
 	// counts ttftWeight times in the request's latency, and once in each of the
 	// batch's (quick); queue is the prefill of the router's own queue
 	// there, ttftWeight times, at its Scale, and +Inf for a replica that
 	// is not a candidate, so that its quick bound is too (screen).
-	decodeScale, stall, queue float64
+	decodeScale, stall, stallInv, queue float64
 	// preset indexes Summary.presets; −1 for a replica that is not a
 	// candidate (unhealthy).
 	preset int32
 	// fresh says its scraped metrics count (Scraped, LoadAge within
 	// StaleAfter); prefills is Replica.Prefills.
 	fresh, prefills bool
+	// outputs and invOutput are its Outputs and InvOutput (in units of
+	// 1e−9), for the totals.
+	outputs, invOutput int64
 }
+
+// nanoInv is x in integer units of 1e−9, so that sums of them stay exact.
+func nanoInv(x float64) int64 { return int64(math.Round(x * 1e9)) }
 
 // NewSummary returns an empty Summary for a policy that ignores scraped
 // metrics older than staleAfter (KVAware.StaleAfter; zero means its
@@ -92,6 +105,7 @@ func (m *Summary) size(n int) {
 	m.rows = m.rows[:n]
 	m.presets, m.inPreset, m.presetsIn = m.presets[:0], m.inPreset[:0], 0
 	m.candidates, m.seqs, m.tokens, m.ref, m.prefillers = 0, 0, 0, -1, 0
+	m.outputs, m.invOutput = 0, 0
 }
 
 // Len is the replicas m summarises.
@@ -143,6 +157,8 @@ func (m *Summary) count(row *summaryRow, sign int) {
 	m.candidates += sign
 	m.seqs += int64(sign) * int64(row.batch)
 	m.tokens += int64(sign) * int64(row.context)
+	m.outputs += int64(sign) * row.outputs
+	m.invOutput += int64(sign) * row.invOutput
 	k := &m.inPreset[row.preset]
 	if *k == 0 || *k+sign == 0 {
 		m.presetsIn += sign
@@ -195,7 +211,12 @@ func (m *Summary) row(out *summaryRow, s *Snapshot, i int) {
 	if perToken <= 0 {
 		perToken = DefaultPrefillPerToken
 	}
-	*out = summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: scale * (batch + ttftWeight),
+	stall, stallInv := scale*(batch+ttftWeight), 0.0
+	if rp.Outputs > 0 && rp.InvOutput > 0 {
+		stall, stallInv = scale*ttftWeight, scale*batch*rp.InvOutput/float64(rp.Outputs)
+	}
+	*out = summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: stall, stallInv: stallInv,
+		outputs: int64(rp.Outputs), invOutput: nanoInv(rp.InvOutput),
 		queue: ttftWeight * float64(rp.PrefillTokens) * float64(perToken) * scale, fresh: fresh}
 }
 
@@ -232,7 +253,7 @@ func (m *Summary) Check(s *Snapshot) error {
 	var full Summary
 	full.staleAfter = m.staleAfter
 	full.fill(s)
-	if full.candidates != m.candidates || full.prefillers != m.prefillers || full.seqs != m.seqs || full.tokens != m.tokens || full.presetsIn != m.presetsIn ||
+	if full.candidates != m.candidates || full.prefillers != m.prefillers || full.outputs != m.outputs || full.invOutput != m.invOutput || full.seqs != m.seqs || full.tokens != m.tokens || full.presetsIn != m.presetsIn ||
 		(full.ref < 0) != (m.ref < 0) || m.ref >= 0 && m.rows[m.ref].preset < 0 {
 		return fmt.Errorf("summary totals %d candidates, %d seqs, %d tokens, %d presets, ref %d; are %d, %d, %d, %d",
 			m.candidates, m.seqs, m.tokens, m.presetsIn, m.ref, full.candidates, full.seqs, full.tokens, full.presetsIn)
