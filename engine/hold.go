@@ -11,12 +11,14 @@ import (
 // (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py,
 // NixlConnectorScheduler.request_finished, vLLM commit 002a105): a request
 // that asked for it (Request.HoldFor, vLLM's do_remote_decode) finishes
-// without freeing its blocks; Done names the held prompt blocks
-// (Event.HeldBlocks); the blocks stay in use, so they take cache room and
-// cannot be evicted, until a peer has read them (Read) or the hold
-// expires (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT), whichever comes first.
-// Then they are freed as any finished request's blocks: still cached,
-// evictable.
+// without freeing its blocks; Done names its computed full prompt blocks
+// (Event.HeldBlocks: `block_ids if all_full else block_ids[:-1]` in vLLM
+// before vllm-project/vllm#21074, which since names the partial last
+// block too; the model moves whole blocks only); all its blocks stay in
+// use, so they take cache room and cannot be evicted, until a peer has
+// read them (Read) or the hold expires (vLLM's
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT), whichever comes first. Then they are
+// freed as any finished request's blocks: still cached, evictable.
 
 // hold is one finished request whose blocks wait for a reader.
 type hold struct {
