@@ -90,6 +90,12 @@ func (s *Server) maxBlocks() int { return s.ecfg.MaxModelLen/s.ecfg.BlockSize + 
 
 // serveTransfer is the side channel: POST TransferPath with a readAsk.
 func (s *Server) serveTransfer(w http.ResponseWriter, r *http.Request) {
+	// A peer that trickles its ask or does not read the answer holds the
+	// connection no longer than a reader waits for it (errors: a
+	// connection without deadlines, as in tests on a recorder).
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(transferTimeout))
+	rc.SetWriteDeadline(time.Now().Add(transferTimeout))
 	ask, err := s.readAsk(w, r)
 	if err != nil {
 		fail(w, err)

@@ -16,8 +16,7 @@ import (
 // takes.
 func TestSideChannelHostile(t *testing.T) {
 	cfg := pdConfig(route.RolePrefill)
-	cfg.Engine.MaxModelLen = 4096
-	cfg.Preset = ""
+	cfg.KVBlocks = 256 // prompts of up to 4,096 tokens: asks of up to 257 ids
 	src := start(t, cfg)
 	kv := prefill(t, src, seq(1000, 3*16+1))
 	var p struct {
@@ -34,7 +33,7 @@ func TestSideChannelHostile(t *testing.T) {
 		status     int
 		msg        string
 	}{
-		{"oversize body", `{"request_id": "` + strings.Repeat("x", 1<<20) + `"}`, 413, "exceeds"},
+		{"oversize body", `{"request_id": "` + strings.Repeat("x", 64<<10) + `"}`, 413, "exceeds"},
 		{"malformed JSON", `{"request_id": "a", "block_ids": [1,`, 400, "invalid JSON"},
 		{"not an object", `[]`, 400, "invalid JSON"},
 		{"ids not numbers", `{"request_id": "a", "block_ids": ["one"]}`, 400, "invalid JSON"},

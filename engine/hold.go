@@ -58,6 +58,7 @@ func (e *Engine) keep(s *seq, t time.Duration) []int32 {
 // already); a read whose first id is not the request's first held block
 // gets no hashes and leaves the hold in place.
 func (e *Engine) Read(now time.Duration, id string, ids []int32) (hashes []prefix.Hash, sent time.Duration, ok bool) {
+	e.release(now) // a hold due by now is gone, whether or not Step ran since
 	h := e.holds[id]
 	if h == nil || h.read {
 		return nil, 0, false

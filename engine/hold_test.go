@@ -93,6 +93,15 @@ func TestHoldExpires(t *testing.T) {
 	if _, _, ok := e.Read(next, "p", done.HeldBlocks); ok {
 		t.Error("a read after the expiry found the blocks")
 	}
+
+	// A read due after the expiry finds nothing even if no Step ran.
+	done, now = runUntilDone(t, e, next, Request{ID: "q", Tokens: toks(0, 40), MaxTokens: 1, HoldFor: time.Second})
+	if _, _, ok := e.Read(now+time.Second, "q", done.HeldBlocks); ok {
+		t.Error("a read at the expiry found the blocks")
+	}
+	if st := e.Stats(); st.HeldBlocks != 0 || st.ExpiredHolds != 2 {
+		t.Errorf("after the second expiry: held %d, expired %d; want 0, 2", st.HeldBlocks, st.ExpiredHolds)
+	}
 }
 
 // TestHoldReadsOnlyItsBlocks: a read gets the leading ids that are the
