@@ -24,7 +24,9 @@ import (
 // remote_request_id, remote_host and remote_port. The engine reads the
 // blocks from the prefill worker's side channel (sidechannel.go) at
 // remote_host:remote_port, at most the prompt's full blocks but the one
-// holding its last token (recomputed for its logits), checks that the
+// holding its last token (recomputed for its logits: the engine model
+// computes whole blocks, where vLLM reads that block too and recomputes
+// only the token), checks that the
 // hashes it gets are its own prompt's leading blocks, and admits the
 // request with them arriving over its inbound link no earlier than the
 // source sent them (engine.Request.RemoteBlocks, RemoteSent): its TTFT is
