@@ -17,7 +17,7 @@ import (
 // Handler serves the replica's HTTP API: POST /v1/chat/completions,
 // POST /v1/completions, GET /v1/models, GET /health, POST /tokenize,
 // GET /metrics, and POST TransferPath, the KV-transfer side channel
-// (transfer.go).
+// (sidechannel.go).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
@@ -57,6 +57,12 @@ type job struct {
 	offset int
 	// kv is the request's kv_transfer_params; nil without.
 	kv *engine.TransferParams
+	// hold is set for a prefill leg that holds its blocks for a decode
+	// worker, reachable at the side channel sideHost:sidePort
+	// (prefill.go).
+	hold     bool
+	sideHost string
+	sidePort int
 }
 
 // httpError is an error with its HTTP status and, if not empty, the
@@ -188,16 +194,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
 	if s.cfg.KVFullStatus != 0 || j.kv != nil {
 		// Hashed here, off the engine goroutine, for its admission check
-		// and a KV import.
+		// and a KV transfer.
 		f.req.Hashes = s.blockHashes(j.tokens, j.lora)
 	}
+	s.prefillLeg(r, j, f)
 	s.importBlocks(r.Context(), j, f)
-	select {
-	case s.submit <- f:
-	case <-s.stopped:
-		writeError(w, http.StatusServiceUnavailable, "the engine is not running")
-		return
-	case <-r.Context().Done():
+	if !toLoop(s, w, r, s.submit, f) {
 		return
 	}
 	if err := <-f.added; err != nil {
@@ -222,6 +224,20 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		return
 	}
 	writeJSON(w, s.response(j, final))
+}
+
+// toLoop hands v to the engine loop over ch. It reports false, having
+// answered 503, when the engine is not running, or when the client went
+// away.
+func toLoop[T any](s *Server, w http.ResponseWriter, r *http.Request, ch chan<- T, v T) bool {
+	select {
+	case ch <- v:
+		return true
+	case <-s.stopped:
+		writeError(w, http.StatusServiceUnavailable, "the engine is not running")
+	case <-r.Context().Done():
+	}
+	return false
 }
 
 // wait follows f until it is done, calling onTokens (if not nil) with each
@@ -282,21 +298,25 @@ func usageOf(final engine.Event) *usage {
 	}
 }
 
-// response is the non-streaming body.
+// response is the non-streaming body; a prefill leg's carries the
+// kv_transfer_params of its held blocks (prefill.go).
 func (s *Server) response(j *job, final engine.Event) any {
 	reason := s.finishReason(j, final)
 	text := filler(j.offset, j.offset+final.OutputTokens, j.chat)
 	created := time.Now().Unix()
+	kv := s.heldParams(j, final, reason)
 	if j.chat {
 		return chatResponse{
 			ID: j.id, Object: "chat.completion", Created: created, Model: j.model,
-			Choices: []chatChoice{{Message: &chatOut{Role: "assistant", Content: &text}, FinishReason: &reason}},
-			Usage:   usageOf(final),
+			Choices:          []chatChoice{{Message: &chatOut{Role: "assistant", Content: &text}, FinishReason: &reason}},
+			Usage:            usageOf(final),
+			KVTransferParams: kv,
 		}
 	}
 	return completionResponse{
 		ID: j.id, Object: "text_completion", Created: created, Model: j.model,
-		Choices: []completionChoice{{Text: text, FinishReason: &reason}},
-		Usage:   usageOf(final),
+		Choices:          []completionChoice{{Text: text, FinishReason: &reason}},
+		Usage:            usageOf(final),
+		KVTransferParams: kv,
 	}
 }

@@ -87,8 +87,8 @@ func (s *Server) Run(ctx context.Context) error {
 		case ack := <-s.resets:
 			l.reset()
 			close(ack)
-		case o := <-s.sends:
-			l.send(o)
+		case o := <-s.reads:
+			l.read(o)
 		case <-timer.C:
 		case <-ctx.Done():
 			l.failAll(errStopped)

@@ -29,7 +29,8 @@ type chatRequest struct {
 	// to continue the final (assistant) message instead of starting a
 	// new one: it is rendered open, without its end-of-turn token.
 	ContinueFinalMessage bool `json:"continue_final_message"`
-	// KVTransferParams is vLLM's KV-connector field (transfer.go).
+	// KVTransferParams is vLLM's KV-connector field (prefill.go,
+	// transfer.go).
 	KVTransferParams *engine.TransferParams `json:"kv_transfer_params"`
 }
 
@@ -41,7 +42,8 @@ type completionRequest struct {
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	N             *int            `json:"n"`
-	// KVTransferParams is vLLM's KV-connector field (transfer.go).
+	// KVTransferParams is vLLM's KV-connector field (prefill.go,
+	// transfer.go).
 	KVTransferParams *engine.TransferParams `json:"kv_transfer_params"`
 }
 
@@ -196,6 +198,9 @@ type chatResponse struct {
 	Choices []chatChoice `json:"choices"`
 	// Usage is a *usage, nullUsage, or nil (omitted).
 	Usage any `json:"usage,omitempty"`
+	// KVTransferParams are a prefill leg's params for its decode leg
+	// (prefill.go), at the top level as vLLM puts them; omitted otherwise.
+	KVTransferParams *engine.TransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type chatChoice struct {
@@ -220,6 +225,9 @@ type completionResponse struct {
 	Choices []completionChoice `json:"choices"`
 	// Usage is a *usage, nullUsage, or nil (omitted).
 	Usage any `json:"usage,omitempty"`
+	// KVTransferParams are a prefill leg's params for its decode leg
+	// (prefill.go), at the top level as vLLM puts them; omitted otherwise.
+	KVTransferParams *engine.TransferParams `json:"kv_transfer_params,omitempty"`
 }
 
 type completionChoice struct {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Metrics flavors (MetricsFlavor).
@@ -93,6 +94,27 @@ type Config struct {
 	// links KV transfers between replicas take (engine.Config
 	// InterconnectGBps; kv_transfer_params); zero keeps the preset's.
 	InterconnectGBps float64
+	// KVRole is the engine's part in prefill/decode disaggregation, as
+	// vLLM's kv_role (transfer.go): route.RolePrefill (kv_producer) holds
+	// a prefill leg's blocks for a decode worker and computes a decode
+	// leg's prompt itself; route.RoleDecode (kv_consumer) reads a decode
+	// leg's blocks from its prefill worker and serves a prefill leg as a
+	// plain request; the zero value, route.RoleBoth (kv_both), does both.
+	KVRole route.Role
+	// KVHoldTimeout is how long, in engine time, a prefill leg's blocks
+	// are held for a decode worker that does not read them (vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT); zero means DefaultKVHoldTimeout.
+	KVHoldTimeout time.Duration
+	// EngineID names the engine in the kv_transfer_params of its prefill
+	// legs (remote_engine_id, vLLM's kv_transfer_config.engine_id); empty
+	// means a random id.
+	EngineID string
+	// SideChannelHost is the host a prefill leg's kv_transfer_params name
+	// for its side channel (remote_host, vLLM's
+	// VLLM_NIXL_SIDE_CHANNEL_HOST); empty means the local address the
+	// leg's connection came in on. The port is always that connection's:
+	// the side channel is served on the HTTP API (TransferPath).
+	SideChannelHost string
 	// TimeScale is wall seconds per engine second: 0.05 runs the model 20×
 	// faster than real time. Zero means 1.
 	TimeScale float64
@@ -118,6 +140,11 @@ type Config struct {
 	// slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultKVHoldTimeout is how long a prefill leg's blocks are held for a
+// decode worker when Config.KVHoldTimeout is zero: vLLM's
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT default (vllm/envs.py).
+const DefaultKVHoldTimeout = 480 * time.Second
 
 // Server is one emulated replica. Its engine runs only while Run runs (or
 // between Start and Close): requests made before Run wait for it, requests
@@ -147,7 +174,7 @@ type Server struct {
 	cards    []modelCard            // the /v1/models list, immutable
 	rejected atomic.Int64           // requests answered KVFullStatus
 
-	sends chan *sendOrder // KV transfer asks of peers, to the engine loop
+	reads chan *readOrder // side-channel reads of held blocks, to the engine loop
 	peers *http.Client    // for the sources of KV imports
 	tm    *transferMetrics
 
@@ -178,6 +205,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.KVFullStatus != 0 && (cfg.KVFullStatus < 400 || cfg.KVFullStatus > 599) {
 		return nil, fmt.Errorf("emulator: kv full status %d: want 400..599, or 0 to queue", cfg.KVFullStatus)
+	}
+	if err := kvTransferConfig(&cfg); err != nil {
+		return nil, err
 	}
 	served, err := servedModels(cfg)
 	if err != nil {
@@ -216,7 +246,7 @@ func New(cfg Config) (*Server, error) {
 		submit:  make(chan *flight),
 		cancels: make(chan string, 64),
 		resets:  make(chan chan struct{}),
-		sends:   make(chan *sendOrder),
+		reads:   make(chan *readOrder),
 		peers:   peerClient(),
 		stopped: make(chan struct{}),
 		created: time.Now().Unix(),
@@ -226,7 +256,7 @@ func New(cfg Config) (*Server, error) {
 	st := eng.Stats()
 	s.stats.Store(&st)
 	s.m = newMetrics(s.reg, cfg.MetricsFlavor, cfg.Model, s.ecfg, s.stats.Load)
-	s.tm = newTransferMetrics(s.reg)
+	s.tm = newTransferMetrics(s.reg, cfg, s.stats.Load)
 	if cfg.KVEventsEndpoint != "" {
 		s.pub, err = newPublisher(cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.Topic, cfg.Logger)
 		if err != nil {

@@ -12,33 +12,34 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvrouter/kvrouter/engine"
-	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 )
 
-// KV transfer between emulated replicas, after vLLM's NixlConnector.
+// The decode leg of prefill/decode disaggregation, after vLLM's
+// NixlConnector (nixl_connector.py, get_num_new_matched_tokens and
+// update_state_after_alloc, vLLM commit 002a105). The proxy sends the
+// client's request with the kv_transfer_params the prefill worker's
+// response carried (prefill.go): do_remote_prefill, remote_block_ids,
+// remote_request_id, remote_host and remote_port. The engine reads the
+// blocks from the prefill worker's side channel (sidechannel.go) at
+// remote_host:remote_port, at most the prompt's full blocks but the one
+// holding its last token (recomputed for its logits: the engine model
+// computes whole blocks, where vLLM reads that block too and recomputes
+// only the token), checks that the
+// hashes it gets are its own prompt's leading blocks, and admits the
+// request with them arriving over its inbound link no earlier than the
+// source sent them (engine.Request.RemoteBlocks, RemoteSent): its TTFT is
+// the transfer the links imply plus the prefill of the rest. The tokens
+// read count in usage.prompt_tokens_details.cached_tokens and in
+// vllm:external_prefix_cache_hits_total, as vLLM counts a connector's.
 //
-// A request whose body carries kv_transfer_params with do_remote_prefill
-// imports its prompt's leading KV blocks from a peer instead of computing
-// them. In vLLM the decode instance's connector reads them over RDMA from
-// the instance at remote_host:remote_port (its NIXL side channel), which
-// named its block ids in remote_block_ids. Here the destination asks the
-// source emulator over HTTP (POST TransferPath on the source's API
-// address): the source's engine loop checks which of the blocks its GPU
-// cache still holds (engine.Holds), reserves its outbound link for them
-// (engine.Send) and answers with their hashes and when they will have
-// been sent, as a duration from now (the two engine clocks differ). The
-// destination then adds the request with RemoteBlocks and RemoteSent, and
-// its engine waits the time the interconnect bandwidth implies. A source
-// that cannot be reached, refuses, or no longer holds the blocks costs the
-// request nothing but the recompute: it is served, counted in
-// emulator_kv_transfers_total by outcome, and logged.
-
-// TransferPath is the side-channel endpoint a source emulator serves for
-// peers that import its KV blocks.
-const TransferPath = "/kv_transfer/blocks"
+// An empty or null remote_block_ids means nothing to read: the prompt is
+// computed. A source that cannot be reached, refuses, holds nothing for
+// the request (its hold expired, or it was read) or answers nonsense
+// costs the request nothing but the recompute: it is served, counted in
+// emulator_kv_transfers_total by outcome and in
+// vllm:nixl_num_failed_transfers_total, and logged.
 
 // transferTimeout bounds a destination's whole exchange with the source
 // (connect, request, answer), in wall time.
@@ -51,144 +52,78 @@ const maxSentIn = time.Hour
 // Transfer outcomes, the values of emulator_kv_transfers_total's outcome
 // label.
 const (
-	outcomeReceived    = "received"    // every block asked for is imported
-	outcomePartial     = "partial"     // the source held only the leading part
-	outcomeEvicted     = "evicted"     // the source held none: recompute
+	outcomeReceived    = "received"    // every block asked for is read
+	outcomePartial     = "partial"     // only the leading part: the rest is recomputed
+	outcomeNotHeld     = "not_held"    // the source holds nothing for the request: recompute
+	outcomeMismatch    = "mismatch"    // the blocks are not the prompt's: recompute
 	outcomeUnreachable = "unreachable" // no answer from the source: recompute
-	outcomeRefused     = "refused"     // the source answered an error or nonsense
-	outcomeInvalid     = "invalid"     // the params name no source: recompute
+	outcomeRefused     = "refused"     // the source answered an error or nonsense: recompute
+	outcomeInvalid     = "invalid"     // the params name no source or no valid ids: recompute
 )
 
-// blockCount is how many blocks p.RemoteBlockIDs names; 0 for none (or a
-// value that is not a list of ids).
-func blockCount(p *engine.TransferParams) int {
-	raw := bytes.TrimSpace(p.RemoteBlockIDs)
+// failedOutcomes are those vllm:nixl_num_failed_transfers_total counts: a
+// read tried and failed (invalid params start none).
+var failedOutcomes = map[string]bool{outcomeNotHeld: true, outcomeMismatch: true, outcomeUnreachable: true, outcomeRefused: true}
+
+// remoteBlockIDs reads remote_block_ids: a list of ids, or a list per
+// KV-cache group of which the first is read; null or empty is none. More
+// than maxBlocks ids, or an id that is not one, is an error.
+func remoteBlockIDs(raw json.RawMessage, maxBlocks int) ([]int32, error) {
+	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
-		return 0
+		return nil, nil
 	}
 	var flat []int64
-	if json.Unmarshal(raw, &flat) == nil {
-		return len(flat)
-	}
-	var groups [][]int64
-	if json.Unmarshal(raw, &groups) == nil && len(groups) > 0 {
-		return len(groups[0])
-	}
-	return 0
-}
-
-// transferAsk is the body of POST TransferPath.
-type transferAsk struct {
-	// RequestID is the destination's request, for the source's log.
-	RequestID string `json:"request_id"`
-	// Hashes are the chained hashes of the leading blocks wanted.
-	Hashes []prefix.Hash `json:"hashes"`
-}
-
-// transferAnswer is the source's answer.
-type transferAnswer struct {
-	// Hashes are the leading blocks of those asked for that the source
-	// holds and sends; empty when it holds none.
-	Hashes []prefix.Hash `json:"hashes"`
-	// SentInNS is when the last of them leaves the source's link, in
-	// engine nanoseconds from the answer: its outbound link is shared
-	// with the other transfers it serves.
-	SentInNS int64 `json:"sent_in_ns"`
-}
-
-// sendOrder asks the engine loop to send the leading blocks of hashes it
-// holds.
-type sendOrder struct {
-	hashes []prefix.Hash
-	reply  chan sendReply // capacity 1
-}
-
-type sendReply struct {
-	blocks int
-	sentIn time.Duration
-}
-
-// send answers o from the engine goroutine: the blocks held, reserved on
-// the outbound link at now.
-func (l *loop) send(o *sendOrder) {
-	l.t = max(l.t, l.now())
-	n := l.s.eng.Holds(o.hashes)
-	var in time.Duration
-	if n > 0 {
-		in = l.s.eng.Send(l.t, n) - l.t
-	}
-	st := l.s.eng.Stats()
-	l.s.stats.Store(&st)
-	o.reply <- sendReply{blocks: n, sentIn: in}
-}
-
-// serveTransfer is the source's side channel: POST TransferPath with a
-// transferAsk. It answers 400 for a malformed ask, 413 for one larger
-// than a prompt of the model length could need, 503 when the engine is
-// not running.
-func (s *Server) serveTransfer(w http.ResponseWriter, r *http.Request) {
-	maxBlocks := s.ecfg.MaxModelLen/s.ecfg.BlockSize + 1
-	limit := int64(1<<10 + 24*maxBlocks)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var mb *http.MaxBytesError
-		if errors.As(err, &mb) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("transfer ask exceeds %d bytes", limit))
-			return
+	if err := json.Unmarshal(raw, &flat); err != nil {
+		var groups [][]int64
+		if json.Unmarshal(raw, &groups) != nil {
+			return nil, fmt.Errorf("remote_block_ids: want a list of block ids: %w", err)
 		}
-		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
-		return
+		if len(groups) > 0 {
+			flat = groups[0]
+		}
 	}
-	var ask transferAsk
-	if err := json.Unmarshal(body, &ask); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
-		return
+	if len(flat) > maxBlocks {
+		return nil, fmt.Errorf("remote_block_ids: %d ids, more than the %d blocks of the longest prompt", len(flat), maxBlocks)
 	}
-	if len(ask.Hashes) == 0 || len(ask.Hashes) > maxBlocks {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("hashes: want 1..%d, got %d", maxBlocks, len(ask.Hashes)))
-		return
+	ids := make([]int32, len(flat))
+	for i, id := range flat {
+		if id < 0 || id > 1<<31-1 {
+			return nil, fmt.Errorf("remote_block_ids[%d]: %d is not a block id", i, id)
+		}
+		ids[i] = int32(id)
 	}
-	o := &sendOrder{hashes: ask.Hashes, reply: make(chan sendReply, 1)}
-	select {
-	case s.sends <- o:
-	case <-s.stopped:
-		writeError(w, http.StatusServiceUnavailable, "the engine is not running")
-		return
-	case <-r.Context().Done():
-		return
-	}
-	rep := <-o.reply
-	s.tm.sent.Add(float64(rep.blocks))
-	writeJSON(w, transferAnswer{Hashes: ask.Hashes[:rep.blocks], SentInNS: int64(rep.sentIn)})
+	return ids, nil
 }
 
-// importBlocks carries out j's kv_transfer_params before f is submitted:
-// with do_remote_prefill it asks the source for the prompt's leading
-// blocks and, for those it sends, sets f's RemoteBlocks, RemoteSent (as a
-// delay from remoteAt, which the engine loop turns into its own clock)
-// and remoteAt. Any failure leaves f to recompute; it is counted and
-// logged, never the client's error.
+// importBlocks carries out j's do_remote_prefill before f is submitted: it
+// reads the source's blocks and, for those that are the prompt's, sets f's
+// RemoteBlocks, RemoteSent (as a delay from remoteAt, which the engine
+// loop turns into its own clock) and remoteAt. Any failure leaves f to
+// recompute; it is counted and logged, never the client's error.
 func (s *Server) importBlocks(ctx context.Context, j *job, f *flight) {
 	p := j.kv
 	if p == nil || !p.DoRemotePrefill {
 		return
 	}
-	bs := s.ecfg.BlockSize
-	want := min(len(f.req.Hashes), (len(j.tokens)-1)/bs)
-	if n := blockCount(p); n > 0 {
-		want = min(want, n)
+	if s.cfg.KVRole == route.RolePrefill {
+		s.ignored(j, "do_remote_prefill")
+		return
 	}
-	if p.RemoteNumTokens > 0 {
-		want = min(want, p.RemoteNumTokens/bs)
+	ids, err := remoteBlockIDs(p.RemoteBlockIDs, s.maxBlocks())
+	if err != nil {
+		s.transferFailed(j, p, outcomeInvalid, err)
+		return
 	}
+	want := min(len(ids), len(f.req.Hashes), (len(j.tokens)-1)/s.ecfg.BlockSize)
 	if want <= 0 {
+		return // nothing to read
+	}
+	if p.RemoteHost == "" || p.RemotePort <= 0 || p.RemotePort > 65535 || p.RemoteRequestID == "" {
+		s.transferFailed(j, p, outcomeInvalid, errors.New("kv_transfer_params needs remote_host, remote_port and remote_request_id"))
 		return
 	}
-	if p.RemoteHost == "" || p.RemotePort <= 0 || p.RemotePort > 65535 {
-		s.transferFailed(j, p, outcomeInvalid, errors.New("kv_transfer_params needs remote_host and remote_port"))
-		return
-	}
-	ans, outcome, err := s.askSource(ctx, j.id, p, f.req.Hashes[:want])
+	ans, outcome, err := s.askSource(ctx, p, ids[:want])
 	if ctx.Err() != nil {
 		return // the client went away: nothing to import for
 	}
@@ -196,28 +131,37 @@ func (s *Server) importBlocks(ctx context.Context, j *job, f *flight) {
 		s.transferFailed(j, p, outcome, err)
 		return
 	}
-	got := len(ans.Hashes)
+	got := 0
+	for got < len(ans.Hashes) && ans.Hashes[got] == f.req.Hashes[got] {
+		got++
+	}
 	switch {
 	case got == 0:
-		s.transferFailed(j, p, outcomeEvicted, errors.New("the source holds none of the blocks"))
+		s.transferFailed(j, p, outcomeMismatch, errors.New("the source's blocks are not the prompt's"))
 		return
 	case got < want:
 		s.tm.outcomes.WithLabelValues(outcomePartial).Inc()
-		s.log.Info("kv transfer: partial import", "request", j.id, "source", p.RemoteEngineID, "blocks", got, "asked", want)
+		s.log.Info("kv transfer: partial read", "request", j.id, "source", p.RemoteEngineID, "blocks", got, "asked", want)
 	default:
 		s.tm.outcomes.WithLabelValues(outcomeReceived).Inc()
 	}
+	sentIn := time.Duration(ans.SentInNS)
 	s.tm.received.Add(float64(got))
-	f.req.RemoteBlocks, f.req.RemoteSent, f.remoteAt = got, time.Duration(ans.SentInNS), time.Now()
+	s.tm.observe(sentIn, int64(got)*s.ecfg.BlockBytes())
+	f.req.RemoteBlocks, f.req.RemoteSent, f.remoteAt = got, sentIn, time.Now()
 }
 
-// askSource posts the ask to the source named by p and checks its answer:
-// a prefix of hashes, sent within maxSentIn. On failure it returns the
-// outcome to count.
-func (s *Server) askSource(ctx context.Context, id string, p *engine.TransferParams, hashes []prefix.Hash) (*transferAnswer, string, error) {
+// askSource reads ids of the request p names from its side channel and
+// checks the answer: at most one hash per id, sent within maxSentIn. On
+// failure it returns the outcome to count.
+func (s *Server) askSource(ctx context.Context, p *engine.TransferParams, ids []int32) (*readAnswer, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, transferTimeout)
 	defer cancel()
-	body, _ := json.Marshal(transferAsk{RequestID: id, Hashes: hashes})
+	asked := make([]int64, len(ids))
+	for i, id := range ids {
+		asked[i] = int64(id)
+	}
+	body, _ := json.Marshal(readAsk{RequestID: p.RemoteRequestID, BlockIDs: asked})
 	u := "http://" + net.JoinHostPort(p.RemoteHost, strconv.Itoa(p.RemotePort)) + TransferPath
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {
@@ -229,36 +173,36 @@ func (s *Server) askSource(ctx context.Context, id string, p *engine.TransferPar
 		return nil, outcomeUnreachable, err
 	}
 	defer resp.Body.Close()
-	limit := int64(1<<10 + 24*len(hashes))
+	limit := int64(1<<10 + len(p.RemoteRequestID) + 24*len(ids))
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	switch {
 	case err != nil:
 		return nil, outcomeUnreachable, err
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, outcomeNotHeld, fmt.Errorf("source answered %s: %.200s", resp.Status, raw)
 	case resp.StatusCode != http.StatusOK:
 		return nil, outcomeRefused, fmt.Errorf("source answered %s: %.200s", resp.Status, raw)
 	case int64(len(raw)) > limit:
 		return nil, outcomeRefused, fmt.Errorf("source answer exceeds %d bytes", limit)
 	}
-	var ans transferAnswer
+	var ans readAnswer
 	if err := json.Unmarshal(raw, &ans); err != nil {
 		return nil, outcomeRefused, fmt.Errorf("source answer: %w", err)
 	}
-	if len(ans.Hashes) > len(hashes) || ans.SentInNS < 0 || ans.SentInNS > int64(maxSentIn) {
-		return nil, outcomeRefused, fmt.Errorf("source answer: %d blocks of %d, sent in %v", len(ans.Hashes), len(hashes), time.Duration(ans.SentInNS))
-	}
-	for i, h := range ans.Hashes {
-		if h != hashes[i] {
-			return nil, outcomeRefused, fmt.Errorf("source answer: block %d is not the one asked for", i)
-		}
+	if len(ans.Hashes) > len(ids) || ans.SentInNS < 0 || ans.SentInNS > int64(maxSentIn) {
+		return nil, outcomeRefused, fmt.Errorf("source answer: %d blocks of %d, sent in %v", len(ans.Hashes), len(ids), time.Duration(ans.SentInNS))
 	}
 	return &ans, "", nil
 }
 
-// transferFailed counts and logs an import that falls back to recompute.
+// transferFailed counts and logs a read that falls back to recompute.
 func (s *Server) transferFailed(j *job, p *engine.TransferParams, outcome string, err error) {
 	s.tm.outcomes.WithLabelValues(outcome).Inc()
+	if failedOutcomes[outcome] && s.tm.failed != nil {
+		s.tm.failed.Inc()
+	}
 	s.log.Warn("kv transfer failed, recomputing", "request", j.id, "outcome", outcome,
-		"source", p.RemoteEngineID, "host", p.RemoteHost, "port", p.RemotePort, "err", err)
+		"source", p.RemoteEngineID, "remote_request", p.RemoteRequestID, "host", p.RemoteHost, "port", p.RemotePort, "err", err)
 }
 
 // remoteSent turns f's RemoteSent, a delay from f.remoteAt, into the
@@ -268,34 +212,6 @@ func (l *loop) remoteSent(f *flight) {
 		at := time.Duration(float64(f.remoteAt.Sub(l.start)) / l.s.scale)
 		f.req.RemoteSent += max(at, 0)
 	}
-}
-
-// transferMetrics count the KV transfers a replica takes part in.
-type transferMetrics struct {
-	outcomes       *prometheus.CounterVec // outcome
-	received, sent prometheus.Counter     // blocks
-}
-
-func newTransferMetrics(reg prometheus.Registerer) *transferMetrics {
-	m := &transferMetrics{
-		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "emulator_kv_transfers_total",
-			Help: "KV imports asked for by requests with kv_transfer_params do_remote_prefill, by outcome: received, partial (the source held only the leading part), evicted (it held none), unreachable, refused, invalid; all but received and partial recompute the prompt.",
-		}, []string{"outcome"}),
-		received: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "emulator_kv_transfer_received_blocks_total",
-			Help: "KV blocks imported from peers.",
-		}),
-		sent: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "emulator_kv_transfer_sent_blocks_total",
-			Help: "KV blocks sent to peers that imported them.",
-		}),
-	}
-	for _, o := range []string{outcomeReceived, outcomePartial, outcomeEvicted, outcomeUnreachable, outcomeRefused, outcomeInvalid} {
-		m.outcomes.WithLabelValues(o)
-	}
-	reg.MustRegister(m.outcomes, m.received, m.sent)
-	return m
 }
 
 // peerClient is the destination's client for sources: no proxy, bounded

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"testing"
@@ -34,20 +35,48 @@ func seq(from, n int) []uint32 {
 	return p
 }
 
-// params names s as the source of a KV import.
-func params(t *testing.T, s *Server) map[string]any {
-	t.Helper()
-	u, err := url.Parse(s.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, _ := strconv.Atoi(u.Port())
-	return map[string]any{"do_remote_prefill": true, "do_remote_decode": false,
-		"remote_engine_id": "src", "remote_host": u.Hostname(), "remote_port": port, "remote_block_ids": nil}
+// prefillParams are the kv_transfer_params of a prefill leg, as vLLM's
+// toy P/D proxy sends them.
+func prefillParams() map[string]any {
+	return map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
 }
 
-// transfers reads emulator_kv_transfers_total{outcome} from s.
-func transfers(t *testing.T, s *Server, outcome string) float64 {
+// prefill runs the prefill leg of a completions request for prompt on src,
+// as vLLM's toy P/D proxy does (max_tokens 1, not streaming), and returns
+// the kv_transfer_params of its response.
+func prefill(t *testing.T, src *Server, prompt any) json.RawMessage {
+	t.Helper()
+	code, body := post(t, src.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1,
+		"stream": false, "kv_transfer_params": prefillParams()})
+	if code != 200 {
+		t.Fatalf("prefill leg: %d %s", code, body)
+	}
+	var resp struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil || len(resp.KV) == 0 {
+		t.Fatalf("prefill leg answered no kv_transfer_params: %s", body)
+	}
+	return resp.KV
+}
+
+// withParams is kv, the params of a prefill leg's response, with fields
+// replaced.
+func withParams(t *testing.T, kv json.RawMessage, set map[string]any) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(kv, &m); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range set {
+		m[k] = v
+	}
+	return m
+}
+
+// labeled reads the sample of family name whose label has value.
+func labeled(t *testing.T, s *Server, name, label, value string) float64 {
 	t.Helper()
 	resp, err := http.Get(s.URL() + "/metrics")
 	if err != nil {
@@ -59,15 +88,21 @@ func transfers(t *testing.T, s *Server, outcome string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range fams["emulator_kv_transfers_total"].GetMetric() {
+	for _, m := range fams[name].GetMetric() {
 		for _, l := range m.GetLabel() {
-			if l.GetName() == "outcome" && l.GetValue() == outcome {
+			if l.GetName() == label && l.GetValue() == value {
 				return m.GetCounter().GetValue()
 			}
 		}
 	}
-	t.Fatalf("emulator_kv_transfers_total{outcome=%q} missing", outcome)
+	t.Fatalf("%s{%s=%q} missing", name, label, value)
 	return 0
+}
+
+// transfers reads emulator_kv_transfers_total{outcome} from s.
+func transfers(t *testing.T, s *Server, outcome string) float64 {
+	t.Helper()
+	return labeled(t, s, "emulator_kv_transfers_total", "outcome", outcome)
 }
 
 // modelTTFT runs the engine model alone: the TTFT of prompt, cold, and
@@ -104,42 +139,21 @@ func modelTTFT(t *testing.T, ec engine.Config, prompt []uint32, cached int) time
 	return ev.First - ev.Arrived
 }
 
-// TestKVTransferImports: a replica asked to import a 400-block prefix
-// from a peer that computed it fetches the blocks from that peer over
-// loopback (the peer's send counters move), reports them cached and as
-// external hits, and its TTFT is the transfer time the bandwidth implies
-// plus the prefill of the rest, not a recompute.
+// TestKVTransferImports: a decode leg that reads a 400-block prefix from
+// the prefill worker that computed it fetches the blocks over loopback
+// (the source's send counters move), reports them cached and as external
+// hits, and its TTFT is the transfer time the bandwidth implies plus the
+// prefill of the rest, not a recompute.
 func TestKVTransferImports(t *testing.T) {
 	src, dst := start(t, transferConfig()), start(t, transferConfig())
 	const blocks = 400
 	prompt := seq(1000, blocks*16+5)
-	if code, b := post(t, src.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}); code != 200 {
-		t.Fatalf("warm the source: %d %s", code, b)
-	}
+	kv := prefill(t, src, prompt)
 
 	st := streamPost(t, dst.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 2, "stream": true,
-		"stream_options": map[string]any{"include_usage": true}, "kv_transfer_params": params(t, src)})
-	cached := -1
-	for _, ev := range st.events {
-		if ev == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Usage *struct {
-				PromptTokensDetails struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		if err := json.Unmarshal([]byte(ev), &chunk); err != nil {
-			t.Fatalf("chunk %s: %v", ev, err)
-		}
-		if chunk.Usage != nil {
-			cached = chunk.Usage.PromptTokensDetails.CachedTokens
-		}
-	}
-	if cached != blocks*16 {
-		t.Errorf("cached_tokens %d, want %d (the imported blocks)", cached, blocks*16)
+		"stream_options": map[string]any{"include_usage": true}, "kv_transfer_params": kv})
+	if cached := streamUsage(t, st).PromptTokensDetails.CachedTokens; cached != blocks*16 {
+		t.Errorf("cached_tokens %d, want %d (the blocks read)", cached, blocks*16)
 	}
 	if got := src.Stats().SentBlocks; got != blocks {
 		t.Errorf("source sent %d blocks, want %d", got, blocks)
@@ -157,8 +171,14 @@ func TestKVTransferImports(t *testing.T) {
 	if got := transfers(t, dst, outcomeReceived); got != 1 {
 		t.Errorf("received transfers %v, want 1", got)
 	}
-
 	ec := dst.EngineConfig()
+	if got, want := fams["vllm:nixl_bytes_transferred"].sum, float64(blocks*ec.BlockBytes()); got != want {
+		t.Errorf("nixl bytes transferred %v, want %v", got, want)
+	}
+	if got, want := fams["vllm:nixl_xfer_time_seconds"].sum, (blocks * ec.BlockTransfer()).Seconds(); got != want {
+		t.Errorf("nixl transfer time %vs, want %vs (the source's link, idle before)", got, want)
+	}
+
 	want := time.Duration(blocks)*ec.BlockTransfer() + modelTTFT(t, ec, prompt, blocks*16)
 	recompute := modelTTFT(t, ec, prompt, 0)
 	if d := float64(recompute-want) / float64(want); d > -0.3 && d < 0.3 {
@@ -179,115 +199,108 @@ func TestKVTransferImports(t *testing.T) {
 	}
 }
 
-// TestKVTransferFallsBack: a source that evicted the blocks, one that is
-// not there, and params that name no source all lead to a recompute,
-// status 200, each counted by its outcome.
-func TestKVTransferFallsBack(t *testing.T) {
-	cfg := transferConfig()
-	cfg.KVBlocks = 12
-	src, dst := start(t, cfg), start(t, transferConfig())
-	a, b := seq(1000, 5*16+3), seq(5000, 11*16+3)
-	for _, p := range [][]uint32{a, b} { // b takes every block: a is evicted
-		if code, body := post(t, src.URL()+"/v1/completions", map[string]any{"prompt": p, "max_tokens": 1}); code != 200 {
-			t.Fatalf("source: %d %s", code, body)
+// streamUsage is the usage of a stream's last usage chunk.
+func streamUsage(t *testing.T, st streamed) usage {
+	t.Helper()
+	var last *usage
+	for _, ev := range st.events {
+		if ev == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Usage *usage `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(ev), &chunk); err != nil {
+			t.Fatalf("chunk %s: %v", ev, err)
+		}
+		if chunk.Usage != nil {
+			last = chunk.Usage
 		}
 	}
+	if last == nil {
+		t.Fatal("no usage chunk in the stream")
+	}
+	return *last
+}
+
+// TestKVTransferFallsBack: a source that holds nothing for the request,
+// one whose blocks are another prompt's, one that is not there, one that
+// answers nonsense, and params that name no source all lead to a
+// recompute, status 200, each counted by its outcome; all but the last
+// as failed NIXL transfers.
+func TestKVTransferFallsBack(t *testing.T) {
+	src, dst := start(t, transferConfig()), start(t, transferConfig())
+	a, b := seq(1000, 5*16+3), seq(5000, 5*16+3)
+	kvA := prefill(t, src, a)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gone := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
+	nonsense := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"hashes": "all of them"}`))
+	}))
+	defer nonsense.Close()
+	u, _ := url.Parse(nonsense.URL)
+	nonsensePort, _ := strconv.Atoi(u.Port())
 
-	evicted := params(t, src)
-	unreachable := params(t, src)
-	unreachable["remote_port"] = gone
-	invalid := map[string]any{"do_remote_prefill": true}
-	for i, c := range []struct {
+	for _, c := range []struct {
 		outcome string
 		params  map[string]any
-	}{{outcomeEvicted, evicted}, {outcomeUnreachable, unreachable}, {outcomeInvalid, invalid}} {
-		p := seq(20_000*(i+1), 5*16+3) // not cached on dst either
-		if c.outcome == outcomeEvicted {
-			p = a
-		}
-		code, body := post(t, dst.URL()+"/v1/chat/completions", map[string]any{
-			"messages": []map[string]string{{"role": "user", "content": words(c.outcome, 90)}}, "max_tokens": 1, "kv_transfer_params": c.params})
-		if code != 200 {
-			t.Fatalf("%s: status %d %s", c.outcome, code, body)
-		}
-		code, body = post(t, dst.URL()+"/v1/completions", map[string]any{"prompt": p, "max_tokens": 1, "kv_transfer_params": c.params})
-		if code != 200 {
-			t.Fatalf("%s: status %d %s", c.outcome, code, body)
-		}
-		if got := decodeResponse(t, body).Usage.PromptTokensDetails.CachedTokens; got != 0 {
+	}{
+		{outcomeNotHeld, withParams(t, kvA, map[string]any{"remote_request_id": "cmpl-nobody"})},
+		{outcomeMismatch, withParams(t, kvA, nil)}, // b's prompt, a's blocks
+		{outcomeUnreachable, withParams(t, kvA, map[string]any{"remote_port": gone})},
+		{outcomeRefused, withParams(t, kvA, map[string]any{"remote_port": nonsensePort})},
+		{outcomeInvalid, withParams(t, kvA, map[string]any{"remote_host": nil})},
+		{outcomeInvalid, withParams(t, kvA, map[string]any{"remote_block_ids": "all"})},
+	} {
+		if got := decodeLeg(t, dst, b, c.params); got != 0 {
 			t.Errorf("%s: cached_tokens %d, want 0 (recomputed)", c.outcome, got)
 		}
-		if got := transfers(t, dst, c.outcome); got != 2 {
-			t.Errorf("%s transfers %v, want 2 (chat and completions)", c.outcome, got)
+		if got := transfers(t, dst, c.outcome); got < 1 {
+			t.Errorf("%s transfers %v, want at least 1", c.outcome, got)
 		}
+		dst.Reset() // b is not cached for the next case
 	}
-	if got := src.Stats().SentBlocks; got != 0 {
-		t.Errorf("the source sent %d blocks it had evicted", got)
+	if got := transfers(t, dst, outcomeInvalid); got != 2 {
+		t.Errorf("invalid transfers %v, want 2", got)
+	}
+	if got := metric(t, scrape(t, dst.URL()), "vllm:nixl_num_failed_transfers_total"); got != 4 {
+		t.Errorf("failed NIXL transfers %v, want 4 (not held, mismatch, unreachable, refused)", got)
 	}
 	if got := transfers(t, dst, outcomeReceived) + transfers(t, dst, outcomePartial); got != 0 {
 		t.Errorf("%v transfers counted as received", got)
 	}
+	if got := src.Stats().SentBlocks; got != 5 {
+		t.Errorf("the source sent %d blocks, want the 5 the mismatched read took", got)
+	}
 }
 
-// TestKVTransferPartial: a source that lost the tail of the prefix (a
-// 12-block cache: the second prompt evicts most of the first's 5 blocks,
-// last first, as vLLM frees them) sends the leading blocks it still holds;
-// the rest is recomputed and the import counted as partial. A
-// remote_num_tokens cap, and a non-empty remote_block_ids, bound what is
-// asked for.
+// TestKVTransferPartial: a decode leg whose remote_block_ids are the
+// source's only up to the third reads the first two; the rest is
+// recomputed and the read counted as partial.
 func TestKVTransferPartial(t *testing.T) {
-	cfg := transferConfig()
-	cfg.KVBlocks = 12
-	src, dst := start(t, cfg), start(t, transferConfig())
+	src, dst := start(t, transferConfig()), start(t, transferConfig())
 	a := seq(1000, 5*16+3)
-	for _, p := range [][]uint32{a, seq(5000, 9*16+3)} {
-		if code, body := post(t, src.URL()+"/v1/completions", map[string]any{"prompt": p, "max_tokens": 1}); code != 200 {
-			t.Fatalf("source: %d %s", code, body)
-		}
+	kv := prefill(t, src, a)
+	var ids []int64
+	var p struct {
+		IDs []int64 `json:"remote_block_ids"`
 	}
-	code, body := post(t, dst.URL()+"/v1/completions", map[string]any{"prompt": a, "max_tokens": 1, "kv_transfer_params": params(t, src)})
-	if code != 200 {
-		t.Fatalf("status %d %s", code, body)
+	if err := json.Unmarshal(kv, &p); err != nil || len(p.IDs) != 5 {
+		t.Fatalf("remote_block_ids %v (%v), want 5 ids", p.IDs, err)
 	}
-	got := decodeResponse(t, body).Usage.PromptTokensDetails.CachedTokens
-	if got <= 0 || got >= 5*16 || got%16 != 0 {
-		t.Errorf("cached_tokens %d, want some but not all of the 5 blocks", got)
+	ids = append(ids, p.IDs[:2]...)
+	ids = append(ids, p.IDs[3], p.IDs[2], p.IDs[4])
+	if got := decodeLeg(t, dst, a, withParams(t, kv, map[string]any{"remote_block_ids": ids})); got != 2*16 {
+		t.Errorf("cached_tokens %d, want %d (two blocks)", got, 2*16)
 	}
-	if sent := src.Stats().SentBlocks; sent != int64(got/16) {
-		t.Errorf("the source sent %d blocks, the destination reports %d tokens cached", sent, got)
+	if sent := src.Stats().SentBlocks; sent != 2 {
+		t.Errorf("the source sent %d blocks, want 2", sent)
 	}
 	if got := transfers(t, dst, outcomePartial); got != 1 {
 		t.Errorf("partial transfers %v, want 1", got)
-	}
-
-	// A warm source, asked for fewer blocks than it holds.
-	full := start(t, transferConfig())
-	b := seq(9000, 8*16+3)
-	post(t, full.URL()+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1})
-	for i, p := range []map[string]any{
-		{"remote_num_tokens": 3*16 + 5},
-		{"remote_block_ids": []int{7, 8}},
-		{"remote_block_ids": [][]int{{7, 8, 9, 10}}},
-	} {
-		kv := params(t, full)
-		for k, v := range p {
-			kv[k] = v
-		}
-		before := full.Stats().SentBlocks
-		code, body := post(t, dst.URL()+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1, "kv_transfer_params": kv})
-		if code != 200 {
-			t.Fatalf("case %d: status %d %s", i, code, body)
-		}
-		want := []int64{3, 2, 4}[i]
-		if got := full.Stats().SentBlocks - before; got != want {
-			t.Errorf("case %d (%v): the source sent %d blocks, want %d", i, p, got, want)
-		}
-		dst.Reset() // the next case imports again
 	}
 }

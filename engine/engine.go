@@ -48,6 +48,8 @@ type seq struct {
 	// remote and remoteSent are Request.RemoteBlocks and RemoteSent.
 	remote     int
 	remoteSent time.Duration
+	// holdFor is Request.HoldFor.
+	holdFor time.Duration
 	// loading is the blocks being loaded from the CPU tier, in the block
 	// table after the computed ones, until loadedAt; zero when none.
 	loading                 int
@@ -84,8 +86,13 @@ type Stats struct {
 	CPUQueries, CPUHits        int64
 	CPUBlocks, CPUCachedBlocks int
 	// RemoteHits is prompt tokens received from peers (Request.RemoteBlocks)
-	// at admission; SentBlocks the blocks sent to peers (Send).
+	// at admission; SentBlocks the blocks sent to peers (Send, Read).
 	RemoteHits, SentBlocks int64
+	// HeldBlocks is the blocks finished requests hold for peers to read
+	// (Request.HoldFor), part of UsedBlocks; ExpiredHolds counts the
+	// holds freed unread when their time ran out.
+	HeldBlocks   int
+	ExpiredHolds int64
 	// Preemptions counts requests preempted (recompute).
 	Preemptions int64
 	// StoredBlocks and RemovedBlocks count blocks reported in BlockStored
@@ -135,6 +142,13 @@ type Engine struct {
 	// Step returned. They swap on every Step.
 	pend, out []Event
 	stats     Stats
+
+	// holds are the finished requests whose blocks wait for a reader, by
+	// ID (hold.go); heldBlocks counts their blocks, holdNext is the
+	// earliest time one is due (Idle: none).
+	holds      map[string]*hold
+	heldBlocks int
+	holdNext   time.Duration
 }
 
 // New returns an idle engine with an empty cache.
@@ -144,9 +158,10 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		cfg:  cfg,
-		pool: newPool(cfg.NumBlocks),
-		byID: make(map[string]*seq),
+		cfg:      cfg,
+		pool:     newPool(cfg.NumBlocks),
+		byID:     make(map[string]*seq),
+		holdNext: Idle,
 	}
 	if cfg.CPUBlocks > 0 {
 		e.cpu = newTier(cfg.CPUBlocks, cfg.blockLoad())
@@ -183,7 +198,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		return fmt.Errorf("request %s: %d remote blocks", r.ID, r.RemoteBlocks)
 	}
 	s := &seq{id: r.ID, tokens: r.Tokens, prompt: p, maxTokens: r.MaxTokens, lora: r.LoRA, arrived: now,
-		remote: r.RemoteBlocks, remoteSent: r.RemoteSent}
+		remote: r.RemoteBlocks, remoteSent: r.RemoteSent, holdFor: r.HoldFor}
 	s.parent = e.cfg.Root
 	if r.LoRA != "" {
 		s.parent = prefix.Chain(e.cfg.Root, []byte(r.LoRA))
@@ -220,7 +235,7 @@ func (e *Engine) Cancel(now time.Duration, id string) bool {
 		e.waiting.remove(s)
 	}
 	e.stats.Canceled++
-	e.done(s, now, true)
+	e.done(s, now, true, nil)
 	return true
 }
 
@@ -251,6 +266,7 @@ func (e *Engine) Stats() Stats {
 	st.UsedBlocks = e.pool.used()
 	st.TotalBlocks = e.cfg.NumBlocks
 	st.CachedBlocks = e.pool.table.n
+	st.HeldBlocks = e.heldBlocks
 	if e.cpu != nil {
 		st.CPUBlocks, st.CPUCachedBlocks = e.cfg.CPUBlocks, e.cpu.len()
 	}
@@ -303,8 +319,9 @@ func (e *Engine) free(s *seq) {
 	}
 }
 
-// done reports s finished at t and forgets it.
-func (e *Engine) done(s *seq, t time.Duration, canceled bool) {
+// done reports s finished at t, holding held (Event.HeldBlocks), and
+// forgets it.
+func (e *Engine) done(s *seq, t time.Duration, canceled bool, held []int32) {
 	s.gone = true
 	delete(e.byID, s.id)
 	e.pend = append(e.pend, Event{
@@ -312,7 +329,7 @@ func (e *Engine) done(s *seq, t time.Duration, canceled bool) {
 		PromptTokens: s.prompt, CachedTokens: s.cached, OutputTokens: s.output,
 		CPUCachedTokens: s.cpuCached, RemoteCachedTokens: s.remoteCached,
 		Arrived: s.arrived, Started: s.started, First: s.first,
-		Preemptions: s.preemptions, Canceled: canceled,
+		Preemptions: s.preemptions, Canceled: canceled, HeldBlocks: held,
 	})
 }
 

@@ -5,7 +5,8 @@ import "time"
 // finish completes the iteration in flight at e.end: the evicted blocks are
 // reported, each request's new full prompt blocks become reusable
 // (BlockStored), requests that computed all their tokens sample one, and
-// requests that reached MaxTokens finish and free their blocks.
+// requests that reached MaxTokens finish and free their blocks (or hold
+// them, hold.go).
 func (e *Engine) finish() {
 	t := e.end
 	e.busy = false
@@ -41,10 +42,10 @@ func (e *Engine) finish() {
 			e.pend = append(e.pend, Event{Kind: Token, At: t, Req: s.id})
 		}
 		if s.output >= s.maxTokens {
-			e.free(s)
+			held := e.keep(s, t)
 			s.admitted = false
 			e.stats.Finished++
-			e.done(s, t, false)
+			e.done(s, t, false, held)
 			finished = true
 		}
 	}

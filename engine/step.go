@@ -8,8 +8,9 @@ import (
 // now, Step completes it and returns its events, stamped with its end
 // time (and any events of Cancel and Reset since the last Step). Then, if
 // no iteration is in flight and there is work, it schedules the next one,
-// starting at now. next is when to call Step again: the end of the
-// iteration in flight, or Idle when there is no work.
+// starting at now. Held blocks due by now are freed first (hold.go). next
+// is when to call Step again: the end of the iteration in flight, else the
+// first load or hold due, or Idle when there is nothing to wait for.
 //
 // The returned slice is reused by the next Step call: copy what you keep.
 // So is the Hashes slice of a BlockRemoved event; the Hashes and TokenIDs
@@ -25,6 +26,7 @@ func (e *Engine) Step(now time.Duration) (events []Event, next time.Duration) {
 	if e.busy && e.end <= now {
 		e.finish()
 	}
+	e.release(now)
 	if !e.busy {
 		e.schedule(now)
 	}
@@ -33,9 +35,9 @@ func (e *Engine) Step(now time.Duration) (events []Event, next time.Duration) {
 	case e.busy:
 		return e.out, e.end
 	case e.loads > 0:
-		return e.out, e.nextLoaded()
+		return e.out, min(e.nextLoaded(), e.holdNext)
 	}
-	return e.out, Idle
+	return e.out, e.holdNext
 }
 
 // nextLoaded is when the first of the loads from the CPU tier completes.

@@ -2,40 +2,44 @@ package engine
 
 import "encoding/json"
 
-// TransferParams is vLLM's kv_transfer_params request field, as its
-// NixlConnector reads it (vllm/distributed/kv_transfer/kv_connector/v1/
-// nixl_connector.py), plus RemoteNumTokens, kvrouter's emulator's own: what
-// the router sends a replica with a KV connector to order an import
-// (package proxy), and what the emulator reads (package emulator).
+// TransferParams is vLLM's kv_transfer_params, the field by which a P/D
+// proxy chains a request's two legs through vLLM's NixlConnector
+// (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py and
+// tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, vLLM commit
+// 002a105): in the prefill leg's request (DoRemoteDecode, the rest null),
+// in the prefill worker's response (DoRemotePrefill and the source's
+// fields), and in the decode leg's request (that response's params as
+// they are). The emulator reads and writes it (package emulator); the
+// fields are in the order vLLM's request_finished writes them.
 type TransferParams struct {
-	// DoRemotePrefill asks to import the prompt's KV from the source
-	// instead of computing it (a P/D decode instance's leg).
+	// DoRemotePrefill asks to read the prompt's KV from the source named
+	// by the other fields instead of computing it (the decode leg).
 	DoRemotePrefill bool `json:"do_remote_prefill"`
-	// DoRemoteDecode marks a P/D prefill instance's leg; the emulator
-	// serves such a request as any other.
+	// DoRemoteDecode asks the engine to hold the prompt's KV blocks after
+	// the request finishes, for a decode worker to read (the prefill leg).
 	DoRemoteDecode bool `json:"do_remote_decode"`
-	// RemoteEngineID and RemoteRequestID name the source and its request;
-	// the emulator names the source by RemoteEngineID in its log and
-	// ignores RemoteRequestID.
-	RemoteEngineID  string `json:"remote_engine_id"`
+	// RemoteBlockIDs are the source's engine block ids of the prompt's
+	// blocks, in order: a list of ints, or a list per KV-cache group
+	// (newer vLLM), of which the emulator reads the first. Null or empty:
+	// nothing to read.
+	RemoteBlockIDs json.RawMessage `json:"remote_block_ids"`
+	// RemoteEngineID names the source engine (vLLM's engine_id).
+	RemoteEngineID string `json:"remote_engine_id"`
+	// RemoteRequestID is the source's id of the prefill leg, whose held
+	// blocks the decode worker reads (NixlConnector version 2).
 	RemoteRequestID string `json:"remote_request_id"`
-	// RemoteHost and RemotePort are the source's address. In vLLM they
-	// are the NIXL side channel's; here, the source emulator's HTTP API,
-	// which serves TransferPath.
+	// RemoteHost and RemotePort are the source's side channel. In vLLM
+	// they are its NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/_PORT);
+	// an emulator serves its side channel on its HTTP API (TransferPath in
+	// package emulator).
 	RemoteHost string `json:"remote_host"`
 	RemotePort int    `json:"remote_port"`
-	// RemoteBlockIDs are, in vLLM, the source's engine block ids (a list,
-	// or a list per KV-cache group). The emulator has no physical ids: an
-	// empty or absent list means "the prompt's leading blocks you hold"
-	// (what a router, which does not know the source's ids, sends), a
-	// non-empty one imports as many leading blocks as it has ids (its first
-	// group's, when grouped).
-	RemoteBlockIDs json.RawMessage `json:"remote_block_ids"`
-	// TPSize is the source's tensor-parallel size; the emulator ignores
-	// it, the router does not send it.
+	// TPSize is the source's tensor-parallel size; the emulator writes 1
+	// and reads nothing from it.
 	TPSize int `json:"tp_size,omitempty"`
-	// RemoteNumTokens (the emulator's own field) caps the import to the
-	// prompt's first RemoteNumTokens tokens, rounded down to whole blocks;
-	// absent or zero means no cap beyond remote_block_ids.
-	RemoteNumTokens int `json:"remote_num_tokens"`
+	// RemoteNumTokens is not vLLM's and no engine reads it.
+	//
+	// Deprecated: it stays only while package proxy still sets it; delete
+	// it with that use.
+	RemoteNumTokens int `json:"remote_num_tokens,omitempty"`
 }

@@ -30,6 +30,11 @@ type Request struct {
 	// none.
 	RemoteBlocks int
 	RemoteSent   time.Duration
+	// HoldFor keeps the request's blocks for that long after it finishes,
+	// for a peer to read (a P/D prefill leg, vLLM's do_remote_decode; see
+	// hold.go): Done reports the held prompt blocks in HeldBlocks, and Read
+	// serves them. Zero frees them at once, as any request's.
+	HoldFor time.Duration
 }
 
 // Kind says what an Event reports.
@@ -73,6 +78,10 @@ type Event struct {
 	Preemptions int
 	// Canceled is true for a request ended by Cancel.
 	Canceled bool
+	// HeldBlocks are the engine's ids of the request's full prompt
+	// blocks, in order, when it finished with Request.HoldFor and had at
+	// least one (Read takes them); nil otherwise.
+	HeldBlocks []int32
 
 	// Medium is the tier the blocks were stored on or removed from
 	// (BlockStored, BlockRemoved); AllCleared clears every tier.

@@ -11,6 +11,7 @@ import (
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // runEngine runs one emulated vLLM-compatible replica until ctx is done.
@@ -29,7 +30,8 @@ func runEngine(ctx context.Context, args []string) error {
 		"loras", strings.Join(s.LoRAs(), ","), "preset", cfg.Preset,
 		"time_scale", cfg.TimeScale, "kv_blocks", ec.NumBlocks, "block_size", ec.BlockSize,
 		"max_num_seqs", ec.MaxNumSeqs, "max_model_len", ec.MaxModelLen, "kv_full_status", cfg.KVFullStatus,
-		"kv_events", s.KVEventsEndpoint(), "replay", s.ReplayEndpoint(), "topic", s.Topic())
+		"kv_events", s.KVEventsEndpoint(), "replay", s.ReplayEndpoint(), "topic", s.Topic(),
+		"kv_role", s.KVRole().String(), "kv_engine_id", s.EngineID(), "kv_hold_timeout", cfg.KVHoldTimeout)
 	<-ctx.Done()
 	log.Info("kvrouter engine stopping")
 	err = s.Close()
@@ -47,6 +49,7 @@ var engineHelp = help{
 	examples: []string{
 		"kvrouter engine --listen 127.0.0.1:8001 --time-scale 0.05   # 20x faster than real time",
 		"kvrouter engine --listen 127.0.0.1:8002 --model m --kv-events-endpoint 'tcp://*:5557'",
+		"kvrouter engine --listen 127.0.0.1:8003 --kv-role prefill --kv-hold-timeout 60s   # a P/D prefill worker",
 	},
 }
 
@@ -74,12 +77,23 @@ func engineFlags(args []string) (emulator.Config, string, error) {
 	fs.Float64Var(&cfg.PCIeGBps, "pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s (gigabytes); 0: %d", engine.DefaultPCIeGBps))
 	logFormat := fs.String("log-format", proxy.LogText, "log lines as text (key=value) or json (one object per line)")
 	fs.Float64Var(&cfg.InterconnectGBps, "interconnect-gbps", 0, "bandwidth in GB/s (gigabytes) each way of the links KV transfers to and from peers take (kv_transfer_params); 0: the preset's")
+	kvRole := fs.String("kv-role", "both", "part in prefill/decode disaggregation, as vLLM's kv_role: prefill (holds a prefill leg's KV for its decode worker; computes a decode leg's prompt itself), decode (reads a decode leg's KV from its prefill worker; serves a prefill leg as a plain request) or both")
+	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", emulator.DefaultKVHoldTimeout, "how long, in engine time, a prefill leg's KV blocks are held for a decode worker that does not read them (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
+	fs.StringVar(&cfg.EngineID, "kv-engine-id", "", "the engine's id in kv_transfer_params (remote_engine_id, vLLM's kv_transfer_config engine_id); empty: a random id")
+	fs.StringVar(&cfg.SideChannelHost, "kv-side-channel-host", "", "host a prefill leg's kv_transfer_params name for the side channel decode workers read KV from (remote_host, vLLM's VLLM_NIXL_SIDE_CHANNEL_HOST; the port is --listen's); empty: the local address the leg came in on")
 	fs.IntVar(&cfg.KVFullStatus, "kv-full-status", 0, "HTTP status (e.g. 500, as llm-d-inference-sim) answered to a request whose uncached prompt blocks exceed the free ones on arrival; 0: queue it, as vLLM does")
-	if err := parseFlags(fs, args, engineHelp, os.Stderr); err != nil {
+	err := parseFlags(fs, args, engineHelp, os.Stderr)
+	if err != nil {
 		return cfg, "", err
 	}
 	if *logFormat != proxy.LogText && *logFormat != proxy.LogJSON {
 		return cfg, "", fmt.Errorf("log-format %q: want text or json", *logFormat)
+	}
+	if cfg.KVRole, err = route.ParseRole(*kvRole); err != nil {
+		return cfg, "", fmt.Errorf("kv-role: %w", err)
+	}
+	if cfg.KVHoldTimeout <= 0 {
+		return cfg, "", fmt.Errorf("kv-hold-timeout %v: want a positive duration", cfg.KVHoldTimeout)
 	}
 	cfg.Logger = newLogger(os.Stderr, proxy.DefaultLogLevel, *logFormat)
 	cfg.Model, cfg.Aliases = models.list[0], models.list[1:]

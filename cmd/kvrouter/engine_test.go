@@ -2,8 +2,11 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 func TestEngineFlagsModels(t *testing.T) {
@@ -43,5 +46,38 @@ func TestEngineFlagsModels(t *testing.T) {
 	}
 	if _, _, err := engineFlags([]string{"--model", "a,,b"}); err == nil {
 		t.Error("--model a,,b: no error, want one for the empty name")
+	}
+}
+
+// TestEngineFlagsKVTransfer: --kv-role takes route.ParseRole's names
+// (default both), --kv-hold-timeout a positive duration (default vLLM's
+// 480 s).
+func TestEngineFlagsKVTransfer(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		role route.Role
+		hold time.Duration
+		id   string
+	}{
+		{"defaults", nil, route.RoleBoth, 480 * time.Second, ""},
+		{"prefill", []string{"--kv-role", "prefill", "--kv-hold-timeout", "30s", "--kv-engine-id", "p0"}, route.RolePrefill, 30 * time.Second, "p0"},
+		{"decode", []string{"--kv-role", "decode"}, route.RoleDecode, 480 * time.Second, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, _, err := engineFlags(tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.KVRole != tt.role || cfg.KVHoldTimeout != tt.hold || cfg.EngineID != tt.id {
+				t.Errorf("role %v, hold %v, id %q; want %v, %v, %q", cfg.KVRole, cfg.KVHoldTimeout, cfg.EngineID, tt.role, tt.hold, tt.id)
+			}
+		})
+	}
+	for _, args := range [][]string{{"--kv-role", "producer"}, {"--kv-hold-timeout", "0s"}, {"--kv-hold-timeout", "-1s"}} {
+		if _, _, err := engineFlags(args); err == nil {
+			t.Errorf("%v: no error", args)
+		}
 	}
 }
