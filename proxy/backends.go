@@ -59,7 +59,7 @@ type backendBody struct {
 	Replay string   `json:"replay"`
 	Models []string `json:"models"`
 	// Role is "prefill", "decode" or "both" (empty: both).
-	Role string `json:"role"`
+	Role string     `json:"role"`
 	role route.Role // Role, parsed by checkBackendBody
 }
 

@@ -132,7 +132,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "limit on a whole request, retries and continuations included (0: none)")
 	fs.BoolVar(&cfg.StreamContinue, "stream-continue", cfg.StreamContinue, "continue a stream on another replica when its replica fails after the first token (false: end it with an error event)")
 	fs.Float64Var(&cfg.InterconnectGBps, "interconnect-gbps", cfg.InterconnectGBps, "the replicas' link bandwidth in GB/s each way, at which --kv-transfer prices imports; 0: the preset's (50 per GPU)")
-	fs.BoolVar(&cfg.KVTransfer, "kv-transfer", cfg.KVTransfer, "let the router order KV transfers between replicas (kv_transfer_params naming the source, as vLLM's NixlConnector reads them); only for engines with a KV connector")
+	fs.BoolVar(&cfg.KVTransfer, "kv-transfer", cfg.KVTransfer, "let the router order KV imports from a replica that holds the prompt's prefix, run as vLLM's two legs (a one-token prefill leg on the holder, whose kv_transfer_params the request then carries to its replica); only for engines with a KV connector (NixlConnector); prefill workers (--backend ...,role=prefill) take legs without it")
 	fs.Int64Var(&cfg.RetryBufferBytes, "retry-buffer-bytes", cfg.RetryBufferBytes, "largest non-streaming response read whole before the client gets it, so that a failure reading it is retried (0: none)")
 	fs.IntVar(&cfg.Outlier.Consecutive, "eject-consecutive", cfg.Outlier.Consecutive, "failed requests in a row that eject a replica")
 	fs.DurationVar(&cfg.Outlier.EjectBase, "eject-base", cfg.Outlier.EjectBase, "first ejection's duration, doubled for each ejection in a row")
