@@ -41,11 +41,13 @@ var (
 )
 
 // legState is the last prefill leg of a call: the replica that ran it,
-// how long it took and how it ended (legOK, ...).
+// how long it took, how it ended (legOK, ...) and the prompt tokens its
+// answer's usage reported (0: none).
 type legState struct {
 	from    int
 	took    time.Duration
 	outcome string
+	prompt  int
 }
 
 // oneToken returns the body of a one-token, non-streaming request with
@@ -112,10 +114,10 @@ func (c *call) prefill(from int) ([]byte, string) {
 	ctx, cancel := c.legContext()
 	defer cancel()
 	ctx, span := c.startLeg(ctx, from)
-	params, err := c.sendLeg(ctx, from)
+	params, prompt, err := c.sendLeg(ctx, from)
 	outcome := legOutcome(ctx, err)
 	end := rt.now()
-	c.leg = legState{from: from, took: end.Sub(start), outcome: outcome}
+	c.leg = legState{from: from, took: end.Sub(start), outcome: outcome, prompt: prompt}
 	switch outcome {
 	case legOK:
 		tk.Done(end, fleet.NoUsage, nil)
@@ -175,26 +177,27 @@ func (c *call) legContext() (context.Context, context.CancelFunc) {
 }
 
 // sendLeg posts the prefill-leg body to replica from and returns the
-// kv_transfer_params of its answer.
-func (c *call) sendLeg(ctx context.Context, from int) ([]byte, error) {
+// kv_transfer_params of its answer and the prompt tokens its usage
+// reported.
+func (c *call) sendLeg(ctx context.Context, from int) ([]byte, int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.rt.url(from).JoinPath(c.path).String(), bytes.NewReader(c.pbody))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	c.legHeaders(req.Header)
 	resp, err := c.rt.upstream.RoundTrip(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxLegAnswer+1))
 	switch {
 	case resp.StatusCode != http.StatusOK:
-		return nil, fmt.Errorf("prefill leg answered %s", resp.Status)
+		return nil, 0, fmt.Errorf("prefill leg answered %s", resp.Status)
 	case err != nil:
-		return nil, err
+		return nil, 0, err
 	case len(b) > maxLegAnswer:
-		return nil, fmt.Errorf("%w: an answer larger than %d bytes", errNoParams, maxLegAnswer)
+		return nil, 0, fmt.Errorf("%w: an answer larger than %d bytes", errNoParams, maxLegAnswer)
 	}
 	return paramsOf(b)
 }
@@ -212,19 +215,23 @@ func (c *call) legHeaders(h http.Header) {
 }
 
 // paramsOf returns the top-level kv_transfer_params of a prefill leg's
-// answer, verbatim: a JSON object with at least one member.
-func paramsOf(answer []byte) ([]byte, error) {
+// answer, verbatim (a JSON object with at least one member), and the
+// prompt tokens its usage reported.
+func paramsOf(answer []byte) ([]byte, int, error) {
 	var a struct {
 		Params json.RawMessage `json:"kv_transfer_params"`
+		Usage  struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
 	}
 	if err := json.Unmarshal(answer, &a); err != nil {
-		return nil, fmt.Errorf("%w: %v", errNoParams, err)
+		return nil, 0, fmt.Errorf("%w: %v", errNoParams, err)
 	}
 	p := bytes.TrimSpace(a.Params)
 	if len(p) < 2 || p[0] != '{' || len(bytes.TrimSpace(p[1:len(p)-1])) == 0 {
-		return nil, errNoParams
+		return nil, 0, errNoParams
 	}
-	return p, nil
+	return p, a.Usage.PromptTokens, nil
 }
 
 // legOutcome classifies a prefill leg's error; ctx is the leg's.

@@ -382,7 +382,7 @@ func TestPrefillLegTraced(t *testing.T) {
 	wantAttr(t, leg, "kvrouter.replica", p.URL)
 	wantAttr(t, r.clients[1], "kvrouter.replica", d.URL())
 	wantAttr(t, r.server, "kvrouter.transfer.from", p.URL)
-	wantAttr(t, r.server, "kvrouter.transfer.tokens", "432")
+	wantAttr(t, r.server, "kvrouter.transfer.tokens", "421")
 	wantTraceparent(t, pRec, leg, "the prefill worker")
 
 	var line map[string]any
@@ -391,7 +391,7 @@ func TestPrefillLegTraced(t *testing.T) {
 			line = m
 		}
 	}
-	want := map[string]any{"prefill_replica": p.URL, "prefill_outcome": legOK, "prefill_legs": 1.0, "transfer_tokens": 432.0}
+	want := map[string]any{"prefill_replica": p.URL, "prefill_outcome": legOK, "prefill_legs": 1.0, "transfer_tokens": 421.0}
 	for k, v := range want {
 		if line[k] != v {
 			t.Errorf("access log %s = %v, want %v", k, line[k], v)

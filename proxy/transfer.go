@@ -119,7 +119,7 @@ func newTransferMetrics(reg prometheus.Registerer, preset string) (*transferMetr
 			"KV transfers the router ordered and ran: a prefill leg on the source answered with kv_transfer_params and the decode leg to the destination carried them, by source and destination replica.",
 			"from", "to"),
 		bytes: counter("kvrouter_kv_transfer_bytes_total",
-			"KV bytes of the transfers run: the tokens of the blocks the source named (remote_block_ids × its block size) × the preset's KV bytes per token, by source and destination replica.",
+			"KV bytes of the transfers run: the tokens of the blocks the source named (remote_block_ids × its block size, within the prompt) × the preset's KV bytes per token, by source and destination replica.",
 			"from", "to"),
 		legs: counter("kvrouter_kv_transfer_legs_total",
 			"Legs of disaggregated requests by leg (prefill, decode) and outcome: prefill ok, error, timeout, no_params (answered without kv_transfer_params); decode ok, upstream_error, error, canceled, retried (failed before its first token).",
@@ -224,8 +224,9 @@ func (c *call) attach(dst, plain, params []byte, from int) []byte {
 
 // transferred is the tokens of the blocks params name
 // (remote_block_ids, a list of ids or one per KV-cache group) at the
-// source's block size, or when they name none the decision's blocks
-// (within the prompt).
+// source's block size, within the prompt tokens the prefill leg's usage
+// reported (the last block is partly filled); when they name none, the
+// decision's blocks (within the prompt).
 func (c *call) transferred(params []byte, from int) int {
 	var p struct {
 		IDs json.RawMessage `json:"remote_block_ids"`
@@ -242,6 +243,9 @@ func (c *call) transferred(params []byte, from int) int {
 	bs := c.rt.st.fleet.Tracker().BlockSize(from)
 	if bs <= 0 {
 		bs = fleet.DefaultBlockSize
+	}
+	if n > 0 && c.leg.prompt > 0 {
+		return min(n*bs, c.leg.prompt)
 	}
 	if n > 0 {
 		return n * bs

@@ -321,7 +321,7 @@ func TestPrefillLegAgainstVLLMAnswer(t *testing.T) {
 		}
 	}
 
-	const tokens = 27 * 16 // remote_block_ids × the default block size
+	const tokens = 421 // remote_block_ids × the default block size (432), within the prompt's 421 tokens
 	if h := resp.Header.Get(HeaderDecision); !strings.Contains(h, "; transfer=from "+p.URL+" 2.000ms") {
 		t.Errorf("%s %q lacks the transfer", HeaderDecision, h)
 	}
