@@ -211,6 +211,27 @@ func TestKVTransferContinuationDropsParams(t *testing.T) {
 	if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midContinued); got != 1 {
 		t.Errorf("kvrouter_stream_failures_total{result=continued} = %v, want 1", got)
 	}
+	if got := metricValue(t, url, "kvrouter_kv_transfer_legs_total", "leg", legDecode, "outcome", "cut"); got != 1 {
+		t.Errorf("decode legs cut: %v, want 1", got)
+	}
+	wantIdle(t, rt)
+}
+
+// TestDecodeRefused: a decode worker that refuses the decode leg (a 400,
+// from its API: its engine never saw the request) passes the refusal to
+// the client; the blocks the prefill worker holds wait for its abort
+// timeout, which is counted.
+func TestDecodeRefused(t *testing.T) {
+	p, d := newTap(t, startEmulator(t)), newTap(t, startEmulator(t))
+	d.status = http.StatusBadRequest
+	rt, url := pdRouter(t, nil, nil, prefillWorker(p.URL()), decodeWorker(d.URL()))
+	if resp, b := do(t, "POST", url+"/v1/chat/completions", pdChat()); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d: %s, want the decode worker's 400", resp.StatusCode, b)
+	}
+	settledRecord(t, rt)
+	if got := metricValue(t, url, "kvrouter_kv_transfer_releases_total", "how", releaseTimeout); got != 1 {
+		t.Errorf("releases{how=timeout}: %v, want 1", got)
+	}
 	wantIdle(t, rt)
 }
 

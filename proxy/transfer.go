@@ -93,7 +93,7 @@ const (
 	releaseSent    = "sent"    // the detached decode leg read them
 	releaseFailed  = "failed"  // that leg failed: the worker's abort timeout frees them
 	releaseEngine  = "engine"  // the decode worker had the request: its abort frees them
-	releaseTimeout = "timeout" // the decode worker was never reached: the abort timeout frees them
+	releaseTimeout = "timeout" // the decode worker never had the request, or refused it: the abort timeout frees them
 )
 
 // transferMetrics count the transfers the router orders and their legs.
@@ -122,13 +122,13 @@ func newTransferMetrics(reg prometheus.Registerer, preset string) (*transferMetr
 			"KV bytes of the transfers run: the tokens of the blocks the source named (remote_block_ids × its block size, within the prompt) × the preset's KV bytes per token, by source and destination replica.",
 			"from", "to"),
 		legs: counter("kvrouter_kv_transfer_legs_total",
-			"Legs of disaggregated requests by leg (prefill, decode) and outcome: prefill ok, error, timeout, no_params (answered without kv_transfer_params); decode ok, upstream_error, error, canceled, retried (failed before its first token).",
+			"Legs of disaggregated requests by leg (prefill, decode) and outcome: prefill ok, error, timeout, no_params (answered without kv_transfer_params); decode ok, upstream_error, error, canceled (the request's outcome), retried (failed before its first token: decided again), cut (failed after it: continued elsewhere without params).",
 			"leg", "outcome"),
 		fallbacks: counter("kvrouter_kv_transfer_fallbacks_total",
 			"Ordered transfers that did not go as decided, by reason: the prefill leg's error, timeout or no_params (the request is decided again without that worker), decode_failed (the decode replica failed before its first token: decided again), legs_exhausted (no legs left: the decode replica computes the prompt).",
 			"reason"),
 		releases: counter("kvrouter_kv_transfer_releases_total",
-			"Prefill legs whose blocks no client reads (it went away between the legs), by how they are freed: sent (a detached one-token decode leg read them), failed (that leg failed), engine (the decode worker had the request: its abort frees them), timeout (the prefill worker's abort timeout will).",
+			"Prefill legs whose blocks no client reads, by how they are freed: sent (the client went away between the legs: a detached one-token decode leg read them), failed (that leg failed), engine (the client went away before the first token: the decode worker's abort frees them), timeout (the decode worker never had the request, or refused it with a 4xx: the prefill worker's abort timeout will).",
 			"how"),
 		perToken: int64(ec.KVBytesPerToken),
 	}
@@ -296,15 +296,22 @@ func (c *call) untransferred() []byte {
 	if c.xfer.Blocks <= 0 {
 		return nil
 	}
+	c.rt.xm.legs.WithLabelValues(legDecode, "cut").Inc()
 	c.xfer, c.xferTokens, c.params = route.Transfer{}, 0, nil
 	return c.plain
 }
 
 // settleDecode counts the decode leg of a call that ran a transfer, by
-// the call's outcome.
+// the call's outcome. A decode worker that refused the request (a 4xx
+// answer, from its API before its engine saw the request) never read the
+// blocks: the prefill worker's abort timeout frees them.
 func (c *call) settleDecode() {
-	if c.xfer.Blocks > 0 {
-		c.rt.xm.legs.WithLabelValues(legDecode, c.outcome).Inc()
+	if c.xfer.Blocks <= 0 {
+		return
+	}
+	c.rt.xm.legs.WithLabelValues(legDecode, c.outcome).Inc()
+	if c.status >= 400 && c.status < 500 && c.errCode == "" {
+		c.rt.xm.releases.WithLabelValues(releaseTimeout).Inc()
 	}
 }
 
