@@ -85,8 +85,8 @@ type call struct {
 	// tokens, with params, the prefill leg's kv_transfer_params; pbody
 	// the prefill legs' body (nil: none built yet), own whether the
 	// client's body has its own params (no legs); legs counts the prefill
-	// legs run, leg is the last; auth the client's Authorization, which
-	// the legs forward.
+	// legs run, leg is the last; in the client's headers, which the legs
+	// take Authorization and the trace context from.
 	xfer       route.Transfer
 	xferTokens int
 	plain      []byte
@@ -95,7 +95,7 @@ type call struct {
 	own        bool
 	legs       int
 	leg        legState
-	auth       string
+	in         http.Header
 
 	*bufs // borrowed from Router.pool until finish
 
@@ -231,7 +231,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
 		return
 	}
-	c.ctx, c.auth = r.Context(), r.Header.Get("Authorization")
+	c.ctx, c.in = r.Context(), r.Header
 	if !c.route(w) {
 		return
 	}

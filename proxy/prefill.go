@@ -204,13 +204,16 @@ func (c *call) sendLeg(ctx context.Context, from int) ([]byte, int, error) {
 
 // legHeaders are the headers of the requests the router makes itself for
 // a call: JSON, the router's request id as X-Request-Id (as vLLM's proxy
-// sends it on both legs) and the client's Authorization, which the router
-// forwards.
+// sends it on both legs), and of the client's the Authorization, which
+// the router forwards, and the W3C trace context, which it passes on
+// when it does not trace (with tracing on, the leg's span replaces it).
 func (c *call) legHeaders(h http.Header) {
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Request-Id", c.id)
-	if c.auth != "" {
-		h.Set("Authorization", c.auth)
+	for _, k := range []string{"Authorization", "Traceparent", "Tracestate"} {
+		if v := c.in.Get(k); v != "" {
+			h.Set(k, v)
+		}
 	}
 }
 

@@ -42,7 +42,7 @@ func (f *fixtureWorker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // TestPrefillLegAgainstVLLMAnswer: against the answer of a real vLLM
 // prefill worker, the router sends the prefill leg vLLM's proxy sends
 // (its body fields exactly, X-Request-Id the request id, the client's
-// Authorization), and the decode leg is the client's body with the
+// Authorization and, the router not tracing, its traceparent), and the decode leg is the client's body with the
 // worker's kv_transfer_params verbatim; the transfer shows in the
 // header, the record, the access log's fields and the metrics, and every
 // ticket is released.
@@ -64,7 +64,8 @@ func TestPrefillLegAgainstVLLMAnswer(t *testing.T) {
 	d.strip = true // the fixture's blocks are nowhere: the engine computes the prompt
 	rt, url := pdRouter(t, nil, nil, prefillWorker(p.URL), decodeWorker(d.URL()))
 
-	resp, out := do(t, "POST", url+"/v1/chat/completions", pdChat(), "Authorization", "Bearer sk-client")
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	resp, out := do(t, "POST", url+"/v1/chat/completions", pdChat(), "Authorization", "Bearer sk-client", "Traceparent", parent)
 	if resp.StatusCode != 200 || !strings.HasSuffix(strings.TrimSpace(out), "data: [DONE]") {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
@@ -87,8 +88,9 @@ func TestPrefillLegAgainstVLLMAnswer(t *testing.T) {
 	if diff := cmp.Diff(want, leg); diff != "" {
 		t.Errorf("prefill-leg body (-want +got):\n%s", diff)
 	}
-	if h := pw.hdrs[0]; h.Get("X-Request-Id") != rec.ID || h.Get("Authorization") != "Bearer sk-client" || h.Get("Content-Type") != "application/json" {
-		t.Errorf("prefill-leg headers: X-Request-Id %q (want %q), Authorization %q, Content-Type %q", h.Get("X-Request-Id"), rec.ID, h.Get("Authorization"), h.Get("Content-Type"))
+	if h := pw.hdrs[0]; h.Get("X-Request-Id") != rec.ID || h.Get("Authorization") != "Bearer sk-client" || h.Get("Content-Type") != "application/json" || h.Get("Traceparent") != parent {
+		t.Errorf("prefill-leg headers: X-Request-Id %q (want %q), Authorization %q, Content-Type %q, Traceparent %q (want the client's)",
+			h.Get("X-Request-Id"), rec.ID, h.Get("Authorization"), h.Get("Content-Type"), h.Get("Traceparent"))
 	}
 
 	got := d.received(t)
