@@ -334,3 +334,25 @@ func TestKVAwareOrdersTransfer(t *testing.T) {
 	t.Logf("TTFT %.1f ms, predicted %.1f ms (import %.1f ms, prefill leg %.1f ms): %.2f×",
 		rec.TTFTMS, rec.PredictedTTFTMS, rec.PredictedTransferMS, rec.PrefillMS, rec.TTFTMS/rec.PredictedTTFTMS)
 }
+
+// TestDecodeUnreachable: the decode replica a transfer was ordered for
+// refuses the connection: it never had the request, so the blocks the
+// first leg left wait for the prefill worker's abort timeout (counted);
+// the retry gets a fresh leg of its own.
+func TestDecodeUnreachable(t *testing.T) {
+	p, good := newTap(t, startEmulator(t)), newTap(t, startEmulator(t))
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	rt, url := pdRouter(t, nil, nil, prefillWorker(p.URL()), decodeWorker(down.URL), decodeWorker(good.URL()))
+	resp, events := replyEvents(t, url, pdChat())
+	if resp.StatusCode != 200 || resp.Header.Get(HeaderReplica) != good.URL() || !readReply(t, events).Done {
+		t.Fatalf("status %d from %s, want a whole stream from %s", resp.StatusCode, resp.Header.Get(HeaderReplica), good.URL())
+	}
+	if n := len(p.received(t)); n != 2 {
+		t.Errorf("%d prefill legs, want 2", n)
+	}
+	if got := metricValue(t, url, "kvrouter_kv_transfer_releases_total", "how", releaseTimeout); got != 1 {
+		t.Errorf("releases{how=timeout}: %v, want 1", got)
+	}
+	wantIdle(t, rt)
+}

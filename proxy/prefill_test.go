@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -130,4 +131,50 @@ func TestPrefillLegAgainstVLLMAnswer(t *testing.T) {
 		}
 	}
 	wantIdle(t, rt)
+}
+
+// TestParamsOf: a prefill leg's answer is usable when its top-level
+// kv_transfer_params is an object with members, taken verbatim.
+func TestParamsOf(t *testing.T) {
+	for _, tc := range []struct {
+		answer, params string
+		prompt         int
+	}{
+		{`{"kv_transfer_params": {"remote_block_ids": [1, 2]}, "usage": {"prompt_tokens": 20}}`, `{"remote_block_ids": [1, 2]}`, 20},
+		{`{"choices": [], "kv_transfer_params": {"do_remote_prefill":true}}`, `{"do_remote_prefill":true}`, 0},
+		{`{"kv_transfer_params": {}}`, "", 0},
+		{`{"kv_transfer_params": { }}`, "", 0},
+		{`{"kv_transfer_params": null}`, "", 0},
+		{`{"kv_transfer_params": [1]}`, "", 0},
+		{`{"choices": []}`, "", 0},
+		{`data: {"kv_transfer_params": {"a": 1}}`, "", 0},
+	} {
+		p, prompt, err := paramsOf([]byte(tc.answer))
+		if tc.params == "" {
+			if !errors.Is(err, errNoParams) {
+				t.Errorf("%s: got %s, %v; want errNoParams", tc.answer, p, err)
+			}
+			continue
+		}
+		if err != nil || string(p) != tc.params || prompt != tc.prompt {
+			t.Errorf("%s: got %s %d, %v; want %s %d", tc.answer, p, prompt, err, tc.params, tc.prompt)
+		}
+	}
+}
+
+// TestOneTokenBody: the body of a one-token leg leaves every other field
+// as the client sent it, sets max_completion_tokens only when present, and
+// refuses a body with its own kv_transfer_params.
+func TestOneTokenBody(t *testing.T) {
+	got, err := oneToken([]byte(`{"model":"m","prompt":"a <b> & c","stream":true,"max_tokens":9,"temperature":0.5}`), nullParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"kv_transfer_params":` + string(nullParams) + `,"max_tokens":1,"model":"m","prompt":"a <b> & c","stream":false,"temperature":0.5}`
+	if string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if _, err := oneToken([]byte(`{"model":"m","kv_transfer_params":{}}`), nullParams); !errors.Is(err, errOwnParams) {
+		t.Errorf("a body with its own params: %v, want errOwnParams", err)
+	}
 }
