@@ -356,3 +356,36 @@ func TestDecodeUnreachable(t *testing.T) {
 	}
 	wantIdle(t, rt)
 }
+
+// TestKVTransferImport: with --kv-transfer, an import from a holder (a
+// replica of role both that served the prompt before) runs as the same
+// two legs: the holder gets the prefill leg, the destination the request
+// with the holder's params, reads the blocks and reports them cached.
+func TestKVTransferImport(t *testing.T) {
+	src, dst := newTap(t, startEmulator(t)), newTap(t, startEmulator(t))
+	rt, url := pdRouter(t, orderImport(), func(c *Config) { c.KVTransfer = true }, Backend{URL: src.URL()}, Backend{URL: dst.URL()})
+	body := `{"model":"m","max_tokens":2,"prompt":"` + transferText() + `"}`
+	do(t, "POST", url+"/v1/completions", body)
+	resp, b := do(t, "POST", url+"/v1/completions", body)
+	if resp.StatusCode != 200 || resp.Header.Get(HeaderReplica) != dst.URL() {
+		t.Fatalf("status %d from %s: %s", resp.StatusCode, resp.Header.Get(HeaderReplica), b)
+	}
+	legs := src.received(t)
+	if len(legs) != 2 || string(legs[1]["max_tokens"]) != "1" || !strings.Contains(string(legs[1]["kv_transfer_params"]), `"do_remote_decode":true`) {
+		t.Fatalf("the holder got %d requests, want the warm one and a prefill leg", len(legs))
+	}
+	rec := settledRecord(t, rt)
+	if rec.Transfer != "from "+src.URL() || rec.PrefillOutcome != legOK {
+		t.Fatalf("record: transfer %q, prefill %q; want from %s, ok", rec.Transfer, rec.PrefillOutcome, src.URL())
+	}
+	if got := cachedOf(t, b); got != rec.TransferTokens {
+		t.Errorf("cached_tokens %d, want the %d transferred", got, rec.TransferTokens)
+	}
+	if h := resp.Header.Get(HeaderDecision); !strings.Contains(h, "; transfer=from "+src.URL()+" 3.000ms") {
+		t.Errorf("%s %q lacks the transfer", HeaderDecision, h)
+	}
+	if got := metricValue(t, url, "kvrouter_kv_transfers_total", "from", src.URL(), "to", dst.URL()); got != 1 {
+		t.Errorf("kvrouter_kv_transfers_total %v, want 1", got)
+	}
+	wantIdle(t, rt)
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -141,10 +142,12 @@ func newTransferMetrics(reg prometheus.Registerer, preset string) (*transferMetr
 }
 
 // legFrom returns the replica the call's decision wants a prefill leg
-// from, or -1: none, or a holder's import with Config.KVTransfer off.
+// from, or -1: none, a holder's import with Config.KVTransfer off, or a
+// replica whose leg failed already (a policy may name one that the
+// snapshot excluded).
 func (c *call) legFrom() int {
 	rt, t := c.rt, c.dec.Transfer
-	if t.Blocks <= 0 || t.From < 0 || t.From == c.replica || t.From >= len(rt.st.bes.list()) {
+	if t.Blocks <= 0 || t.From < 0 || t.From == c.replica || t.From >= len(rt.st.bes.list()) || slices.Contains(c.skip, t.From) {
 		return -1
 	}
 	if !rt.cfg.KVTransfer && rt.st.bes.at(t.From).cfg.Role != route.RolePrefill {
