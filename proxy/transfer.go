@@ -264,6 +264,20 @@ func (c *call) transferred(params []byte, from int) int {
 	return tokens
 }
 
+// decodeFailed counts how the blocks a decode leg's params name are freed
+// when its attempt failed with err before the first token: by the decode
+// worker's abort when the client went away (see release), by the prefill
+// worker's abort timeout when the decode worker was never reached.
+func (c *call) decodeFailed(req *http.Request, err error) {
+	switch {
+	case err == nil || c.xfer.Blocks <= 0:
+	case req.Context().Err() != nil:
+		c.rt.xm.releases.WithLabelValues(releaseEngine).Inc()
+	case isDialError(err):
+		c.rt.xm.releases.WithLabelValues(releaseTimeout).Inc()
+	}
+}
+
 // redo makes req, a retry after the decode replica failed before its
 // first token, carry the body the new decision wants: with the params of
 // a new prefill leg when it orders a transfer, else without any. The

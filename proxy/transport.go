@@ -33,9 +33,7 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	for attempt := 0; ; attempt++ {
 		resp, err := c.try(req)
-		if err != nil && req.Context().Err() != nil && c.xfer.Blocks > 0 {
-			c.rt.xm.releases.WithLabelValues(releaseEngine).Inc() // see release
-		}
+		c.decodeFailed(req, err)
 		if !retryable(resp, err) || req.Context().Err() != nil || attempt >= rt.cfg.Retries || !replayable(req) {
 			return c.answer(req, resp, err)
 		}
@@ -52,9 +50,6 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, gerr
 			}
 			next.Body = body
-		}
-		if c.xfer.Blocks > 0 && isDialError(err) {
-			rt.xm.releases.WithLabelValues(releaseTimeout).Inc() // the decode worker never had the request
 		}
 		if !c.redo(next) {
 			return c.answer(req, resp, err)
