@@ -118,6 +118,16 @@ func (c *call) prefill(from int) ([]byte, string) {
 	outcome := legOutcome(ctx, err)
 	end := rt.now()
 	c.leg = legState{from: from, took: end.Sub(start), outcome: outcome, prompt: prompt}
+	c.settleLeg(tk, end, err)
+	endLeg(span, outcome, err)
+	c.record()
+	return params, outcome
+}
+
+// settleLeg releases the last leg's ticket tk at end, feeds its worker's
+// passive health (a refused connection ejects it) and counts the leg.
+func (c *call) settleLeg(tk *fleet.Ticket, end time.Time, err error) {
+	rt, from, outcome := c.rt, c.leg.from, c.leg.outcome
 	switch outcome {
 	case legOK:
 		tk.Done(end, fleet.NoUsage, nil)
@@ -129,16 +139,13 @@ func (c *call) prefill(from int) ([]byte, string) {
 		} else {
 			rt.st.reportFailure(from)
 		}
-	default:
+	default: // an answer without params: not the worker's failure
 		tk.Done(end, fleet.NoUsage, nil)
 	}
 	rt.xm.legs.WithLabelValues(legPrefill, outcome).Inc()
 	if err != nil {
 		rt.log.Warn("prefill leg failed", "id", c.id, "prefill", rt.name(from), "outcome", outcome, "err", err)
 	}
-	endLeg(span, outcome, err)
-	c.record()
-	return params, outcome
 }
 
 // chargeLeg charges a prefill leg to replica from in the fleet: the
@@ -152,7 +159,7 @@ func (c *call) chargeLeg(from int, now time.Time) *fleet.Ticket {
 		PrefillTokens: tokens - cached, Tokens: tokens + 1, PredictedCached: cached, PromptTokens: tokens,
 	}, now)
 	if err != nil {
-		return nil // removed meanwhile: its leg fails
+		return nil // removed meanwhile: nothing to charge
 	}
 	return tk
 }
