@@ -14,7 +14,9 @@
 // for example dns://vllm-headless.llm.svc.cluster.local:8000 and
 // dns+srv://_http._tcp.vllm-headless.llm.svc.cluster.local (Kubernetes
 // names a Service port "http" that way). The query string may set
-// scheme=https (default http) for the backends' URLs.
+// scheme=https (default http) for the backends' URLs, and role=prefill,
+// decode or both (default both) for their part in a disaggregated fleet
+// (route.Role): every backend a target finds has its role.
 package discover
 
 import (
@@ -29,6 +31,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Defaults of Config's zero fields.
@@ -52,10 +56,12 @@ type Target struct {
 	SRV bool
 	// Scheme is the backends' URL scheme, http or https.
 	Scheme string
+	// Role is the backends' role (route.RoleBoth: the default).
+	Role route.Role
 }
 
 // Parse reads "dns://NAME:PORT" or "dns+srv://NAME" (optionally
-// "?scheme=https").
+// "?scheme=https", "?role=prefill", or both: "?scheme=https&role=decode").
 func Parse(s string) (Target, error) {
 	u, err := url.Parse(s)
 	if err != nil {
@@ -67,6 +73,9 @@ func Parse(s string) (Target, error) {
 			return Target{}, fmt.Errorf("discover %q: scheme=%s: want http or https", s, sc)
 		}
 		t.Scheme = sc
+	}
+	if t.Role, err = route.ParseRole(u.Query().Get("role")); err != nil {
+		return Target{}, fmt.Errorf("discover %q: %w", s, err)
 	}
 	if u.Path != "" && u.Path != "/" || u.User != nil || u.Fragment != "" {
 		return Target{}, fmt.Errorf("discover %q: want dns://name:port or dns+srv://_service._proto.name, nothing else", s)
@@ -98,14 +107,21 @@ func Parse(s string) (Target, error) {
 
 // String renders t in the form Parse reads.
 func (t Target) String() string {
-	q := ""
+	var q []string
 	if t.Scheme != "http" {
-		q = "?scheme=" + t.Scheme
+		q = append(q, "scheme="+t.Scheme)
+	}
+	if t.Role != route.RoleBoth {
+		q = append(q, "role="+t.Role.String())
+	}
+	query := ""
+	if len(q) > 0 {
+		query = "?" + strings.Join(q, "&")
 	}
 	if t.SRV {
-		return "dns+srv://" + t.Name + q
+		return "dns+srv://" + t.Name + query
 	}
-	return "dns://" + net.JoinHostPort(t.Name, strconv.Itoa(t.Port)) + q
+	return "dns://" + net.JoinHostPort(t.Name, strconv.Itoa(t.Port)) + query
 }
 
 // Config configures a Discoverer.

@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // zone is a DNS server's records, changed by the tests while it serves.
@@ -98,6 +99,9 @@ func TestParse(t *testing.T) {
 		{"dns://vllm.llm.svc.cluster.local:8000", Target{Name: "vllm.llm.svc.cluster.local", Port: 8000, Scheme: "http"}, ""},
 		{"dns+srv://_http._tcp.vllm.llm.svc", Target{Name: "_http._tcp.vllm.llm.svc", SRV: true, Scheme: "http"}, ""},
 		{"dns://vllm:8443?scheme=https", Target{Name: "vllm", Port: 8443, Scheme: "https"}, ""},
+		{"dns://vllm-decode:8000?role=decode", Target{Name: "vllm-decode", Port: 8000, Scheme: "http", Role: route.RoleDecode}, ""},
+		{"dns+srv://_http._tcp.vllm-prefill?scheme=https&role=prefill", Target{Name: "_http._tcp.vllm-prefill", SRV: true, Scheme: "https", Role: route.RolePrefill}, ""},
+		{"dns://vllm:80?role=prefil", Target{}, `unknown role "prefil"`},
 		{"dns://vllm", Target{}, "want dns://name:port"},
 		{"dns://vllm:0", Target{}, "1..65535"},
 		{"dns://vllm:99999", Target{}, "1..65535"},

@@ -10,7 +10,9 @@ import (
 // path, model), what answered (status, outcome, replica, the decision's
 // reason and predicted cached tokens) and what came of it (the engine's
 // prompt, cached and completion tokens, TTFT and duration in
-// milliseconds, retries), keyed by the request id the
+// milliseconds, retries; for a disaggregated request its last prefill
+// leg's replica, outcome and duration, its legs and the tokens
+// transferred), keyed by the request id the
 // X-Kvrouter-Decision header and /debug/decisions show, and by the trace
 // id when tracing is on. Token counts the engine did not report, a TTFT
 // never reached and an empty model, replica or reason are left out
@@ -20,7 +22,7 @@ func (rt *Router) logAccess(c *call) {
 	if !rt.log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	var buf [24]slog.Attr
+	var buf [30]slog.Attr
 	a := buf[:0]
 	if c.id != "" { // none when the router answered before routing
 		a = append(a, slog.String("id", c.id))
@@ -39,6 +41,13 @@ func (rt *Router) logAccess(c *call) {
 	if c.routed && c.dec.Reason != "" {
 		a = append(a, slog.String("reason", c.dec.Reason), slog.Int("predicted_cached_tokens", c.dec.Matched),
 			slog.String("session", c.sessionSrc))
+	}
+	if c.legs > 0 {
+		a = append(a, slog.String("prefill_replica", rt.name(c.leg.from)), slog.String("prefill_outcome", c.leg.outcome),
+			slog.Float64("prefill_ms", roundMS(ms(c.leg.took))), slog.Int("prefill_legs", c.legs))
+	}
+	if c.xfer.Blocks > 0 {
+		a = append(a, slog.Int("transfer_tokens", c.xferTokens))
 	}
 	a = appendTokens(a, "prompt_tokens", c.usage.PromptTokens)
 	a = appendTokens(a, "cached_tokens", c.usage.CachedTokens)

@@ -7,10 +7,12 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Backend is one replica: its base URL and optional extra endpoints, written
-// as "http://h:8000,kv=tcp://h:5557,replay=tcp://h:5558".
+// as "http://h:8000,kv=tcp://h:5557,replay=tcp://h:5558,role=decode".
 type Backend struct {
 	// URL is the replica's OpenAI-compatible base URL (scheme://host:port).
 	URL string
@@ -25,9 +27,15 @@ type Backend struct {
 	// under when the engine's topic "kv@<host>:<port>@<model>" does not
 	// name one.
 	Models []string
+	// Role is the replica's part in a disaggregated fleet (option role=):
+	// route.RolePrefill runs prefill legs only (transfer.go), RoleDecode
+	// takes requests, RoleBoth (the zero value, "both") is an ordinary
+	// replica.
+	Role route.Role
 }
 
-// ParseBackend parses "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]...".
+// ParseBackend parses
+// "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]...[,role=prefill|decode|both]".
 func ParseBackend(s string) (Backend, error) {
 	parts := strings.Split(strings.TrimSpace(s), ",")
 	b := Backend{URL: strings.TrimRight(strings.TrimSpace(parts[0]), "/")}
@@ -46,8 +54,14 @@ func ParseBackend(s string) (Backend, error) {
 			b.Replay = v
 		case "model":
 			b.Models = append(b.Models, v)
+		case "role":
+			r, err := route.ParseRole(v)
+			if err != nil {
+				return Backend{}, fmt.Errorf("backend %q: %w", s, err)
+			}
+			b.Role = r
 		default:
-			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model)", s, k)
+			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model, role)", s, k)
 		}
 	}
 	return b, nil
@@ -88,12 +102,15 @@ func (b Backend) String() string {
 	for _, m := range b.Models {
 		s += ",model=" + m
 	}
+	if b.Role != route.RoleBoth {
+		s += ",role=" + b.Role.String()
+	}
 	return s
 }
 
 // UnmarshalYAML reads a backend from its string form
 // ("http://a:8000,kv=tcp://a:5557,model=m") or from a mapping with the
-// keys url, kv, replay and models (a list, or one name).
+// keys url, kv, replay, models (a list, or one name) and role.
 func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 	switch n.Kind {
 	case yaml.ScalarNode:
@@ -110,7 +127,7 @@ func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 	case yaml.MappingNode:
 		return b.unmarshalMapping(n)
 	}
-	return fmt.Errorf("line %d: a backend is a string like http://host:port[,kv=...] or a mapping with url, kv, replay, models", n.Line)
+	return fmt.Errorf("line %d: a backend is a string like http://host:port[,kv=...] or a mapping with url, kv, replay, models, role", n.Line)
 }
 
 // unmarshalMapping reads the mapping form of a backend: unknown keys are
@@ -136,8 +153,13 @@ func (b *Backend) unmarshalMapping(n *yaml.Node) error {
 			} else {
 				err = val.Decode(&v.Models)
 			}
+		case "role":
+			var r string
+			if err = val.Decode(&r); err == nil {
+				v.Role, err = route.ParseRole(r)
+			}
 		default:
-			return fmt.Errorf("line %d: backend: unknown key %q (known: url, kv, replay, models)", k.Line, k.Value)
+			return fmt.Errorf("line %d: backend: unknown key %q (known: url, kv, replay, models, role)", k.Line, k.Value)
 		}
 		if err != nil {
 			return fmt.Errorf("line %d: backend %s: %w", val.Line, k.Value, err)

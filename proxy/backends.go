@@ -9,13 +9,15 @@ import (
 	"net"
 	"net/http"
 	"strings"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // The admin API's backend routes, on the admin surface (AdminHandler),
 // behind its keys (Config.AdminAPIKeys):
 //
 //	GET    /admin/v1/backends          {"backends": [BackendState...]}
-//	POST   /admin/v1/backends          {"url", "kv", "replay", "models"}: add (201)
+//	POST   /admin/v1/backends          {"url", "kv", "replay", "models", "role"}: add (201)
 //	POST   /admin/v1/backends/drain    {"url"}: no new requests; streams finish (200)
 //	POST   /admin/v1/backends/undrain  {"url"}: back to service (200)
 //	DELETE /admin/v1/backends          {"url"}: remove (200, or 202 while its
@@ -56,6 +58,14 @@ type backendBody struct {
 	KV     string   `json:"kv"`
 	Replay string   `json:"replay"`
 	Models []string `json:"models"`
+	// Role is "prefill", "decode" or "both" (empty: both).
+	Role string     `json:"role"`
+	role route.Role // Role, parsed by checkBackendBody
+}
+
+// backend is the Backend b adds.
+func (b *backendBody) backend() Backend {
+	return Backend{URL: b.URL, KV: b.KV, Replay: b.Replay, Models: b.Models, Role: b.role}
 }
 
 // routeBackends registers the backend routes on mux.
@@ -81,7 +91,7 @@ func (rt *Router) serveAddBackend(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	err := rt.AddBackend(Backend(b), SourceAdmin)
+	err := rt.AddBackend(b.backend(), SourceAdmin)
 	if err != nil {
 		rt.writeMemberError(w, err)
 		return
@@ -141,7 +151,7 @@ func (rt *Router) writeBackend(w http.ResponseWriter, status int, id string) {
 
 // readBackendBody reads and checks a backend route's body: one JSON
 // object of at most maxAdminBody bytes, no unknown field, a valid url;
-// with full the kv, replay and models fields too, which the other routes
+// with full the kv, replay, models and role fields too, which the other routes
 // refuse. It answers the error itself (and counts it) when not ok.
 func (rt *Router) readBackendBody(w http.ResponseWriter, r *http.Request, full bool) (backendBody, bool) {
 	var b backendBody
@@ -172,7 +182,7 @@ func (rt *Router) readBackendBody(w http.ResponseWriter, r *http.Request, full b
 	return b, true
 }
 
-// checkBackendBody validates b; full allows kv, replay and models.
+// checkBackendBody validates b; full allows kv, replay, models and role.
 func checkBackendBody(b *backendBody, full bool) error {
 	b.URL = strings.TrimRight(strings.TrimSpace(b.URL), "/")
 	if b.URL == "" {
@@ -184,8 +194,12 @@ func checkBackendBody(b *backendBody, full bool) error {
 	if err := checkURL(b.URL); err != nil {
 		return fmt.Errorf(`"url" %q: %v`, b.URL, err)
 	}
-	if !full && (b.KV != "" || b.Replay != "" || b.Models != nil) {
+	if !full && (b.KV != "" || b.Replay != "" || b.Models != nil || b.Role != "") {
 		return errors.New(`only "url" is read here`)
+	}
+	var err error
+	if b.role, err = route.ParseRole(b.Role); err != nil {
+		return fmt.Errorf(`"role": %v`, err)
 	}
 	for _, e := range []struct{ name, v string }{{"kv", b.KV}, {"replay", b.Replay}} {
 		if e.v != "" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/view"
 )
 
@@ -149,6 +150,50 @@ func TestAdminBackendsLifecycle(t *testing.T) {
 	}
 }
 
+// TestParseBackendRole: role= reads prefill, decode and both, String
+// writes it back (leaving out the default), and an unknown role is an
+// error that lists the known ones.
+func TestParseBackendRole(t *testing.T) {
+	for _, tc := range []struct {
+		in, out string
+		role    route.Role
+	}{
+		{"http://p:8000,role=prefill", "http://p:8000,role=prefill", route.RolePrefill},
+		{"http://d:8000,model=m,role=decode", "http://d:8000,model=m,role=decode", route.RoleDecode},
+		{"http://b:8000,role=both", "http://b:8000", route.RoleBoth},
+		{"http://b:8000", "http://b:8000", route.RoleBoth},
+	} {
+		b, err := ParseBackend(tc.in)
+		if err != nil || b.Role != tc.role || b.String() != tc.out {
+			t.Errorf("%s: got %v %q, %v; want %v %q", tc.in, b.Role, b.String(), err, tc.role, tc.out)
+		}
+	}
+	_, err := ParseBackend("http://p:8000,role=prefil")
+	if want := `backend "http://p:8000,role=prefil": unknown role "prefil" (known: prefill, decode, both)`; err == nil || err.Error() != want {
+		t.Errorf("unknown role: got %v, want %s", err, want)
+	}
+}
+
+// TestAdminBackendRole: a backend added with a role is listed with it
+// and reaches the fleet: a prefill worker gets no request of its own.
+func TestAdminBackendRole(t *testing.T) {
+	reps := replicas(t, 2, 0.01)
+	a, p := reps[0].URL(), reps[1].URL()
+	rt, url, admin := serveLimited(t, nil, a)
+	if resp, body := do(t, "POST", admin+pathBackends, fmt.Sprintf(`{"url": %q, "role": "prefill"}`, p)); resp.StatusCode != http.StatusCreated || !strings.Contains(body, `"role":"prefill"`) {
+		t.Fatalf("add a prefill worker: %d %s", resp.StatusCode, body)
+	}
+	if got := listBackends(t, admin); got[a].Role != "both" || got[p].Role != "prefill" {
+		t.Errorf("roles listed: %s %q, %s %q; want both, prefill", a, got[a].Role, p, got[p].Role)
+	}
+	if got := spread(t, url, 6); got[p] != 0 || got[a] != 6 {
+		t.Errorf("requests reached the prefill worker: %v", got)
+	}
+	if got := rt.st.bes.at(rt.st.fleet.At(p)).cfg.Role; got != route.RolePrefill {
+		t.Errorf("the backend's role: %v, want prefill", got)
+	}
+}
+
 func TestAdminBackendsBadInput(t *testing.T) {
 	reps := replicas(t, 1, 0.01)
 	a := reps[0].URL()
@@ -166,6 +211,8 @@ func TestAdminBackendsBadInput(t *testing.T) {
 		{"bad scheme", "POST", pathBackends, `{"url": "ftp://h:1"}`, 400, codeBadBody},
 		{"bad kv", "POST", pathBackends, `{"url": "http://h:1", "kv": "h:5557"}`, 400, codeBadBody},
 		{"empty model", "POST", pathBackends, `{"url": "http://h:1", "models": [""]}`, 400, codeBadBody},
+		{"unknown role", "POST", pathBackends, `{"url": "http://h:1", "role": "prefil"}`, 400, codeBadBody},
+		{"drain with role", "POST", pathDrain, fmt.Sprintf(`{"url": %q, "role": "decode"}`, a), 400, codeBadBody},
 		{"too big", "POST", pathBackends, big, 400, codeBadBody},
 		{"duplicate", "POST", pathBackends, fmt.Sprintf(`{"url": %q}`, a), 409, codeBackendExists},
 		{"drain unknown", "POST", pathDrain, `{"url": "http://h:1"}`, 404, codeNoBackend},
@@ -182,8 +229,8 @@ func TestAdminBackendsBadInput(t *testing.T) {
 			}
 		})
 	}
-	if got := metricValue(t, admin, "kvrouter_admin_errors_total", "code", codeBadBody); got != 9 {
-		t.Errorf("admin errors{code=invalid_body}: got %v, want 9", got)
+	if got := metricValue(t, admin, "kvrouter_admin_errors_total", "code", codeBadBody); got != 11 {
+		t.Errorf("admin errors{code=invalid_body}: got %v, want 11", got)
 	}
 	if got := listBackends(t, admin); len(got) != 1 {
 		t.Errorf("bad requests changed the fleet: %v", got)

@@ -211,10 +211,12 @@ type Config struct {
 	// completions: prompt plus text), at most Retries times; false ends it
 	// with an SSE error event.
 	StreamContinue bool `yaml:"stream-continue"`
-	// KVTransfer lets decisions order KV transfers between replicas: the
-	// forwarded body then carries vLLM's kv_transfer_params naming the
-	// source (transfer.go). Only engines with a KV connector (NIXL,
-	// LMCache, kvrouter's emulator) can act on it; false never sends it.
+	// KVTransfer lets decisions order KV imports from a replica that
+	// holds the prompt's prefix, run as vLLM's two legs: a prefill leg on
+	// the holder, whose kv_transfer_params the request then carries to
+	// its replica (transfer.go). Only engines with a KV connector
+	// (NixlConnector, kvrouter's emulator) can act on it. Prefill workers
+	// (Backend.Role) take legs whatever it says.
 	KVTransfer bool `yaml:"kv-transfer"`
 	// InterconnectGBps is the replicas' link bandwidth in GB/s each way,
 	// which the cost model prices transfers at; zero means the preset's

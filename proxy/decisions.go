@@ -49,6 +49,9 @@ func (c *call) fill(rec *view.Decision) {
 		rec.Transfer = "from " + rt.name(c.xfer.From)
 		rec.TransferTokens, rec.PredictedTransferMS = c.xferTokens, ms(c.xfer.Time)
 	}
+	if c.legs > 0 {
+		rec.PrefillReplica, rec.PrefillMS, rec.PrefillOutcome, rec.PrefillLegs = rt.name(c.leg.from), ms(c.leg.took), c.leg.outcome, c.legs
+	}
 	if rec.Index == "" {
 		rec.Index = rt.st.indexMode()
 	}

@@ -47,6 +47,7 @@ func (c *call) finish(ctx context.Context) {
 	if c.replica >= 0 {
 		c.settle()
 	}
+	c.settleDecode()
 	if c.rec != 0 {
 		c.record()
 	}

@@ -79,11 +79,23 @@ type call struct {
 	rec        uint64          // the decision record's sequence number; 0: none
 	index      string          // the chosen replica's residency feed
 	span       trace.Span      // the server span; nil when tracing is off
-	// xfer is the KV transfer the forwarded body orders (Blocks 0: none),
-	// of xferTokens tokens; plain is that body without it (transfer.go).
+	// KV transfers (transfer.go): plain is a routed completion's body
+	// before any kv_transfer_params, what a retry starts from; xfer the
+	// transfer the forwarded body runs (Blocks 0: none), of xferTokens
+	// tokens, with params, the prefill leg's kv_transfer_params; pbody
+	// the prefill legs' body (nil: none built yet), own whether the
+	// client's body has its own params (no legs); legs counts the prefill
+	// legs run, leg is the last; in the client's headers, which the legs
+	// take Authorization and the trace context from.
 	xfer       route.Transfer
 	xferTokens int
 	plain      []byte
+	params     []byte
+	pbody      []byte
+	own        bool
+	legs       int
+	leg        legState
+	in         http.Header
 
 	*bufs // borrowed from Router.pool until finish
 
@@ -101,6 +113,8 @@ type call struct {
 type bufs struct {
 	scratch
 	failed []int   // the call's replicas that failed before the first byte
+	skip   []int   // the prefill workers whose leg failed (transfer.go)
+	excl   []int   // failed and skip: what a decision excludes
 	tap    sse.Tap // the response body as the client reads it
 	st     stream  // a routed stream's reader, its buffers kept
 	rb     reqBody // the request body sent upstream
@@ -122,7 +136,7 @@ func newBufs() *bufs {
 // borrow resets b for c.
 func (b *bufs) borrow(c *call) {
 	b.scratch = b.scratch.reset()
-	b.failed = b.failed[:0]
+	b.failed, b.skip = b.failed[:0], b.skip[:0]
 	b.tap.Reset(keepBytes)
 	b.st.reset()
 	b.owner = c
@@ -217,11 +231,16 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
 		return
 	}
-	c.ctx = r.Context()
+	c.ctx, c.in = r.Context(), r.Header
 	if !c.route(w) {
 		return
 	}
-	body = c.withTransfer(body)
+	if body, ok = c.disaggregate(w, c.xbody[:0], body); !ok {
+		return
+	}
+	if c.xfer.Blocks > 0 {
+		c.xbody = body
+	}
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
 	c.setBody(out, body)
 	rt.rp.ServeHTTP(w, out)
@@ -425,9 +444,19 @@ func (c *call) pick(w http.ResponseWriter) bool {
 // decideNow lets the fleet decide the call now and returns when.
 func (c *call) decideNow() time.Time {
 	t0 := c.rt.now()
-	c.dec, c.ticket = c.rt.st.fleet.Decide(&c.freq, c.failed, t0, &c.sc)
+	c.dec, c.ticket = c.rt.st.fleet.Decide(&c.freq, c.exclude(), t0, &c.sc)
 	c.decide += c.rt.now().Sub(t0)
 	return t0
+}
+
+// exclude is what the call's decisions exclude: the replicas that failed
+// it and the prefill workers whose leg failed.
+func (c *call) exclude() []int {
+	if len(c.skip) == 0 {
+		return c.failed
+	}
+	c.excl = append(append(c.excl[:0], c.failed...), c.skip...)
+	return c.excl
 }
 
 // rewrite points the outgoing request at the call's replica.

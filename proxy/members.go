@@ -149,7 +149,7 @@ func (rt *Router) changed(op, source, id string, err error, args ...any) {
 // names who asked (SourceAdmin, ...) for the log and metrics.
 func (rt *Router) AddBackend(b Backend, source string) error {
 	err := rt.addBackend(b, source)
-	rt.changed("add", source, b.URL, err, "models", b.Models, "kv", b.KV)
+	rt.changed("add", source, b.URL, err, "models", b.Models, "kv", b.KV, "role", b.Role.String())
 	return err
 }
 
@@ -163,7 +163,7 @@ func (rt *Router) addBackend(b Backend, source string) error {
 	defer set.mu.Unlock()
 	fl := rt.st.fleet
 	// Added draining: no request picks its slot before the slot names it.
-	err = fl.AddReplica(fleet.Replica{ID: b.URL, Models: b.Models, Draining: true})
+	err = fl.AddReplica(fleet.Replica{ID: b.URL, Models: b.Models, Role: b.Role, Draining: true})
 	switch {
 	case err != nil && fl.At(b.URL) >= 0:
 		return fmt.Errorf("backend %q: %w", b.URL, ErrBackendExists)
@@ -242,6 +242,9 @@ type BackendState struct {
 	URL    string   `json:"url"`
 	KV     string   `json:"kv,omitempty"`
 	Models []string `json:"models"`
+	// Role is its part in a disaggregated fleet: "prefill", "decode" or
+	// "both".
+	Role string `json:"role"`
 	// State is "serving", "draining" or "removed" (its requests in
 	// flight still finishing).
 	State string `json:"state"`
@@ -262,7 +265,7 @@ func (rt *Router) Backends() []BackendState {
 	for _, m := range rt.st.fleet.Members() {
 		b := BackendState{URL: m.ID, State: m.State, Healthy: m.Healthy, InFlight: m.InFlight, Slot: m.Index, Models: []string{}}
 		if m.Index < len(bes) {
-			b.KV = bes[m.Index].cfg.KV
+			b.KV, b.Role = bes[m.Index].cfg.KV, bes[m.Index].cfg.Role.String()
 		}
 		if m.State == fleet.StateRemoved && m.Index < len(bes) {
 			b.Models = append(b.Models, bes[m.Index].cfg.Models...) // the fleet forgot them
@@ -282,7 +285,7 @@ func (rt *Router) Backends() []BackendState {
 // SetBackends makes the backends source added (SourceConfig: also those
 // given at start) the list want: those not in it are removed (their
 // streams finish, see RemoveBackend), new ones added, and one of source's
-// whose options (kv, replay, models) changed is removed and added again.
+// whose options (kv, replay, models, role) changed is removed and added again.
 // A wanted URL that another source added (the admin API, say) is left as
 // it is and becomes source's too. It returns the errors of the changes
 // that failed; the others are applied.
@@ -337,7 +340,7 @@ func (s *backendSet) own(url, source string) {
 
 // sameBackend reports whether a and b are configured alike.
 func sameBackend(a, b Backend) bool {
-	return a.URL == b.URL && a.KV == b.KV && a.Replay == b.Replay && slices.Equal(a.Models, b.Models)
+	return a.URL == b.URL && a.KV == b.KV && a.Replay == b.Replay && slices.Equal(a.Models, b.Models) && a.Role == b.Role
 }
 
 // maxBackends is MaxBackends with its default.

@@ -1,7 +1,8 @@
 // Package proxy is kvrouter's data plane: an OpenAI-compatible streaming
 // reverse proxy (httputil.ReverseProxy) that routes every request with a
 // route.Policy over a fleet snapshot, forwards the body unchanged (but for
-// stream_options.include_usage and, with KVTransfer, kv_transfer_params), streams
+// stream_options.include_usage and, for a KV transfer, kv_transfer_params:
+// prefill/decode disaggregation runs as vLLM's two legs), streams
 // SSE byte for byte, retries on another replica only before the first byte
 // reaches the client, and records each decision with what came of it.
 package proxy
@@ -80,6 +81,9 @@ type Router struct {
 	sf         surface       // keys, pass-through list, id hashing
 	live       liveSet       // API requests in flight, for the drain
 	shared     *peers.Syncer // nil without Config.Peers.URL (peers.go)
+	// bg joins the requests the router sends detached from a client
+	// (release, prefill.go); Run waits for them.
+	bg sync.WaitGroup
 
 	tracer trace.Tracer // nil: tracing off (Deps.TracerProvider)
 }
@@ -251,9 +255,12 @@ func (rt *Router) Handler() http.Handler {
 
 // Run runs the background loops (metrics scrapes, health probes, and in
 // precise mode the KV-event health watch) until ctx is done, then waits for
-// them, closes the KV-event Subscriber and returns nil.
+// them and for the releases of KV transfers in flight (each bounded by
+// its timeout), closes the KV-event Subscriber and returns nil.
 func (rt *Router) Run(ctx context.Context) error {
-	return rt.runShared(ctx, rt.st.run)
+	err := rt.runShared(ctx, rt.st.run)
+	rt.bg.Wait()
+	return err
 }
 
 // serveHealth answers 200 when at least one replica is healthy, else 503.

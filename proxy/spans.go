@@ -20,7 +20,8 @@ import (
 // end of its response, a child of the client's W3C traceparent when it
 // sent one; each upstream attempt (the first, every retry before the
 // first byte, every continuation of a stream after it) is a client span
-// under it, and the replica receives that client span as its parent in
+// under it, as is each prefill leg of a disaggregated request
+// (prefill.go), and the replica receives that client span as its parent in
 // traceparent. The server span carries the decision (policy, replica,
 // reason, predicted cached tokens, the chosen candidate's cost terms) and
 // the outcome; names follow OpenTelemetry's HTTP and GenAI semantic
@@ -83,6 +84,13 @@ func (c *call) endSpan() {
 	}
 	if c.replica >= 0 {
 		attrs = append(attrs, c.decisionAttrs()...)
+	}
+	if c.xfer.Blocks > 0 {
+		attrs = append(attrs, attribute.String("kvrouter.transfer.from", c.rt.name(c.xfer.From)),
+			attribute.Int("kvrouter.transfer.tokens", c.xferTokens))
+	}
+	if c.legs > 0 {
+		attrs = append(attrs, attribute.Int("kvrouter.prefill.legs", c.legs), attribute.String("kvrouter.prefill.outcome", c.leg.outcome))
 	}
 	if u := c.usage; u.PromptTokens >= 0 {
 		attrs = append(attrs, attribute.Int("gen_ai.usage.input_tokens", u.PromptTokens))

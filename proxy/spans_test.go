@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -325,5 +327,77 @@ func BenchmarkSpans(b *testing.B) {
 		a.endSpan()
 		c.status, c.outcome, c.end = 200, "ok", time.Now()
 		c.endSpan()
+	}
+}
+
+// TestPrefillLegTraced: a disaggregated request's prefill leg is a
+// client span under the request's server span, before its decode
+// attempt; the prefill worker receives it as its traceparent's parent;
+// the server span and the access log line name the leg and the
+// transfer.
+func TestPrefillLegTraced(t *testing.T) {
+	recv := otlptest.Start(t)
+	tp, err := tracing.Start(context.Background(), tracing.Config{Endpoint: recv.URL, Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, err := os.ReadFile("testdata/nixl_prefill_answer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pRec := &traceparents{h: &fixtureWorker{answer: answer}}
+	p := httptest.NewServer(pRec)
+	t.Cleanup(p.Close)
+	d := newTap(t, startEmulator(t))
+	d.strip = true
+	var log syncBuffer
+	cfg := DefaultConfig()
+	cfg.Listen, cfg.Backends = "127.0.0.1:0", []Backend{prefillWorker(p.URL), decodeWorker(d.URL())}
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewJSONHandler(&log, nil)),
+		TracerProvider: tp.TracerProvider(), Policy: pdPolicy()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(rt.Handler())
+	t.Cleanup(srv.Close)
+	resp, events := replyEvents(t, srv.URL, pdChat())
+	if got := readReply(t, events); resp.StatusCode != 200 || !got.Done {
+		t.Fatalf("status %d, reply %+v", resp.StatusCode, got)
+	}
+	wait.For(t, "the request finished", func() bool { return rt.InFlight() == 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tp.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	spans, _ := recv.Spans()
+	id := decisionField(resp.Header.Get(HeaderDecision), "id")
+	r := spansOf(t, spans, id)
+	if len(r.clients) != 2 {
+		t.Fatalf("got %d client spans, want 2 (the prefill leg, the decode leg)", len(r.clients))
+	}
+	leg := r.clients[0]
+	wantAttr(t, leg, "kvrouter.leg", legPrefill)
+	wantAttr(t, leg, "kvrouter.leg.outcome", legOK)
+	wantAttr(t, leg, "kvrouter.replica", p.URL)
+	wantAttr(t, r.clients[1], "kvrouter.replica", d.URL())
+	wantAttr(t, r.server, "kvrouter.transfer.from", p.URL)
+	wantAttr(t, r.server, "kvrouter.transfer.tokens", "421")
+	wantTraceparent(t, pRec, leg, "the prefill worker")
+
+	var line map[string]any
+	for _, m := range jsonLines(t, log.String()) {
+		if m["msg"] == "request" && m["id"] == id {
+			line = m
+		}
+	}
+	want := map[string]any{"prefill_replica": p.URL, "prefill_outcome": legOK, "prefill_legs": 1.0, "transfer_tokens": 421.0}
+	for k, v := range want {
+		if line[k] != v {
+			t.Errorf("access log %s = %v, want %v", k, line[k], v)
+		}
+	}
+	if ms, _ := line["prefill_ms"].(float64); ms <= 0 {
+		t.Errorf("access log prefill_ms = %v, want the leg's duration", line["prefill_ms"])
 	}
 }

@@ -5,36 +5,104 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/route"
 )
 
-// KV transfer on the wire. When Config.KVTransfer is on and a decision
-// orders a transfer (route.Decision.Transfer.Blocks > 0), the body sent to
-// the chosen replica gains vLLM's kv_transfer_params naming the source
-// replica, as a P/D proxy names the prefill instance to a NixlConnector
-// decode instance:
+// Prefill/decode disaggregation and KV transfers, on the wire as vLLM's
+// NixlConnector runs them (vLLM's tests/v1/kv_connector/nixl_integration/
+// toy_proxy_server.py and vllm/distributed/kv_transfer/kv_connector/v1/
+// nixl_connector.py). A decision orders a transfer with
+// route.Decision.Transfer{From, Blocks}: replica From computes the
+// prompt and hands its KV to the decision's Replica, which decodes. From
+// is a prefill worker (a backend of role prefill) or, with
+// Config.KVTransfer, a replica that holds the prompt's prefix. The router
+// runs the request as two legs:
 //
-//	"kv_transfer_params": {"do_remote_prefill": true, "do_remote_decode": false,
-//	  "remote_engine_id": "<source URL>", "remote_request_id": "<request id>",
-//	  "remote_host": "<source host>", "remote_port": <source port>,
-//	  "remote_block_ids": [], "remote_num_tokens": <tokens>}
+//  1. The prefill leg (prefill.go): a POST of the request's path to From
+//     with the body changed as vLLM's proxy changes it:
+//     "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill":
+//     false, "remote_engine_id": null, "remote_block_ids": null,
+//     "remote_host": null, "remote_port": null}, "stream": false,
+//     "max_tokens": 1, "max_completion_tokens": 1 when the body has it, and
+//     neither stream_options nor min_tokens nor min_completion_tokens; the
+//     header X-Request-Id is the router's request id. From answers a
+//     completion whose top-level kv_transfer_params (what its connector's
+//     request_finished returned: remote_engine_id, remote_block_ids,
+//     remote_host, remote_port, tp_size, remote_request_id) name the blocks
+//     it now holds for a reader.
+//  2. The decode leg: the body as the client sent it (with the router's
+//     include_usage, if it added one) plus "kv_transfer_params", the
+//     object From returned, verbatim, through the reverse proxy to the
+//     decision's Replica, which reads the blocks and streams the answer
+//     as any other.
 //
-// remote_block_ids is empty, since the router does not know the source's
-// engine block ids: the replica imports the prompt's leading blocks the
-// source holds, at most remote_num_tokens tokens of them (a field of
-// kvrouter's emulator, package emulator; see README). A request whose body
-// already carries kv_transfer_params is forwarded as it is. A retry on
-// another replica, and a stream's continuation, drop the params.
+// A body that carries its own kv_transfer_params is forwarded as it is,
+// without legs. Failures:
+//
+//   - a prefill leg that fails, times out (Config.TTFTTimeout, within
+//     Config.RequestTimeout) or answers without params is counted, and the
+//     request decided again without that worker: the new decision may
+//     name another prefill worker (a new leg; at most 1 + Config.Retries
+//     legs a request) or no transfer, and the decode replica computes the
+//     prompt itself;
+//   - a decode replica that fails before the first token is retried as
+//     any other (transport.go); when the new decision orders a transfer,
+//     a new prefill leg runs for it, else the retry carries no params;
+//   - a prefill leg runs to its end when the client goes away meanwhile
+//     (legContext); a client gone once it answered, before the decode leg
+//     was sent, leaves blocks held on the prefill worker: the router sends
+//     the decode leg all the same, detached, to read and so free them
+//     (release). Once the decode leg was sent, the decode worker frees
+//     them itself when it aborts the request (see release).
+//
+// Every path releases the fleet's tickets: the decode replica's (finish,
+// or at a new decision), each leg's on its worker (prefill), a release's.
 
-// transferMetrics count the transfers the router orders.
+// Prefill-leg outcomes, the values of the outcome label of
+// kvrouter_kv_transfer_legs_total{leg="prefill"} and of the fallback
+// reasons.
+const (
+	legOK       = "ok"
+	legError    = "error"     // a transport error or a status other than 200
+	legTimeout  = "timeout"   // no answer within the TTFT or request timeout
+	legNoParams = "no_params" // an answer without usable kv_transfer_params
+)
+
+// Legs, the values of kvrouter_kv_transfer_legs_total's leg label.
+const (
+	legPrefill = "prefill"
+	legDecode  = "decode"
+)
+
+// Fallback reasons beyond a failed prefill leg's outcome: the decode
+// replica failed before its first token, or the request ran out of legs.
+const (
+	fallbackDecodeFailed = "decode_failed"
+	fallbackExhausted    = "legs_exhausted"
+)
+
+// How held blocks were released, the values of
+// kvrouter_kv_transfer_releases_total's how label.
+const (
+	releaseSent    = "sent"    // the detached decode leg read them
+	releaseFailed  = "failed"  // that leg failed: the worker's abort timeout frees them
+	releaseEngine  = "engine"  // the decode worker had the request: its abort frees them
+	releaseTimeout = "timeout" // the decode worker never had the request, or refused it: the abort timeout frees them
+)
+
+// transferMetrics count the transfers the router orders and their legs.
 type transferMetrics struct {
 	count, bytes *prometheus.CounterVec // from, to
+	legs         *prometheus.CounterVec // leg, outcome
+	fallbacks    *prometheus.CounterVec // reason
+	releases     *prometheus.CounterVec // how
 	// perToken is the KV bytes of one token (the preset's).
 	perToken int64
 }
@@ -44,18 +112,28 @@ func newTransferMetrics(reg prometheus.Registerer, preset string) (*transferMetr
 	if err != nil {
 		return nil, err
 	}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
 	m := &transferMetrics{
-		count: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrouter_kv_transfers_total",
-			Help: "KV transfers ordered (--kv-transfer): requests forwarded with kv_transfer_params to import their prefix from a peer, by source and destination replica.",
-		}, []string{"from", "to"}),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvrouter_kv_transfer_bytes_total",
-			Help: "KV bytes of the transfers ordered: tokens × the preset's KV bytes per token, by source and destination replica.",
-		}, []string{"from", "to"}),
+		count: counter("kvrouter_kv_transfers_total",
+			"KV transfers the router ordered and ran: a prefill leg on the source answered with kv_transfer_params and the decode leg to the destination carried them, by source and destination replica.",
+			"from", "to"),
+		bytes: counter("kvrouter_kv_transfer_bytes_total",
+			"KV bytes of the transfers run: the tokens of the blocks the source named (remote_block_ids × its block size, within the prompt) × the preset's KV bytes per token, by source and destination replica.",
+			"from", "to"),
+		legs: counter("kvrouter_kv_transfer_legs_total",
+			"Legs of disaggregated requests by leg (prefill, decode) and outcome: prefill ok, error, timeout, no_params (answered without kv_transfer_params); decode ok, upstream_error, error, canceled (the request's outcome), retried (failed before its first token: decided again), cut (failed after it: continued elsewhere without params).",
+			"leg", "outcome"),
+		fallbacks: counter("kvrouter_kv_transfer_fallbacks_total",
+			"Ordered transfers that did not go as decided, by reason: the prefill leg's error, timeout or no_params (the request is decided again without that worker), decode_failed (the decode replica failed before its first token: decided again), legs_exhausted (no legs left: the decode replica computes the prompt).",
+			"reason"),
+		releases: counter("kvrouter_kv_transfer_releases_total",
+			"Prefill legs whose blocks no client reads, by how they are freed: sent (the client went away between the legs: a detached one-token decode leg read them), failed (that leg failed), engine (the client went away before the first token: the decode worker's abort frees them), timeout (the decode worker never had the request, or refused it with a 4xx: the prefill worker's abort timeout will).",
+			"how"),
 		perToken: int64(ec.KVBytesPerToken),
 	}
-	for _, c := range []prometheus.Collector{m.count, m.bytes} {
+	for _, c := range []prometheus.Collector{m.count, m.bytes, m.legs, m.fallbacks, m.releases} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -63,90 +141,195 @@ func newTransferMetrics(reg prometheus.Registerer, preset string) (*transferMetr
 	return m, nil
 }
 
-// paramsKey is the field as it appears in a body that has it.
-var paramsKey = []byte(`"kv_transfer_params"`)
-
-// withTransfer returns body as the call's replica gets it: with
-// kv_transfer_params when the decision orders a transfer (and
-// Config.KVTransfer is on), counted; body itself otherwise.
-func (c *call) withTransfer(body []byte) []byte {
+// legFrom returns the replica the call's decision wants a prefill leg
+// from, or -1: none, a holder's import with Config.KVTransfer off, or a
+// replica whose leg failed already (a policy may name one that the
+// snapshot excluded).
+func (c *call) legFrom() int {
 	rt, t := c.rt, c.dec.Transfer
-	if !rt.cfg.KVTransfer || t.Blocks <= 0 || t.From < 0 || t.From >= len(rt.st.bes.list()) || t.From == c.replica {
-		return body
+	if t.Blocks <= 0 || t.From < 0 || t.From == c.replica || t.From >= len(rt.st.bes.list()) || slices.Contains(c.skip, t.From) {
+		return -1
 	}
-	if bytes.Contains(body, paramsKey) {
-		rt.log.Debug("kv transfer not ordered: the request has its own kv_transfer_params", "id", c.id)
-		return body
+	if !rt.cfg.KVTransfer && rt.st.bes.at(t.From).cfg.Role != route.RolePrefill {
+		return -1
 	}
-	i := bytes.IndexByte(body, '{')
-	if i < 0 {
-		return body
+	return t.From
+}
+
+// disaggregate runs the prefill legs the call's decisions order and
+// returns the decode leg's body: plain with the params the last leg
+// returned, written into dst, or plain itself when no leg is ordered (or
+// none is left, or the client's body has its own kv_transfer_params). A
+// failed leg is counted and the request decided again without its
+// worker; w answers a new decision that finds no replica (nil in a retry,
+// where the retrier answers). When it returns false the call is over: the
+// client left, or no replica can take the request.
+func (c *call) disaggregate(w http.ResponseWriter, dst, plain []byte) ([]byte, bool) {
+	c.plain = plain
+	for {
+		from := c.legFrom()
+		if from < 0 || !c.legBody(plain) {
+			return plain, true
+		}
+		if c.legs > c.rt.cfg.Retries {
+			c.fallback(fallbackExhausted, from)
+			return plain, true
+		}
+		params, outcome := c.prefill(from)
+		if outcome == legOK {
+			b := c.attach(dst, plain, params, from)
+			if c.ctx.Err() != nil {
+				c.release()
+				return nil, false
+			}
+			return b, true
+		}
+		if c.ctx.Err() != nil {
+			return nil, false // the client left; the failed leg holds nothing
+		}
+		c.fallback(outcome, from)
+		c.skip = append(c.skip, from)
+		c.ticket.Done(c.rt.now(), fleet.NoUsage, nil) // not the decode replica's fault
+		c.ticket = nil
+		if !c.pick(w) {
+			return nil, false
+		}
 	}
-	bs := c.sc.Snapshot.BlockSize
-	if bs <= 0 {
-		bs = 16
-	}
-	tokens := t.Blocks * bs
-	if c.freq.Tokens > 0 {
-		tokens = min(tokens, c.freq.Tokens)
-	}
-	src := rt.url(t.From)
-	p, _ := json.Marshal(engine.TransferParams{
-		DoRemotePrefill: true, RemoteEngineID: rt.name(t.From), RemoteRequestID: c.id,
-		RemoteHost: src.Hostname(), RemotePort: portOf(src.Scheme, src.Port()),
-		RemoteBlockIDs: json.RawMessage("[]"), RemoteNumTokens: tokens, // the source's block ids are unknown
-	})
-	b := append(c.xbody[:0], body[:i+1]...)
+}
+
+// fallback counts and logs a transfer from replica from that did not go
+// as decided.
+func (c *call) fallback(reason string, from int) {
+	c.rt.xm.fallbacks.WithLabelValues(reason).Inc()
+	c.rt.log.Info("kv transfer fallback", "id", c.id, "reason", reason, "from", c.rt.name(from), "replica", c.rt.name(c.replica))
+}
+
+// attach returns plain with "kv_transfer_params": params as its first
+// member, appended to dst, and notes the transfer it runs: counted, in
+// the decision record and the X-Kvrouter-Decision header.
+func (c *call) attach(dst, plain, params []byte, from int) []byte {
+	rt := c.rt
+	i := bytes.IndexByte(plain, '{')
+	b := append(dst, plain[:i+1]...)
 	b = append(b, `"kv_transfer_params":`...)
-	b = append(b, p...)
-	if rest := bytes.TrimLeft(body[i+1:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
+	b = append(b, params...)
+	if rest := bytes.TrimLeft(plain[i+1:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
 		b = append(b, ',')
 	}
-	b = append(b, body[i+1:]...)
-	c.xbody, c.plain, c.xfer, c.xferTokens = b, body, t, tokens
-	from, to := rt.name(t.From), rt.name(c.replica)
-	rt.xm.count.WithLabelValues(from, to).Inc()
-	rt.xm.bytes.WithLabelValues(from, to).Add(float64(int64(tokens) * rt.xm.perToken))
+	b = append(b, plain[i+1:]...)
+	c.xfer, c.xferTokens, c.params = c.dec.Transfer, c.transferred(params, from), params
+	name, to := rt.name(from), rt.name(c.replica)
+	rt.xm.count.WithLabelValues(name, to).Inc()
+	rt.xm.bytes.WithLabelValues(name, to).Add(float64(int64(c.xferTokens) * rt.xm.perToken))
 	c.record()
 	return b
 }
 
-// portOf is a URL's port, or its scheme's default.
-func portOf(scheme, port string) int {
-	if n, err := strconv.Atoi(port); err == nil {
-		return n
+// transferred is the tokens of the blocks params name
+// (remote_block_ids, a list of ids or one per KV-cache group) at the
+// source's block size, within the prompt tokens the prefill leg's usage
+// reported (the last block is partly filled); when they name none, the
+// decision's blocks (within the prompt).
+func (c *call) transferred(params []byte, from int) int {
+	var p struct {
+		IDs json.RawMessage `json:"remote_block_ids"`
 	}
-	if strings.EqualFold(scheme, "https") {
-		return 443
+	json.Unmarshal(params, &p)
+	n := 0
+	var flat []int64
+	var groups [][]int64
+	if json.Unmarshal(p.IDs, &flat) == nil {
+		n = len(flat)
+	} else if json.Unmarshal(p.IDs, &groups) == nil && len(groups) > 0 {
+		n = len(groups[0])
 	}
-	return 80
+	bs := c.rt.st.fleet.Tracker().BlockSize(from)
+	if bs <= 0 {
+		bs = fleet.DefaultBlockSize
+	}
+	if n > 0 && c.leg.prompt > 0 {
+		return min(n*bs, c.leg.prompt)
+	}
+	if n > 0 {
+		return n * bs
+	}
+	unit := c.sc.Snapshot.BlockSize
+	if unit <= 0 {
+		unit = fleet.DefaultBlockSize
+	}
+	tokens := c.dec.Transfer.Blocks * unit
+	if c.freq.Tokens > 0 {
+		tokens = min(tokens, c.freq.Tokens)
+	}
+	return tokens
 }
 
-// dropTransfer makes req, a retry on another replica, carry the body
-// without the transfer's params: the source was picked for the replica
-// that failed.
-func (c *call) dropTransfer(req *http.Request) {
-	plain := c.untransferred()
-	if plain == nil {
-		return
+// decodeFailed counts how the blocks a decode leg's params name are freed
+// when its attempt failed with err before the first token: by the decode
+// worker's abort when the client went away (see release), by the prefill
+// worker's abort timeout when the decode worker was never reached.
+func (c *call) decodeFailed(req *http.Request, err error) {
+	switch {
+	case err == nil || c.xfer.Blocks <= 0:
+	case req.Context().Err() != nil:
+		c.rt.xm.releases.WithLabelValues(releaseEngine).Inc()
+	case isDialError(err):
+		c.rt.xm.releases.WithLabelValues(releaseTimeout).Inc()
+	}
+}
+
+// redo makes req, a retry after the decode replica failed before its
+// first token, carry the body the new decision wants: with the params of
+// a new prefill leg when it orders a transfer, else without any. The
+// body is a new slice: the failed attempt's transport may still read the
+// old one. It reports false when the call is over (disaggregate).
+func (c *call) redo(req *http.Request) bool {
+	if c.plain == nil {
+		return true
+	}
+	if c.xfer.Blocks > 0 {
+		c.fallback(fallbackDecodeFailed, c.xfer.From)
+		c.rt.xm.legs.WithLabelValues(legDecode, "retried").Inc()
+	}
+	c.xfer, c.xferTokens, c.params = route.Transfer{}, 0, nil
+	body, ok := c.disaggregate(nil, nil, c.plain)
+	if !ok {
+		return false
 	}
 	if c.rec != 0 {
-		c.record() // the retry's decision, without the transfer
+		c.record() // the retry's decision
 	}
-	req.Body = io.NopCloser(bytes.NewReader(plain))
-	req.ContentLength = int64(len(plain))
-	req.Header.Set("Content-Length", strconv.Itoa(len(plain)))
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(plain)), nil }
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.ContentLength = int64(len(body))
+	req.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return true
 }
 
 // untransferred forgets the call's transfer and returns the body without
-// its params; nil when the call ordered none.
+// its params; nil when the call ordered none. A continuation (another
+// replica after the first token) starts from it: the blocks were read.
 func (c *call) untransferred() []byte {
-	if c.plain == nil {
+	if c.xfer.Blocks <= 0 {
 		return nil
 	}
-	c.xfer, c.xferTokens = route.Transfer{}, 0
+	c.rt.xm.legs.WithLabelValues(legDecode, "cut").Inc()
+	c.xfer, c.xferTokens, c.params = route.Transfer{}, 0, nil
 	return c.plain
+}
+
+// settleDecode counts the decode leg of a call that ran a transfer, by
+// the call's outcome. A decode worker that refused the request (a 4xx
+// answer, from its API before its engine saw the request) never read the
+// blocks: the prefill worker's abort timeout frees them.
+func (c *call) settleDecode() {
+	if c.xfer.Blocks <= 0 {
+		return
+	}
+	c.rt.xm.legs.WithLabelValues(legDecode, c.outcome).Inc()
+	if c.status >= 400 && c.status < 500 && c.errCode == "" {
+		c.rt.xm.releases.WithLabelValues(releaseTimeout).Inc()
+	}
 }
 
 // appendTransfer appends the X-Kvrouter-Decision part of the call's

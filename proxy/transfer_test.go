@@ -1,7 +1,7 @@
 package proxy
 
 import (
-	"context"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,47 +22,139 @@ import (
 	"github.com/kvrouter/kvrouter/view"
 )
 
-// transferBlocks is the import the test policy orders, in router blocks
-// of 16 tokens.
-const transferBlocks = 10
-
-// orderTransfer is a policy that sends the first request to replica 0 and
-// every later one to the first healthy replica after it, ordering the
-// import of transferBlocks blocks from replica 0.
-func orderTransfer() route.Policy {
-	var calls atomic.Int64
+// pdPolicy sends each request to a decode candidate (a healthy replica:
+// never a prefill worker) and, when some prefill worker can take a leg,
+// orders the request's blocks from one: both chosen round robin by the
+// request's sequence number.
+func pdPolicy() route.Policy {
 	return route.Func(func(r *route.Request, s *route.Snapshot) route.Decision {
-		if calls.Add(1) == 1 {
-			return route.Decision{Replica: 0, Reason: "warm"}
-		}
-		for i := 1; i < len(s.Replicas); i++ {
-			if s.Replicas[i].Healthy {
-				return route.Decision{Replica: i, Reason: route.ReasonTransfer,
-					Transfer: route.Transfer{From: 0, Blocks: transferBlocks, Time: 3 * time.Millisecond}}
+		var dec, pre []int
+		for i, rp := range s.Replicas {
+			if rp.Healthy {
+				dec = append(dec, i)
+			}
+			if rp.Prefills {
+				pre = append(pre, i)
 			}
 		}
-		return route.Decision{Replica: -1}
+		if len(dec) == 0 {
+			return route.Decision{Replica: -1, Reason: route.ReasonNoHealthy}
+		}
+		d := route.Decision{Replica: dec[int(r.Seq)%len(dec)], Reason: "decode"}
+		if len(pre) > 0 {
+			d.Reason = route.ReasonTransfer
+			d.Transfer = route.Transfer{From: pre[int(r.Seq)%len(pre)], Blocks: max(r.Blocks, 1), Time: 2 * time.Millisecond}
+		}
+		return d
 	})
 }
 
-// transferRouter serves a router with orderTransfer in front of backends.
-func transferRouter(t *testing.T, on bool, backends ...string) (*Router, string) {
+// pdRouter serves a router with policy (nil: pdPolicy) in front of
+// backends; mod, if set, changes its config. Its loops do not run: no
+// probe marks a failing worker down before the test's request meets it.
+func pdRouter(t *testing.T, policy route.Policy, mod func(*Config), backends ...Backend) (*Router, string) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Listen, cfg.KVTransfer = "127.0.0.1:0", on
-	for _, b := range backends {
-		cfg.Backends = append(cfg.Backends, Backend{URL: b})
+	if policy == nil {
+		policy = pdPolicy()
 	}
-	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t), Policy: orderTransfer()})
+	cfg := DefaultConfig()
+	cfg.Listen, cfg.Backends = "127.0.0.1:0", backends
+	if mod != nil {
+		mod(&cfg)
+	}
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t), Policy: policy})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", rt.Handler())
 	mux.Handle("/metrics", rt.AdminHandler())
+	mux.Handle("/debug/", rt.AdminHandler())
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return rt, srv.URL
+}
+
+func prefillWorker(url string) Backend { return Backend{URL: url, Role: route.RolePrefill} }
+func decodeWorker(url string) Backend  { return Backend{URL: url, Role: route.RoleDecode} }
+
+// engineTap stands in front of an emulated engine: it records the
+// completions it receives (bodies and headers) and passes them on, or
+// answers them itself as its fields say.
+type engineTap struct {
+	h http.Handler
+	// strip removes kv_transfer_params before the engine sees the body:
+	// it serves the request as an ordinary one.
+	strip bool
+	// status, if set, answers every completion with it.
+	status int
+	// hold, if set, is called before the engine serves a completion,
+	// with the request; it may block.
+	hold func(r *http.Request)
+
+	mu     sync.Mutex
+	bodies [][]byte
+	hdrs   []http.Header
+	srv    *httptest.Server
+}
+
+// newTap starts a tap in front of engine e.
+func newTap(t *testing.T, e *emulator.Server) *engineTap {
+	t.Helper()
+	tp := &engineTap{h: e.Handler()}
+	tp.srv = httptest.NewServer(tp)
+	t.Cleanup(tp.srv.Close)
+	return tp
+}
+
+func (tp *engineTap) URL() string { return tp.srv.URL }
+
+func (tp *engineTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		tp.h.ServeHTTP(w, r)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	tp.mu.Lock()
+	tp.bodies, tp.hdrs = append(tp.bodies, body), append(tp.hdrs, r.Header.Clone())
+	tp.mu.Unlock()
+	if tp.status != 0 {
+		http.Error(w, `{"error":{"message":"failing on purpose"}}`, tp.status)
+		return
+	}
+	if tp.hold != nil {
+		tp.hold(r)
+	}
+	if tp.strip {
+		var m map[string]json.RawMessage
+		json.Unmarshal(body, &m)
+		delete(m, "kv_transfer_params")
+		body, _ = json.Marshal(m)
+	}
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	r.Header.Set("Content-Length", fmt.Sprint(len(body)))
+	tp.h.ServeHTTP(w, r)
+}
+
+// received returns the bodies recorded so far, each decoded.
+func (tp *engineTap) received(t *testing.T) []map[string]json.RawMessage {
+	t.Helper()
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	out := make([]map[string]json.RawMessage, len(tp.bodies))
+	for i, b := range tp.bodies {
+		if err := json.Unmarshal(b, &out[i]); err != nil {
+			t.Fatalf("body %d is not JSON: %s", i, b)
+		}
+	}
+	return out
+}
+
+// raw returns body i as received.
+func (tp *engineTap) raw(i int) []byte {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.bodies[i]
 }
 
 func startEmulator(t *testing.T) *emulator.Server {
@@ -84,10 +176,11 @@ func transferText() string {
 	return strings.Join(words, " ")
 }
 
-// transferPrompt is a completions body of about 400 tokens.
-func transferPrompt() string {
-	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": transferText(), "max_tokens": 2})
-	return string(b)
+// pdChat is a streamed chat request of about 400 tokens with the
+// generation options a prefill leg changes.
+func pdChat() string {
+	return `{"model":"m","stream":true,"max_tokens":6,"max_completion_tokens":6,"min_tokens":2,` +
+		`"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"` + transferText() + `"}]}`
 }
 
 // cachedOf is a completion's usage.prompt_tokens_details.cached_tokens.
@@ -106,258 +199,194 @@ func cachedOf(t *testing.T, body string) int {
 	return r.Usage.PromptTokensDetails.CachedTokens
 }
 
-// TestKVTransferOrdered: with --kv-transfer, a decision that orders a
-// transfer reaches its replica as kv_transfer_params naming the source:
-// the destination emulator fetches the blocks from the source (whose send
-// counter moves), reports them cached, and the router says so in the
-// header, the decision record and its metrics.
-func TestKVTransferOrdered(t *testing.T) {
-	src, dst := startEmulator(t), startEmulator(t)
-	rt, url := transferRouter(t, true, src.URL(), dst.URL())
-	body := transferPrompt()
-	if resp, b := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
-		t.Fatalf("warm: %d %s", resp.StatusCode, b)
+// streamCached is the cached_tokens of a stream's usage chunk; -1
+// without one.
+func streamCached(t *testing.T, events []string) int {
+	t.Helper()
+	for _, ev := range events {
+		if strings.Contains(ev, `"cached_tokens"`) {
+			return cachedOf(t, ev)
+		}
 	}
-	resp, b := do(t, "POST", url+"/v1/completions", body)
-	if resp.StatusCode != 200 {
-		t.Fatalf("transfer: %d %s", resp.StatusCode, b)
+	return -1
+}
+
+// wantIdle waits until the fleet holds no load: every ticket released.
+func wantIdle(t *testing.T, rt *Router) {
+	t.Helper()
+	wait.For(t, "the fleet's load released", func() bool {
+		for _, r := range rt.st.fleet.View(time.Now()).Replicas {
+			if r.InFlight != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// settledRecord waits for the last request's outcome and returns its
+// record.
+func settledRecord(t *testing.T, rt *Router) view.Decision {
+	t.Helper()
+	wait.For(t, "the request's outcome", func() bool { return rt.Decisions(1)[0].Outcome != view.OutcomeInFlight })
+	return rt.Decisions(1)[0]
+}
+
+// TestPrefillLegFallback: a prefill leg that fails (an error status, no
+// answer within the TTFT timeout, a worker that is down, an answer
+// without kv_transfer_params) is counted and the request decided again
+// without that worker: here the next decision names the other prefill
+// worker, which fails alike, and then the decode replica computes the
+// prompt itself. The client gets the engine's whole answer, and nothing
+// stays charged.
+func TestPrefillLegFallback(t *testing.T) {
+	cases := []struct {
+		outcome string
+		worker  func(t *testing.T) string
+	}{
+		{legError, func(t *testing.T) string {
+			tp := newTap(t, startEmulator(t))
+			tp.status = http.StatusServiceUnavailable
+			return tp.URL()
+		}},
+		{legTimeout, func(t *testing.T) string {
+			tp := newTap(t, startEmulator(t))
+			tp.hold = func(r *http.Request) { <-r.Context().Done() }
+			return tp.URL()
+		}},
+		{legError + "/down", func(t *testing.T) string {
+			down := httptest.NewServer(http.NotFoundHandler())
+			down.Close()
+			return down.URL
+		}},
+		{legNoParams, func(t *testing.T) string {
+			tp := newTap(t, startEmulator(t))
+			tp.strip = true // an engine without a KV connector
+			return tp.URL()
+		}},
 	}
-	if got := resp.Header.Get(HeaderReplica); got != dst.URL() {
-		t.Fatalf("served by %s, want the destination %s", got, dst.URL())
-	}
-	const tokens = transferBlocks * 16
-	if got := src.Stats().SentBlocks; got != transferBlocks {
-		t.Errorf("the source sent %d blocks, want %d", got, transferBlocks)
-	}
-	if got := dst.Stats().RemoteHits; got != tokens {
-		t.Errorf("the destination received %d tokens, want %d", got, tokens)
-	}
-	if got := cachedOf(t, b); got != tokens {
-		t.Errorf("cached_tokens %d, want the %d imported", got, tokens)
-	}
-	h := resp.Header.Get(HeaderDecision)
-	if want := "reason=transfer;"; !strings.Contains(h, want) {
-		t.Errorf("%s %q lacks %q", HeaderDecision, h, want)
-	}
-	if want := "; transfer=from " + src.URL() + " 3.000ms"; !strings.Contains(h, want) {
-		t.Errorf("%s %q lacks %q", HeaderDecision, h, want)
-	}
-	if got := metricValue(t, url, "kvrouter_kv_transfers_total", "from", src.URL(), "to", dst.URL()); got != 1 {
-		t.Errorf("kvrouter_kv_transfers_total %v, want 1", got)
-	}
-	ec, err := engine.Preset(engine.DefaultPreset)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := metricValue(t, url, "kvrouter_kv_transfer_bytes_total", "from", src.URL(), "to", dst.URL()), float64(tokens*ec.KVBytesPerToken); got != want {
-		t.Errorf("kvrouter_kv_transfer_bytes_total %v, want %v (%d tokens × %d bytes)", got, want, tokens, ec.KVBytesPerToken)
-	}
-	d := rt.Decisions(1)[0]
-	if d.Transfer != "from "+src.URL() || d.TransferTokens != tokens || d.PredictedTransferMS != 3 {
-		t.Errorf("decision record: transfer %q, %d tokens, %v ms; want from %s, %d, 3", d.Transfer, d.TransferTokens, d.PredictedTransferMS, src.URL(), tokens)
+	for _, tc := range cases {
+		t.Run(tc.outcome, func(t *testing.T) {
+			outcome, _, _ := strings.Cut(tc.outcome, "/")
+			p1, p2, d := tc.worker(t), tc.worker(t), startEmulator(t)
+			rt, url := pdRouter(t, nil, func(c *Config) { c.TTFTTimeout = 300 * time.Millisecond },
+				prefillWorker(p1), prefillWorker(p2), decodeWorker(d.URL()))
+			body := strings.Replace(pdChat(), `"stream":true`, `"stream":false`, 1)
+			resp, out := do(t, "POST", url+"/v1/chat/completions", body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, out)
+			}
+			if h := resp.Header.Get(HeaderDecision); strings.Contains(h, "transfer=") {
+				t.Errorf("%s %q names a transfer", HeaderDecision, h)
+			}
+			var r struct {
+				Choices []struct {
+					Message struct{ Content string } `json:"message"`
+				} `json:"choices"`
+			}
+			json.Unmarshal([]byte(out), &r)
+			if want := wholeReply(t, d.URL(), body); len(r.Choices) != 1 || r.Choices[0].Message.Content != want {
+				t.Errorf("answer %s, want the engine's %q", out, want)
+			}
+			rec := settledRecord(t, rt)
+			if rec.Transfer != "" || rec.PrefillLegs != 2 || rec.PrefillOutcome != outcome || rec.Replica != d.URL() {
+				t.Errorf("record: transfer %q, %d legs, last %q, replica %s; want none, 2, %s, %s", rec.Transfer, rec.PrefillLegs, rec.PrefillOutcome, rec.Replica, outcome, d.URL())
+			}
+			if got := metricValue(t, url, "kvrouter_kv_transfer_legs_total", "leg", legPrefill, "outcome", outcome); got != 2 {
+				t.Errorf("prefill legs %s: %v, want 2", outcome, got)
+			}
+			if got := metricValue(t, url, "kvrouter_kv_transfer_fallbacks_total", "reason", outcome); got != 2 {
+				t.Errorf("fallbacks %s: %v, want 2", outcome, got)
+			}
+			if got := metricValue(t, url, "kvrouter_kv_transfers_total"); got != 0 {
+				t.Errorf("%v transfers counted", got)
+			}
+			wantIdle(t, rt)
+		})
 	}
 }
 
-// TestKVTransferOff: without --kv-transfer the same decision forwards the
-// body unchanged: no import, no transfer in the header or the metrics.
+// TestPrefillLegsBounded: a request runs at most 1 + --retries prefill
+// legs; past that the decode replica computes the prompt.
+func TestPrefillLegsBounded(t *testing.T) {
+	var ps []*engineTap
+	for range 2 {
+		tp := newTap(t, startEmulator(t))
+		tp.status = http.StatusInternalServerError
+		ps = append(ps, tp)
+	}
+	d := startEmulator(t)
+	rt, url := pdRouter(t, nil, func(c *Config) { c.Retries = 0 }, prefillWorker(ps[0].URL()), prefillWorker(ps[1].URL()), decodeWorker(d.URL()))
+	if resp, out := do(t, "POST", url+"/v1/completions", `{"model":"m","max_tokens":2,"prompt":"`+transferText()+`"}`); resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	if n := len(ps[0].received(t)) + len(ps[1].received(t)); n != 1 {
+		t.Errorf("%d prefill legs, want 1", n)
+	}
+	if got := metricValue(t, url, "kvrouter_kv_transfer_fallbacks_total", "reason", fallbackExhausted); got != 1 {
+		t.Errorf("fallbacks legs_exhausted: %v, want 1", got)
+	}
+	wantIdle(t, rt)
+}
+
+// orderImport is a policy that sends the first request to replica 0 and
+// every later one to replica 1, with an import of the prompt's blocks
+// from replica 0 (a holder, not a prefill worker).
+func orderImport() route.Policy {
+	var calls atomic.Int64
+	return route.Func(func(r *route.Request, s *route.Snapshot) route.Decision {
+		if calls.Add(1) == 1 {
+			return route.Decision{Replica: 0, Reason: "warm"}
+		}
+		return route.Decision{Replica: 1, Reason: route.ReasonTransfer,
+			Transfer: route.Transfer{From: 0, Blocks: max(r.Blocks, 1), Time: 3 * time.Millisecond}}
+	})
+}
+
+// TestKVTransferOff: without --kv-transfer an import from a holder (a
+// replica of role both) runs no leg: the body goes to its replica as the
+// client sent it; the header, record and metrics name no transfer.
 func TestKVTransferOff(t *testing.T) {
-	src, dst := startEmulator(t), startEmulator(t)
-	rt, url := transferRouter(t, false, src.URL(), dst.URL())
-	body := transferPrompt()
+	src, dst := newTap(t, startEmulator(t)), newTap(t, startEmulator(t))
+	rt, url := pdRouter(t, orderImport(), nil, Backend{URL: src.URL()}, Backend{URL: dst.URL()})
+	body := `{"model":"m","max_tokens":2,"prompt":"` + transferText() + `"}`
 	do(t, "POST", url+"/v1/completions", body)
 	resp, b := do(t, "POST", url+"/v1/completions", body)
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderReplica) != dst.URL() {
 		t.Fatalf("status %d from %s: %s", resp.StatusCode, resp.Header.Get(HeaderReplica), b)
 	}
-	if got := src.Stats().SentBlocks; got != 0 {
-		t.Errorf("the source sent %d blocks with transfers off", got)
+	if n := len(src.received(t)); n != 1 {
+		t.Errorf("the holder got %d requests, want the first alone (no leg)", n)
+	}
+	if got := dst.raw(0); string(got) != body {
+		t.Errorf("the replica got %s, want the client's body", got)
 	}
 	if h := resp.Header.Get(HeaderDecision); strings.Contains(h, "transfer=") {
 		t.Errorf("%s %q names a transfer", HeaderDecision, h)
 	}
-	if got := metricValue(t, url, "kvrouter_kv_transfers_total"); got != 0 {
-		t.Errorf("kvrouter_kv_transfers_total %v with transfers off", got)
+	if got := metricValue(t, url, "kvrouter_kv_transfer_legs_total"); got != 0 {
+		t.Errorf("%v legs with transfers off", got)
 	}
-	if d := rt.Decisions(1)[0]; d.Transfer != "" {
-		t.Errorf("decision record names a transfer: %q", d.Transfer)
-	}
-}
-
-// TestKVTransferRetryDropsParams: the replica a transfer was ordered for
-// fails (500); the retry on another replica carries no kv_transfer_params
-// even though the new decision orders one too, as its source was picked
-// for the replica that failed.
-func TestKVTransferRetryDropsParams(t *testing.T) {
-	src, dst := startEmulator(t), startEmulator(t)
-	bad := newFake(t, http.StatusInternalServerError)
-	_, url := transferRouter(t, true, src.URL(), bad.URL, dst.URL())
-	body := transferPrompt()
-	do(t, "POST", url+"/v1/completions", body)
-	resp, b := do(t, "POST", url+"/v1/completions", body)
-	if resp.StatusCode != 200 || resp.Header.Get(HeaderReplica) != dst.URL() {
-		t.Fatalf("status %d from %s, want 200 from the retry on %s: %s", resp.StatusCode, resp.Header.Get(HeaderReplica), dst.URL(), b)
-	}
-	got := bad.received()
-	if len(got) != 1 || !strings.Contains(string(got[0]), `"kv_transfer_params":{"do_remote_prefill":true`) {
-		t.Fatalf("the failing replica got %q, want one body with kv_transfer_params", got)
-	}
-	var sent map[string]json.RawMessage
-	if err := json.Unmarshal(got[0], &sent); err != nil {
-		t.Fatalf("the forwarded body is not JSON: %v", err)
-	}
-	if src.Stats().SentBlocks != 0 || dst.Stats().RemoteHits != 0 {
-		t.Errorf("the retry imported: source sent %d blocks, destination received %d tokens", src.Stats().SentBlocks, dst.Stats().RemoteHits)
-	}
-	if h := resp.Header.Get(HeaderDecision); strings.Contains(h, "transfer=") || !strings.Contains(h, "retried=1") {
-		t.Errorf("%s %q: want a retry and no transfer", HeaderDecision, h)
-	}
-	if n := metricValue(t, url, "kvrouter_kv_transfers_total", "to", dst.URL()); n != 0 {
-		t.Errorf("%v transfers counted to the retry's replica", n)
-	}
-	if n := metricValue(t, url, "kvrouter_kv_transfers_total", "to", bad.URL); n != 1 {
-		t.Errorf("%v transfers counted to the failed replica, want 1", n)
+	if d := settledRecord(t, rt); d.Transfer != "" || d.PrefillLegs != 0 {
+		t.Errorf("record names a transfer: %q, %d legs", d.Transfer, d.PrefillLegs)
 	}
 }
 
-// TestKVTransferContinuationDropsParams: the replica a transfer was
-// ordered for imports the blocks, then its stream is cut after a few
-// tokens; the continuation on another replica carries no
-// kv_transfer_params, so the source sends the blocks once.
-func TestKVTransferContinuationDropsParams(t *testing.T) {
-	src, mid, dst := startEmulator(t), startEmulator(t), startEmulator(t)
-	f := &faulty{h: mid.Handler(), after: 3}
-	cut := httptest.NewServer(f)
-	t.Cleanup(cut.Close)
-	_, url := transferRouter(t, true, src.URL(), cut.URL, dst.URL())
-	chat := func(stream bool) string {
-		b, _ := json.Marshal(map[string]any{"model": "m", "stream": stream, "max_tokens": 8,
-			"messages": []map[string]string{{"role": "user", "content": transferText()}}})
-		return string(b)
+// TestOwnParamsForwarded: a body with its own kv_transfer_params is
+// forwarded untouched, without legs, even when the decision orders a
+// transfer from a prefill worker.
+func TestOwnParamsForwarded(t *testing.T) {
+	p, d := newTap(t, startEmulator(t)), newTap(t, startEmulator(t))
+	d.strip = true
+	_, url := pdRouter(t, nil, nil, prefillWorker(p.URL()), decodeWorker(d.URL()))
+	body := `{"model":"m","max_tokens":2,"kv_transfer_params":{"do_remote_prefill":false},"prompt":"` + transferText() + `"}`
+	if resp, b := do(t, "POST", url+"/v1/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
 	}
-	do(t, "POST", url+"/v1/chat/completions", chat(false))
-	_, events := replyEvents(t, url, chat(true))
-	if got := readReply(t, events); !got.Done || got.ErrCode != "" {
-		t.Fatalf("reply %+v, want a whole stream", got)
+	if n := len(p.received(t)); n != 0 {
+		t.Errorf("the prefill worker got %d legs, want none", n)
 	}
-	if f.hits.Load() != 1 {
-		t.Fatalf("%d requests reached the cut replica, want 1", f.hits.Load())
-	}
-	if got := mid.Stats().RemoteHits; got != transferBlocks*16 {
-		t.Errorf("the cut replica received %d tokens, want %d", got, transferBlocks*16)
-	}
-	if got := dst.Stats().RemoteHits; got != 0 {
-		t.Errorf("the continuation imported %d tokens: it carried the params", got)
-	}
-	if got := src.Stats().SentBlocks; got != transferBlocks {
-		t.Errorf("the source sent %d blocks, want %d (once)", got, transferBlocks)
-	}
-	if got := metricValue(t, url, "kvrouter_stream_failures_total", "result", midContinued); got != 1 {
-		t.Errorf("kvrouter_stream_failures_total{result=continued} = %v, want 1", got)
-	}
-}
-
-// TestKVAwareOrdersTransfer: the default policy, with --kv-transfer and a
-// 5 GB/s link (where importing a 4,000-word prompt's KV beats computing
-// it), sends a repeat of a prompt whose holder has a long queue to the
-// idle replica with an import from the holder: the
-// forwarded body names the source, the destination fetches the blocks and
-// reports them cached, and the first token comes when the router
-// predicted it, within 30%.
-func TestKVAwareOrdersTransfer(t *testing.T) {
-	const scale, gbps = 0.2, 5
-	start := func() *emulator.Server {
-		e, err := emulator.Start(emulator.Config{Model: "m", Preset: engine.DefaultPreset, TimeScale: scale, InterconnectGBps: gbps}, "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		return e
-	}
-	a, b := start(), start()
-	cfg := DefaultConfig()
-	cfg.Listen, cfg.KVTransfer, cfg.InterconnectGBps, cfg.TimeScale = "127.0.0.1:0", true, gbps, scale
-	cfg.Backends = []Backend{{URL: a.URL()}, {URL: b.URL()}}
-	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runRouter(t, rt) // scrapes: the policy sees the holder's batch
-	mux := http.NewServeMux()
-	mux.Handle("/", rt.Handler())
-	mux.Handle("/debug/", rt.AdminHandler())
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-
-	words := make([]string, 4000) // of 4 characters: a token each
-	for i := range words {
-		words[i] = fmt.Sprintf("w%c%c%c", 'a'+i%26, 'a'+i/26%26, 'a'+i/676)
-	}
-	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(words, " "), "max_tokens": 4, "stream": true})
-	resp, _ := do(t, "POST", srv.URL+"/v1/completions", string(body))
-	holder := resp.Header.Get(HeaderReplica)
-	other := map[string]*emulator.Server{a.URL(): b, b.URL(): a}[holder]
-	if other == nil {
-		t.Fatalf("warm request served by %q", holder)
-	}
-	// Give the holder a queue the router did not place (another client's
-	// long prompts, straight to the engine): its scraped Waiting.
-	var streams sync.WaitGroup
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); streams.Wait() })
-	for i := range 24 {
-		other := make([]string, 2000)
-		for k := range other {
-			other[k] = fmt.Sprintf("q%d-%d", i, k)
-		}
-		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(other, " "), "max_tokens": 4})
-		req, _ := http.NewRequestWithContext(ctx, "POST", holder+"/v1/completions", strings.NewReader(string(b)))
-		streams.Go(func() {
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		})
-	}
-	wait.For(t, "the holder's queue in its metrics", func() bool {
-		for _, r := range rt.st.fleet.View(time.Now()).Replicas {
-			if r.ID == holder && r.Waiting >= 8 {
-				return true
-			}
-		}
-		return false
-	})
-
-	resp, out := do(t, "POST", srv.URL+"/v1/completions", string(body))
-	if got := resp.Header.Get(HeaderReplica); got != other.URL() {
-		t.Fatalf("repeat served by %s (%s), want the idle replica with a transfer", got, resp.Header.Get(HeaderDecision))
-	}
-	if d := resp.Header.Get(HeaderDecision); !strings.Contains(d, "reason=transfer") || !strings.Contains(d, "transfer=from "+holder) {
-		t.Fatalf("decision %q, want a transfer from %s", d, holder)
-	}
-	if !strings.HasSuffix(strings.TrimSpace(out), "data: [DONE]") {
-		t.Errorf("stream did not end: %s", out)
-	}
-	_, dec := do(t, "GET", srv.URL+"/debug/decisions?n=1", "")
-	var recs struct {
-		Decisions []view.Decision `json:"decisions"`
-	}
-	if err := json.Unmarshal([]byte(dec), &recs); err != nil || len(recs.Decisions) == 0 {
-		t.Fatalf("decisions %s: %v", dec, err)
-	}
-	rec := recs.Decisions[0]
-	if rec.Reason != route.ReasonTransfer || rec.PredictedTTFTMS <= 0 {
-		t.Fatalf("record %+v, want the transfer with its predicted TTFT", rec)
-	}
-	if rec.ActualCached < rec.PromptTokens*9/10 {
-		t.Errorf("the destination reported %d of %d prompt tokens cached, want the imported prefix", rec.ActualCached, rec.PromptTokens)
-	}
-	ratio := rec.TTFTMS / rec.PredictedTTFTMS
-	t.Logf("TTFT %.1f ms, predicted %.1f ms (import %.1f ms): %.2f×", rec.TTFTMS, rec.PredictedTTFTMS, rec.PredictedTransferMS, ratio)
-	if raceEnabled {
-		return // the race detector slows the HTTP hops several times over; the time is checked without it
-	}
-	if ratio < 0.7 || ratio > 1.3 {
-		t.Errorf("TTFT %.1f ms against %.1f ms predicted (%.2f×), want within 30%% (import predicted %.1f ms)",
-			rec.TTFTMS, rec.PredictedTTFTMS, ratio, rec.PredictedTransferMS)
+	if got := d.raw(0); string(got) != body {
+		t.Errorf("the decode worker got %s, want the client's body", got)
 	}
 }

@@ -33,6 +33,7 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	for attempt := 0; ; attempt++ {
 		resp, err := c.try(req)
+		c.decodeFailed(req, err)
 		if !retryable(resp, err) || req.Context().Err() != nil || attempt >= rt.cfg.Retries || !replayable(req) {
 			return c.answer(req, resp, err)
 		}
@@ -42,9 +43,6 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 		if !c.repick() {
 			return c.answer(req, resp, err)
 		}
-		if resp != nil {
-			drain(resp)
-		}
 		next := req.Clone(req.Context())
 		if req.GetBody != nil {
 			body, gerr := req.GetBody()
@@ -53,7 +51,12 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			next.Body = body
 		}
-		c.dropTransfer(next)
+		if !c.redo(next) {
+			return c.answer(req, resp, err)
+		}
+		if resp != nil {
+			drain(resp)
+		}
 		u := *rt.url(c.replica)
 		u.Path, u.RawPath, u.RawQuery = req.URL.Path, req.URL.RawPath, req.URL.RawQuery
 		next.URL = &u

@@ -53,12 +53,23 @@ type Decision struct {
 	Replica string   `json:"replica"`
 	Reason  string   `json:"reason"`
 	Failed  []string `json:"failed,omitempty"`
-	// Transfer, when the forwarded body ordered a KV transfer
-	// (--kv-transfer), says so: "from <replica>", with the tokens imported
-	// and the policy's predicted transfer time; empty otherwise.
+	// Transfer, when the request ran a KV transfer (a prefill leg on a
+	// prefill worker, or on a holder with --kv-transfer, whose
+	// kv_transfer_params the forwarded body carried), says so: "from
+	// <replica>", with the tokens of the blocks transferred and the
+	// policy's predicted transfer time; empty otherwise.
 	Transfer            string  `json:"transfer,omitempty"`
 	TransferTokens      int     `json:"transfer_tokens,omitempty"`
 	PredictedTransferMS float64 `json:"predicted_transfer_ms,omitempty"`
+	// PrefillReplica, PrefillMS and PrefillOutcome are the request's last
+	// prefill leg, when it ran one: the replica, how long the leg took
+	// and how it ended (ok, error, timeout, no_params);
+	// PrefillLegs counts its legs, more than one when a failed leg was
+	// decided again.
+	PrefillReplica string  `json:"prefill_replica,omitempty"`
+	PrefillMS      float64 `json:"prefill_ms,omitempty"`
+	PrefillOutcome string  `json:"prefill_outcome,omitempty"`
+	PrefillLegs    int     `json:"prefill_legs,omitempty"`
 	// PredictedCached is the policy's predicted cached prompt tokens (in
 	// the router's tokens: an estimate in text mode); ActualCached the
 	// engine's usage.prompt_tokens_details.cached_tokens and PromptTokens

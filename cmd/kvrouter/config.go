@@ -52,7 +52,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(configPath, "config", "", "YAML config file (keys are the flag names; unknown keys are errors)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on, host:port")
 	bl := &backendList{list: &cfg.Backends}
-	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME]... (model, repeatable: the models it serves, else those its /v1/models lists; the first also keys its KV events when its topic is not kv@<host>:<port>@<model>)")
+	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME]...[,role=prefill|decode|both] (model, repeatable: the models it serves, else those its /v1/models lists; the first also keys its KV events when its topic is not kv@<host>:<port>@<model>; role: its part in a prefill/decode-disaggregated fleet, default both, see docs/disaggregation.md)")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.Names(), ", "))
 	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long an idle session stays bound to its replica")
@@ -132,7 +132,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "limit on a whole request, retries and continuations included (0: none)")
 	fs.BoolVar(&cfg.StreamContinue, "stream-continue", cfg.StreamContinue, "continue a stream on another replica when its replica fails after the first token (false: end it with an error event)")
 	fs.Float64Var(&cfg.InterconnectGBps, "interconnect-gbps", cfg.InterconnectGBps, "the replicas' link bandwidth in GB/s each way, at which --kv-transfer prices imports; 0: the preset's (50 per GPU)")
-	fs.BoolVar(&cfg.KVTransfer, "kv-transfer", cfg.KVTransfer, "let the router order KV transfers between replicas (kv_transfer_params naming the source, as vLLM's NixlConnector reads them); only for engines with a KV connector")
+	fs.BoolVar(&cfg.KVTransfer, "kv-transfer", cfg.KVTransfer, "let the router order KV imports from a replica that holds the prompt's prefix, run as vLLM's two legs (a one-token prefill leg on the holder, whose kv_transfer_params the request then carries to its replica); only for engines with a KV connector (NixlConnector); prefill workers (--backend ...,role=prefill) take legs without it")
 	fs.Int64Var(&cfg.RetryBufferBytes, "retry-buffer-bytes", cfg.RetryBufferBytes, "largest non-streaming response read whole before the client gets it, so that a failure reading it is retried (0: none)")
 	fs.IntVar(&cfg.Outlier.Consecutive, "eject-consecutive", cfg.Outlier.Consecutive, "failed requests in a row that eject a replica")
 	fs.DurationVar(&cfg.Outlier.EjectBase, "eject-base", cfg.Outlier.EjectBase, "first ejection's duration, doubled for each ejection in a row")

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 func TestLoadServeConfigPrecedence(t *testing.T) {
@@ -160,12 +161,16 @@ func TestConfigBackendMappings(t *testing.T) {
 		{URL: "http://a:8000", KV: "tcp://a:5557", Replay: "tcp://a:5558", Models: []string{"m", "lora-1"}},
 		{URL: "http://b:8000", Models: []string{"m"}},
 		{URL: "http://c:8000", KV: "tcp://c:5557", Models: []string{"n"}},
+		{URL: "http://p:8000", Role: route.RolePrefill},
+		{URL: "http://d:8000", Role: route.RoleDecode},
 	}
 	body := func(key string) string {
 		return "tokenizer: remote\n" + key + ":\n" +
 			"  - url: http://a:8000/\n    kv: tcp://a:5557\n    replay: tcp://a:5558\n    models: [m, lora-1]\n" +
 			"  - url: http://b:8000\n    models: m\n" +
-			"  - http://c:8000,kv=tcp://c:5557,model=n\n"
+			"  - http://c:8000,kv=tcp://c:5557,model=n\n" +
+			"  - url: http://p:8000\n    role: prefill\n" +
+			"  - http://d:8000,role=decode\n"
 	}
 	for _, key := range []string{"backends", "backend"} {
 		path := filepath.Join(dir, key+".yaml")
@@ -179,7 +184,8 @@ func TestConfigBackendMappings(t *testing.T) {
 		}
 	}
 	bad := []struct{ name, body, want string }{
-		{"unknown key", "backends:\n  - url: http://a:8000\n    kv_endpoint: tcp://a:5557\n", `line 3: backend: unknown key "kv_endpoint" (known: url, kv, replay, models)`},
+		{"unknown key", "backends:\n  - url: http://a:8000\n    kv_endpoint: tcp://a:5557\n", `line 3: backend: unknown key "kv_endpoint" (known: url, kv, replay, models, role)`},
+		{"unknown role", "backends:\n  - url: http://a:8000\n    role: prefil\n", `line 3: backend role: unknown role "prefil" (known: prefill, decode, both)`},
 		{"no url", "backends:\n  - kv: tcp://a:5557\n", "line 2: backend: url is required"},
 		{"both keys", "backend: [http://a:8000]\nbackends: [http://b:8000]\n", "both backend and backends are set"},
 		{"not a list of backends", "backends:\n  - [http://a:8000]\n", "line 2: a backend is a string like http://host:port[,kv=...] or a mapping"},

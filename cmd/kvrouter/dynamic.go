@@ -29,7 +29,7 @@ func dynamicFlags(fs *flag.FlagSet, cfg *proxy.Config) {
 	fs.IntVar(&cfg.MaxBackends, "max-backends", cfg.MaxBackends,
 		fmt.Sprintf("most backends at once, added ones included (admin API, reload, discovery); 0: max(backends given, %d)", proxy.DefaultMaxBackends))
 	fs.StringVar(&cfg.Discover, "discover", cfg.Discover,
-		"find backends in DNS, re-resolved every --discover-interval: dns://NAME:PORT (A/AAAA records) or dns+srv://_SERVICE._PROTO.NAME (SRV records), ?scheme=https for TLS backends")
+		"find backends in DNS, re-resolved every --discover-interval: dns://NAME:PORT (A/AAAA records) or dns+srv://_SERVICE._PROTO.NAME (SRV records), ?scheme=https for TLS backends, ?role=prefill|decode|both for their role (docs/disaggregation.md; both: &)")
 	fs.DurationVar(&cfg.DiscoverInterval, "discover-interval", cfg.DiscoverInterval, "how often --discover is resolved again (0: 10s)")
 	fs.DurationVar(&cfg.ConfigPollInterval, "config-poll-interval", cfg.ConfigPollInterval,
 		"how often the --config file is checked for a change, reloaded as on SIGHUP (0: 2s; negative: SIGHUP only)")
@@ -220,7 +220,7 @@ func newDiscoverer(cfg proxy.Config, rt *proxy.Router, m *dynMetrics, log *slog.
 		OnChange: func(urls []string) {
 			bes := make([]proxy.Backend, len(urls))
 			for i, u := range urls {
-				bes[i] = proxy.Backend{URL: u}
+				bes[i] = proxy.Backend{URL: u, Role: tg.Role}
 			}
 			err := rt.SetBackends(bes, proxy.SourceDiscover)
 			log.Info("discovered backends", "target", tg.String(), "backends", urls, "err", err)
