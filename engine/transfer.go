@@ -37,9 +37,4 @@ type TransferParams struct {
 	// TPSize is the source's tensor-parallel size; the emulator writes 1
 	// and reads nothing from it.
 	TPSize int `json:"tp_size,omitempty"`
-	// RemoteNumTokens is not vLLM's and no engine reads it.
-	//
-	// Deprecated: it stays only while package proxy still sets it; delete
-	// it with that use.
-	RemoteNumTokens int `json:"remote_num_tokens,omitempty"`
 }

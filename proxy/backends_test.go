@@ -179,7 +179,7 @@ func TestParseBackendRole(t *testing.T) {
 func TestAdminBackendRole(t *testing.T) {
 	reps := replicas(t, 2, 0.01)
 	a, p := reps[0].URL(), reps[1].URL()
-	rt, url, admin := serveLimited(t, nil, a)
+	rt, url, admin := serveLimited(t, func(c *Config) { c.KVTransfer = true }, a)
 	if resp, body := do(t, "POST", admin+pathBackends, fmt.Sprintf(`{"url": %q, "role": "prefill"}`, p)); resp.StatusCode != http.StatusCreated || !strings.Contains(body, `"role":"prefill"`) {
 		t.Fatalf("add a prefill worker: %d %s", resp.StatusCode, body)
 	}

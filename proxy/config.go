@@ -215,8 +215,9 @@ type Config struct {
 	// holds the prompt's prefix, run as vLLM's two legs: a prefill leg on
 	// the holder, whose kv_transfer_params the request then carries to
 	// its replica (transfer.go). Only engines with a KV connector
-	// (NixlConnector, kvrouter's emulator) can act on it. Prefill workers
-	// (Backend.Role) take legs whatever it says.
+	// (NixlConnector, kvrouter's emulator) can act on it. A fleet with
+	// prefill workers (Backend.Role) needs it: their legs hand the KV over
+	// the same links.
 	KVTransfer bool `yaml:"kv-transfer"`
 	// InterconnectGBps is the replicas' link bandwidth in GB/s each way,
 	// which the cost model prices transfers at; zero means the preset's

@@ -378,8 +378,11 @@ func TestKVTransferImport(t *testing.T) {
 	if rec.Transfer != "from "+src.URL() || rec.PrefillOutcome != legOK {
 		t.Fatalf("record: transfer %q, prefill %q; want from %s, ok", rec.Transfer, rec.PrefillOutcome, src.URL())
 	}
-	if got := cachedOf(t, b); got != rec.TransferTokens {
-		t.Errorf("cached_tokens %d, want the %d transferred", got, rec.TransferTokens)
+	// The emulator reads every block but the one holding the prompt's
+	// last token, which it computes (vLLM computes the token alone): of
+	// 400 tokens, 25 blocks listed, 24 read.
+	if got, want := cachedOf(t, b), min(rec.TransferTokens, (400-1)/16*16); got != want {
+		t.Errorf("cached_tokens %d, want %d of the %d transferred", got, want, rec.TransferTokens)
 	}
 	if h := resp.Header.Get(HeaderDecision); !strings.Contains(h, "; transfer=from "+src.URL()+" 3.000ms") {
 		t.Errorf("%s %q lacks the transfer", HeaderDecision, h)

@@ -352,7 +352,7 @@ func TestPrefillLegTraced(t *testing.T) {
 	d.strip = true
 	var log syncBuffer
 	cfg := DefaultConfig()
-	cfg.Listen, cfg.Backends = "127.0.0.1:0", []Backend{prefillWorker(p.URL), decodeWorker(d.URL())}
+	cfg.Listen, cfg.Backends, cfg.KVTransfer = "127.0.0.1:0", []Backend{prefillWorker(p.URL), decodeWorker(d.URL())}, true
 	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewJSONHandler(&log, nil)),
 		TracerProvider: tp.TracerProvider(), Policy: pdPolicy()})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,7 @@ func pdRouter(t *testing.T, policy route.Policy, mod func(*Config), backends ...
 	}
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.Backends = "127.0.0.1:0", backends
+	cfg.KVTransfer = slices.ContainsFunc(backends, func(b Backend) bool { return b.Role == route.RolePrefill })
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -110,7 +112,7 @@ func newTap(t *testing.T, e *emulator.Server) *engineTap {
 func (tp *engineTap) URL() string { return tp.srv.URL }
 
 func (tp *engineTap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
+	if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/v1/") { // not the side channel's reads
 		tp.h.ServeHTTP(w, r)
 		return
 	}

@@ -143,6 +143,9 @@ func (c *Config) validateKV() []error {
 		if b.Replay != "" && b.KV == "" && c.KVEventsBind == "" {
 			errs = append(errs, fmt.Errorf("backend %q: replay= needs kv= or --kv-events-bind", b.URL))
 		}
+		if b.Role == route.RolePrefill && !c.KVTransfer {
+			errs = append(errs, fmt.Errorf("backend %q: role=prefill needs --kv-transfer (kv-transfer: true): the engines hand prompts' KV over with a KV connector, whose links the router prices", b.URL))
+		}
 	}
 	if c.Precise() && !c.TokenMode() {
 		errs = append(errs, errors.New("kv events (kv= or kv-events-bind) need token mode, the engines' own tokens: "+

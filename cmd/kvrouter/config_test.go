@@ -165,7 +165,7 @@ func TestConfigBackendMappings(t *testing.T) {
 		{URL: "http://d:8000", Role: route.RoleDecode},
 	}
 	body := func(key string) string {
-		return "tokenizer: remote\n" + key + ":\n" +
+		return "tokenizer: remote\nkv-transfer: true\n" + key + ":\n" +
 			"  - url: http://a:8000/\n    kv: tcp://a:5557\n    replay: tcp://a:5558\n    models: [m, lora-1]\n" +
 			"  - url: http://b:8000\n    models: m\n" +
 			"  - http://c:8000,kv=tcp://c:5557,model=n\n" +
