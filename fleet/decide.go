@@ -181,16 +181,13 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 	f.bookLinks(d, now)
 	if t := d.Transfer; t.Blocks > 0 && t.From >= 0 && t.From < len(sc.Snapshot.Replicas) && sc.Snapshot.Replicas[t.From].Role == route.RolePrefill {
 		// A prefill leg: the worker computes what it does not cache, and
-		// keeps it cached after (its index learns the prompt too).
+		// keeps it cached after (its index learns the prompt too); its
+		// Share is of the legs. The leg's own load is charged by whoever
+		// runs it (LegClaim).
 		f.mu.RLock()
 		leg := f.reps[t.From]
 		f.mu.RUnlock()
-		own := 0
-		if t.From < len(sc.Request.Match) {
-			own = sc.Request.Match[t.From] * sc.Snapshot.BlockSize
-		}
-		tk.chargeLeg(leg, r.Tokens-own)
-		leg.arrived(sc.Request.Seq, len(sc.Snapshot.Replicas)) // its Share is of the legs
+		leg.arrived(sc.Request.Seq, len(sc.Snapshot.Replicas))
 		f.tr.Touch(t.From, r.Chains, f.indexTime(now), &sc.ms)
 	}
 	if r.Session != "" {

@@ -64,20 +64,19 @@ func (legProbe) Pick(r *route.Request, s *route.Snapshot) route.Decision {
 
 func (legProbe) Needs() route.Needs { return route.Needs{Index: route.Approximate} }
 
-// A disaggregated decision charges the prefill worker the prompt it
-// computes until the leg ends (LegDone, or the first token, or Done,
-// whichever comes first, once), and its index learns the prompt: the
-// next request with it matches there.
+// A disaggregated decision makes the worker's Share count the leg and
+// its index learn the prompt (the next request with it matches there);
+// the leg's load is its runner's to charge, LegClaim's prompt less what
+// the worker matched, released when the leg's ticket is done.
 func TestPrefillLegCharge(t *testing.T) {
 	cfg := Config{Replicas: []Replica{{ID: a, Role: route.RolePrefill}, {ID: b, Role: route.RoleDecode}}, Policy: legProbe{}, BlockSize: 16}
 	cfg.Rates.TransferPerMTokens = 2600 * time.Microsecond
 	f := newFleet(t, cfg)
 	var sc Scratch
 	chains := []residency.Chain{{Tokens: 16, Hashes: []prefix.Hash{1, 2, 3, 4}}}
-	worker := func() int { return countsOf(f, 0).PrefillTokens }
 	_, first := f.Decide(&Request{ID: "r1", Tokens: 64, MaxTokens: 8, Chains: chains}, nil, t0, &sc)
-	if got := worker(); got != 64 {
-		t.Fatalf("worker's prefill tokens after a leg: %d, want 64", got)
+	if got := countsOf(f, 0); got != (counts{}) {
+		t.Errorf("the decision charged the worker %+v", got)
 	}
 	var s route.Snapshot
 	f.Snapshot(&s, t0, 16)
@@ -88,20 +87,23 @@ func TestPrefillLegCharge(t *testing.T) {
 	if sc.Request.Match[0] != 4 {
 		t.Errorf("the worker's index matches %d blocks of a prompt it computed, want 4", sc.Request.Match[0])
 	}
-	if got := worker(); got != 64 { // the second leg computes nothing new there
-		t.Errorf("worker's prefill tokens after a leg on its cached prompt: %d, want 64", got)
+	leg, err := f.Acquire(a, LegClaim(64, sc.Request.Match[0]*16), t0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	first.LegDone()
-	first.LegDone()
-	if got := worker(); got != 0 {
-		t.Errorf("worker's prefill tokens after LegDone: %d, want 0", got)
+	if got := countsOf(f, 0); got.InFlight != 1 || got.PrefillTokens != 0 {
+		t.Errorf("a leg on the prompt the worker caches: %+v, want in flight, nothing to compute", got)
 	}
+	if c := LegClaim(64, 100); c.PrefillTokens != 0 || c.Tokens != 65 || c.PredictedCached != 64 {
+		t.Errorf("LegClaim(64, 100) = %+v", c)
+	}
+	leg.Done(t0, NoUsage, nil)
 	first.Done(t0, NoUsage, nil)
 	second.FirstToken(t0)
 	second.Done(t0, NoUsage, nil)
 	for i := range 2 {
 		if c := countsOf(f, i); c != (counts{}) {
-			t.Errorf("replica %d after both finished: %+v", i, c)
+			t.Errorf("replica %d after all finished: %+v", i, c)
 		}
 	}
 }

@@ -87,33 +87,16 @@ type Ticket struct {
 	// (batch0) and prefilled total (work0) then, and the time from sent to
 	// it plus 1 ns (first; zero: not yet), for Done's inter-token latency.
 	batch0, work0, first atomic.Int64
-	// leg is the prefill worker computing the prompt for the replica
-	// (route.ReasonDisagg), charged legTokens of prefill until LegDone;
-	// nil: none. legOpen says the charge is still on.
-	leg       *replica
-	legTokens int64
-	legOpen   atomic.Bool
 }
 
-// chargeLeg charges prefill worker leg with the
-// tokens of the prompt it computes, until LegDone.
-func (t *Ticket) chargeLeg(leg *replica, tokens int) {
-	t.leg, t.legTokens = leg, int64(max(tokens, 0))
-	t.legOpen.Store(true)
-	leg.prefillTokens.Add(t.legTokens)
-	leg.changed()
-}
-
-// LegDone records that the prefill leg on the ticket's prefill worker
-// ended (answered, failed or was abandoned): its prompt leaves the
-// worker's PrefillTokens. FirstToken and Done call it too; later calls,
-// and calls on a ticket without a leg, do nothing.
-func (t *Ticket) LegDone() {
-	if t == nil || t.leg == nil || !t.legOpen.CompareAndSwap(true, false) {
-		return
-	}
-	t.leg.prefillTokens.Add(-t.legTokens)
-	t.leg.changed()
+// LegClaim is what a leg on a source replica (a prefill worker's, or a
+// holder's for an import) charges it while it runs, as the live router
+// and the simulator charge it: the prompt of tokens tokens, less the
+// cached ones the index matched there, and one output token.
+func LegClaim(tokens, cached int) Claim {
+	tokens = max(tokens, 0)
+	cached = min(max(cached, 0), tokens)
+	return Claim{PrefillTokens: tokens - cached, Tokens: tokens + 1, PredictedCached: cached, PromptTokens: tokens}
 }
 
 // Ticket states.
@@ -175,7 +158,6 @@ func (t *Ticket) FirstToken(now time.Time) {
 	if t == nil || !t.state.CompareAndSwap(ticketPrefill, ticketDecoding) {
 		return
 	}
-	t.LegDone()
 	t.r.prefillTokens.Add(-int64(t.claim.PrefillTokens))
 	if t.f.transfers() {
 		t.r.prefills.drop(t)
@@ -210,7 +192,6 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 			break
 		}
 	}
-	t.LegDone()
 	r := t.r
 	batch := 0
 	if prev == ticketPrefill {

@@ -151,13 +151,11 @@ func (c *call) settleLeg(tk *fleet.Ticket, end time.Time, err error) {
 // chargeLeg charges a prefill leg to replica from in the fleet: the
 // prompt, less what the index matched there, and one output token.
 func (c *call) chargeLeg(from int, now time.Time) *fleet.Ticket {
-	tokens, cached := max(c.freq.Tokens, 0), 0
+	cached := 0
 	if m := c.sc.Request.Match; from < len(m) {
-		cached = min(m[from]*max(c.sc.Snapshot.BlockSize, 1), tokens)
+		cached = m[from] * max(c.sc.Snapshot.BlockSize, 1)
 	}
-	tk, err := c.rt.st.fleet.Acquire(c.rt.name(from), fleet.Claim{
-		PrefillTokens: tokens - cached, Tokens: tokens + 1, PredictedCached: cached, PromptTokens: tokens,
-	}, now)
+	tk, err := c.rt.st.fleet.Acquire(c.rt.name(from), fleet.LegClaim(c.freq.Tokens, cached), now)
 	if err != nil {
 		return nil // removed meanwhile: nothing to charge
 	}

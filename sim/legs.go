@@ -2,25 +2,28 @@ package sim
 
 import (
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/route"
 )
 
-// A decision whose transfer comes from a prefill worker
-// (route.RolePrefill) runs as the live router runs it, in two legs: the
-// worker computes the prompt as a request of one output token (its own
-// prefix cache counts), and when it is done, the decode replica takes
-// the request with the worker's blocks arriving over both links
-// (importFrom), as vLLM's decode worker reads them. The request's time
-// to first token runs from its arrival, through both. A worker that is
-// gone, or refuses the leg, leaves the prompt to the decode replica.
+// A decision that orders a transfer runs as the live router runs it, in
+// two legs: the source (a prefill worker, or for an import the replica
+// holding the prefix) computes the prompt as a request of one output
+// token (its own prefix cache counts), charged to it in the fleet
+// (fleet.LegClaim) while it runs, and when it is done, the decode
+// replica takes the request with the source's blocks arriving over both
+// links (importFrom), as vLLM's decode worker reads them. The request's
+// time to first token runs from its arrival, through both. A source that
+// is gone, or refuses the leg, leaves the prompt to the decode replica.
 
 // legSuffix makes a leg's engine request id from its request's.
 const legSuffix = "#prefill"
 
-// startLeg starts job j's prefill leg when transfer t comes from a
-// prefill worker, and reports whether it did.
-func (r *runner) startLeg(j int, t route.Transfer) bool {
-	if t.Blocks <= 0 || t.From < 0 || t.From >= len(r.reps) || r.reps[t.From].role != route.RolePrefill {
+// startLeg starts job j's prefill leg when decision's transfer t
+// orders one, charged on fl, whose scratch sc decided it, and reports
+// whether it did.
+func (r *runner) startLeg(j int, t route.Transfer, fl *fleet.Fleet, sc *fleet.Scratch) bool {
+	if t.Blocks <= 0 || t.From < 0 || t.From >= len(r.reps) || t.From == int(r.flights[j].rep) {
 		return false
 	}
 	jb, f := &r.jobs[j], &r.flights[j]
@@ -29,9 +32,13 @@ func (r *runner) startLeg(j int, t route.Transfer) bool {
 	er := &r.ereq[j]
 	*er = engine.Request{ID: id, Prompt: jb.prompt, Hashes: jb.hashes, MaxTokens: 1}
 	if !w.alive || w.model != jb.model || w.eng.Add(r.now, er) != nil {
-		f.ticket.LegDone()
 		return false
 	}
+	cached := 0
+	if m := sc.Request.Match; t.From < len(m) {
+		cached = m[t.From] * sc.Snapshot.BlockSize
+	}
+	f.legTicket, _ = fl.Acquire(w.id, fleet.LegClaim(jb.prompt, cached), at(r.now))
 	f.leg, f.blocks, f.active = int32(t.From), t.Blocks, true
 	f.legPredicted = max(jb.prompt-t.Cached, 0)
 	r.byID[id] = int32(j)
@@ -48,7 +55,7 @@ func (r *runner) onLegDone(j int, ev *engine.Event) {
 	f := &r.flights[j]
 	f.legComputed = max(ev.PromptTokens-ev.CachedTokens, 0)
 	delete(r.byID, r.jobs[j].id+legSuffix)
-	f.ticket.LegDone()
+	f.legTicket.Done(at(ev.At), fleet.NoUsage, nil) // as the live router, which reads no usage of a leg
 	leg := route.Transfer{From: int(f.leg), Blocks: f.blocks}
 	f.leg, f.active = -1, false
 	r.start(j, leg)
@@ -60,7 +67,7 @@ func (r *runner) failLeg(j int) {
 	f := &r.flights[j]
 	f.legPredicted = 0
 	delete(r.byID, r.jobs[j].id+legSuffix)
-	f.ticket.LegDone()
+	f.legTicket.Done(at(r.now), fleet.NoUsage, errKilled)
 	f.leg, f.active = -1, false
 	r.start(j, route.Transfer{})
 }

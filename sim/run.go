@@ -43,6 +43,9 @@ type flight struct {
 	// it (legs.go), −1 when none is.
 	leg    int32
 	blocks int // the blocks the leg sends
+	// legTicket charges the leg to its source (fleet.LegClaim) while it
+	// runs.
+	legTicket *fleet.Ticket
 	// legComputed and legPredicted are the prompt tokens its prefill leg
 	// computed, and was predicted to, on the worker (legs.go).
 	legComputed, legPredicted int
