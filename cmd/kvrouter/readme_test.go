@@ -101,6 +101,10 @@ func readmeRules() map[string]readmeRule {
 			args: "--requests 200", slow: true},
 		"kvrouter sim --workload multi-tenant-context --load 0.95 --policies kv-aware,kv-aware-precise,mooncake --cpu-kv-blocks 112640 --interconnect-gbps 50": {
 			args: "--requests 200", slow: true},
+		"kvrouter sim --workload document-qa --replicas 16 --prefill-replicas 8 --load 0.8 --policies kv-aware,pd-round-robin,llm-d-pd,dynamo-pd": {
+			args: "--requests 200"},
+		"kvrouter sim --workload all --load 0.5,0.8,0.95 --prefill-replicas 4 --policies all --requests 1000 --json > pd.json": {
+			args: "--requests 20", slow: true},
 		"go install github.com/kvrouter/kvrouter/cmd/kvrouter@latest": {
 			skip: "fetches the published module (no network in CI); the tests build this checkout"},
 		"docker build -t kvrouter:latest .": {skip: "needs Docker; deploy's tests check the Dockerfile"},
