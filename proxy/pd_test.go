@@ -392,3 +392,49 @@ func TestKVTransferImport(t *testing.T) {
 	}
 	wantIdle(t, rt)
 }
+
+// TestKVAwareDisaggregates: kv-aware itself, on emulated engines, one
+// prefill worker and one decode worker. With the decode worker idle a
+// prompt is prefilled there (reason local-prefill: a leg would spare no
+// decode a stall and would cost the transfer). While a long answer
+// decodes there, a prompt of 2,000 tokens goes to the prefill worker
+// (reason disagg; route's TestDisaggregationBreakEven has where the two
+// prices cross), whose blocks the decode worker reads.
+func TestKVAwareDisaggregates(t *testing.T) {
+	p, d := newTap(t, startEmulator(t)), startEmulator(t)
+	// The router prices at the emulators' time scale: the links' times are
+	// not learned, so at its default a transfer would look 50 times
+	// longer than the emulated link takes.
+	rt, url := pdRouter(t, route.KVAware{}, func(c *Config) { c.TimeScale = 0.02 }, prefillWorker(p.URL()), decodeWorker(d.URL()))
+	chat := func(word string, words, maxTokens int) string {
+		w := make([]string, words)
+		for i := range w {
+			w[i] = fmt.Sprintf("%s%d", word, i)
+		}
+		return fmt.Sprintf(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"messages":[{"role":"user","content":%q}]}`, maxTokens, strings.Join(w, " "))
+	}
+	replyEvents(t, url, chat("a", 2000, 4))
+	if rec := settledRecord(t, rt); rec.Reason != route.ReasonLocalPrefill || len(p.received(t)) != 0 {
+		t.Fatalf("idle decode worker: reason %q, %d legs; want %q and none", rec.Reason, len(p.received(t)), route.ReasonLocalPrefill)
+	}
+	long := make(chan []string, 1)
+	go func() {
+		_, events := replyEvents(t, url, chat("b", 200, 8000))
+		long <- events
+	}()
+	wait.For(t, "the long answer decoding", func() bool {
+		return rt.Decisions(1)[0].Outcome == view.OutcomeInFlight && len(rt.Decisions(1)) == 1
+	})
+	_, events := replyEvents(t, url, chat("c", 2000, 4))
+	rec := settledRecord(t, rt)
+	if rec.Reason != route.ReasonDisagg || rec.PrefillOutcome != legOK || len(p.received(t)) != 1 {
+		t.Fatalf("decode worker busy: reason %q, prefill %q, %d legs; want %q and one leg: %+v", rec.Reason, rec.PrefillOutcome, len(p.received(t)), route.ReasonDisagg, rec)
+	}
+	if got := streamCached(t, events); got <= 0 || got > rec.TransferTokens {
+		t.Errorf("the decode worker read %d tokens of the %d sent", got, rec.TransferTokens)
+	}
+	if got := readReply(t, <-long); !got.Done {
+		t.Errorf("the long answer: %+v", got)
+	}
+	wantIdle(t, rt)
+}

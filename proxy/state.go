@@ -182,6 +182,7 @@ func scaleRates(r route.Rates, timeScale float64) route.Rates {
 	r.PrefillPerToken = scale(r.PrefillPerToken)
 	r.AttnPerMPairs = scale(r.AttnPerMPairs)
 	r.DecodeStep = scale(r.DecodeStep)
+	r.StepOverhead = scale(r.StepOverhead)
 	r.DecodePerSeq = scale(r.DecodePerSeq)
 	r.DecodePerMTokens = scale(r.DecodePerMTokens)
 	r.TransferPerMTokens = scale(r.TransferPerMTokens)

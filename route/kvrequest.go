@@ -150,7 +150,7 @@ func (q *kvRequest) prefillWorker(candidates float64) {
 		cached := q.cached(rp, i, rt)
 		uncached := q.tokens - cached
 		wait := q.queued(rp, isFresh(rp, q.p.StaleAfter)) * float64(rt.PrefillPerToken) * rt.Scale
-		prefill := rt.prefillNS(uncached, cached)*rt.Scale + math.Ceil(max(uncached, 1)/float64(rt.MaxBatchedTokens))*float64(rt.StepOverhead)
+		prefill := rt.prefillNS(uncached, cached)*rt.Scale + math.Ceil(max(uncached, 1)/float64(rt.MaxBatchedTokens))*float64(rt.StepOverhead)*rt.DecodeScale
 		if t := wait + prefill; q.pw < 0 || t < q.pwTime {
 			q.pw, q.pwTime, q.pwCached = i, t, cached
 			rate := q.arrivals * candidates * rp.ShareAt(q.r.Seq, len(q.reps))
