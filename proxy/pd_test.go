@@ -237,12 +237,13 @@ func TestDecodeRefused(t *testing.T) {
 
 // TestKVAwareOrdersTransfer: the default policy, with --kv-transfer and a
 // 5 GB/s link (where importing a 4,000-word prompt's KV beats computing
-// it), sends a repeat of a prompt whose holder has a long queue to the
-// idle replica with an import from the holder: the holder runs the
-// prefill leg, the idle replica reads the blocks and reports them
-// cached. The first token's time against the prediction is logged, not
-// checked: the holder runs its leg behind its own queue, which the cost
-// model, pricing the link alone, does not see.
+// it), sends a repeat of a prompt whose holder decodes a large batch of
+// long answers to the idle replica with an import from the holder: the
+// holder runs the prefill leg (its cache has the prompt, so it is short),
+// the idle replica reads the blocks, reports them cached, and decodes
+// away from the holder's batch. The first token's time against the
+// prediction is logged, not checked: wall-clock times on a shared
+// machine.
 func TestKVAwareOrdersTransfer(t *testing.T) {
 	const scale, gbps = 0.2, 5
 	start := func() *emulator.Server {
@@ -279,17 +280,17 @@ func TestKVAwareOrdersTransfer(t *testing.T) {
 	if other == nil {
 		t.Fatalf("warm request served by %q", holder)
 	}
-	// Give the holder a queue the router did not place (another client's
-	// long prompts, straight to the engine): its scraped Waiting.
+	// Give the holder a batch the router did not place (another client's
+	// long answers, straight to the engine): its scraped Running.
 	var streams sync.WaitGroup
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); streams.Wait() })
-	for i := range 24 {
-		other := make([]string, 2000)
+	for i := range 48 {
+		other := make([]string, 1500)
 		for k := range other {
 			other[k] = fmt.Sprintf("q%d-%d", i, k)
 		}
-		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(other, " "), "max_tokens": 4})
+		b, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(other, " "), "max_tokens": 1500, "ignore_eos": true})
 		req, _ := http.NewRequestWithContext(ctx, "POST", holder+"/v1/completions", strings.NewReader(string(b)))
 		streams.Go(func() {
 			if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -298,21 +299,23 @@ func TestKVAwareOrdersTransfer(t *testing.T) {
 			}
 		})
 	}
-	wait.For(t, "the holder's queue in its metrics", func() bool {
+	wait.For(t, "the holder's batch in its metrics", func() bool {
 		for _, r := range rt.st.fleet.View(time.Now()).Replicas {
-			if r.ID == holder && r.Waiting >= 8 {
+			if r.ID == holder && r.Running >= 40 && r.Waiting == 0 {
 				return true
 			}
 		}
 		return false
 	})
 
+	body, _ = json.Marshal(map[string]any{"model": "m", "prompt": strings.Join(words, " "), "max_tokens": 64, "stream": true})
 	resp, out := do(t, "POST", srv.URL+"/v1/completions", string(body))
 	if got := resp.Header.Get(HeaderReplica); got != other.URL() {
 		t.Fatalf("repeat served by %s (%s), want the idle replica with a transfer", got, resp.Header.Get(HeaderDecision))
 	}
 	if d := resp.Header.Get(HeaderDecision); !strings.Contains(d, "reason=transfer") || !strings.Contains(d, "transfer=from "+holder) {
-		t.Fatalf("decision %q, want a transfer from %s", d, holder)
+		_, dec := do(t, "GET", srv.URL+"/debug/decisions?n=1", "")
+		t.Fatalf("decision %q, want a transfer from %s; %s", d, holder, dec)
 	}
 	if !strings.HasSuffix(strings.TrimSpace(out), "data: [DONE]") {
 		t.Errorf("stream did not end: %s", out)

@@ -87,35 +87,39 @@ import "time"
 //     costs the one that makes it little, and one seldom asked for
 //     nearly all of it.
 //
-// The prefix a replica lacks need not be computed. Each candidate is
-// priced three ways and keeps the cheapest: computing what its GPU does
-// not cache; loading what its CPU tier holds past that over PCIe
+// The prefix a replica lacks need not be computed here. Each candidate
+// is priced four ways and keeps the cheapest: computing what its GPU
+// does not cache; loading what its CPU tier holds past that over PCIe
 // (Request.Offloaded where the engine's events say it, else the match
 // expected still on the replica at Rates.TierHorizon, kvRequest.tiered;
-// Rates.LoadPerMTokens: Cost.Load); and importing the
-// prefix from the replica that caches and has computed most of it
-// (Request.Settled; Rates.TransferPerMTokens
-// over the slower of the two links, after what either still carries,
-// Replica.LinkWait: Cost.Import, Decision.Transfer). A load or an import
-// delays the request's first token (twice in the total, as Wait does)
-// but runs on a link, not the GPU: it stalls no decode and nobody waits
-// behind it, which is why it can win even where it takes longer than the
-// prefill it spares. Where it does not win, the holder's own price (go
-// there and wait) or a recompute does; an import that makes a hot prefix
-// resident on a second replica is also a replication.
+// Rates.LoadPerMTokens: Cost.Load); and having another replica compute
+// the prompt in a prefill leg and send its KV (Cost.Import,
+// Decision.Transfer), as the router runs a transfer on the wire (vLLM's
+// NixlConnector: the source computes the whole prompt as a request of one
+// token and holds its blocks for the decode replica to read). The leg's
+// source is, for an import, the replica that caches and has computed most
+// of the prefix (Request.Settled), or in a disaggregated fleet the prefill
+// worker (Replica.Role RolePrefill) whose leg costs least, with its own
+// prefix cache (kvRequest.prefillWorker). A leg waits in its source's
+// queue, computes what the source does not cache in iterations with the
+// source's running decodes, which it stalls, and delays the requests
+// that arrive there after it (kvRequest.legAt); its blocks, less those
+// the candidate caches, cross the slower of the two links after what
+// either still carries (Rates.TransferPerMTokens, Replica.LinkWait). A
+// load or a transfer delays the request's first token (twice in the
+// total, as Wait does) but runs on a link, not the candidate's GPU: it
+// stalls none of the candidate's decodes, which is why it can win even
+// where it takes longer than the prefill it spares. Where it does not
+// win, the holder's own price (go there and wait) or a recompute does;
+// an import that makes a hot prefix resident on a second replica is also
+// a replication, and one from a holder with a long queue or a large
+// batch to stall loses to both. In a disaggregated fleet a decision
+// from a prefill worker says ReasonDisagg; where computing locally prices
+// less (a short prompt, an idle decode replica, a busy worker), it says
+// ReasonLocalPrefill: Dynamo's conditional disaggregation, where the
+// price crosses rather than at a threshold.
 //
-// In a disaggregated fleet there is a fourth way: the prefill worker
-// (Replica.Role RolePrefill) whose leg ends soonest, after the prompts
-// queued there and its own prefix cache, computes the prompt, and its KV
-// crosses the links to the candidate (Cost.Import, Decision.Transfer
-// from the worker, ReasonDisagg). The candidate's running decodes are
-// not stalled by the prompt, and the legs that arrive at the worker
-// after it wait for it instead (kvRequest.prefillWorker). Where computing
-// locally prices less (a short prompt, an idle decode replica, a busy
-// worker), the decision says ReasonLocalPrefill: Dynamo's conditional
-// disaggregation, where the price crosses rather than at a threshold.
-//
-// Total = 2 × (Wait + Load or Import + Prefill) + Decode + Others + Memory
+// Total = 2 × (Wait + Load or Leg + Prefill) + Decode + Others + Memory
 // + Future (kvmodel.go's formula block, one line per term), Others
 // counting the arrivals' wait twice too: a time to first token is part of
 // both latencies (ttftWeight). Wait, Prefill and the prefill stall are prefill work and
@@ -276,7 +280,7 @@ func (c *kvChoice) decision(q *kvRequest) Decision {
 		reason = ReasonDisagg
 	case c.imp.Blocks > 0:
 		reason = ReasonTransfer
-	case q.pw >= 0:
+	case q.pw.from >= 0:
 		reason = ReasonLocalPrefill
 	}
 	return Decision{Replica: c.best, Reason: reason, Matched: c.cached, Costs: c.costs, Transfer: c.imp, Pruned: c.pruned}

@@ -267,7 +267,7 @@ func TestKVAwareWaitsForTheIterationUnderWay(t *testing.T) {
 func TestKVAwareImportWaitsForOneBoundary(t *testing.T) {
 	link := Rates{TransferPerMTokens: 2600 * time.Microsecond} // 50 GB/s of 128 KiB tokens
 	holder, busy, idle := up("holder", 0), up("busy", 3), up("idle", 0)
-	holder.PrefillTokens = 100_000 // a long queue: the others import
+	holder.InFlight, holder.DecodeBlocks = 4, 4*8192 // long contexts, a slow decode: the others import
 	busy.Decoding, busy.DecodeBlocks = 3, 3*100
 	for _, rp := range []*Replica{&holder, &busy, &idle} {
 		rp.Rates = link

@@ -3,14 +3,15 @@
 // the request's time to first and to last token plus what it adds to the
 // others'. One line per term, each with the function that prices it:
 //
-//	Total   = ttftWeight·(Wait + Load|Import|Leg + Prefill) + Decode + Others + Memory + Future   priceWith, less PinBonus
+//	Total   = ttftWeight·(Wait + Load|Leg + Prefill) + Decode + Others + Memory + Future       priceWith, less PinBonus
 //	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queued, othersWaiting, stepNS
-//	          + step/2 on a decoding replica with nothing queued, again after a Load|Import
-//	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              occupied
+//	          + step/2 on a decoding replica with nothing queued, again after a Load|Leg
+//	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              seat, occupied
 //	Load    = (tier − cached)·LoadPerMTokens, the CPU tier's tokens over PCIe                 loading, tiered
-//	Import  = (source's cached − cached)·TransferPerMTokens + LinkWait                        importing, source
-//	Leg     = a prefill worker's queue and prefill + (sent − cached)·TransferPerMTokens         disaggregating, prefillWorker
-//	          + LinkWait, and Others gains ttftWeight·behind on the worker
+//	Leg     = the source's wait and prefill of the prompt + (sent − cached)·TransferPerMTokens   withLeg, legAt
+//	          + LinkWait; the source is a prefill worker (prefillWorker) or, for an import,
+//	          the replica that holds most of the prefix (source); Others gains the leg's
+//	          stall of the source's decodes and ttftWeight·behind there
 //	Prefill = compute(uncached after cached)·Scale + ⌈uncached/MaxBatchedTokens⌉·iter         cached, prefillNS, iterNS
 //	Decode  = out·(step(life, lifeContext) + Δ)·DecodeScale                                   life, kept, lifeContext
 //	Others  = B'·compute·Scale + life·out·Δ·DecodeScale + ttftWeight·behind                   stalled, behind
@@ -20,8 +21,9 @@
 //
 // with B and K the replica's batch and its KV context (batch), step =
 // stepNS(B, K), Δ what one more sequence of this request adds to a step,
-// B̄ the fleet's mean batch, and Load, Import, Leg or none, whichever
-// of the four placements prices least (price). kvprune.go bounds Total
+// B̄ the fleet's mean batch, and Load, a holder's Leg, a prefill
+// worker's Leg or none, whichever of the four placements prices least
+// (price). kvprune.go bounds Total
 // from below to skip candidates on a large fleet; this file does not
 // know of it.
 
@@ -40,57 +42,55 @@ const ttftWeight = 2
 
 // price is the kv-aware cost model of one candidate (KVAware's doc says
 // what each term is): its terms and their total, in float64 nanoseconds.
-// It is the cheapest of computing what the replica does not cache; when
-// the transfer source caches more, importing that first (importing);
-// loading what its CPU tier holds (loading); and having a prefill worker
-// compute the prompt and send its KV (disaggregating).
+// It is the cheapest of computing what the replica does not cache;
+// loading what its CPU tier holds (loading); and having a source compute
+// the prompt and send its KV (withLeg): the prefill worker whose leg
+// costs least, or the replica that caches most of the prefix (an import).
 func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 	rt := q.rates(&rp.Rates)
 	cached := q.cached(rp, i, rt)
 	k, total := q.priceWith(rp, i, rt, cached, cached, 0, Transfer{})
-	if imp, ok := q.importing(rp, i, rt, cached); ok {
-		if k2, t2 := q.priceWith(rp, i, rt, cached, q.srcCached, 0, imp); t2 < total {
-			k, total = k2, t2
-		}
-	}
 	if tier, load, ok := q.loading(rp, i, rt, cached); ok {
 		if k2, t2 := q.priceWith(rp, i, rt, cached, tier, load, Transfer{}); t2 < total {
 			k, total = k2, t2
 		}
 	}
-	if sent, leg, ok := q.disaggregating(rp, i, rt, cached); ok {
-		if k2, t2 := q.priceWith(rp, i, rt, cached, sent, 0, leg); t2+ttftWeight*q.pwBehind < total {
-			k2.Others += ns(ttftWeight * q.pwBehind)
-			k2.Total = ns(t2 + ttftWeight*q.pwBehind)
-			k, total = k2, t2+ttftWeight*q.pwBehind
-		}
+	if q.srcCached-cached >= float64(q.bs) { // an import brings a block or more
+		k, total = q.withLeg(&q.srcLeg, rp, i, rt, cached, k, total)
 	}
-	return k, total
+	return q.withLeg(&q.pw, rp, i, rt, cached, k, total)
 }
 
-// disaggregating is the prefill leg on the prefill worker q.pw for
-// replica i, which caches local tokens of the prompt: the worker
-// computes the prompt after its queue, and the blocks it sends, all the
-// prompt's but the last token's (which the decode replica computes, as
-// vLLM's decode worker does), cross the slower of the two links after
-// what either still carries. So the decode replica's running decodes are
-// not stalled by the prompt, and the request pays the leg, the transfer
-// and the wait of the legs behind it on the worker (pwBehind) instead.
-// ok is false without a prefill worker, or when the replica already
-// caches what would be sent.
-func (q *kvRequest) disaggregating(rp *Replica, i int, rt *Rates, local float64) (sent float64, leg Transfer, ok bool) {
-	if q.pw < 0 || rt.TransferPerMTokens <= 0 {
-		return 0, Transfer{}, false
+// withLeg is k, of total, or the price of replica i, which caches local
+// tokens of the prompt, with the prompt computed by leg l's source when
+// that is less. The blocks the source holds then, all the prompt's but
+// the last token's (which the decode replica computes, as vLLM's decode
+// worker does), cross the slower of the two links after what either
+// still carries, less those replica i caches. So its running decodes are
+// not stalled by the prompt, and the request pays the leg and the
+// transfer, and the others the leg's cost to the source's requests.
+// There is no leg without a source, from i itself, or when the replica
+// already caches what would be sent.
+func (q *kvRequest) withLeg(l *kvLeg, rp *Replica, i int, rt *Rates, local float64, k Cost, total float64) (Cost, float64) {
+	if l.from < 0 || l.from == i || rt.TransferPerMTokens <= 0 {
+		return k, total
 	}
 	blocks := max(int(q.tokens)-1, 0) / q.bs
-	sent = float64(blocks * q.bs)
+	sent := float64(blocks * q.bs)
 	if sent-local < float64(q.bs) {
-		return 0, Transfer{}, false
+		return k, total
 	}
-	pw := &q.reps[q.pw]
-	per := float64(max(rt.TransferPerMTokens, pw.Rates.TransferPerMTokens))
-	t := q.pwTime + (sent-local)*per*1e-6 + float64(max(rp.LinkWait, pw.LinkWait))
-	return sent, Transfer{From: q.pw, Blocks: blocks, Time: ns(t), Cached: int(q.pwCached)}, true
+	src := &q.reps[l.from]
+	per := float64(max(rt.TransferPerMTokens, src.Rates.TransferPerMTokens))
+	t := l.time + (sent-local)*per*1e-6 + float64(max(rp.LinkWait, src.LinkWait))
+	leg := Transfer{From: l.from, Blocks: blocks, Time: ns(t), Cached: int(l.cached)}
+	k2, t2 := q.priceWith(rp, i, rt, local, sent, 0, leg)
+	if t2 += l.others; t2 >= total {
+		return k, total
+	}
+	k2.Others += ns(l.others)
+	k2.Total = ns(t2)
+	return k2, t2
 }
 
 // loading is what replica i's CPU tier holds of the prompt beyond the
@@ -113,29 +113,6 @@ func (q *kvRequest) loading(rp *Replica, i int, rt *Rates, cached float64) (tier
 		return 0, 0, false
 	}
 	return tier, (tier - cached) * float64(rt.LoadPerMTokens) * 1e-6, true
-}
-
-// importing is the transfer of the source's cached prefix to replica i,
-// which caches local tokens of it: the tokens it lacks cross the slower
-// of the two replicas' links, after what either link still carries. ok
-// is false when there is no source, it is i, either cannot transfer, or
-// it caches less than a block more. It is priced on the tokens expected
-// cached, but orders every block the source's index matched: the source
-// sends what it still holds (each block is resident or not, not a share
-// of it), and an order cut to the expected share would leave the rest
-// to be computed where the source has it.
-func (q *kvRequest) importing(rp *Replica, i int, rt *Rates, local float64) (Transfer, bool) {
-	if q.src < 0 || q.src == i || rt.TransferPerMTokens <= 0 {
-		return Transfer{}, false
-	}
-	missing := q.srcCached - local
-	if missing < float64(q.bs) {
-		return Transfer{}, false
-	}
-	src := &q.reps[q.src]
-	per := float64(max(rt.TransferPerMTokens, src.Rates.TransferPerMTokens))
-	t := missing*per*1e-6 + float64(max(rp.LinkWait, src.LinkWait))
-	return Transfer{From: q.src, Blocks: q.srcBlocks, Time: ns(t)}, true
 }
 
 // priceWith prices replica i with local tokens of the prompt cached on its
@@ -172,12 +149,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		// queue, the queue's iterations count that one.)
 		wait += step / 2 * rt.DecodeScale
 	}
-	if seats, taken := float64(rt.MaxSeqs), float64(occupied(rp, fresh)); taken >= seats {
-		// A seat frees every out × step(MaxSeqs) / MaxSeqs on average.
-		over := taken - seats + 1
-		full := rt.stepNS(seats, context/max(batch, 1)*seats)
-		wait += over * q.out * full / seats * rt.DecodeScale
-	}
+	wait += q.seat(rp, rt, fresh, batch, context)
 
 	// Prefill: its compute, in ⌈uncached/budget⌉ iterations (a decode
 	// step each, or the step overhead on an idle replica). An import or
@@ -216,6 +188,18 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	return Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
 		Decode: ns(decode), Others: ns(others), Memory: ns(memory), Future: ns(future),
 		Total: ns(total), Import: imp, Load: ns(load)}, total
+}
+
+// seat is the wait for one of replica rp's seats (Rates.MaxSeqs) when
+// all are taken, its batch of sequences holding context tokens: one frees
+// every out × step(MaxSeqs) / MaxSeqs on average.
+func (q *kvRequest) seat(rp *Replica, rt *Rates, fresh bool, batch, context float64) float64 {
+	seats, taken := float64(rt.MaxSeqs), float64(occupied(rp, fresh))
+	if taken < seats {
+		return 0
+	}
+	full := rt.stepNS(seats, context/max(batch, 1)*seats)
+	return (taken - seats + 1) * q.out * full / seats * rt.DecodeScale
 }
 
 // batch is the replica's sequences, the batch a request sent there

@@ -115,10 +115,10 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	rt := q.rates(&rp.Rates)
 	compute, iters := q.compute0, q.iters0
 	switch {
-	case q.pw >= 0, i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
-		compute, iters = 0, 1 // a prefill worker, or its CPU tier, may compute or hold it all
-	case matchOf(q.r, i) > 0 || q.src >= 0 || q.turns > 0:
-		// It may import the source's prefix, or share most of its copy's
+	case q.pw.from >= 0, q.srcLeg.from >= 0, i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
+		compute, iters = 0, 1 // a prefill worker, a holder's leg, or its CPU tier, may compute or hold it all
+	case matchOf(q.r, i) > 0 || q.turns > 0:
+		// It may cache some of the prompt, or share most of its copy's
 		// prefill with the sessions after this one (shared).
 		compute, iters = q.computeDeep, 1
 	}
@@ -220,13 +220,13 @@ func (q *kvRequest) screen(sc *screen) int {
 	}
 	q.rates(&q.reps[q.first].Rates) // fills the preset's fields quick reads
 	whole := q.compute0
-	if q.src >= 0 || q.turns > 0 {
-		// Every replica may import the source's prefix, or, for a new
-		// session, have most of its copy's prefill shared (shared).
+	if q.turns > 0 {
+		// For a new session, every replica may have most of its copy's
+		// prefill shared (shared).
 		whole = q.computeDeep
 	}
 	deep := q.computeDeep
-	if q.pw >= 0 { // a prefill worker may compute it for any replica
+	if q.pw.from >= 0 || q.srcLeg.from >= 0 { // a leg may compute it for any replica
 		whole, deep = 0, 0
 	}
 	q.computes = [4]float64{pathWhole: whole, pathDeep: deep, pathTier: 0}

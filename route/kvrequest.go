@@ -45,18 +45,16 @@ type kvRequest struct {
 	// sequence stays in a batch (MeanOutput iterations): out/MeanOutput.
 	decodeLen float64
 	// src is the healthy replica that can send KV (TransferPerMTokens > 0)
-	// with the most expected cached tokens, srcCached, of the srcBlocks
-	// its index matched; src is −1 when none has a block of the prompt.
+	// with the most expected cached tokens, srcCached, computed (Settled);
+	// src is −1 when none has a block of the prompt. srcLeg is the
+	// prefill leg it would run for an import (legAt).
 	src       int
 	srcCached float64
-	srcBlocks int
 	srcWorth  float64 // the source's cached tokens as compute time, less its link's wait
-	// pw is the prefill worker whose leg ends soonest (prefillWorker), or
-	// −1 when the fleet has none that can take one; pwTime is its leg,
-	// its queue and its prefill, pwCached the tokens it caches, and pwBehind the wait that prefill
-	// imposes on the legs that arrive there after it, in ns.
-	pw                         int
-	pwTime, pwBehind, pwCached float64
+	srcLeg    kvLeg
+	// pw is the prefill worker's leg that costs least (prefillWorker);
+	// its from is −1 when the fleet has none that can take one.
+	pw kvLeg
 	// held is the most expected cached tokens of the prompt on any
 	// healthy replica: a placement that stores more of the prompt than it
 	// has stores a copy of up to that many (Memory's displacement). It is
@@ -93,7 +91,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	}
 	tokens := float64(max(r.Tokens, 0))
 	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2,
-		src: -1, pw: -1, reps: s.Replicas, rows: sum.rows}
+		src: -1, pw: kvLeg{from: -1}, srcLeg: kvLeg{from: -1}, reps: s.Replicas, rows: sum.rows}
 	q.first, q.mixed, q.candidates = sum.ref, sum.presetsIn > 1, sum.candidates
 	if q.fleetSeqs = s.Seqs; q.fleetSeqs <= 0 {
 		q.fleetSeqs = float64(sum.seqs)
@@ -125,19 +123,64 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	if sum.prefillers > 0 && sum.candidates > 0 {
 		q.prefillWorker(float64(sum.candidates))
 	}
+	if q.src >= 0 {
+		q.srcLeg = q.legAt(&q.reps[q.src], q.src, q.srcCached, q.arrivals)
+	}
 	return q
 }
 
-// prefillWorker sets q.pw to the prefill worker whose leg would end
-// soonest: the prompt tokens queued there ahead of it, then its prefill
-// of what it does not cache (a prefill worker keeps a prefix cache too),
-// in iterations that carry nothing else. The legs that arrive there
-// after it wait for the part of its prefill still to run (behind), at
-// the worker's rate: its share of the router's requests whose legs it
-// ran (Replica.Share, kept for prefill workers of the legs) of the
-// fleet's rate, candidates × the per-replica rate. A worker that cannot
-// transfer KV is none.
+// kvLeg is a prefill leg a source replica would run for the request, as
+// the router runs one (vLLM's NixlConnector protocol): the source
+// computes the whole prompt as a request of one output token, after its
+// queue and with its own prefix cache, and holds its blocks for the
+// decode replica to read. A prefill worker runs the legs of a
+// disaggregated fleet; a replica that holds the prompt's prefix runs an
+// import's.
+type kvLeg struct {
+	from int // the source; −1: none
+	// time is the leg on the source, its wait and its prefill; cached is
+	// the prompt tokens the source is expected to cache; others is what
+	// the leg costs the source's other requests: the stall of its running
+	// decodes and, ttftWeight times, the wait of the requests that arrive
+	// behind it. In ns.
+	time, cached, others float64
+}
+
+// legAt prices the leg replica i (rp), caching cached tokens of the
+// prompt, would run for the request, where requests arrive at rate per ns
+// (at DecodeScale 1): the prompt queued ahead of it, whose iterations
+// also step its running decodes (half a step on a replica that decodes
+// with nothing queued), then its prefill of the rest in iterations that
+// carry those decodes (only the step overhead on a replica that has
+// none, as a prefill worker), and a seat's wait when all are taken.
+func (q *kvRequest) legAt(rp *Replica, i int, cached, rate float64) kvLeg {
+	rt := q.rates(&rp.Rates)
+	fresh := isFresh(rp, q.p.StaleAfter)
+	batch, context := q.batch(rp, fresh)
+	iter := rt.iterNS(batch, context) * rt.DecodeScale
+	queued := q.queued(rp, fresh)
+	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*iter
+	if batch > 0 && queued == 0 {
+		wait += rt.stepNS(batch, context) / 2 * rt.DecodeScale
+	}
+	wait += q.seat(rp, rt, fresh, batch, context) // a leg takes a seat too
+	uncached := q.tokens - cached
+	compute := rt.prefillNS(uncached, cached)
+	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/float64(rt.MaxBatchedTokens))*iter
+	behind := rate / rt.DecodeScale * prefill * (wait + prefill/2)
+	return kvLeg{from: i, time: wait + prefill, cached: cached,
+		others: q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*behind}
+}
+
+// prefillWorker sets q.pw to the leg of the prefill worker that costs
+// least, its time to the request's first token (ttftWeight times) and
+// to the others (legAt). A prefill worker keeps a prefix cache too. The
+// legs that arrive there after it come at the worker's rate: its share
+// of the router's requests whose legs it ran (Replica.Share, kept for
+// prefill workers of the legs) of the fleet's rate, candidates × the
+// per-replica rate. A worker that cannot transfer KV is none.
 func (q *kvRequest) prefillWorker(candidates float64) {
+	best := math.Inf(1)
 	for i := range q.rows {
 		if !q.rows[i].prefills {
 			continue
@@ -147,14 +190,10 @@ func (q *kvRequest) prefillWorker(candidates float64) {
 		if rt.TransferPerMTokens <= 0 {
 			continue
 		}
-		cached := q.cached(rp, i, rt)
-		uncached := q.tokens - cached
-		wait := q.queued(rp, isFresh(rp, q.p.StaleAfter)) * float64(rt.PrefillPerToken) * rt.Scale
-		prefill := rt.prefillNS(uncached, cached)*rt.Scale + math.Ceil(max(uncached, 1)/float64(rt.MaxBatchedTokens))*float64(rt.StepOverhead)*rt.DecodeScale
-		if t := wait + prefill; q.pw < 0 || t < q.pwTime {
-			q.pw, q.pwTime, q.pwCached = i, t, cached
-			rate := q.arrivals * candidates * rp.ShareAt(q.r.Seq, len(q.reps))
-			q.pwBehind = rate * prefill * (wait + prefill/2)
+		rate := q.arrivals * candidates * rp.ShareAt(q.r.Seq, len(q.reps))
+		l := q.legAt(rp, i, q.cached(rp, i, rt), rate)
+		if c := ttftWeight*l.time + l.others; c < best {
+			q.pw, best = l, c
 		}
 	}
 }
@@ -212,7 +251,7 @@ func (q *kvRequest) source(rp *Replica, i int) {
 	}
 	worth := c*float64(rt.PrefillPerToken)*rt.Scale - float64(rp.LinkWait)
 	if c >= float64(q.bs) && (q.src < 0 || worth > q.srcWorth) {
-		q.src, q.srcCached, q.srcWorth, q.srcBlocks = i, c, worth, blocks
+		q.src, q.srcCached, q.srcWorth = i, c, worth
 	}
 }
 

@@ -247,8 +247,9 @@ type Cost struct {
 	// Total and the other terms are then zero.
 	Score float64
 	// Import is the KV transfer the candidate's price assumes (Blocks
-	// zero: none): importing the prefix from a holder was cheaper there
-	// than recomputing it.
+	// zero: none): a prefill leg on a holder of the prefix or a prefill
+	// worker, whose blocks the candidate reads, was cheaper there than
+	// computing the prompt itself.
 	Import Transfer
 	// Load is the time the candidate's price spends loading the prompt's
 	// blocks from its own CPU tier before the prefill (zero: none);
@@ -277,14 +278,16 @@ type Decision struct {
 	Transfer Transfer
 }
 
-// Transfer is a KV import: the chosen replica receives the prompt's
-// first Blocks blocks (of Snapshot.BlockSize tokens) from replica From,
-// predicted to take Time, instead of computing them.
+// Transfer is a KV transfer, run as two legs: replica From computes the
+// prompt (a prefill leg of one output token), and the chosen replica
+// reads its first Blocks blocks (of Snapshot.BlockSize tokens) from it
+// instead of computing them, predicted to be there after Time (the leg
+// and the link).
 type Transfer struct {
 	From, Blocks int
 	Time         time.Duration
-	// Cached is, for a prefill leg (From a prefill worker), the prompt
-	// tokens the worker is predicted to cache: it computes the rest.
+	// Cached is the prompt tokens replica From is predicted to cache: its
+	// prefill leg computes the rest.
 	Cached int
 }
 

@@ -39,7 +39,7 @@ func (r *runner) startLeg(j int, t route.Transfer, fl *fleet.Fleet, sc *fleet.Sc
 		cached = m[t.From] * sc.Snapshot.BlockSize
 	}
 	f.legTicket, _ = fl.Acquire(w.id, fleet.LegClaim(jb.prompt, cached), at(r.now))
-	f.leg, f.blocks, f.active = int32(t.From), t.Blocks, true
+	f.leg, f.active = int32(t.From), true
 	f.legPredicted = max(jb.prompt-t.Cached, 0)
 	r.byID[id] = int32(j)
 	if w.wake < 0 || !w.eng.Busy() {
@@ -50,13 +50,15 @@ func (r *runner) startLeg(j int, t route.Transfer, fl *fleet.Fleet, sc *fleet.Sc
 
 // onLegDone ends job j's prefill leg, ev its worker's Done: the worker
 // holds the prompt's blocks, and the decode replica takes the request,
-// reading them.
+// reading every full block of the prompt (whatever the decision
+// ordered), as vLLM's decode worker reads the remote_block_ids the
+// prefill worker returns, which name them all.
 func (r *runner) onLegDone(j int, ev *engine.Event) {
 	f := &r.flights[j]
 	f.legComputed = max(ev.PromptTokens-ev.CachedTokens, 0)
 	delete(r.byID, r.jobs[j].id+legSuffix)
 	f.legTicket.Done(at(ev.At), fleet.NoUsage, nil) // as the live router, which reads no usage of a leg
-	leg := route.Transfer{From: int(f.leg), Blocks: f.blocks}
+	leg := route.Transfer{From: int(f.leg), Blocks: len(r.jobs[j].hashes)}
 	f.leg, f.active = -1, false
 	r.start(j, leg)
 }

@@ -39,10 +39,10 @@ func at(t time.Duration) time.Time { return epoch.Add(t) }
 // flight is one request's state while it runs on a replica.
 type flight struct {
 	rep int32
-	// leg is the prefill worker computing the prompt before rep decodes
-	// it (legs.go), −1 when none is.
-	leg    int32
-	blocks int // the blocks the leg sends
+	// leg is the replica computing the prompt before rep decodes it
+	// (legs.go): a prefill worker or a holder of its prefix; −1 when none
+	// is.
+	leg int32
 	// legTicket charges the leg to its source (fleet.LegClaim) while it
 	// runs.
 	legTicket *fleet.Ticket
