@@ -383,5 +383,11 @@ func (o *outcome) params() []report.Param {
 	if c.Routers > 1 {
 		ps = append(ps, p("routers", c.Routers), p("sync_interval", c.SyncInterval), p("assign", c.Assign))
 	}
+	if c.PrefillReplicas > 0 {
+		ps = append(ps, p("prefill_replicas", c.PrefillReplicas))
+	}
+	if c.InterconnectGBps > 0 {
+		ps = append(ps, p("interconnect_gbps", c.InterconnectGBps))
+	}
 	return ps
 }

@@ -81,7 +81,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
 	interconnect := fs.Float64("interconnect-gbps", 0, "let replicas import KV from each other over links of this many GB/s each way (policies that can order transfers do: kv-aware, mooncake-global); 0: no transfers")
-	prefillReplicas := fs.Int("prefill-replicas", 0, "make the fleet disaggregated: this many of --replicas are prefill workers, the rest decode, and KV transfers are on (at --interconnect-gbps, else the preset's); 0: aggregated")
+	prefillReplicas := fs.String("prefill-replicas", "0", "make the fleet disaggregated: this many of --replicas are prefill workers, the rest decode, and KV transfers are on (at --interconnect-gbps, else the preset's); 0: aggregated. Several, comma-separated (0,4,8), run every split of the same fleet at the same arrival rate side by side, each row named for its split")
 	cpuBlocks := fs.Int("cpu-kv-blocks", 0, "give every replica a CPU offload tier of this many KV blocks (see kvrouter engine -h); 0: none")
 	pcie := fs.Float64("pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s; 0: %d", engine.DefaultPCIeGBps))
 	routers := fs.Int("routers", 1, "routers in front of the fleet, each with its own fleet state, exchanging their shares every --sync-interval (as --redis does live)")
@@ -96,6 +96,13 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	if err != nil {
 		return err
 	}
+	splits, err := parseSplits(*prefillReplicas, *replicas)
+	if err != nil {
+		return err
+	}
+	if len(splits) > 1 && *capacity {
+		return errors.New("--capacity takes one --prefill-replicas count")
+	}
 	cfg, err := engine.Preset(*preset)
 	if err != nil {
 		return err
@@ -106,9 +113,9 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		return err
 	}
 	base := sim.Config{
-		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies, *prefillReplicas > 0),
+		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies, splits[0] > 0),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
-		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect, PrefillReplicas: *prefillReplicas,
+		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect, PrefillReplicas: splits[0],
 		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign,
 	}
 	base.RateScale = *rateScale
@@ -116,9 +123,16 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	if *capacity && !(isSet(fs, "load") && len(ws)*len(loads) > 1) {
 		return runCapacity(base, ws, search, stdout, stderr, *htmlOut, *asJSON)
 	}
-	runs, err := runCells(cells(base, ws, loads), stderr)
+	cs := cells(base, ws, loads)
+	if len(splits) > 1 {
+		cs = splitCells(cs, splits, *policies)
+	}
+	runs, err := runCells(cs, stderr)
 	if err != nil {
 		return err
+	}
+	if len(splits) > 1 {
+		runs = mergeSplits(runs, splits, *replicas)
 	}
 	out := runWriters(&runs[0])
 	if len(runs) > 1 {
