@@ -8,8 +8,8 @@
 //	          + step/2 on a decoding replica with nothing queued, again after a Load|Leg
 //	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              seat, occupied
 //	Load    = (tier − cached)·LoadPerMTokens, the CPU tier's tokens over PCIe                 loading, tiered
-//	Leg     = the source's wait and prefill of the prompt + (sent − cached)·TransferPerMTokens   withLeg, legAt
-//	          + LinkWait; the source is a prefill worker (prefillWorker) or, for an import,
+//	Leg     = max(the source's wait and prefill of the prompt, LinkWait)                     withLeg, legAt
+//	          + (sent − cached)·TransferPerMTokens; the source is a prefill worker (prefillWorker) or, for an import,
 //	          the replica that holds most of the prefix (source); Others gains the leg's
 //	          stall of the source's decodes and ttftWeight·behind there
 //	Prefill = compute(uncached after cached)·Scale + ⌈uncached/MaxBatchedTokens⌉·iter         cached, prefillNS, iterNS
@@ -65,12 +65,14 @@ func (q *kvRequest) price(rp *Replica, i int) (Cost, float64) {
 // tokens of the prompt, with the prompt computed by leg l's source when
 // that is less. The blocks the source holds then, all the prompt's but
 // the last token's (which the decode replica computes, as vLLM's decode
-// worker does), cross the slower of the two links after what either
-// still carries, less those replica i caches. So its running decodes are
+// worker does), less those replica i caches, cross the slower of the two
+// links. So its running decodes are
 // not stalled by the prompt, and the request pays the leg and the
 // transfer, and the others the leg's cost to the source's requests.
-// There is no leg without a source, from i itself, or when the replica
-// already caches what would be sent.
+// The links carry what they carry already while the source computes:
+// the blocks leave when both the leg and the links are done. There is no
+// leg without a source, from i itself, or when the replica already caches
+// what would be sent.
 func (q *kvRequest) withLeg(l *kvLeg, rp *Replica, i int, rt *Rates, local float64, k Cost, total float64) (Cost, float64) {
 	if l.from < 0 || l.from == i || rt.TransferPerMTokens <= 0 {
 		return k, total
@@ -82,7 +84,7 @@ func (q *kvRequest) withLeg(l *kvLeg, rp *Replica, i int, rt *Rates, local float
 	}
 	src := &q.reps[l.from]
 	per := float64(max(rt.TransferPerMTokens, src.Rates.TransferPerMTokens))
-	t := l.time + (sent-local)*per*1e-6 + float64(max(rp.LinkWait, src.LinkWait))
+	t := max(l.time, float64(max(rp.LinkWait, src.LinkWait))) + (sent-local)*per*1e-6
 	leg := Transfer{From: l.from, Blocks: blocks, Time: ns(t), Cached: int(l.cached)}
 	k2, t2 := q.priceWith(rp, i, rt, local, sent, 0, leg)
 	if t2 += l.others; t2 >= total {

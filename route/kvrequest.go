@@ -157,6 +157,9 @@ func (q *kvRequest) legAt(rp *Replica, i int, cached, rate float64) kvLeg {
 	rt := q.rates(&rp.Rates)
 	fresh := isFresh(rp, q.p.StaleAfter)
 	batch, context := q.batch(rp, fresh)
+	if rp.Role == RolePrefill {
+		batch, context = 0, 0 // its sequences are legs in its queue, none decodes
+	}
 	iter := rt.iterNS(batch, context) * rt.DecodeScale
 	queued := q.queued(rp, fresh)
 	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*iter
