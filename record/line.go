@@ -3,7 +3,7 @@
 // line per request, in the Mooncake format (timestamp, input_length,
 // output_length, hash_ids) with optional fields for what kvrouter knows
 // and Mooncake's format lacks (block_size, session, model, priority,
-// cached_tokens, outcome).
+// cached_tokens, outcome, tokens_estimated).
 //
 // A recording holds no prompt text and no raw session or user id: block
 // hashes and session ids pass through a keyed pseudo-random function
@@ -45,6 +45,9 @@ type Entry struct {
 	CachedTokens int
 	// BlockTokens is the prompt tokens one hash stands for.
 	BlockTokens int
+	// Estimated says BlockTokens is the router's estimate (text mode:
+	// characters / 4), not the engine's block size.
+	Estimated bool
 	// Hashes are the prompt's chained block hashes, block 0 first.
 	Hashes []uint64
 	// Session is the request's raw session id; the recorder writes only
@@ -183,6 +186,9 @@ func (k *Keys) appendLine(dst []byte, e *Entry, start time.Time, head bool) []by
 	}
 	dst = append(dst, `],"block_size":`...)
 	dst = strconv.AppendInt(dst, int64(e.BlockTokens), 10)
+	if e.Estimated {
+		dst = append(dst, `,"tokens_estimated":true`...)
+	}
 	if s := k.Session(e.Session); s != "" {
 		dst = append(dst, `,"session":"`...)
 		dst = append(dst, s...)

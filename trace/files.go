@@ -39,9 +39,10 @@ func ReadFiles(paths ...string) (*Workload, error) {
 	origins := make([]int64, len(paths))
 	counts := make([]int, len(paths))
 	first := int64(-1)
+	var est []estimated
 	for i, p := range paths {
 		origins[i] = -1
-		reqs, err := readOne(p, uint64(i), &origins[i])
+		reqs, err := readOne(p, uint64(i), &origins[i], &est, len(all))
 		if err != nil {
 			return nil, err
 		}
@@ -66,6 +67,7 @@ func ReadFiles(paths ...string) (*Workload, error) {
 		}
 		at += n
 	}
+	calibrate(all, est)
 	sortByArrival(all)
 	name := filepath.Base(paths[0])
 	name = strings.TrimSuffix(name, filepath.Ext(name))
@@ -76,13 +78,20 @@ func ReadFiles(paths ...string) (*Workload, error) {
 }
 
 // readOne reads one file, reporting a recording's first start_unix_ms
-// to origin.
-func readOne(path string, file uint64, origin *int64) ([]Request, error) {
+// to origin and its requests of estimated block tokens to est, their
+// indexes offset by at.
+func readOne(path string, file uint64, origin *int64, est *[]estimated, at int) ([]Request, error) {
 	var read func(io.Reader) iter.Seq2[Request, error]
 	_, ext, _ := rotated(path)
 	switch ext {
 	case ".jsonl", ".json":
-		read = func(r io.Reader) iter.Seq2[Request, error] { return readMooncake(r, file, origin) }
+		var mine []estimated
+		defer func() {
+			for _, e := range mine {
+				*est = append(*est, estimated{at: e.at + at, input: e.input})
+			}
+		}()
+		read = func(r io.Reader) iter.Seq2[Request, error] { return readMooncake(r, file, origin, &mine) }
 	case ".csv":
 		read = ReadAzure
 	default:

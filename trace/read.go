@@ -28,6 +28,7 @@ type mooncakeLine struct {
 	HashIDs      []uint64 `json:"hash_ids"`
 	BlockSize    int      `json:"block_size"`
 	Session      string   `json:"session"`
+	Estimated    bool     `json:"tokens_estimated"`
 }
 
 // Bounds of a recording's fields.
@@ -58,18 +59,19 @@ const (
 // wall time its timestamp and the next ones count from, so that arrival
 // times run on from one recording to the next in the same file.
 func ReadMooncake(r io.Reader) iter.Seq2[Request, error] {
-	return readMooncake(r, 0, nil)
+	return readMooncake(r, 0, nil, nil)
 }
 
 // readMooncake is ReadMooncake with the file's number, which keeps the
-// unshared tail segments of different files apart, and reports the first
-// start_unix_ms read to origin (nil: ignored).
-func readMooncake(r io.Reader, file uint64, origin *int64) iter.Seq2[Request, error] {
+// unshared tail segments of different files apart; it reports the first
+// start_unix_ms read to origin and the requests whose block tokens are
+// estimated to est (see calibrate), each nil to ignore.
+func readMooncake(r io.Reader, file uint64, origin *int64, est *[]estimated) iter.Seq2[Request, error] {
 	return func(yield func(Request, error) bool) {
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 0, 64<<10), maxLine)
 		clk := mooncakeClock{file: file}
-		line := 0
+		line, n := 0, 0
 		for sc.Scan() {
 			line++
 			b := sc.Bytes()
@@ -84,6 +86,10 @@ func readMooncake(r io.Reader, file uint64, origin *int64) iter.Seq2[Request, er
 			if origin != nil && clk.started {
 				*origin = clk.origin
 			}
+			if est != nil && clk.estimated {
+				*est = append(*est, estimated{at: n, input: clk.input})
+			}
+			n++
 			if !yield(req, nil) {
 				return
 			}
@@ -100,6 +106,8 @@ type mooncakeClock struct {
 	file          uint64
 	started       bool
 	origin, epoch int64
+	estimated     bool // the last line's block tokens are an estimate
+	input         int  // the last line's input_length
 }
 
 func (c *mooncakeClock) parse(b []byte, line int) (Request, error) {
@@ -129,6 +137,7 @@ func (c *mooncakeClock) parse(b []byte, line int) (Request, error) {
 		}
 		c.epoch = *s
 	}
+	c.estimated, c.input = m.Estimated && m.BlockSize > 0, m.InputLength
 	segs, prompt, err := c.segments(&m, line)
 	if err != nil {
 		return Request{}, err
