@@ -107,7 +107,7 @@ func (rt *Router) recordStatusLocked() record.Status {
 // recordTrace hands the finished call to the recorder, when its session
 // is in the sample: the engine's token counts where its usage reported
 // them, the prompt's first chain of block hashes (copied: the call's
-// buffers are reused).
+// buffers are reused), or none when the router hashed none.
 func (c *call) recordTrace(r *record.Recorder) {
 	if !r.Sampled(c.session) {
 		return
@@ -117,6 +117,9 @@ func (c *call) recordTrace(r *record.Recorder) {
 	if c.usage.PromptTokens > 0 {
 		e.InputTokens = c.usage.PromptTokens
 	}
+	// No chain (token mode before the engines' block sizes are known):
+	// no ids, the whole prompt the request's own.
+	e.BlockTokens = c.rt.st.hasher.TextTokens()
 	if len(c.freq.Chains) > 0 {
 		ch := c.freq.Chains[0]
 		e.BlockTokens, e.Estimated = ch.Tokens, !c.rt.st.hasher.Engine()

@@ -120,3 +120,20 @@ func FuzzReadMooncake(f *testing.F) {
 		}
 	})
 }
+
+// TestRecordingWithoutIDs: a recorded request the router hashed no block
+// of (a short prompt; token mode before the block sizes are known) is a
+// prompt of its own.
+func TestRecordingWithoutIDs(t *testing.T) {
+	p := write(t, t.TempDir(), "rec.jsonl",
+		`{"timestamp":0,"input_length":313,"output_length":1,"hash_ids":[],"block_size":16}`,
+		`{"timestamp":1,"input_length":313,"output_length":1,"hash_ids":[],"block_size":16}`)
+	w, err := ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := w.Requests[0], w.Requests[1]
+	if a.Prompt != 313 || len(a.Segments) != 1 || a.Segments[0].ID == b.Segments[0].ID {
+		t.Errorf("requests %+v %+v: want 313 tokens each, of their own", a, b)
+	}
+}
