@@ -130,6 +130,9 @@ func recordReplay(t *testing.T, reqs []trace.Request, path string, tokens bool) 
 	done := make(chan error, 1)
 	go func() { done <- rt.Run(ctx) }()
 	srv := httptestServer(t, rt)
+	// Token mode hashes in the engines' block sizes, known from their
+	// first scrape: before it a request is recorded without ids.
+	wait.For(t, "the engines' block size known", func() bool { return len(rt.st.fleet.BlockSizes()) > 0 })
 	res, err := loadgen.Run(context.Background(), loadgen.Config{Target: srv, Model: "m", Requests: reqs,
 		TimeScale: loopScale, Duration: 3 * time.Minute, IgnoreEOS: true})
 	if err != nil {
