@@ -129,11 +129,12 @@ func recordReplay(t *testing.T, reqs []trace.Request, path string, tokens bool) 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- rt.Run(ctx) }()
-	srv := httptestServer(t, rt)
+	srv := httptest.NewServer(rt.Handler())
+	defer srv.Close()
 	// Token mode hashes in the engines' block sizes, known from their
 	// first scrape: before it a request is recorded without ids.
 	wait.For(t, "the engines' block size known", func() bool { return len(rt.st.fleet.BlockSizes()) > 0 })
-	res, err := loadgen.Run(context.Background(), loadgen.Config{Target: srv, Model: "m", Requests: reqs,
+	res, err := loadgen.Run(context.Background(), loadgen.Config{Target: srv.URL, Model: "m", Requests: reqs,
 		TimeScale: loopScale, Duration: 3 * time.Minute, IgnoreEOS: true})
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +142,8 @@ func recordReplay(t *testing.T, reqs []trace.Request, path string, tokens bool) 
 	if tt := res.Totals(); tt.OK != len(reqs) {
 		t.Fatalf("%d of %d requests ok: %v", tt.OK, len(reqs), tt.Errors)
 	}
-	cancel() // Run stops the recording, its queue written
+	srv.Close() // every handler returned, as serve's drain waits for
+	cancel()    // Run stops the recording, its queue written
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -194,14 +196,6 @@ func structureOf(reqs []trace.Request) structure {
 		s.reused = float64(reused) / float64(blocks)
 	}
 	return s
-}
-
-// httptestServer serves rt's API on loopback for the test's life.
-func httptestServer(t *testing.T, rt *Router) string {
-	t.Helper()
-	srv := httptest.NewServer(rt.Handler())
-	t.Cleanup(srv.Close)
-	return srv.URL
 }
 
 // TestRecordingHoldsNoSecret: requests carrying prompt text, a session

@@ -8,7 +8,7 @@ type Metrics struct {
 	lines     prometheus.Counter
 	bytes     prometheus.Counter
 	rotations prometheus.Counter
-	dropped   *prometheus.CounterVec // reason: queue_full, write_error
+	dropped   *prometheus.CounterVec // reason: queue_full, write_error, stopped
 	errors    *prometheus.CounterVec // op: open, write, rotate, close
 	recording prometheus.Gauge
 }
@@ -31,7 +31,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_record_dropped_total",
-			Help: "Requests not recorded, by reason: queue_full (the writer fell behind; the request was served), write_error (the file could not be opened or written: see kvrouter_record_errors_total).",
+			Help: "Requests not recorded, by reason: queue_full (the writer fell behind; the request was served), write_error (the file could not be opened or written: see kvrouter_record_errors_total), stopped (the request ended after the recording did).",
 		}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_record_errors_total",
@@ -42,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "1 while a recording runs, else 0.",
 		}),
 	}
-	for _, r := range []string{"queue_full", "write_error"} {
+	for _, r := range []string{"queue_full", "write_error", "stopped"} {
 		m.dropped.WithLabelValues(r)
 	}
 	if reg == nil {

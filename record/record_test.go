@@ -51,6 +51,10 @@ func TestRoundTrip(t *testing.T) {
 	r.Add(entry(1500, "bob", 1, 2, 9))
 	r.Add(entry(250, "alice", 1, 2, 3, 4))
 	r.Stop()
+	r.Add(entry(2000, "carol", 5)) // after the recording: dropped, counted
+	if st := r.Status(); st.Written != 3 || st.Dropped != 1 || st.Recording {
+		t.Errorf("status %+v: want 3 written, 1 dropped, stopped", st)
+	}
 	w, err := trace.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

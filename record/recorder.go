@@ -158,10 +158,12 @@ func Start(cfg Config, m *Metrics, log *slog.Logger, start time.Time) (*Recorder
 func (r *Recorder) Sampled(session string) bool { return r.keys.Sampled(session, r.cfg.SampleRate) }
 
 // Add queues e to be written, or drops it (counted) when the queue is
-// full or the recorder stopped. It never blocks.
+// full or the recorder stopped (a request that ended as the recording
+// did). It never blocks.
 func (r *Recorder) Add(e *Entry) {
 	select {
 	case <-r.stop:
+		r.drop("stopped", 1)
 		return
 	default:
 	}
