@@ -303,11 +303,13 @@ func TestUnwritable(t *testing.T) {
 	path := filepath.Join(sub, "rec.jsonl")
 	r, m := start(t, Config{Path: path})
 	r.Add(entry(0, "s", 1))
+	wait.For(t, "the first line written", func() bool { return r.Status().Written == 1 })
 	os.RemoveAll(sub) // the directory is gone: the reopen cannot create the file
 	r.Reopen()
-	r.Add(entry(1, "s", 1))
+	wait.For(t, "the reopen's failure counted", func() bool { return value(m.errors.WithLabelValues("open")) > 0 })
+	r.Add(entry(1, "s", 1)) // no file: opened again, in vain
 	r.Stop()
-	if got := value(m.errors.WithLabelValues("open")); got == 0 {
-		t.Errorf("kvrouter_record_errors_total{op=open} %v after the directory went away", got)
+	if st := r.Status(); st.Written != 1 || st.Dropped != 1 || !strings.Contains(st.LastErr, "open") {
+		t.Errorf("status %+v: want 1 written, 1 dropped, the last error an open", st)
 	}
 }
