@@ -84,6 +84,7 @@ func (rt *Router) AdminHandler() http.Handler {
 		handle(mux, http.MethodGet, "/metrics", promhttp.HandlerFor(rt.gatherer, promhttp.HandlerOpts{}).ServeHTTP, count)
 	}
 	rt.routeBackends(mux, count)
+	rt.routeRecord(mux, count)
 	mux.Handle("/ui/", dashboard.New(dashSource{rt}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		count(codeUnknownURL)

@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/peers"
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/record"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -150,6 +151,10 @@ type Config struct {
 	// DebugShowIDs shows session ids (and the OpenAI user values they may
 	// come from) verbatim in decision records; false shows a keyed hash.
 	DebugShowIDs bool `yaml:"debug-show-ids"`
+
+	// Record writes every completed request to a trace file the simulator
+	// reads (package record; recording.go); its Path empty means none.
+	Record record.Config `yaml:",inline"`
 
 	// KVEvents bound what the KV-event sockets may cost (issue 13:
 	// hostile KV-event sockets).

@@ -51,6 +51,9 @@ func (c *call) finish(ctx context.Context) {
 	if c.rec != 0 {
 		c.record()
 	}
+	if r := rt.rec.on.Load(); r != nil && c.freq.ID != "" {
+		c.recordTrace(r)
+	}
 	rt.observe(c)
 	rt.logAccess(c)
 	c.endSpan()

@@ -86,6 +86,8 @@ type Router struct {
 	bg sync.WaitGroup
 
 	tracer trace.Tracer // nil: tracing off (Deps.TracerProvider)
+
+	rec recording // --record (recording.go)
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -189,6 +191,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if rt.shared, err = rt.newShared(reg); err != nil {
 		return nil, err
 	}
+	if err := rt.startRecording(reg); err != nil {
+		return nil, err
+	}
 	return rt, nil
 }
 
@@ -260,6 +265,7 @@ func (rt *Router) Handler() http.Handler {
 func (rt *Router) Run(ctx context.Context) error {
 	err := rt.runShared(ctx, rt.st.run)
 	rt.bg.Wait()
+	rt.StopRecording()
 	return err
 }
 

@@ -42,6 +42,9 @@ func (c *Config) Validate() error {
 	if c.SessionHeader == "" {
 		errs = append(errs, errors.New("session-header: must not be empty"))
 	}
+	if err := c.Record.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	positive := []struct {
 		name string
 		v    int64

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"iter"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -20,13 +18,28 @@ import (
 // longest is about 2 KB).
 const maxLine = 16 << 20
 
-// mooncakeLine is one line of a Mooncake trace.
+// mooncakeLine is one line of a Mooncake trace, with the optional fields of
+// a kvrouter recording (package record).
 type mooncakeLine struct {
+	StartUnixMs  *int64   `json:"start_unix_ms"`
 	Timestamp    *float64 `json:"timestamp"`
 	InputLength  int      `json:"input_length"`
 	OutputLength int      `json:"output_length"`
 	HashIDs      []uint64 `json:"hash_ids"`
+	BlockSize    int      `json:"block_size"`
+	Session      string   `json:"session"`
+	Estimated    bool     `json:"tokens_estimated"`
 }
+
+// Bounds of a recording's fields.
+const (
+	maxBlockSize     = 1 << 16
+	maxPromptTokens  = 1 << 30
+	maxSessionBytes  = 256
+	maxStartUnixMs   = 1 << 50
+	tailSegmentFlag  = 1 << 63
+	tailSegmentShift = 40
+)
 
 // ReadMooncake streams the requests of a Mooncake trace (JSONL, one object a
 // line: timestamp in ms from the trace start, input_length and
@@ -35,22 +48,48 @@ type mooncakeLine struct {
 // holding the remainder input_length − 512×(n−1). Requests are named
 // "mc-<line number>". Blank lines are skipped; on a malformed line the
 // sequence yields an error naming the line and stops.
+//
+// It also reads kvrouter recordings (kvrouter serve --record), whose lines
+// add block_size, the tokens per hash id, and session, the request's
+// session: then each hash id is a Segment of block_size tokens (they
+// cover the prompt's full blocks), the rest of the prompt a segment of
+// its own, unshared, and the prompt is the larger of input_length and the
+// ids' cover (a text-mode router estimates tokens per block). A line's
+// start_unix_ms (the first line of each recorded file has one) sets the
+// wall time its timestamp and the next ones count from, so that arrival
+// times run on from one recording to the next in the same file.
 func ReadMooncake(r io.Reader) iter.Seq2[Request, error] {
+	return readMooncake(r, 0, nil, nil)
+}
+
+// readMooncake is ReadMooncake with the file's number, which keeps the
+// unshared tail segments of different files apart; it reports the first
+// start_unix_ms read to origin and the requests whose block tokens are
+// estimated to est (see calibrate), each nil to ignore.
+func readMooncake(r io.Reader, file uint64, origin *int64, est *[]estimated) iter.Seq2[Request, error] {
 	return func(yield func(Request, error) bool) {
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 0, 64<<10), maxLine)
-		line := 0
+		clk := mooncakeClock{file: file}
+		line, n := 0, 0
 		for sc.Scan() {
 			line++
 			b := sc.Bytes()
 			if len(bytes.TrimSpace(b)) == 0 {
 				continue
 			}
-			req, err := parseMooncake(b, line)
+			req, err := clk.parse(b, line)
 			if err != nil {
 				yield(Request{}, fmt.Errorf("mooncake line %d: %w", line, err))
 				return
 			}
+			if origin != nil && clk.started {
+				*origin = clk.origin
+			}
+			if est != nil && clk.estimated {
+				*est = append(*est, estimated{at: n, input: clk.input})
+			}
+			n++
 			if !yield(req, nil) {
 				return
 			}
@@ -61,7 +100,17 @@ func ReadMooncake(r io.Reader) iter.Seq2[Request, error] {
 	}
 }
 
-func parseMooncake(b []byte, line int) (Request, error) {
+// mooncakeClock follows a file's start_unix_ms: origin is the first read,
+// epoch the last.
+type mooncakeClock struct {
+	file          uint64
+	started       bool
+	origin, epoch int64
+	estimated     bool // the last line's block tokens are an estimate
+	input         int  // the last line's input_length
+}
+
+func (c *mooncakeClock) parse(b []byte, line int) (Request, error) {
 	var m mooncakeLine
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Request{}, err
@@ -69,30 +118,72 @@ func parseMooncake(b []byte, line int) (Request, error) {
 	switch {
 	case m.Timestamp == nil:
 		return Request{}, errors.New("no timestamp")
-	case *m.Timestamp < 0:
-		return Request{}, fmt.Errorf("negative timestamp %v", *m.Timestamp)
-	case m.InputLength < 1:
-		return Request{}, fmt.Errorf("input_length %d < 1", m.InputLength)
-	case m.OutputLength < 0:
-		return Request{}, fmt.Errorf("output_length %d < 0", m.OutputLength)
+	case !(*m.Timestamp >= 0 && *m.Timestamp < 1e15):
+		return Request{}, fmt.Errorf("timestamp %v: want 0 to 1e15 ms", *m.Timestamp)
+	case m.InputLength < 1 || m.InputLength > maxPromptTokens:
+		return Request{}, fmt.Errorf("input_length %d: want 1 to %d", m.InputLength, maxPromptTokens)
+	case m.OutputLength < 0 || m.OutputLength > maxPromptTokens:
+		return Request{}, fmt.Errorf("output_length %d: want 0 to %d", m.OutputLength, maxPromptTokens)
+	case m.StartUnixMs != nil && (*m.StartUnixMs < 0 || *m.StartUnixMs > maxStartUnixMs):
+		return Request{}, fmt.Errorf("start_unix_ms %d out of range", *m.StartUnixMs)
+	case m.BlockSize < 0 || m.BlockSize > maxBlockSize:
+		return Request{}, fmt.Errorf("block_size %d: want 1 to %d", m.BlockSize, maxBlockSize)
+	case len(m.Session) > maxSessionBytes:
+		return Request{}, fmt.Errorf("session longer than %d bytes", maxSessionBytes)
 	}
-	n := len(m.HashIDs)
-	last := m.InputLength - MooncakeBlock*(n-1)
-	if n == 0 || last < 1 || last > MooncakeBlock {
-		return Request{}, fmt.Errorf("%d hash_ids do not cover input_length %d in %d-token blocks", n, m.InputLength, MooncakeBlock)
+	if s := m.StartUnixMs; s != nil {
+		if !c.started {
+			c.started, c.origin = true, *s
+		}
+		c.epoch = *s
 	}
-	segs := make([]Segment, n)
-	for i, id := range m.HashIDs {
-		segs[i] = Segment{ID: id, Tokens: MooncakeBlock}
+	c.estimated, c.input = m.Estimated && m.BlockSize > 0, m.InputLength
+	segs, prompt, err := c.segments(&m, line)
+	if err != nil {
+		return Request{}, err
 	}
-	segs[n-1].Tokens = last
+	at := float64(c.epoch-c.origin) + *m.Timestamp
 	return Request{
 		ID:       "mc-" + strconv.Itoa(line),
-		At:       time.Duration(*m.Timestamp * float64(time.Millisecond)),
+		At:       time.Duration(at * float64(time.Millisecond)),
+		Session:  m.Session,
 		Segments: segs,
-		Prompt:   m.InputLength,
+		Prompt:   prompt,
 		Output:   m.OutputLength,
 	}, nil
+}
+
+// segments turns a line's hash ids into the prompt's segments (see
+// ReadMooncake) and returns them with the prompt's length.
+func (c *mooncakeClock) segments(m *mooncakeLine, line int) ([]Segment, int, error) {
+	n := len(m.HashIDs)
+	if m.BlockSize == 0 { // Mooncake's own: the ids cover input_length exactly
+		last := m.InputLength - MooncakeBlock*(n-1)
+		if n == 0 || last < 1 || last > MooncakeBlock {
+			return nil, 0, fmt.Errorf("%d hash_ids do not cover input_length %d in %d-token blocks", n, m.InputLength, MooncakeBlock)
+		}
+		segs := make([]Segment, n)
+		for i, id := range m.HashIDs {
+			segs[i] = Segment{ID: id, Tokens: MooncakeBlock}
+		}
+		segs[n-1].Tokens = last
+		return segs, m.InputLength, nil
+	}
+	cover := n * m.BlockSize
+	if cover > maxPromptTokens {
+		return nil, 0, fmt.Errorf("%d hash_ids of %d tokens: more than %d tokens", n, m.BlockSize, maxPromptTokens)
+	}
+	segs := make([]Segment, n, n+1)
+	for i, id := range m.HashIDs {
+		if id&tailSegmentFlag != 0 {
+			return nil, 0, fmt.Errorf("hash id %d: want below 2^63", id)
+		}
+		segs[i] = Segment{ID: id, Tokens: m.BlockSize}
+	}
+	if tail := m.InputLength - cover; tail > 0 {
+		segs = append(segs, Segment{ID: tailSegmentFlag | c.file<<tailSegmentShift | uint64(line), Tokens: tail})
+	}
+	return segs, max(m.InputLength, cover), nil
 }
 
 // azureTime is the layout of the Azure trace's TIMESTAMP column.
@@ -179,31 +270,4 @@ func Collect(seq iter.Seq2[Request, error]) ([]Request, error) {
 		reqs = append(reqs, r)
 	}
 	return reqs, nil
-}
-
-// ReadFile reads a whole trace file: Mooncake JSONL for names ending in
-// .jsonl or .json, Azure CSV for .csv. Requests are sorted by arrival
-// (stably), as the simulator needs.
-func ReadFile(path string) (*Workload, error) {
-	read := ReadMooncake
-	switch ext := strings.ToLower(filepath.Ext(path)); ext {
-	case ".jsonl", ".json":
-	case ".csv":
-		read = ReadAzure
-	default:
-		return nil, fmt.Errorf("trace %s: unknown format %q (want .jsonl or .csv)", path, ext)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("trace: %w", err)
-	}
-	defer f.Close()
-	seq := read(bufio.NewReaderSize(f, 1<<20))
-	reqs, err := Collect(seq)
-	if err != nil {
-		return nil, fmt.Errorf("trace %s: %w", path, err)
-	}
-	sortByArrival(reqs)
-	name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
-	return &Workload{Name: name, Requests: reqs}, nil
 }

@@ -82,7 +82,7 @@ func TestReadErrors(t *testing.T) {
 		{"mooncake too many hash_ids", `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0, 1]}`, false, 0, "do not cover"},
 		{"mooncake truncated", "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [0]}\n{\"timestamp\": 1", false, 1, "line 2: unexpected end of JSON input"},
 		{"mooncake no timestamp", `{"input_length": 10, "output_length": 1, "hash_ids": [0]}`, false, 0, "line 1: no timestamp"},
-		{"mooncake zero input", `{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}`, false, 0, "input_length 0 < 1"},
+		{"mooncake zero input", `{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}`, false, 0, "input_length 0: want 1 to"},
 		{"azure bad header", "TS,In,Out\n", true, 0, "azure header"},
 		{"azure bad tokens", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,abc,4\n", true, 0, `line 2: ContextTokens "abc"`},
 		{"azure bad time", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,5,4\nyesterday,5,4\n", true, 1, "line 3: parsing time"},

@@ -95,6 +95,8 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.BoolVar(&cfg.DebugShowIDs, "debug-show-ids", cfg.DebugShowIDs,
 		"show session ids and user values verbatim in /debug/decisions and the dashboard (default: a keyed hash)")
 
+	recordFlags(fs, &cfg.Record)
+
 	// KV-event input limits.
 	fs.Var(&cfg.KVEvents.Allow, "kv-events-allow",
 		"peers besides each backend's own host allowed to publish on --kv-events-bind, comma-separated: CIDRs, IPs, host names, or * for any")

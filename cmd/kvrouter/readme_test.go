@@ -113,6 +113,9 @@ func readmeRules() map[string]readmeRule {
 			skip: "needs the cluster's DNS name of the vLLM pods; epp's tests run it on loopback"},
 		"kvrouter sim --workload hot-prefix,multi-turn-chat --load 0.8 --replicas 16 --policies kv-aware,session-hash,least-loaded --requests 2000 --routers 3 --sync-interval 50ms": {
 			args: "--requests 300"},
+		"go test ./proxy -run TestRecordingLoop -v": {skip: "a test of ./proxy, which go test ./... runs"},
+		"kvrouter replay --target http://127.0.0.1:8400 --workload multi-turn-chat --requests 300 --rate 8 --time-scale 0.05": {
+			args: "--requests 40"},
 		routersCommand + " --routers 1":                      {args: "--requests 300"},
 		routersCommand + " --routers 3 --sync-interval 50ms": {args: "--requests 300"},
 		routersCommand + " --routers 3 --sync-interval -1ns": {args: "--requests 300"},

@@ -35,7 +35,7 @@ func runReplay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	target := fs.String("target", "http://127.0.0.1:8000", "endpoint base URL")
 	workload := fs.String("workload", "multi-turn-chat", "workload: "+strings.Join(knownWorkloads(), ", "))
-	traceFile := fs.String("trace", "", "read the requests from this trace file instead of --workload")
+	traceFile := fs.String("trace", "", "read the requests from this trace file instead of --workload (Mooncake JSONL, a kvrouter recording, Azure CSV); a comma-separated list or a quoted glob reads several as one trace in time order")
 	traceFormat := fs.String("trace-format", "", "format of --trace: mooncake (JSONL) or azure (CSV); empty: by extension")
 	rate := fs.Float64("rate", 0, "open loop: rescale arrivals to this many requests/s; 0: the workload's own times")
 	conc := fs.Int("concurrency", 0, "closed loop: this many clients back to back (overrides --rate)")

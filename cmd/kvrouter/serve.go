@@ -29,7 +29,8 @@ const cutGrace = 5 * time.Second
 
 // runServe runs the live router until SIGTERM or SIGINT (or ctx is done),
 // then drains it: see drain. SIGHUP, or a change of the --config file,
-// reloads the backend list (dynamic.go); --discover finds backends in DNS.
+// reloads the backend list (dynamic.go), SIGHUP also reopens the
+// --record file; --discover finds backends in DNS.
 func runServe(ctx context.Context, args []string) error {
 	return serveTo(ctx, args, osGetenv, os.Stderr)
 }
@@ -94,7 +95,10 @@ func serveTo(ctx context.Context, args []string, getenv func(string) string, std
 	if admin != nil {
 		wg.Go(func() { serveErr <- serve(admin, adminLn) })
 	}
-	err = waitStop(ctx, sigs, serveErr, log, func() { reload.reload("sighup") })
+	err = waitStop(ctx, sigs, serveErr, log, func() {
+		rt.ReopenRecording()
+		reload.reload("sighup")
+	})
 	drainErr := drain(srv, rt, cfg.DrainTimeout, sigs, log)
 	if admin != nil {
 		admin.Close()

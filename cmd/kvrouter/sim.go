@@ -61,7 +61,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	workload := fs.String("workload", "shared-prefix", "workload, comma-separated workloads, or all (every one but demo-chat; a trace workload whose file is missing is then skipped): "+strings.Join(knownWorkloads(), ", "))
-	traceFile := fs.String("trace", "", "read the requests from this trace file instead of --workload")
+	traceFile := fs.String("trace", "", "read the requests from this trace file instead of --workload (Mooncake JSONL, a kvrouter recording, Azure CSV); a comma-separated list or a quoted glob reads several as one trace in time order")
 	traceFormat := fs.String("trace-format", "", "format of --trace: mooncake (JSONL) or azure (CSV); empty: by extension")
 	replicas := fs.Int("replicas", 16, "replicas in the fleet")
 	models := fs.Int("models", 1, "models the fleet serves: replica i serves model i mod N, each request asks for one (by session, tenant or id)")
@@ -292,13 +292,18 @@ func traceDir() (string, error) {
 }
 
 // readTrace reads a trace file in the given format (by extension when
-// empty), keeping the first requests when requests > 0.
+// empty: then path may also be a comma-separated list or a glob of
+// files, read as one trace; trace.Expand), keeping the first requests
+// when requests > 0.
 func readTrace(path, format string, requests int) (*trace.Workload, error) {
 	var w *trace.Workload
 	switch format {
 	case "":
-		var err error
-		if w, err = trace.ReadFile(path); err != nil {
+		paths, err := trace.Expand(path)
+		if err != nil {
+			return nil, err
+		}
+		if w, err = trace.ReadFiles(paths...); err != nil {
 			return nil, err
 		}
 	case "mooncake", "azure":
