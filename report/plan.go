@@ -182,7 +182,7 @@ func (p *Plan) intro() string {
 	slo := p.SLO.orDefault()
 	return fmt.Sprintf("plan at the SLO (TTFT ≤ %s, mean ITL ≤ %s) met by %s of requests, %s; %s\n"+
 		"capacity: the most traffic %d replicas serve so, as a multiple of %s (tolerance %g%%); replicas: the fewest that serve %g× it (searched up to %d)",
-		dur(Millis(slo.TTFT)), dur(Millis(slo.ITL)), pctLevel(p.Attainment), p.param("preset"), p.rateText(),
+		dur(Millis(slo.TTFT)), dur(Millis(slo.ITL)), pctLevel(p.Attainment), p.Param("preset"), p.rateText(),
 		p.Replicas, "1×", round6(100*p.Tolerance), p.RateScale, p.MaxReplicas)
 }
 
@@ -195,8 +195,8 @@ func (p *Plan) rateText() string {
 	return fmt.Sprintf("1× = %.3g req/s, the %s's own arrival rate", p.Rate, p.Source)
 }
 
-// param is the value of p's parameter name, or "".
-func (p *Plan) param(name string) string {
+// Param is the value of p's parameter name, or "".
+func (p *Plan) Param(name string) string {
 	for _, q := range p.Params {
 		if q.Name == name {
 			return q.Value

@@ -40,7 +40,7 @@ func WritePlanHTML(w io.Writer, ps []Plan) error {
 	}
 	for i := range ns {
 		n := &ns[i]
-		s := capacitySection{Index: i, Name: n.param("workload"), Note: n.intro() + "; binds: what the requests past the capacity miss most."}
+		s := capacitySection{Index: i, Name: n.Param("workload"), Note: n.intro() + "; binds: what the requests past the capacity miss most."}
 		for _, q := range n.Params {
 			if !slices.Contains([]string{"load", "rate_scale", "arrival_rate", "replicas"}, q.Name) { // the search sets them
 				s.Params = append(s.Params, q)
