@@ -62,6 +62,8 @@ type Config struct {
 	KVBlocks int
 	// Seed makes the workload reproducible.
 	Seed uint64
+	// NoSizing skips the closing sizing (Result.Sizing).
+	NoSizing bool
 	// Progress, if not nil, counts requests done and shows the policy.
 	Progress *report.Progress
 	// Logger receives the router's and replicas' warnings; nil discards.
@@ -76,6 +78,9 @@ type Result struct {
 	Policies []PolicyResult
 	// Wall is the whole run's wall time.
 	Wall time.Duration
+	// Sizing is the fleet sizing on the same requests (the closing line);
+	// nil when Config.NoSizing.
+	Sizing *Sizing
 }
 
 // PolicyResult is one policy's run.
@@ -144,6 +149,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("demo %s: %w", p, err)
 		}
 		res.Policies = append(res.Policies, *pr)
+	}
+	if !cfg.NoSizing {
+		if res.Sizing, err = size(cfg, reqs); err != nil {
+			return nil, fmt.Errorf("demo: %w", err)
+		}
 	}
 	res.Wall = time.Since(start)
 	return res, nil

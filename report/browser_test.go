@@ -323,3 +323,45 @@ func bestCapacity(c *report.Capacity) string {
 	}
 	return c.Policies[best].Policy
 }
+
+// TestBrowserPlanReport opens kvrouter plan's page in Chromium: its first
+// line is the verdict on kv-aware against round-robin with the replicas
+// each needs; the table has a row per policy; both attainment charts are
+// drawn, against traffic (log) and against replicas (linear), with one
+// series per policy and the level; and the page logs no console error.
+func TestBrowserPlanReport(t *testing.T) {
+	preset, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := trace.Generate("shared-prefix", trace.GenOptions{Seed: 1, Requests: 48, FleetKVTokens: sim.FleetKVTokens(preset, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sim.Plan(sim.Config{Workload: w.Name, Requests: w.Requests, Replicas: 2, PresetName: "llama3-8b-h100",
+		Preset: preset, Seed: 1, Policies: []string{"kv-aware", "least-loaded", "round-robin"}}, sim.PlanSearch{Load: 0.8, MaxReplicas: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, con, verdict := open(t, func(w io.Writer) error { return report.WritePlanHTML(w, []report.Plan{p}) })
+	if want := fmt.Sprintf("kv-aware needs %d replicas", p.Policies[0].Needed); !strings.Contains(verdict, want) {
+		t.Errorf("first line %q lacks %q", verdict, want)
+	}
+	if rows := browser.Run(t, ctx, 5*time.Second, "table", chromedp.Evaluate[int](`document.querySelectorAll('#plan-0 .scroll tbody tr').length`)); rows != len(p.Policies) {
+		t.Errorf("%d table rows, want %d", rows, len(p.Policies))
+	}
+	for _, c := range []struct{ id, x string }{{"load-0", "traffic ×"}, {"fleet-0", "replicas"}} {
+		got := browser.Run(t, ctx, 5*time.Second, c.id, chromedp.Poll[[]string](fmt.Sprintf(`(() => {
+			const el = document.getElementById('%s');
+			if (!el.querySelector('canvas')) return null;
+			return [...el.querySelectorAll('.u-legend .u-series .u-label')].map(s => s.textContent);
+		})()`, c.id)))
+		want := []string{c.x, "kv-aware", "least-loaded", "round-robin", "99% level"}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%s: chart series %q, want %q", c.id, got, want)
+		}
+	}
+	if errs := con.Errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}

@@ -37,6 +37,11 @@ type attainData struct {
 	Colors   []string       `json:"colors"` // per policy (policyColors)
 	Curves   [][2][]float64 `json:"curves"` // per policy: loads, attainments 0..1
 	Levels   []float64      `json:"levels"` // 0..1, highest first
+	// XLabel and XName name the x axis and its values (empty: load);
+	// Linear draws it on a linear scale instead of a log one.
+	XLabel string `json:"xlabel,omitempty"`
+	XName  string `json:"xname,omitempty"`
+	Linear bool   `json:"linear,omitempty"`
 }
 
 // WriteCapacityHTML writes capacity searches, one per workload, as one

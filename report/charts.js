@@ -21,7 +21,8 @@ function cdfChart(el, data) {
 
 // attainChart draws in el the share of requests meeting the SLO against
 // load, one curve per policy of data (an attainData), with each level as
-// a dashed horizontal line.
+// a dashed horizontal line. The x axis is log-scaled unless data.linear;
+// data.xlabel and data.xname, when set, name it (else: load).
 function attainChart(el, data) {
   const idx = data.policies.map((_, i) => i).filter(i => data.curves[i][0].length > 0);
   if (!idx.length) { el.textContent = "no runs"; return; }
@@ -30,9 +31,9 @@ function attainChart(el, data) {
   const share = (u, v) => v == null ? "-" : (v * 100).toFixed(1) + "%";
   new uPlot({
     width: width(el), height: 360,
-    scales: { x: { time: false, distr: 3, log: 2, range: (u, lo, hi) => [lo, hi] }, y: { range: [0, 1.02] } },
-    axes: [{ label: "load (1 = a balanced fleet caching nothing at its knee)" }, { label: "requests meeting the SLO", values: (u, vs) => vs.map(v => Math.round(v * 100) + "%") }],
-    series: [{ label: "load", value: (u, v) => v == null ? "-" : v.toPrecision(3) }].concat(idx.map(i => ({
+    scales: { x: { time: false, distr: data.linear ? 1 : 3, log: 2, range: (u, lo, hi) => [lo, hi] }, y: { range: [0, 1.02] } },
+    axes: [{ label: data.xlabel || "load (1 = a balanced fleet caching nothing at its knee)" }, { label: "requests meeting the SLO", values: (u, vs) => vs.map(v => Math.round(v * 100) + "%") }],
+    series: [{ label: data.xname || "load", value: (u, v) => v == null ? "-" : v.toPrecision(3) }].concat(idx.map(i => ({
       label: data.policies[i], stroke: data.colors[i], width: data.policies[i] === "kv-aware" ? 3 : 1.5, spanGaps: true,
       points: { show: true, size: 5 }, value: share }))).concat(data.levels.map(l => ({
       label: Math.round(l * 1000) / 10 + "% level", stroke: "#6b7280", dash: [6, 4], width: 1, points: { show: false }, value: share }))),

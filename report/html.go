@@ -12,7 +12,7 @@ import (
 // assets holds uPlot 1.6.32 (MIT, vendored from `npm pack uplot@1.6.32`),
 // the page templates and what they share: the style sheet and the charts.
 //
-//go:embed assets/uPlot.iife.min.js assets/uPlot.min.css assets/LICENSE page.html board.html capacity.html layout.html style.css charts.js
+//go:embed assets/uPlot.iife.min.js assets/uPlot.min.css assets/LICENSE page.html board.html capacity.html plan.html layout.html style.css charts.js
 var assets embed.FS
 
 // page is the run page template's input.

@@ -25,7 +25,7 @@ import (
 func commandHelp() map[string]help {
 	return map[string]help{
 		"serve": serveHelp, "epp": eppHelp, "engine": engineHelp, "sim": simHelp,
-		"demo": demoHelp, "replay": replayHelp, "version": versionHelp,
+		"demo": demoHelp, "replay": replayHelp, "version": versionHelp, "plan": planHelp,
 		"gendocs": gendocsHelp,
 	}
 }

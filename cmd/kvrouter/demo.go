@@ -99,6 +99,9 @@ func runDemo(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("\n%s\n", res.Reading())
+	if res.Sizing != nil {
+		fmt.Printf("\n%s\n", res.Sizing.Line())
+	}
 	fmt.Printf("\nwall time %v", time.Since(start).Round(100*time.Millisecond))
 	if *htmlOut != "" {
 		fmt.Printf("; report written to %s", *htmlOut)

@@ -29,6 +29,7 @@ func commands() map[string]command {
 		"serve":   {summary: "run the router in front of replicas", run: runServe, signals: true},
 		"epp":     {summary: "run as a Gateway API endpoint picker (Envoy ext_proc, gRPC)", run: runEPP},
 		"sim":     {summary: "simulate a fleet under several routing policies, side by side", run: runSim},
+		"plan":    {summary: "size a fleet at an SLO on a trace: capacity and replicas needed per policy", run: runPlan},
 		"version": {summary: "print the version, commit and Go toolchain of this build", run: runVersion},
 		"engine":  {summary: "run an emulated vLLM-compatible replica", run: runEngine},
 		"demo":    {summary: "show the policies side by side on an in-process emulated fleet", run: runDemo},

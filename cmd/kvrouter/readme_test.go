@@ -105,6 +105,8 @@ func readmeRules() map[string]readmeRule {
 			args: "--requests 200"},
 		"kvrouter sim --workload all --load 0.5,0.8,0.95 --prefill-replicas 4 --policies all --requests 1000 --json > pd.json": {
 			args: "--requests 20", slow: true},
+		"kvrouter plan --trace recording.jsonl --slo-ttft 800ms --slo-itl 50ms --rate-scale 2 --report plan.html": {
+			skip: "needs the reader's recording; TestPlanTrace runs plan on a trace"},
 		"go install github.com/kvrouter/kvrouter/cmd/kvrouter@latest": {
 			skip: "fetches the published module (no network in CI); the tests build this checkout"},
 		"docker build -t kvrouter:latest .": {skip: "needs Docker; deploy's tests check the Dockerfile"},
