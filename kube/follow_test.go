@@ -1,0 +1,194 @@
+package kube_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvrouter/kvrouter/internal/kubeapi"
+	"github.com/kvrouter/kvrouter/kube"
+)
+
+const (
+	podsPath  = "/api/v1/namespaces/llm/pods"
+	poolsPath = "/apis/inference.networking.k8s.io/v1/namespaces/llm/inferencepools"
+)
+
+// newPod is a pod with labels, IP and readiness, as kube-apiserver
+// serves one (k8s.io/api's own type).
+func newPod(name, ip string, ready bool, labels map[string]string) *corev1.Pod {
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	return &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
+	}
+}
+
+// newPool is a GIE v1 InferencePool as its CRD's JSON has it.
+func newPool(name string, labels map[string]string, ports ...int) map[string]any {
+	var tps []any
+	for _, p := range ports {
+		tps = append(tps, map[string]any{"number": p})
+	}
+	return map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": name},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": labels},
+			"targetPorts":       tps,
+			"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": 9002}},
+		},
+	}
+}
+
+// recorder keeps the endpoint lists a follower reported.
+type recorder struct {
+	mu   sync.Mutex
+	last []string
+	n    int
+	ch   chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{ch: make(chan struct{}, 1)} }
+
+func (r *recorder) set(eps []string) {
+	r.mu.Lock()
+	r.last, r.n = eps, r.n+1
+	r.mu.Unlock()
+	select {
+	case r.ch <- struct{}{}:
+	default:
+	}
+}
+
+// await waits for the endpoints to be want.
+func (r *recorder) await(t *testing.T, what string, want ...string) {
+	t.Helper()
+	if want == nil {
+		want = []string{}
+	}
+	deadline := time.After(5 * time.Second)
+	for {
+		r.mu.Lock()
+		got := r.last
+		r.mu.Unlock()
+		if got != nil && slices.Equal(got, want) {
+			return
+		}
+		select {
+		case <-r.ch:
+		case <-deadline:
+			t.Fatalf("%s: endpoints %q, want %q", what, got, want)
+		}
+	}
+}
+
+func start(t *testing.T) (*kubeapi.Server, *kube.Client) {
+	api := kubeapi.New()
+	api.BookmarkEvery = 20 * time.Millisecond
+	ts := httptest.NewServer(api)
+	t.Cleanup(ts.Close)
+	c, err := kube.New(kube.Config{Server: ts.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api, c
+}
+
+func run(t *testing.T, f func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { f(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// TestFollowPods follows pods by label selector through list and watch:
+// readiness, deletion, a pod of another label, a dropped watch and a 410
+// after compaction.
+func TestFollowPods(t *testing.T) {
+	api, c := start(t)
+	vllm := map[string]string{"app": "vllm"}
+	api.Put(podsPath, newPod("a", "10.0.0.1", true, vllm))
+	api.Put(podsPath, newPod("b", "10.0.0.2", false, vllm))
+	api.Put(podsPath, newPod("other", "10.0.0.9", true, map[string]string{"app": "web"}))
+	rec := newRecorder()
+	run(t, func(ctx context.Context) {
+		_ = c.FollowPods(ctx, kube.Pods{Namespace: "llm", Selector: "app=vllm", Ports: []int{8000}}, rec.set, nil)
+	})
+	rec.await(t, "listed", "10.0.0.1:8000")
+
+	api.Put(podsPath, newPod("b", "10.0.0.2", true, vllm))
+	rec.await(t, "b ready", "10.0.0.1:8000", "10.0.0.2:8000")
+	api.Put(podsPath, newPod("a", "10.0.0.1", false, vllm))
+	rec.await(t, "a unready", "10.0.0.2:8000")
+	api.Put(podsPath, newPod("c", "", true, vllm)) // no IP yet
+	api.Put(podsPath, newPod("a", "10.0.0.1", true, vllm))
+	rec.await(t, "a ready again, c without IP", "10.0.0.1:8000", "10.0.0.2:8000")
+	api.Delete(podsPath, "b")
+	rec.await(t, "b deleted", "10.0.0.1:8000")
+
+	api.DropWatches()
+	api.Put(podsPath, newPod("c", "10.0.0.3", true, vllm))
+	rec.await(t, "after a dropped watch", "10.0.0.1:8000", "10.0.0.3:8000")
+
+	// A 410: a change, then the watch's version compacted away.
+	lists := api.Lists()
+	api.Delete(podsPath, "a")
+	api.Expire()
+	rec.await(t, "after a 410", "10.0.0.3:8000")
+	awaitLists(t, api, lists)
+	api.Put(podsPath, newPod("d", "10.0.0.4", true, vllm))
+	rec.await(t, "watching again after the relist", "10.0.0.3:8000", "10.0.0.4:8000")
+}
+
+// awaitLists waits for the server to serve more lists than n: a relist.
+func awaitLists(t *testing.T, api *kubeapi.Server, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); api.Lists() <= n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("lists %d: no relist after a 410", api.Lists())
+		}
+	}
+}
+
+// TestFollowPool follows an InferencePool and its pods: the pool's
+// selector and target ports change, the pool goes and comes back.
+func TestFollowPool(t *testing.T) {
+	api, c := start(t)
+	api.Put(podsPath, newPod("a1", "10.0.1.1", true, map[string]string{"pool": "a"}))
+	api.Put(podsPath, newPod("b1", "10.0.2.1", true, map[string]string{"pool": "b"}))
+	api.Put(poolsPath, newPool("other", map[string]string{"pool": "b"}, 9000))
+	rec := newRecorder()
+	run(t, func(ctx context.Context) { _ = c.FollowPool(ctx, "llm", "mine", rec.set, nil) })
+	rec.await(t, "no pool yet")
+
+	api.Put(poolsPath, newPool("mine", map[string]string{"pool": "a"}, 8000))
+	rec.await(t, "pool created", "10.0.1.1:8000")
+	api.Put(podsPath, newPod("a2", "10.0.1.2", true, map[string]string{"pool": "a"}))
+	rec.await(t, "a pod joins", "10.0.1.1:8000", "10.0.1.2:8000")
+	api.Put(poolsPath, newPool("mine", map[string]string{"pool": "b"}, 8000, 8001))
+	rec.await(t, "selector and ports changed", "10.0.2.1:8000", "10.0.2.1:8001")
+	api.Put(podsPath, newPod("a3", "10.0.1.3", true, map[string]string{"pool": "a"}))
+	api.Put(podsPath, newPod("b1", "10.0.2.1", false, map[string]string{"pool": "b"}))
+	rec.await(t, "old selector's pods ignored")
+	api.Put(podsPath, newPod("b1", "10.0.2.1", true, map[string]string{"pool": "b"}))
+	rec.await(t, "b1 ready", "10.0.2.1:8000", "10.0.2.1:8001")
+	api.Delete(poolsPath, "mine")
+	rec.await(t, "pool deleted")
+	lists := api.Lists()
+	api.Put(poolsPath, newPool("mine", map[string]string{"pool": "a"}, 8000))
+	api.Expire()
+	awaitLists(t, api, lists)
+	rec.await(t, "pool back, after a 410", "10.0.1.1:8000", "10.0.1.2:8000", "10.0.1.3:8000")
+}
