@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -64,6 +65,9 @@ const (
 	// SubsetKey is the key, in the envoy.lb.subset_hint filter metadata,
 	// of the endpoints (host:port) Envoy allows the picker to choose from.
 	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// ServedKey is the key, in the envoy.lb filter metadata of the
+	// response's messages, of the endpoint that served the request.
+	ServedKey = "x-gateway-destination-endpoint-served"
 )
 
 // Defaults of Config's zero fields.
@@ -73,6 +77,9 @@ const (
 	// DefaultMaxStreams is the most ext_proc streams (HTTP requests) in
 	// flight at once.
 	DefaultMaxStreams = 10000
+	// DefaultFallbacks is the endpoints named after the picked one, for
+	// the data plane to try in order when it cannot reach it.
+	DefaultFallbacks = 2
 )
 
 // Config is the picker's configuration.
@@ -100,6 +107,15 @@ type Config struct {
 	// MaxStreams bounds the streams in flight (gRPC's
 	// MaxConcurrentStreams, per connection); zero means DefaultMaxStreams.
 	MaxStreams uint32
+	// Fallbacks is how many endpoints follow the picked one in the
+	// destination (GIE's protocol: "ip:port,ip:port,...", the primary
+	// first; proxy.Pick.Fallbacks says which); zero means
+	// DefaultFallbacks, negative none.
+	Fallbacks int
+	// Elected says a leader election decides readiness: the picker reports
+	// ready only while SetLeader(true) holds, as GIE's replicas do; false
+	// means it leads alone.
+	Elected bool
 }
 
 // Server is the endpoint picker. Create it with New, serve NewGRPCServer,
@@ -113,6 +129,8 @@ type Server struct {
 	health  *health.Server
 	now     func() time.Time
 	readers sync.WaitGroup // every stream's reader goroutine
+	leader  atomic.Bool    // this replica leads (always, unless Elected)
+	healthy atomic.Bool    // a replica was healthy at the last look
 }
 
 // New returns a picker routing with rt (whose Run the caller runs), with
@@ -134,6 +152,7 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 	cfg.Header = cmp.Or(cfg.Header, DefaultHeader)
 	cfg.Namespace = cmp.Or(cfg.Namespace, DefaultNamespace)
 	cfg.MaxStreams = cmp.Or(cfg.MaxStreams, DefaultMaxStreams)
+	cfg.Fallbacks = cmp.Or(cfg.Fallbacks, DefaultFallbacks)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -145,6 +164,7 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 		return nil, fmt.Errorf("epp metrics: %w", err)
 	}
 	s := &Server{rt: rt, cfg: cfg, log: log, m: m, health: health.NewServer(), now: time.Now}
+	s.leader.Store(!cfg.Elected)
 	s.setReady(false)
 	return s, nil
 }
@@ -174,17 +194,30 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	return g
 }
 
+// SetLeader says whether this replica leads (Config.Elected): readiness
+// follows at once. A follower keeps routing what reaches it, its state
+// warm (scrapes, health, KV events), and reports not ready.
+func (s *Server) SetLeader(leader bool) {
+	s.leader.Store(leader)
+	s.setReady(s.healthy.Load())
+}
+
+// Leader reports whether this replica leads.
+func (s *Server) Leader() bool { return s.leader.Load() }
+
 // Run keeps the readiness the health service reports current (serving
-// while at least one replica is healthy) until ctx is done, then reports
-// not serving, waits for the streams' readers to end (stop the gRPC
-// server first) and returns nil.
+// while this replica leads and at least one replica is healthy) until
+// ctx is done, then reports not serving, waits for the streams' readers
+// to end (stop the gRPC server first) and returns nil.
 func (s *Server) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		s.setReady(s.anyHealthy())
+		s.healthy.Store(s.anyHealthy())
+		s.setReady(s.healthy.Load())
 		select {
 		case <-ctx.Done():
+			s.healthy.Store(false)
 			s.setReady(false)
 			s.health.Shutdown()
 			s.readers.Wait()
@@ -204,10 +237,11 @@ func (s *Server) anyHealthy() bool {
 }
 
 // setReady sets the health service's statuses: liveness always serving,
-// readiness and the ext_proc service serving when ready.
-func (s *Server) setReady(ready bool) {
+// readiness and the ext_proc service serving when a replica is healthy
+// and this one leads.
+func (s *Server) setReady(healthy bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if ready {
+	if healthy && s.leader.Load() {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

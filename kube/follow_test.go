@@ -8,49 +8,16 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/kvrouter/kvrouter/internal/kubeapi"
 	"github.com/kvrouter/kvrouter/kube"
 )
 
-const (
-	podsPath  = "/api/v1/namespaces/llm/pods"
-	poolsPath = "/apis/inference.networking.k8s.io/v1/namespaces/llm/inferencepools"
+var (
+	podsPath  = kubeapi.PodsPath("llm")
+	poolsPath = kubeapi.PoolsPath("llm")
+	newPod    = kubeapi.Pod
+	newPool   = kubeapi.Pool
 )
-
-// newPod is a pod with labels, IP and readiness, as kube-apiserver
-// serves one (k8s.io/api's own type).
-func newPod(name, ip string, ready bool, labels map[string]string) *corev1.Pod {
-	st := corev1.ConditionFalse
-	if ready {
-		st = corev1.ConditionTrue
-	}
-	return &corev1.Pod{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
-	}
-}
-
-// newPool is a GIE v1 InferencePool as its CRD's JSON has it.
-func newPool(name string, labels map[string]string, ports ...int) map[string]any {
-	var tps []any
-	for _, p := range ports {
-		tps = append(tps, map[string]any{"number": p})
-	}
-	return map[string]any{
-		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-		"metadata": map[string]any{"name": name},
-		"spec": map[string]any{
-			"selector":          map[string]any{"matchLabels": labels},
-			"targetPorts":       tps,
-			"endpointPickerRef": map[string]any{"name": "kvrouter-epp", "port": map[string]any{"number": 9002}},
-		},
-	}
-}
 
 // recorder keeps the endpoint lists a follower reported.
 type recorder struct {

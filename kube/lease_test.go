@@ -13,7 +13,7 @@ import (
 	"github.com/kvrouter/kvrouter/kube"
 )
 
-const leasesPath = "/apis/coordination.k8s.io/v1/namespaces/llm/leases"
+var leasesPath = kubeapi.LeasesPath("llm")
 
 func newElection(c *kube.Client, id string) *kube.Election {
 	return &kube.Election{Client: c, Namespace: "llm", Name: "kvrouter-epp", Identity: id,
