@@ -26,7 +26,18 @@ func TestSplitEPPFlags(t *testing.T) {
 	if f.bodyMode != epp.Buffered || f.idleTimeout != 3*time.Second || !slices.Equal(rest, []string{"--backend", "http://a:1", "--listen", ":1"}) {
 		t.Errorf("got %+v, rest %v", f, rest)
 	}
-	for _, bad := range [][]string{{"--body-mode", "streamed-ish"}, {"--epp-idle-timeout"}, {"--epp-idle-timeout=soon"}} {
+	f, rest, err = splitEPPFlags([]string{"--pool-name", "vllm", "--pool-namespace=llm", "--leader-elect", "--fallbacks", "0", "--lease-name", "l", "--policy", "kv-aware"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.leaderElect || f.fallbacks != -1 || f.leaseName != "l" || !slices.Equal(rest, []string{"--policy", "kv-aware", "--discover", "inferencepool://llm/vllm"}) {
+		t.Errorf("pool flags: got %+v, rest %v", f, rest)
+	}
+	if f, _, err := splitEPPFlags([]string{"--leader-elect=false", "--fallbacks=3"}); err != nil || f.leaderElect || f.fallbacks != 3 {
+		t.Errorf("--leader-elect=false --fallbacks=3: got %+v, %v", f, err)
+	}
+	for _, bad := range [][]string{{"--body-mode", "streamed-ish"}, {"--epp-idle-timeout"}, {"--epp-idle-timeout=soon"},
+		{"--pool-namespace", "llm"}, {"--pool-name", "p", "--discover", "dns://x:1"}, {"--fallbacks", "-1"}, {"--leader-elect=maybe"}} {
 		if _, _, err := splitEPPFlags(bad); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
