@@ -24,7 +24,8 @@ func grants(role *rbacv1.Role, group, resource, verb string) bool {
 // (--pool-name, --leader-elect, --discover k8s:// or inferencepool://)
 // mounts its service account's token, and a RoleBinding gives that
 // account a Role with the verbs the code uses: list and watch of pods and
-// InferencePools (package kube's Follow), get, create and update of
+// InferencePools (package kube's Follow; with --pool-name the pool's
+// InferenceObjectives too), get, create and update of
 // Leases (kube.Election). The router's own Role covers its k8s://
 // discovery.
 func TestRBAC(t *testing.T) {
@@ -84,6 +85,9 @@ func TestRBAC(t *testing.T) {
 			}
 			if pool {
 				need[[2]string{"inference.networking.k8s.io", "inferencepools"}] = []string{"list", "watch"}
+			}
+			if flag(c.Args, "pool-name") != "" { // epp follows the pool's objectives
+				need[[2]string{"inference.networking.x-k8s.io", "inferenceobjectives"}] = []string{"list", "watch"}
 			}
 			if elect {
 				need[[2]string{"coordination.k8s.io", "leases"}] = []string{"get", "create", "update"}

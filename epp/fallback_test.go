@@ -3,6 +3,7 @@ package epp
 import (
 	"cmp"
 	"context"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvrouter/kvrouter/internal/wait"
+	"github.com/kvrouter/kvrouter/proxy"
 	"github.com/kvrouter/kvrouter/view"
 )
 
@@ -176,5 +178,64 @@ func TestReadinessFollowsLeadership(t *testing.T) {
 		if got := status(HealthLiveness); got != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("step %d: liveness %v, want SERVING", i, got)
 		}
+	}
+}
+
+// TestObjectivePriority: a request naming an InferenceObjective of the
+// pool gets its priority, clamped, in place of the client's; an unknown
+// objective or none leaves the request as it came.
+func TestObjectivePriority(t *testing.T) {
+	prio := map[string]int{"critical": 10, "batch": -1, "huge": 5000, "unset": 0}
+	tests := []struct {
+		objective, client, want string
+	}{
+		{"critical", "", "10"},
+		{"batch", "", "-1"},
+		{"batch", "100", "-1"},
+		{"huge", "", "1000"},
+		{"unset", "7", "0"},
+		{"unknown", "7", "7"},
+		{"unknown", "", ""},
+		{"", "3", "3"},
+	}
+	for _, tt := range tests {
+		h := http.Header{}
+		if tt.objective != "" {
+			h.Set(ObjectiveHeader, tt.objective)
+		}
+		if tt.client != "" {
+			h.Set(proxy.HeaderPriority, tt.client)
+		}
+		objectivePriority(h, prio)
+		if got := h.Get(proxy.HeaderPriority); got != tt.want {
+			t.Errorf("objective %q, client priority %q: got %q, want %q", tt.objective, tt.client, got, tt.want)
+		}
+	}
+}
+
+// TestObjectiveSheds: through the picker, a request whose objective is
+// sheddable (negative priority) is refused at once when the fleet is
+// saturated, as GIE's flow control drops sheddable requests (without
+// the objective it would wait in the admission queue, behind the held
+// request, until the queue's timeout).
+func TestObjectiveSheds(t *testing.T) {
+	f := start(t, 1, Config{}, func(c *proxy.Config) {
+		c.Admission.MaxWait, c.Admission.MaxQueue, c.Admission.QueueTimeout = time.Millisecond, 4, 20*time.Second
+	})
+	f.srv.SetObjectives(map[string]int{"batch": -1})
+	wait.For(t, "replica healthy", f.srv.anyHealthy)
+	// A long prompt in flight on the replica: every later one finds a
+	// backlog past 1 ms.
+	long := chat("m", "a", words(1, 6000), false)
+	long.hold = func(string) {
+		r := chat("m", "b", words(2, 6000), false)
+		r.headers = append(r.headers, ObjectiveHeader, "batch")
+		ex := f.do(t, r)
+		if ex.immediate == nil || ex.immediate.GetStatus().GetCode() != 429 || !strings.Contains(string(ex.immediate.GetBody()), "queue_sheddable") {
+			t.Errorf("sheddable objective while saturated: got %v, want an immediate 429 queue_sheddable", ex.immediate)
+		}
+	}
+	if ex := f.do(t, long); ex.status != 200 {
+		t.Errorf("the long request: status %d", ex.status)
 	}
 }

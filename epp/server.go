@@ -7,7 +7,14 @@
 // the picker routes it with the live router's own code (proxy.Router.Pick:
 // the same parsing, fleet.Decide and policy as `kvrouter serve`) and
 // answers with the x-gateway-destination-endpoint header and the envoy.lb
-// dynamic metadata, the body passed through unchanged. The response phase
+// dynamic metadata (the same value: the picked endpoint, then
+// Config.Fallbacks others, "ip:port,ip:port", for Envoy to try in order),
+// the body passed through unchanged. The endpoint Envoy reports serving
+// the response (x-gateway-destination-endpoint-served) goes into the
+// decision record. A request naming an InferenceObjective
+// (x-gateway-inference-objective) gets the objective's priority
+// (SetObjectives). With Config.Elected only the leader of a leader
+// election reports ready (SetLeader), as GIE's replicas do. The response phase
 // (headers, body chunks, end) comes back through the same stream: the
 // first body bytes end the replica's prefill, the end releases its load,
 // so the in-flight accounting the policy reads stays true.
@@ -65,6 +72,9 @@ const (
 	// SubsetKey is the key, in the envoy.lb.subset_hint filter metadata,
 	// of the endpoints (host:port) Envoy allows the picker to choose from.
 	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// ObjectiveHeader is the request header naming the request's
+	// InferenceObjective (its metadata.name), as GIE's clients set it.
+	ObjectiveHeader = "x-gateway-inference-objective"
 	// ServedKey is the key, in the envoy.lb filter metadata of the
 	// response's messages, of the endpoint that served the request.
 	ServedKey = "x-gateway-destination-endpoint-served"
@@ -130,7 +140,10 @@ type Server struct {
 	now     func() time.Time
 	readers sync.WaitGroup // every stream's reader goroutine
 	leader  atomic.Bool    // this replica leads (always, unless Elected)
-	healthy atomic.Bool    // a replica was healthy at the last look
+	// objectives are the pool's InferenceObjectives' priorities by name
+	// (SetObjectives); nil: none declared.
+	objectives atomic.Pointer[map[string]int]
+	healthy    atomic.Bool // a replica was healthy at the last look
 }
 
 // New returns a picker routing with rt (whose Run the caller runs), with
@@ -201,6 +214,12 @@ func (s *Server) SetLeader(leader bool) {
 	s.leader.Store(leader)
 	s.setReady(s.healthy.Load())
 }
+
+// SetObjectives replaces the priorities of the pool's
+// InferenceObjectives, by objective name: a request naming one in
+// ObjectiveHeader gets its priority (proxy.HeaderPriority, clamped to
+// ±1000; negative is sheddable) in place of any the client sent.
+func (s *Server) SetObjectives(prio map[string]int) { s.objectives.Store(&prio) }
 
 // Leader reports whether this replica leads.
 func (s *Server) Leader() bool { return s.leader.Load() }

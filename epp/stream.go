@@ -246,6 +246,9 @@ func (st *stream) route(hasBody bool) error {
 	if err != nil {
 		return st.fail(http.StatusBadRequest, "invalid_path", err.Error())
 	}
+	if m := st.s.objectives.Load(); m != nil {
+		objectivePriority(r.Header, *m)
+	}
 	var ans answer
 	p := st.s.rt.Pick(&ans, r, st.body, st.subset)
 	if p == nil {
@@ -277,6 +280,23 @@ func (st *stream) route(hasBody bool) error {
 		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
 		DynamicMetadata: md,
 	})
+}
+
+// maxPriority is proxy.HeaderPriority's bound.
+const maxPriority = 1000
+
+// objectivePriority sets h's proxy.HeaderPriority from the
+// InferenceObjective it names (ObjectiveHeader), when prio has it: the
+// pool's declaration replaces what the client sent. An unknown objective
+// changes nothing.
+func objectivePriority(h http.Header, prio map[string]int) {
+	name := h.Get(ObjectiveHeader)
+	if name == "" {
+		return
+	}
+	if p, ok := prio[name]; ok {
+		h.Set(proxy.HeaderPriority, strconv.Itoa(min(max(p, -maxPriority), maxPriority)))
+	}
 }
 
 // request builds the http.Request the router reads: method, path and

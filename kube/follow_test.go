@@ -2,6 +2,7 @@ package kube_test
 
 import (
 	"context"
+	"maps"
 	"net/http/httptest"
 	"slices"
 	"sync"
@@ -158,4 +159,49 @@ func TestFollowPool(t *testing.T) {
 	api.Expire()
 	awaitLists(t, api, lists)
 	rec.await(t, "pool back, after a 410", "10.0.1.1:8000", "10.0.1.2:8000", "10.0.1.3:8000")
+}
+
+// TestFollowObjectives follows the InferenceObjectives of a pool: their
+// priorities by name (unset: 0), another pool's left out, a change and a
+// deletion seen.
+func TestFollowObjectives(t *testing.T) {
+	api, c := start(t)
+	path := "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/llm/inferenceobjectives"
+	objective := func(name, pool string, prio *int) map[string]any {
+		spec := map[string]any{"poolRef": map[string]any{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool}}
+		if prio != nil {
+			spec["priority"] = *prio
+		}
+		return map[string]any{"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
+			"metadata": map[string]any{"name": name}, "spec": spec}
+	}
+	ten, minus := 10, -1
+	api.Put(path, objective("critical", "vllm", &ten))
+	api.Put(path, objective("default", "vllm", nil))
+	api.Put(path, objective("elsewhere", "other", &ten))
+	var mu sync.Mutex
+	var got map[string]int
+	run(t, func(ctx context.Context) {
+		_ = c.FollowObjectives(ctx, "llm", "vllm", func(m map[string]int) { mu.Lock(); got = m; mu.Unlock() }, nil)
+	})
+	await := func(what string, want map[string]int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			mu.Lock()
+			ok := got != nil && maps.Equal(got, want)
+			g := got
+			mu.Unlock()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: priorities %v, want %v", what, g, want)
+			}
+		}
+	}
+	await("listed", map[string]int{"critical": 10, "default": 0})
+	api.Put(path, objective("default", "vllm", &minus))
+	await("default made sheddable", map[string]int{"critical": 10, "default": -1})
+	api.Delete(path, "critical")
+	await("critical deleted", map[string]int{"default": -1})
 }

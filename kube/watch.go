@@ -81,7 +81,11 @@ func (c *Client) Follow(ctx context.Context, col Collection, h Handler, log *slo
 	}
 	backoff := minBackoff
 	wait := func(err error) bool {
-		log.Warn("kubernetes watch failed; retrying", "path", col.Path, "err", err, "in", backoff)
+		level := slog.LevelWarn
+		if IsStatus(err, http.StatusNotFound) { // a CRD not installed (an optional one): no alarm
+			level = slog.LevelDebug
+		}
+		log.Log(ctx, level, "kubernetes watch failed; retrying", "path", col.Path, "err", err, "in", backoff)
 		t := time.NewTimer(backoff)
 		defer t.Stop()
 		backoff = min(2*backoff, maxBackoff)

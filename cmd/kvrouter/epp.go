@@ -235,6 +235,14 @@ func runEPP(ctx context.Context, args []string) error {
 	if elect != nil {
 		wg.Go(func() { _ = elect.Run(electCtx) })
 	}
+	if ef.poolName != "" {
+		kc, err := kubeClient(cfg)
+		if err != nil {
+			return err
+		}
+		ns := cmp.Or(ef.poolNamespace, kube.Namespace())
+		wg.Go(func() { _ = kc.FollowObjectives(bg, ns, ef.poolName, s.SetObjectives, log) })
+	}
 	serveErr := make(chan error, 2)
 	wg.Go(func() { serveErr <- g.Serve(ln) })
 	if admin != nil {
