@@ -30,9 +30,9 @@ func TestDestinationList(t *testing.T) {
 		subset    []int // replicas in the subset hint; nil: none
 		want      int   // endpoints in the list
 	}{
-		{"default: primary and two fallbacks", 0, nil, 3},
+		{"default: none", 0, nil, 1},
+		{"two fallbacks", 2, nil, 3},
 		{"one fallback", 1, nil, 2},
-		{"no fallbacks", -1, nil, 1},
 		{"more asked than replicas", 8, nil, 4},
 		{"within the subset", 3, []int{1, 3}, 2},
 		{"a subset of one", 3, []int{2}, 1},
@@ -118,7 +118,7 @@ func healthy(f *fixture) int {
 // fallback, the picked replica failed, and the served counter says
 // fallback.
 func TestFallbackServes(t *testing.T) {
-	f := start(t, 3, Config{}, nil)
+	f := start(t, 3, Config{Fallbacks: 2}, nil)
 	wait.For(t, "replicas healthy", func() bool { return healthy(f) == len(f.reps) })
 	r := chat("m", "s", words(2, 40), true)
 	r.hold = func(primary string) {

@@ -8,7 +8,8 @@
 // the same parsing, fleet.Decide and policy as `kvrouter serve`) and
 // answers with the x-gateway-destination-endpoint header and the envoy.lb
 // dynamic metadata (the same value: the picked endpoint, then
-// Config.Fallbacks others, "ip:port,ip:port", for Envoy to try in order),
+// Config.Fallbacks others, "ip:port,ip:port", for a data plane that
+// tries them in order),
 // the body passed through unchanged. The endpoint Envoy reports serving
 // the response (x-gateway-destination-endpoint-served) goes into the
 // decision record. A request naming an InferenceObjective
@@ -87,9 +88,6 @@ const (
 	// DefaultMaxStreams is the most ext_proc streams (HTTP requests) in
 	// flight at once.
 	DefaultMaxStreams = 10000
-	// DefaultFallbacks is the endpoints named after the picked one, for
-	// the data plane to try in order when it cannot reach it.
-	DefaultFallbacks = 2
 )
 
 // Config is the picker's configuration.
@@ -119,8 +117,9 @@ type Config struct {
 	MaxStreams uint32
 	// Fallbacks is how many endpoints follow the picked one in the
 	// destination (GIE's protocol: "ip:port,ip:port,...", the primary
-	// first; proxy.Pick.Fallbacks says which); zero means
-	// DefaultFallbacks, negative none.
+	// first; proxy.Pick.Fallbacks says which); zero means none, the one
+	// endpoint an Envoy ORIGINAL_DST cluster reading the header can take
+	// (and GIE's reference picker's default).
 	Fallbacks int
 	// Elected says a leader election decides readiness: the picker reports
 	// ready only while SetLeader(true) holds, as GIE's replicas do; false
@@ -153,7 +152,7 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 	if rt == nil {
 		return nil, errors.New("epp: no router")
 	}
-	if cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.IdleTimeout < 0 {
+	if cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.IdleTimeout < 0 || cfg.Fallbacks < 0 {
 		return nil, fmt.Errorf("epp: negative limit (max body %d, body timeout %s, idle timeout %s)", cfg.MaxBodyBytes, cfg.BodyTimeout, cfg.IdleTimeout)
 	}
 	if cfg.BodyMode != FullDuplex && cfg.BodyMode != Buffered {
@@ -165,7 +164,6 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 	cfg.Header = cmp.Or(cfg.Header, DefaultHeader)
 	cfg.Namespace = cmp.Or(cfg.Namespace, DefaultNamespace)
 	cfg.MaxStreams = cmp.Or(cfg.MaxStreams, DefaultMaxStreams)
-	cfg.Fallbacks = cmp.Or(cfg.Fallbacks, DefaultFallbacks)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

@@ -81,9 +81,6 @@ func splitEPPFlags(args []string) (eppFlags, []string, error) {
 			if err == nil && f.fallbacks < 0 {
 				err = fmt.Errorf("must not be negative, got %d", f.fallbacks)
 			}
-			if f.fallbacks == 0 && err == nil {
-				f.fallbacks = -1 // none; epp.Config's zero is the default
-			}
 		case "pool-name":
 			f.poolName = val
 		case "pool-namespace":
@@ -139,7 +136,7 @@ var eppHelp = help{
 		"(backends, policy, KV events, admin surface), and its own: --pool-name and\n" +
 		"--pool-namespace (the InferencePool whose ready pods are the backends, watched in\n" +
 		"the Kubernetes API), --leader-elect and --lease-name (only the Lease's holder\n" +
-		"reports ready), --fallbacks (default " + strconv.Itoa(epp.DefaultFallbacks) + "), --body-mode full-duplex|buffered (the\n" +
+		"reports ready), --fallbacks (default 0), --body-mode full-duplex|buffered (the\n" +
 		"ext_proc filter's request_body_mode when Envoy does not say; default full-duplex)\n" +
 		"and --epp-idle-timeout (the longest a routed request's stream may be silent;\n" +
 		"default " + epp.DefaultIdleTimeout.String() + ").",

@@ -30,7 +30,7 @@ func TestSplitEPPFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !f.leaderElect || f.fallbacks != -1 || f.leaseName != "l" || !slices.Equal(rest, []string{"--policy", "kv-aware", "--discover", "inferencepool://llm/vllm"}) {
+	if !f.leaderElect || f.fallbacks != 0 || f.leaseName != "l" || !slices.Equal(rest, []string{"--policy", "kv-aware", "--discover", "inferencepool://llm/vllm"}) {
 		t.Errorf("pool flags: got %+v, rest %v", f, rest)
 	}
 	if f, _, err := splitEPPFlags([]string{"--leader-elect=false", "--fallbacks=3"}); err != nil || f.leaderElect || f.fallbacks != 3 {
