@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +30,18 @@ func kubePod(name, ip string, ready bool, labels map[string]string) any {
 
 func kubePool(labels map[string]string, port int) map[string]any {
 	return kubeapi.Pool("vllm", labels, port)
+}
+
+// startAPI serves a loopback Kubernetes API and returns it and a client.
+func startAPI(t *testing.T) (*kubeapi.Server, *kube.Client) {
+	api := kubeapi.New()
+	ks := httptest.NewServer(api)
+	t.Cleanup(ks.Close)
+	kc, err := kube.New(kube.Config{Server: ks.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api, kc
 }
 
 // enginesOnOnePort starts two emulated engines on 127.0.0.1 and
@@ -61,13 +74,7 @@ func enginesOnOnePort(t *testing.T) ([2]*emulator.Server, int) {
 // selector changes to leave pod a out and a is removed.
 func TestRouterFollowsInferencePool(t *testing.T) {
 	engines, port := enginesOnOnePort(t)
-	api := kubeapi.New()
-	ks := httptest.NewServer(api)
-	t.Cleanup(ks.Close)
-	kc, err := kube.New(kube.Config{Server: ks.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	api, kc := startAPI(t)
 	api.Put(podsPath, kubePod("a", "127.0.0.1", true, map[string]string{"app": "vllm", "shard": "1"}))
 	api.Put(podsPath, kubePod("b", "127.0.0.2", false, map[string]string{"app": "vllm", "shard": "2"}))
 	api.Put(poolsPath, kubePool(map[string]string{"app": "vllm"}, port))
@@ -116,5 +123,50 @@ func TestRouterFollowsInferencePool(t *testing.T) {
 	wait.For(t, "pod b only", func() bool { l := live(); return len(l) == 1 && l[b] })
 	if got := spread(t, front.URL, 3); got[b] != 3 {
 		t.Errorf("after the pool's selector left pod a out: %v, want every request on b", got)
+	}
+}
+
+// TestLabelSelectorTarget: a k8s:// target reports its ready pods' URLs
+// with the target's scheme and port, and each list counts as a
+// resolution; a Kubernetes target without a client is refused.
+func TestLabelSelectorTarget(t *testing.T) {
+	api, kc := startAPI(t)
+	api.Put(podsPath, kubePod("a", "10.0.0.1", true, map[string]string{"app": "vllm"}))
+	api.Put(podsPath, kubePod("b", "10.0.0.2", true, map[string]string{"app": "web"}))
+	tg, err := Parse("k8s://llm/app=vllm?port=8443&scheme=https")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Target: tg, OnChange: func([]string) {}}); err == nil {
+		t.Error("a Kubernetes target without a client: no error")
+	}
+	var rec recorder
+	var mu sync.Mutex
+	resolved := 0
+	d, err := New(Config{Target: tg, Kube: kc, OnChange: rec.onChange, OnResolve: func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil {
+			resolved++
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { d.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	wait.For(t, "the first list", func() bool { return len(rec.all()) == 1 })
+	api.Put(podsPath, kubePod("c", "10.0.0.3", true, map[string]string{"app": "vllm"}))
+	wait.For(t, "pod c", func() bool { return len(rec.all()) == 2 })
+	want := [][]string{{"https://10.0.0.1:8443"}, {"https://10.0.0.1:8443", "https://10.0.0.3:8443"}}
+	if got := rec.all(); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("lists %q, want %q", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if resolved != 2 {
+		t.Errorf("resolutions ok: %d, want 2", resolved)
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"maps"
 	"net/http/httptest"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,4 +206,48 @@ func TestFollowObjectives(t *testing.T) {
 	await("default made sheddable", map[string]int{"critical": 10, "default": -1})
 	api.Delete(path, "critical")
 	await("critical deleted", map[string]int{"default": -1})
+}
+
+// TestBoundedBodies: a list larger than MaxBodyBytes is refused, not
+// read, and retried; nothing is reported from it.
+func TestBoundedBodies(t *testing.T) {
+	api := kubeapi.New()
+	ts := httptest.NewServer(api)
+	t.Cleanup(ts.Close)
+	c, err := kube.New(kube.Config{Server: ts.URL, MaxBodyBytes: 2048})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := newPod("big", "10.0.0.1", true, map[string]string{"app": "vllm"})
+	big.Annotations = map[string]string{"note": strings.Repeat("x", 4096)}
+	api.Put(podsPath, big)
+	rec := newRecorder()
+	run(t, func(ctx context.Context) {
+		_ = c.FollowPods(ctx, kube.Pods{Namespace: "llm", Selector: "app=vllm", Ports: []int{8000}}, rec.set, nil)
+	})
+	awaitLists(t, api, 1) // a second list: the first was refused and retried
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.n != 0 {
+		t.Errorf("reported %q from a list over the bound", rec.last)
+	}
+}
+
+// TestInCluster: the in-cluster configuration needs the service host and
+// port variables and the mounted token.
+func TestInCluster(t *testing.T) {
+	if _, err := kube.InCluster(func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "not in a cluster") {
+		t.Errorf("without KUBERNETES_SERVICE_HOST: %v, want not in a cluster", err)
+	}
+	env := map[string]string{kube.EnvServiceHost: "10.96.0.1", kube.EnvServicePort: "443"}
+	cfg, err := kube.InCluster(func(k string) string { return env[k] })
+	if _, statErr := os.Stat(kube.ServiceAccountDir + "/token"); statErr != nil {
+		if err == nil || !strings.Contains(err.Error(), "token") {
+			t.Errorf("without a mounted token: %v, want an error naming it", err)
+		}
+		return
+	}
+	if err != nil || cfg.Server != "https://10.96.0.1:443" {
+		t.Errorf("in a pod: %+v, %v", cfg, err)
+	}
 }
