@@ -63,6 +63,13 @@ type Election struct {
 
 	leader atomic.Bool
 	now    func() time.Time
+	// observed is the lease record last read (holder, renew time,
+	// version) and observedAt when it was first seen so: a holder has
+	// expired once the record has not changed for its lease duration on
+	// this candidate's clock, as client-go judges it (no trust in the
+	// holder's clock). Only Run's goroutine touches them.
+	observed   string
+	observedAt time.Time
 }
 
 // Leader reports whether this candidate holds the lease.
@@ -142,6 +149,9 @@ func (e *Election) try(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	holder := deref(l.Spec.HolderIdentity)
+	if rec := holder + "|" + deref(l.Spec.RenewTime) + "|" + l.Metadata.ResourceVersion; rec != e.observed {
+		e.observed, e.observedAt = rec, now
+	}
 	if holder != e.Identity && holder != "" && !e.expired(l.Spec, now) {
 		return false, nil
 	}
@@ -150,15 +160,11 @@ func (e *Election) try(ctx context.Context) (bool, error) {
 	return err == nil, ignoreConflict(err)
 }
 
-// expired reports whether the holder of spec has not renewed it within
-// its lease duration.
+// expired reports whether the lease record has not changed for its
+// lease duration since this candidate first saw it.
 func (e *Election) expired(spec LeaseSpec, now time.Time) bool {
-	renew, err := time.Parse(microTime, deref(spec.RenewTime))
-	if err != nil {
-		return true
-	}
 	d := time.Duration(deref(spec.LeaseDurationSeconds)) * time.Second
-	return now.After(renew.Add(d))
+	return now.After(e.observedAt.Add(d))
 }
 
 // hold writes this candidate into l as holder, renewed at now; acquire

@@ -70,7 +70,9 @@ func TestElection(t *testing.T) {
 }
 
 // TestElectionExpiry: a holder that stops renewing without releasing
-// (a crashed pod) loses the lease once its duration passes.
+// (a crashed pod) loses the lease once the record has not changed for its
+// duration; a holder whose record changes keeps it, whatever its clock
+// says (renewTime far in the past).
 func TestElectionExpiry(t *testing.T) {
 	api, c := start(t)
 	stale := time.Now().Add(-2 * time.Second).UTC().Format("2006-01-02T15:04:05.000000Z07:00")
@@ -79,21 +81,34 @@ func TestElectionExpiry(t *testing.T) {
 		"spec":     map[string]any{"holderIdentity": "crashed", "leaseDurationSeconds": 1, "renewTime": stale}})
 	e := newElection(c, "epp-a")
 	run(t, func(ctx context.Context) { _ = e.Run(ctx) })
-	for deadline := time.Now().Add(2 * time.Second); !e.Leader(); time.Sleep(10 * time.Millisecond) {
+	start := time.Now()
+	for deadline := start.Add(3 * time.Second); !e.Leader(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the expired lease was not taken")
 		}
 	}
-	fresh := time.Now().UTC().Format("2006-01-02T15:04:05.000000Z07:00")
-	api.Put(leasesPath, map[string]any{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-		"metadata": map[string]any{"name": "other"},
-		"spec":     map[string]any{"holderIdentity": "alive", "leaseDurationSeconds": 30, "renewTime": fresh}})
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("took the lease after %s, before its 1 s duration without a change", took)
+	}
+	// A holder renewing every 200 ms with a skewed clock (a renewTime an
+	// hour old, changing) keeps its lease of 1 s.
 	o := newElection(c, "epp-b")
 	o.Name = "other"
+	run(t, func(ctx context.Context) {
+		for i := 0; ctx.Err() == nil; i++ {
+			skewed := time.Now().Add(-time.Hour + time.Duration(i)*time.Millisecond).UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+			api.Put(leasesPath, map[string]any{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+				"metadata": map[string]any{"name": "other"},
+				"spec":     map[string]any{"holderIdentity": "alive", "leaseDurationSeconds": 1, "renewTime": skewed}})
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
 	run(t, func(ctx context.Context) { _ = o.Run(ctx) })
-	time.Sleep(500 * time.Millisecond)
-	if o.Leader() {
-		t.Error("took a lease its holder renewed within its duration")
+	for range 30 { // 1.5 s: past the lease's duration
+		if o.Leader() {
+			t.Fatal("took a lease its holder renews")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
