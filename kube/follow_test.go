@@ -107,6 +107,10 @@ func TestFollowPods(t *testing.T) {
 	rec.await(t, "a ready again, c without IP", "10.0.0.1:8000", "10.0.0.2:8000")
 	api.Delete(podsPath, "b")
 	rec.await(t, "b deleted", "10.0.0.1:8000")
+	api.Put(podsPath, newPod("e", "10.0.0.5", true, vllm))
+	rec.await(t, "e added", "10.0.0.1:8000", "10.0.0.5:8000")
+	api.Put(podsPath, newPod("e", "10.0.0.5", true, map[string]string{"app": "moved"}))
+	rec.await(t, "e relabeled out of the selector", "10.0.0.1:8000")
 
 	api.DropWatches()
 	api.Put(podsPath, newPod("c", "10.0.0.3", true, vllm))

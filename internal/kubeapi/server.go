@@ -217,7 +217,11 @@ func (s *Server) stream(r *http.Request, coll string, sel selector, from int64, 
 		}
 		var evs []event
 		for _, e := range s.events {
-			if e.rv > from && e.coll == coll && sel.matches(e.obj) {
+			if e.rv <= from || e.coll != coll {
+				continue
+			}
+			if typ, ok := e.as(sel); ok {
+				e.typ = typ
 				evs = append(evs, e)
 			}
 		}

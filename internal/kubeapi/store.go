@@ -9,7 +9,8 @@
 // concurrency: a stale metadata.resourceVersion is 409 Conflict), DELETE;
 // equality-based labelSelector (k=v, k==v, k!=v) and fieldSelector
 // (metadata.name, metadata.namespace); watch=true streams chunked JSON
-// events, one a line (ADDED, MODIFIED, DELETED) after the resourceVersion
+// events, one a line (ADDED, MODIFIED, DELETED; an object that leaves a
+// watch's selection is DELETED to it, one that enters it ADDED) after the resourceVersion
 // given (none or "0": the current objects as ADDED first), BOOKMARK
 // events when allowWatchBookmarks=true, an ERROR event with a 410 Expired
 // Status when the version was compacted away, and an end at
@@ -39,6 +40,27 @@ type event struct {
 	coll string
 	typ  string
 	obj  map[string]any
+	prev map[string]any // the object before a MODIFIED; nil otherwise
+}
+
+// as returns the event as a watch with sel sees it, as kube-apiserver's
+// watch cache filters: an object that leaves the selection is DELETED, one
+// that enters it ADDED; ok false when the watch does not see it.
+func (e event) as(sel selector) (typ string, ok bool) {
+	now := sel.matches(e.obj)
+	if e.typ != "MODIFIED" {
+		return e.typ, now
+	}
+	before := sel.matches(e.prev)
+	switch {
+	case before && now:
+		return e.typ, true
+	case before:
+		return "DELETED", true
+	case now:
+		return "ADDED", true
+	}
+	return "", false
 }
 
 // Server is the loopback API server. Create it with New; serve it with
@@ -153,12 +175,16 @@ func (s *Server) writeLocked(coll, name, typ string, m map[string]any) string {
 	if ns := namespaceOf(coll); ns != "" {
 		md["namespace"] = ns
 	}
+	prev := s.objs[key{coll, name}]
 	if typ == "DELETED" {
 		delete(s.objs, key{coll, name})
 	} else {
 		s.objs[key{coll, name}] = m
 	}
-	s.events = append(s.events, event{rv: s.rv, coll: coll, typ: typ, obj: m})
+	if typ != "MODIFIED" {
+		prev = nil
+	}
+	s.events = append(s.events, event{rv: s.rv, coll: coll, typ: typ, obj: m, prev: prev})
 	close(s.changed)
 	s.changed = make(chan struct{})
 	return strconv.FormatInt(s.rv, 10)
