@@ -197,6 +197,7 @@ func TestImmediateErrors(t *testing.T) {
 		{"no body", func() req { r := ok; r.chunks = nil; return r }, 400, "invalid_json"},
 		{"unknown model", func() req { return chat("nope", "s", "hello", false) }, 404, "model_not_found"},
 		{"empty subset", func() req { r := ok; r.subset = []string{}; return r }, 503, "no_healthy_replica"},
+		{"no pool endpoint in the subset", func() req { r := ok; r.subset = []string{"10.255.0.1:8000"}; return r }, 503, "no_healthy_replica"},
 		{"streamed mode", func() req { r := ok; r.mode = procv3.ProcessingMode_STREAMED; return r }, 500, "unsupported_body_mode"},
 	}
 	for _, c := range cases {
