@@ -198,6 +198,10 @@ func runEPP(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	objectives, err := followObjectives(cfg, ef, s, log)
+	if err != nil {
+		return err
+	}
 	var opts []grpc.ServerOption
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
@@ -232,13 +236,8 @@ func runEPP(ctx context.Context, args []string) error {
 	if elect != nil {
 		wg.Go(func() { _ = elect.Run(electCtx) })
 	}
-	if ef.poolName != "" {
-		kc, err := kubeClient(cfg)
-		if err != nil {
-			return err
-		}
-		ns := cmp.Or(ef.poolNamespace, kube.Namespace())
-		wg.Go(func() { _ = kc.FollowObjectives(bg, ns, ef.poolName, s.SetObjectives, log) })
+	if objectives != nil {
+		wg.Go(func() { _ = objectives(bg) })
 	}
 	serveErr := make(chan error, 2)
 	wg.Go(func() { serveErr <- g.Serve(ln) })
@@ -296,6 +295,20 @@ func newElection(cfg proxy.Config, ef eppFlags, s *epp.Server, log *slog.Logger)
 	}
 	id += "_" + rand.Text()[:8] // client-go's habit: one identity per run
 	return &kube.Election{Client: kc, Namespace: ns, Name: name, Identity: id, OnChange: s.SetLeader, Logger: log}, nil
+}
+
+// followObjectives returns the loop that follows the pool's
+// InferenceObjectives into s (nil without --pool-name).
+func followObjectives(cfg proxy.Config, ef eppFlags, s *epp.Server, log *slog.Logger) (func(context.Context) error, error) {
+	if ef.poolName == "" {
+		return nil, nil
+	}
+	kc, err := kubeClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ns := cmp.Or(ef.poolNamespace, kube.Namespace())
+	return func(ctx context.Context) error { return kc.FollowObjectives(ctx, ns, ef.poolName, s.SetObjectives, log) }, nil
 }
 
 // stopGRPC lets the streams in flight (requests Envoy is forwarding) end
