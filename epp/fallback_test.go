@@ -170,7 +170,7 @@ func TestReadinessFollowsLeadership(t *testing.T) {
 		if leader {
 			want = healthpb.HealthCheckResponse_SERVING
 		}
-		for _, svc := range []string{HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+		for _, svc := range []string{HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName, "", HealthInferenceExtension} {
 			if got := status(svc); got != want {
 				t.Errorf("step %d (leader %v): %s %v, want %v", i, leader, svc, got, want)
 			}

@@ -185,6 +185,9 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 const (
 	HealthLiveness  = "liveness"
 	HealthReadiness = "readiness"
+	// HealthInferenceExtension is readiness under the name GIE's
+	// lightweight picker and llm-d's one-replica chart probe.
+	HealthInferenceExtension = "inference-extension"
 )
 
 // NewGRPCServer returns a gRPC server with the ext_proc service and the
@@ -253,17 +256,19 @@ func (s *Server) anyHealthy() bool {
 	return false
 }
 
-// setReady sets the health service's statuses: liveness always serving,
-// readiness and the ext_proc service serving when a replica is healthy
-// and this one leads.
+// setReady sets the health service's statuses: liveness always serving;
+// readiness, the ext_proc service and the server as a whole ("", what a
+// load balancer asks) serving when a replica is healthy and this one
+// leads, as GIE's picker reports them.
 func (s *Server) setReady(healthy bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if healthy && s.leader.Load() {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("", st)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(HealthReadiness, st)
+	s.health.SetServingStatus(HealthInferenceExtension, st)
 	s.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, st)
 }
 

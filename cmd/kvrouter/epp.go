@@ -45,7 +45,8 @@ type eppFlags struct {
 }
 
 // eppFlagNames are the flags splitEPPFlags takes.
-var eppFlagNames = []string{"body-mode", "epp-idle-timeout", "fallbacks", "pool-name", "pool-namespace", "leader-elect", "lease-name"}
+var eppFlagNames = []string{"body-mode", "epp-idle-timeout", "fallbacks", "pool-name", "pool-namespace", "pool-group",
+	"leader-elect", "ha-enable-leader-election", "lease-name"}
 
 // splitEPPFlags takes the epp's own flags (eppFlagNames, as -name=v,
 // --name=v, -name v or --name v; --leader-elect alone is true) out of
@@ -58,6 +59,9 @@ func splitEPPFlags(args []string) (eppFlags, []string, error) {
 		if !strings.HasPrefix(args[i], "-") || !slices.Contains(eppFlagNames, name) {
 			rest = append(rest, args[i])
 			continue
+		}
+		if name == "ha-enable-leader-election" { // GIE's picker's name
+			name = "leader-elect"
 		}
 		if name == "leader-elect" && !hasVal {
 			f.leaderElect = true
@@ -85,6 +89,10 @@ func splitEPPFlags(args []string) (eppFlags, []string, error) {
 			f.poolName = val
 		case "pool-namespace":
 			f.poolNamespace = val
+		case "pool-group": // GIE's picker's; only the v1 API is followed
+			if val != kube.PoolGroup {
+				err = fmt.Errorf("only %s (InferencePool v1) is supported, got %q", kube.PoolGroup, val)
+			}
 		case "leader-elect":
 			f.leaderElect, err = strconv.ParseBool(val)
 		case "lease-name":
@@ -308,7 +316,9 @@ func followObjectives(cfg proxy.Config, ef eppFlags, s *epp.Server, log *slog.Lo
 		return nil, err
 	}
 	ns := cmp.Or(ef.poolNamespace, kube.Namespace())
-	return func(ctx context.Context) error { return kc.FollowObjectives(ctx, ns, ef.poolName, s.SetObjectives, log) }, nil
+	return func(ctx context.Context) error {
+		return kc.FollowObjectives(ctx, ns, ef.poolName, s.SetObjectives, log)
+	}, nil
 }
 
 // stopGRPC lets the streams in flight (requests Envoy is forwarding) end

@@ -36,8 +36,13 @@ func TestSplitEPPFlags(t *testing.T) {
 	if f, _, err := splitEPPFlags([]string{"--leader-elect=false", "--fallbacks=3"}); err != nil || f.leaderElect || f.fallbacks != 3 {
 		t.Errorf("--leader-elect=false --fallbacks=3: got %+v, %v", f, err)
 	}
+	// GIE's picker's spellings.
+	if f, _, err := splitEPPFlags([]string{"--ha-enable-leader-election", "--pool-group", "inference.networking.k8s.io"}); err != nil || !f.leaderElect {
+		t.Errorf("--ha-enable-leader-election --pool-group: got %+v, %v", f, err)
+	}
 	for _, bad := range [][]string{{"--body-mode", "streamed-ish"}, {"--epp-idle-timeout"}, {"--epp-idle-timeout=soon"},
-		{"--pool-namespace", "llm"}, {"--pool-name", "p", "--discover", "dns://x:1"}, {"--fallbacks", "-1"}, {"--leader-elect=maybe"}} {
+		{"--pool-namespace", "llm"}, {"--pool-name", "p", "--discover", "dns://x:1"}, {"--fallbacks", "-1"}, {"--leader-elect=maybe"},
+		{"--pool-group", "inference.networking.x-k8s.io"}} {
 		if _, _, err := splitEPPFlags(bad); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
