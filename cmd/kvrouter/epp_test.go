@@ -60,6 +60,33 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// pickOnce sends one completion's headers and body to the picker on conn
+// and returns the destination it names.
+func pickOnce(t *testing.T, ctx context.Context, conn *grpc.ClientConn) string {
+	t.Helper()
+	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.CloseSend()
+	hdr := func(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{hdr(":method", "POST"), hdr(":path", "/v1/completions")}}}}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		Body: []byte(`{"model":"m","prompt":"hello","max_tokens":2}`), EndOfStream: true}}})
+	resp, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == epp.DefaultHeader {
+			return string(h.GetHeader().GetRawValue())
+		}
+	}
+	t.Errorf("no destination in the answer %v", resp)
+	return ""
+}
+
 // TestRunEPP: `kvrouter epp` serves ext_proc and gRPC health on --listen
 // over the backends of the serve flags, routes a request to its engine,
 // and stops cleanly when its context ends.
@@ -85,29 +112,9 @@ func TestRunEPP(t *testing.T) {
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: epp.HealthReadiness})
 		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
 	})
-	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-	if err != nil {
-		t.Fatal(err)
+	if got, want := pickOnce(t, ctx, conn), eng.URL()[len("http://"):]; got != want {
+		t.Errorf("picked %q, want the engine %s", got, want)
 	}
-	hdr := func(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{hdr(":method", "POST"), hdr(":path", "/v1/completions")}}}}})
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-		Body: []byte(`{"model":"m","prompt":"hello","max_tokens":2}`), EndOfStream: true}}})
-	resp, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := ""
-	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
-		if h.GetHeader().GetKey() == epp.DefaultHeader {
-			got = string(h.GetHeader().GetRawValue())
-		}
-	}
-	if want := eng.URL()[len("http://"):]; got != want {
-		t.Errorf("picked %q, want the engine %s (answer %v)", got, want, resp)
-	}
-	s.CloseSend()
 	cancel()
 	select {
 	case err := <-done:

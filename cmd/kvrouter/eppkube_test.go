@@ -20,8 +20,8 @@ import (
 
 // TestEPPLeaderElection runs two `kvrouter epp --pool-name ...
 // --leader-elect` against a loopback Kubernetes API (internal/kubeapi):
-// both follow the InferencePool's pod, only the Lease's holder reports
-// ready, and when the leader stops (releasing the lease) the follower
+// both follow the InferencePool's pod (the follower routes to it too),
+// only the Lease's holder reports ready, and when the leader stops (releasing the lease) the follower
 // becomes ready within a retry period.
 func TestEPPLeaderElection(t *testing.T) {
 	if testing.Short() {
@@ -43,6 +43,7 @@ func TestEPPLeaderElection(t *testing.T) {
 		addr   string
 		cancel context.CancelFunc
 		done   chan error
+		conn   *grpc.ClientConn
 		hc     healthpb.HealthClient
 	}
 	start := func() *picker {
@@ -58,7 +59,7 @@ func TestEPPLeaderElection(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		p.hc = healthpb.NewHealthClient(conn)
+		p.conn, p.hc = conn, healthpb.NewHealthClient(conn)
 		return p
 	}
 	check := func(p *picker, svc string) healthpb.HealthCheckResponse_ServingStatus {
@@ -93,6 +94,11 @@ func TestEPPLeaderElection(t *testing.T) {
 			t.Fatalf("leader a readiness %v, want SERVING", got)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// The follower's state is warm: it found the pool's pod and routes
+	// what reaches it.
+	if got, want := pickOnce(t, context.Background(), b.conn), eng.URL()[len("http://"):]; got != want {
+		t.Errorf("follower b picked %q, want the pool's pod %s", got, want)
 	}
 	holder := func() string {
 		spec, _ := api.Get(kubeapi.LeasesPath("llm"), "kvrouter-epp-vllm")["spec"].(map[string]any)
