@@ -14,6 +14,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -129,6 +130,8 @@ var kinds = map[string]func() any{
 	"inference.networking.k8s.io/v1/InferencePool":  func() any { return new(inferencePool) },
 	"gateway.networking.k8s.io/v1/HTTPRoute":        func() any { return new(httpRoute) },
 	"kustomize.config.k8s.io/v1beta1/Kustomization": func() any { return new(kustomization) },
+	"rbac.authorization.k8s.io/v1/Role":             func() any { return new(rbacv1.Role) },
+	"rbac.authorization.k8s.io/v1/RoleBinding":      func() any { return new(rbacv1.RoleBinding) },
 }
 
 // notManifests are the YAML files under deploy/ that are no Kubernetes

@@ -1,16 +1,23 @@
 // Package discover finds the router's backends in DNS: the A and AAAA
 // records of a name (a Kubernetes headless Service has one per ready
-// pod), or its SRV records, resolved again every interval. The router
+// pod), or its SRV records, resolved again every interval; or in the
+// Kubernetes API, watched (kube.go): the ready pods of a label selector,
+// or of a Gateway API Inference Extension InferencePool. The router
 // applies each new list through the same add / drain / remove path as the
 // admin API and the config reload (proxy.Router.SetBackends): an address
 // that vanished is drained, then removed once its streams end.
 //
-// Two forms of target:
+// Four forms of target:
 //
 //	dns://NAME:PORT              A/AAAA records of NAME; every address gets PORT
 //	dns+srv://_SERVICE._PROTO.NAME  SRV records of the name; each target's A/AAAA
 //	                             records with the record's port
+//	k8s://NAMESPACE/SELECTOR?port=PORT  ready pods of the label selector
+//	                             (app=vllm,tier=a); every pod IP gets PORT
+//	inferencepool://NAMESPACE/NAME  ready pods of the InferencePool's
+//	                             selector, at each of its target ports
 //
+// An empty NAMESPACE (k8s:///app=vllm?port=8000) is the router's own.
 // for example dns://vllm-headless.llm.svc.cluster.local:8000 and
 // dns+srv://_http._tcp.vllm-headless.llm.svc.cluster.local (Kubernetes
 // names a Service port "http" that way). The query string may set
@@ -32,6 +39,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/kube"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -58,6 +66,17 @@ type Target struct {
 	Scheme string
 	// Role is the backends' role (route.RoleBoth: the default).
 	Role route.Role
+	// Kube, when not empty, says the target is in the Kubernetes API:
+	// KindPods (Selector and Port) or KindPool (Pool); Name is then
+	// unused.
+	Kube string
+	// Namespace is the pods' or the pool's namespace; empty means the
+	// router's own.
+	Namespace string
+	// Selector is the pods' equality-based label selector (KindPods).
+	Selector string
+	// Pool is the InferencePool's name (KindPool).
+	Pool string
 }
 
 // Parse reads "dns://NAME:PORT" or "dns+srv://NAME" (optionally
@@ -76,6 +95,9 @@ func Parse(s string) (Target, error) {
 	}
 	if t.Role, err = route.ParseRole(u.Query().Get("role")); err != nil {
 		return Target{}, fmt.Errorf("discover %q: %w", s, err)
+	}
+	if u.Scheme == KindPods || u.Scheme == KindPool {
+		return t.parseKube(s, u)
 	}
 	if u.Path != "" && u.Path != "/" || u.User != nil || u.Fragment != "" {
 		return Target{}, fmt.Errorf("discover %q: want dns://name:port or dns+srv://_service._proto.name, nothing else", s)
@@ -97,7 +119,7 @@ func Parse(s string) (Target, error) {
 		}
 		t.Name, t.SRV = u.Hostname(), true
 	default:
-		return Target{}, fmt.Errorf("discover %q: scheme %q: want dns or dns+srv", s, u.Scheme)
+		return Target{}, fmt.Errorf("discover %q: scheme %q: want dns, dns+srv, k8s or inferencepool", s, u.Scheme)
 	}
 	if t.Name == "" {
 		return Target{}, fmt.Errorf("discover %q: no name", s)
@@ -114,14 +136,27 @@ func (t Target) String() string {
 	if t.Role != route.RoleBoth {
 		q = append(q, "role="+t.Role.String())
 	}
-	query := ""
-	if len(q) > 0 {
-		query = "?" + strings.Join(q, "&")
+	switch t.Kube {
+	case KindPods:
+		q = append([]string{"port=" + strconv.Itoa(t.Port)}, q...)
+	case KindPool:
+		return KindPool + "://" + t.Namespace + "/" + t.Pool + queryOf(q)
+	}
+	query := queryOf(q)
+	if t.Kube == KindPods {
+		return KindPods + "://" + t.Namespace + "/" + t.Selector + query
 	}
 	if t.SRV {
 		return "dns+srv://" + t.Name + query
 	}
 	return "dns://" + net.JoinHostPort(t.Name, strconv.Itoa(t.Port)) + query
+}
+
+func queryOf(q []string) string {
+	if len(q) == 0 {
+		return ""
+	}
+	return "?" + strings.Join(q, "&")
 }
 
 // Config configures a Discoverer.
@@ -143,6 +178,9 @@ type Config struct {
 	OnResolve func(err error)
 	// Logger receives failed resolutions; nil means discard.
 	Logger *slog.Logger
+	// Kube is the Kubernetes API client of a Kubernetes target
+	// (required for one; unused otherwise).
+	Kube *kube.Client
 }
 
 // Discoverer resolves a Target periodically. Create it with New.
@@ -156,6 +194,9 @@ type Discoverer struct {
 func New(cfg Config) (*Discoverer, error) {
 	if cfg.OnChange == nil {
 		return nil, errors.New("discover: no OnChange")
+	}
+	if cfg.Target.Kube != "" {
+		return newKube(cfg)
 	}
 	if cfg.Target.Name == "" {
 		return nil, errors.New("discover: no target")
@@ -184,6 +225,9 @@ func New(cfg Config) (*Discoverer, error) {
 // keeps the last list; a name that does not exist, or has no records,
 // is an empty list: every backend found before is drained and removed.
 func (d *Discoverer) Run(ctx context.Context) error {
+	if d.cfg.Target.Kube != "" {
+		return d.runKube(ctx)
+	}
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
 	for {

@@ -61,15 +61,7 @@ func TestRouterFollowsDNS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Target: tg, Interval: 20 * time.Millisecond, Resolver: startDNS(t, z), OnChange: func(urls []string) {
-		bes := make([]proxy.Backend, len(urls))
-		for i, u := range urls {
-			bes[i] = proxy.Backend{URL: u}
-		}
-		if err := rt.SetBackends(bes, proxy.SourceDiscover); err != nil {
-			t.Errorf("SetBackends: %v", err)
-		}
-	}})
+	d, err := New(Config{Target: tg, Interval: 20 * time.Millisecond, Resolver: startDNS(t, z), OnChange: setBackends(t, rt)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +92,20 @@ func TestRouterFollowsDNS(t *testing.T) {
 		t.Errorf("the stream on the vanished backend: %v, ended without [DONE]", err)
 	}
 	wait.For(t, "one backend", func() bool { return len(rt.Backends()) == 1 })
+}
+
+// setBackends is an OnChange that applies each list to rt, as serve's
+// discovery does.
+func setBackends(t *testing.T, rt *proxy.Router) func([]string) {
+	return func(urls []string) {
+		bes := make([]proxy.Backend, len(urls))
+		for i, u := range urls {
+			bes[i] = proxy.Backend{URL: u}
+		}
+		if err := rt.SetBackends(bes, proxy.SourceDiscover); err != nil {
+			t.Errorf("SetBackends: %v", err)
+		}
+	}
 }
 
 // spread sends n short requests and counts them per replica.

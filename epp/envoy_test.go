@@ -3,6 +3,7 @@ package epp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -99,8 +100,10 @@ func start(t *testing.T, n int, cfg Config, mod func(*proxy.Config)) *fixture {
 // exchange is what one request through the test's Envoy saw.
 type exchange struct {
 	immediate   *extprocv3.ImmediateResponse // the picker answered the request itself
-	endpoint    string                       // the destination header the picker set
+	list        string                       // the destination header the picker set: primary,fallback,...
+	endpoint    string                       // its primary, the first
 	metadata    string                       // the envoy.lb destination in the dynamic metadata
+	served      string                       // the endpoint that answered, reported back as Envoy does
 	sentBody    []byte                       // the body Envoy forwards
 	status      int                          // the engine's status
 	respBody    []byte                       // the response body the client gets
@@ -215,7 +218,8 @@ func (f *fixture) routed(t *testing.T, s extprocv3.ExternalProcessor_ProcessClie
 	}
 	for _, h := range common.GetHeaderMutation().GetSetHeaders() {
 		if h.GetHeader().GetKey() == DefaultHeader {
-			ex.endpoint = string(h.GetHeader().GetRawValue())
+			ex.list = string(h.GetHeader().GetRawValue())
+			ex.endpoint, _, _ = strings.Cut(ex.list, ",")
 		}
 	}
 	ex.metadata = resp.GetDynamicMetadata().GetFields()[DefaultNamespace].GetStructValue().GetFields()[DefaultHeader].GetStringValue()
@@ -230,22 +234,42 @@ func (f *fixture) routed(t *testing.T, s extprocv3.ExternalProcessor_ProcessClie
 }
 
 // forward calls the engine at the picked endpoint and streams its
-// response through the picker, as Envoy does.
+// response through the picker, as Envoy does: down the destination list
+// in order until an endpoint accepts the connection (Envoy's retry on
+// connect-failure over GIE's endpoint list), reporting the one that
+// served in the response headers' envoy.lb metadata.
 func (f *fixture) forward(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient, r req, ex *exchange) {
 	t.Helper()
-	hreq, err := http.NewRequest(http.MethodPost, "http://"+ex.endpoint+r.path, bytes.NewReader(ex.sentBody))
-	if err != nil {
-		t.Fatal(err)
+	var resp *http.Response
+	for ep := range strings.SplitSeq(ex.list, ",") {
+		hreq, err := http.NewRequest(http.MethodPost, "http://"+ep+r.path, bytes.NewReader(ex.sentBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hreq.Header.Set("Content-Type", "application/json")
+		if resp, err = http.DefaultClient.Do(hreq); err == nil {
+			ex.served = ep
+			break
+		}
+		var op *net.OpError
+		if !errors.As(err, &op) || op.Op != "dial" {
+			t.Fatal(err)
+		}
 	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(hreq)
-	if err != nil {
-		t.Fatal(err)
+	if resp == nil {
+		t.Fatalf("no endpoint of %q reachable", ex.list)
 	}
 	defer resp.Body.Close()
 	ex.status = resp.StatusCode
-	send(t, s, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
-		Headers: headerMap(":status", strconv.Itoa(resp.StatusCode), "content-type", resp.Header.Get("Content-Type"))}}})
+	md, err := structpb.NewStruct(map[string]any{ServedKey: ex.served})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, s, &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: headerMap(":status", strconv.Itoa(resp.StatusCode), "content-type", resp.Header.Get("Content-Type"))}},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{DefaultNamespace: md}},
+	})
 	ex.respHeaders = map[string]string{}
 	for _, h := range recv(t, s).GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
 		ex.respHeaders[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())

@@ -87,7 +87,7 @@ func TestRepeatGoesToThePrefix(t *testing.T) {
 				if ex.immediate != nil {
 					t.Fatalf("request %d: immediate response %d %s", i, ex.immediate.GetStatus().GetCode(), ex.immediate.GetBody())
 				}
-				if !hosts[ex.endpoint] || ex.metadata != ex.endpoint {
+				if !hosts[ex.endpoint] || ex.metadata != ex.list {
 					t.Fatalf("request %d: header endpoint %q, metadata %q; want the same replica's host:port of %v", i, ex.endpoint, ex.metadata, hosts)
 				}
 				if !bytes.Equal(ex.sentBody, r.chunks[0]) {
@@ -197,6 +197,7 @@ func TestImmediateErrors(t *testing.T) {
 		{"no body", func() req { r := ok; r.chunks = nil; return r }, 400, "invalid_json"},
 		{"unknown model", func() req { return chat("nope", "s", "hello", false) }, 404, "model_not_found"},
 		{"empty subset", func() req { r := ok; r.subset = []string{}; return r }, 503, "no_healthy_replica"},
+		{"no pool endpoint in the subset", func() req { r := ok; r.subset = []string{"10.255.0.1:8000"}; return r }, 503, "no_healthy_replica"},
 		{"streamed mode", func() req { r := ok; r.mode = procv3.ProcessingMode_STREAMED; return r }, 500, "unsupported_body_mode"},
 	}
 	for _, c := range cases {
@@ -264,8 +265,8 @@ func TestSubset(t *testing.T) {
 	for i := range 4 {
 		r := chat("m", strconv.Itoa(i), words(i, 50), false)
 		r.subset = []string{only, "10.255.0.1:8000"}
-		if ex := f.do(t, r); ex.endpoint != only {
-			t.Errorf("request %d went to %q (immediate %v), want %s", i, ex.endpoint, ex.immediate, only)
+		if ex := f.do(t, r); ex.list != only {
+			t.Errorf("request %d went to %q (immediate %v), want %s and no fallback outside the subset", i, ex.list, ex.immediate, only)
 		}
 	}
 }

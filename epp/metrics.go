@@ -8,6 +8,7 @@ type metrics struct {
 	streams  prometheus.Gauge
 	requests *prometheus.CounterVec
 	errors   *prometheus.CounterVec
+	served   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -25,7 +26,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Streams the endpoint picker ended itself, by code: request_too_large, body_timeout, idle_timeout, invalid_path, unsupported_body_mode, protocol_error.",
 		}, []string{"code"}),
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.requests, m.errors} {
+	m.served = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_epp_served_total",
+		Help: "Routed responses by the endpoint the data plane reported serving them (x-gateway-destination-endpoint-served): primary (the picked one), fallback (a later one of the list: the picked one could not be reached), unreported.",
+	}, []string{"endpoint"})
+	for _, c := range []prometheus.Collector{m.streams, m.requests, m.errors, m.served} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -7,7 +7,15 @@
 // the picker routes it with the live router's own code (proxy.Router.Pick:
 // the same parsing, fleet.Decide and policy as `kvrouter serve`) and
 // answers with the x-gateway-destination-endpoint header and the envoy.lb
-// dynamic metadata, the body passed through unchanged. The response phase
+// dynamic metadata (the same value: the picked endpoint, then
+// Config.Fallbacks others, "ip:port,ip:port", for a data plane that
+// tries them in order),
+// the body passed through unchanged. The endpoint Envoy reports serving
+// the response (x-gateway-destination-endpoint-served) goes into the
+// decision record. A request naming an InferenceObjective
+// (x-gateway-inference-objective) gets the objective's priority
+// (SetObjectives). With Config.Elected only the leader of a leader
+// election reports ready (SetLeader), as GIE's replicas do. The response phase
 // (headers, body chunks, end) comes back through the same stream: the
 // first body bytes end the replica's prefill, the end releases its load,
 // so the in-flight accounting the policy reads stays true.
@@ -27,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -64,6 +73,12 @@ const (
 	// SubsetKey is the key, in the envoy.lb.subset_hint filter metadata,
 	// of the endpoints (host:port) Envoy allows the picker to choose from.
 	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// ObjectiveHeader is the request header naming the request's
+	// InferenceObjective (its metadata.name), as GIE's clients set it.
+	ObjectiveHeader = "x-gateway-inference-objective"
+	// ServedKey is the key, in the envoy.lb filter metadata of the
+	// response's messages, of the endpoint that served the request.
+	ServedKey = "x-gateway-destination-endpoint-served"
 )
 
 // Defaults of Config's zero fields.
@@ -100,6 +115,16 @@ type Config struct {
 	// MaxStreams bounds the streams in flight (gRPC's
 	// MaxConcurrentStreams, per connection); zero means DefaultMaxStreams.
 	MaxStreams uint32
+	// Fallbacks is how many endpoints follow the picked one in the
+	// destination (GIE's protocol: "ip:port,ip:port,...", the primary
+	// first; proxy.Pick.Fallbacks says which); zero means none, the one
+	// endpoint an Envoy ORIGINAL_DST cluster reading the header can take
+	// (and GIE's reference picker's default).
+	Fallbacks int
+	// Elected says a leader election decides readiness: the picker reports
+	// ready only while SetLeader(true) holds, as GIE's replicas do; false
+	// means it leads alone.
+	Elected bool
 }
 
 // Server is the endpoint picker. Create it with New, serve NewGRPCServer,
@@ -113,6 +138,11 @@ type Server struct {
 	health  *health.Server
 	now     func() time.Time
 	readers sync.WaitGroup // every stream's reader goroutine
+	leader  atomic.Bool    // this replica leads (always, unless Elected)
+	// objectives are the pool's InferenceObjectives' priorities by name
+	// (SetObjectives); nil: none declared.
+	objectives atomic.Pointer[map[string]int]
+	healthy    atomic.Bool // a replica was healthy at the last look
 }
 
 // New returns a picker routing with rt (whose Run the caller runs), with
@@ -122,7 +152,7 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 	if rt == nil {
 		return nil, errors.New("epp: no router")
 	}
-	if cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.IdleTimeout < 0 {
+	if cfg.MaxBodyBytes < 0 || cfg.BodyTimeout < 0 || cfg.IdleTimeout < 0 || cfg.Fallbacks < 0 {
 		return nil, fmt.Errorf("epp: negative limit (max body %d, body timeout %s, idle timeout %s)", cfg.MaxBodyBytes, cfg.BodyTimeout, cfg.IdleTimeout)
 	}
 	if cfg.BodyMode != FullDuplex && cfg.BodyMode != Buffered {
@@ -145,6 +175,7 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 		return nil, fmt.Errorf("epp metrics: %w", err)
 	}
 	s := &Server{rt: rt, cfg: cfg, log: log, m: m, health: health.NewServer(), now: time.Now}
+	s.leader.Store(!cfg.Elected)
 	s.setReady(false)
 	return s, nil
 }
@@ -154,6 +185,9 @@ func New(rt *proxy.Router, cfg Config, reg prometheus.Registerer, log *slog.Logg
 const (
 	HealthLiveness  = "liveness"
 	HealthReadiness = "readiness"
+	// HealthInferenceExtension is readiness under the name GIE's
+	// lightweight picker and llm-d's one-replica chart probe.
+	HealthInferenceExtension = "inference-extension"
 )
 
 // NewGRPCServer returns a gRPC server with the ext_proc service and the
@@ -174,17 +208,36 @@ func (s *Server) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	return g
 }
 
+// SetLeader says whether this replica leads (Config.Elected): readiness
+// follows at once. A follower keeps routing what reaches it, its state
+// warm (scrapes, health, KV events), and reports not ready.
+func (s *Server) SetLeader(leader bool) {
+	s.leader.Store(leader)
+	s.setReady(s.healthy.Load())
+}
+
+// SetObjectives replaces the priorities of the pool's
+// InferenceObjectives, by objective name: a request naming one in
+// ObjectiveHeader gets its priority (proxy.HeaderPriority, clamped to
+// ±1000; negative is sheddable) in place of any the client sent.
+func (s *Server) SetObjectives(prio map[string]int) { s.objectives.Store(&prio) }
+
+// Leader reports whether this replica leads.
+func (s *Server) Leader() bool { return s.leader.Load() }
+
 // Run keeps the readiness the health service reports current (serving
-// while at least one replica is healthy) until ctx is done, then reports
-// not serving, waits for the streams' readers to end (stop the gRPC
-// server first) and returns nil.
+// while this replica leads and at least one replica is healthy) until
+// ctx is done, then reports not serving, waits for the streams' readers
+// to end (stop the gRPC server first) and returns nil.
 func (s *Server) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		s.setReady(s.anyHealthy())
+		s.healthy.Store(s.anyHealthy())
+		s.setReady(s.healthy.Load())
 		select {
 		case <-ctx.Done():
+			s.healthy.Store(false)
 			s.setReady(false)
 			s.health.Shutdown()
 			s.readers.Wait()
@@ -203,16 +256,19 @@ func (s *Server) anyHealthy() bool {
 	return false
 }
 
-// setReady sets the health service's statuses: liveness always serving,
-// readiness and the ext_proc service serving when ready.
-func (s *Server) setReady(ready bool) {
+// setReady sets the health service's statuses: liveness always serving;
+// readiness, the ext_proc service and the server as a whole ("", what a
+// load balancer asks) serving when a replica is healthy and this one
+// leads, as GIE's picker reports them.
+func (s *Server) setReady(healthy bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if ready {
+	if healthy && s.leader.Load() {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("", st)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(HealthReadiness, st)
+	s.health.SetServingStatus(HealthInferenceExtension, st)
 	s.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, st)
 }
 

@@ -133,6 +133,7 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return st.requestTrailers()
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.served(req)
 		return st.responseHeaders(v.ResponseHeaders)
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		return st.responseBody(v.ResponseBody)
@@ -245,6 +246,9 @@ func (st *stream) route(hasBody bool) error {
 	if err != nil {
 		return st.fail(http.StatusBadRequest, "invalid_path", err.Error())
 	}
+	if m := st.s.objectives.Load(); m != nil {
+		objectivePriority(r.Header, *m)
+	}
 	var ans answer
 	p := st.s.rt.Pick(&ans, r, st.body, st.subset)
 	if p == nil {
@@ -253,8 +257,12 @@ func (st *stream) route(hasBody bool) error {
 	}
 	st.pick = p
 	st.s.m.requests.WithLabelValues("routed").Inc()
-	mut := st.destination(p.Endpoint(), hasBody && st.reqMode == FullDuplex)
-	md := metadata(st.s.cfg.Namespace, st.s.cfg.Header, p.Endpoint())
+	dest := p.Endpoint()
+	if n := st.s.cfg.Fallbacks; n > 0 {
+		dest = strings.Join(append([]string{dest}, p.Fallbacks(n, st.subset)...), ",")
+	}
+	mut := st.destination(dest, hasBody && st.reqMode == FullDuplex)
+	md := metadata(st.s.cfg.Namespace, st.s.cfg.Header, dest)
 	common := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true}
 	if !hasBody || st.reqMode == FullDuplex {
 		if err := st.send(&extprocv3.ProcessingResponse{
@@ -272,6 +280,23 @@ func (st *stream) route(hasBody bool) error {
 		Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
 		DynamicMetadata: md,
 	})
+}
+
+// maxPriority is proxy.HeaderPriority's bound.
+const maxPriority = 1000
+
+// objectivePriority sets h's proxy.HeaderPriority from the
+// InferenceObjective it names (ObjectiveHeader), when prio has it: the
+// pool's declaration replaces what the client sent. An unknown objective
+// changes nothing.
+func objectivePriority(h http.Header, prio map[string]int) {
+	name := h.Get(ObjectiveHeader)
+	if name == "" {
+		return
+	}
+	if p, ok := prio[name]; ok {
+		h.Set(proxy.HeaderPriority, strconv.Itoa(min(max(p, -maxPriority), maxPriority)))
+	}
 }
 
 // request builds the http.Request the router reads: method, path and
@@ -301,6 +326,26 @@ func (st *stream) destination(endpoint string, withLength bool) *extprocv3.Heade
 		set = append(set, setHeader("content-length", strconv.Itoa(len(st.body))))
 	}
 	return &extprocv3.HeaderMutation{SetHeaders: set}
+}
+
+// served reads the endpoint the data plane says served the request
+// (filter metadata envoy.lb, key ServedKey) into the decision record,
+// and counts whether it was the picked one or a fallback.
+func (st *stream) served(req *extprocv3.ProcessingRequest) {
+	if st.pick == nil {
+		return
+	}
+	ep := req.GetMetadataContext().GetFilterMetadata()[st.s.cfg.Namespace].GetFields()[ServedKey].GetStringValue()
+	switch {
+	case ep == "":
+		st.s.m.served.WithLabelValues("unreported").Inc()
+		return
+	case ep == st.pick.Endpoint():
+		st.s.m.served.WithLabelValues("primary").Inc()
+	default:
+		st.s.m.served.WithLabelValues("fallback").Inc()
+	}
+	st.pick.Served(ep)
 }
 
 // responseHeaders notes the upstream's status and adds the routing

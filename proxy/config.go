@@ -35,10 +35,17 @@ type Config struct {
 	// router runs (admin API, config reload, discovery) included; zero
 	// means max(len(Backends), DefaultMaxBackends).
 	MaxBackends int `yaml:"max-backends"`
-	// Discover is a DNS name whose records are the backends
-	// (dns://name:port, dns+srv://_service._proto.name; package
-	// discover); empty means none. With it Backends may be empty.
+	// Discover is where the backends are found (package discover): a DNS
+	// name whose records they are (dns://name:port,
+	// dns+srv://_service._proto.name), or pods watched in the Kubernetes
+	// API (k8s://namespace/selector?port=N, inferencepool://namespace/name);
+	// empty means none. With it Backends may be empty.
 	Discover string `yaml:"discover"`
+	// KubeAPI is the Kubernetes API server's URL for a Kubernetes
+	// Discover target and the endpoint picker's lease (no credentials
+	// sent: kubectl proxy's, say); empty means the pod's in-cluster
+	// configuration (service account token and CA).
+	KubeAPI string `yaml:"kube-api"`
 	// DiscoverInterval is how often Discover is resolved again; zero
 	// means 10 s.
 	DiscoverInterval time.Duration `yaml:"discover-interval"`

@@ -61,7 +61,7 @@ func (c *call) fill(rec *view.Decision) {
 	for _, f := range c.failed {
 		failed = append(failed, rt.name(f))
 	}
-	rec.Failed = failed
+	rec.Failed, rec.Served = failed, c.served
 	if rec.Outcome == "" {
 		rec.Outcome = view.OutcomeInFlight
 	} else {

@@ -99,6 +99,10 @@ type call struct {
 
 	*bufs // borrowed from Router.pool until finish
 
+	// served is the endpoint the data plane reported served the request
+	// (Pick.Served); empty: none reported.
+	served string
+
 	// Outcome, set by finish.
 	outcome string
 	usage   fleet.Usage // the engine's, fields -1 when not reported

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"net/url"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // Pick is one request the router routed for another data plane (the
@@ -125,6 +128,73 @@ func (p *Pick) Summary() string {
 		return ""
 	}
 	return p.c.summary()
+}
+
+// Fallbacks returns up to n replicas besides the chosen one, as
+// host:port, in the order a data plane should try them when the chosen
+// one cannot be reached (the Gateway API Inference Extension's endpoint
+// list: the primary first, then these): the decision's other candidates,
+// cheapest first, then the other replicas by index; only healthy ones,
+// not draining, whose host:port is in subset (nil: any) and that serve
+// the request's model (or whose models are not known yet). Call it
+// before Done.
+func (p *Pick) Fallbacks(n int, subset []string) []string {
+	c, rt := p.c, p.c.rt
+	model := ""
+	if c.prompt != nil {
+		model = c.prompt.Model
+	}
+	var out []string
+	tried := []int{c.replica}
+	add := func(i int) {
+		if len(out) >= n || slices.Contains(tried, i) {
+			return
+		}
+		tried = append(tried, i)
+		host := rt.url(i).Host
+		if !rt.st.healthy(i) || rt.st.fleet.Draining(rt.name(i)) || subset != nil && !slices.Contains(subset, host) || !rt.serves(i, model) {
+			return
+		}
+		out = append(out, host)
+	}
+	costs := slices.Clone(c.dec.Costs)
+	slices.SortStableFunc(costs, func(a, b route.Cost) int { return cmp.Compare(a.Total, b.Total) })
+	for _, k := range costs {
+		add(k.Replica)
+	}
+	for i := range rt.st.bes.list() {
+		add(i)
+	}
+	return out
+}
+
+// serves reports whether replica i serves model, or might (its models
+// are not known yet); any replica serves "".
+func (rt *Router) serves(i int, model string) bool {
+	if model == "" {
+		return true
+	}
+	ms, known := rt.st.fleet.Models(rt.name(i))
+	return !known || slices.ContainsFunc(ms, func(m scrape.Model) bool { return m.ID == model })
+}
+
+// Served records the endpoint (host:port) the data plane reports served
+// the request (GIE's x-gateway-destination-endpoint-served) in the
+// decision record. Another than the chosen replica's means the data plane
+// fell back: the chosen replica is recorded among the request's failed
+// ones. The load stays accounted to the chosen replica.
+func (p *Pick) Served(endpoint string) {
+	c := p.c
+	if endpoint == "" || c.served != "" {
+		return
+	}
+	c.served = endpoint
+	if endpoint != p.Endpoint() && !slices.Contains(c.failed, c.replica) {
+		c.failed = append(c.failed, c.replica)
+	}
+	if c.rec != 0 {
+		c.record()
+	}
 }
 
 // PredictedCached returns the prompt tokens the policy predicted cached

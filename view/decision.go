@@ -53,6 +53,12 @@ type Decision struct {
 	Replica string   `json:"replica"`
 	Reason  string   `json:"reason"`
 	Failed  []string `json:"failed,omitempty"`
+	// Served is the endpoint (host:port) the data plane reported served
+	// the request (the endpoint picker's
+	// x-gateway-destination-endpoint-served); empty when none reported.
+	// One other than Replica's means the data plane fell back down the
+	// picker's endpoint list, and Replica is then among Failed.
+	Served string `json:"served,omitempty"`
 	// Transfer, when the request ran a KV transfer (a prefill leg on a
 	// prefill worker, or on a holder with --kv-transfer, whose
 	// kv_transfer_params the forwarded body carried), says so: "from

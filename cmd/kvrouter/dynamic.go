@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/discover"
+	"github.com/kvrouter/kvrouter/kube"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -29,8 +30,10 @@ func dynamicFlags(fs *flag.FlagSet, cfg *proxy.Config) {
 	fs.IntVar(&cfg.MaxBackends, "max-backends", cfg.MaxBackends,
 		fmt.Sprintf("most backends at once, added ones included (admin API, reload, discovery); 0: max(backends given, %d)", proxy.DefaultMaxBackends))
 	fs.StringVar(&cfg.Discover, "discover", cfg.Discover,
-		"find backends in DNS, re-resolved every --discover-interval: dns://NAME:PORT (A/AAAA records) or dns+srv://_SERVICE._PROTO.NAME (SRV records), ?scheme=https for TLS backends, ?role=prefill|decode|both for their role (docs/disaggregation.md; both: &)")
-	fs.DurationVar(&cfg.DiscoverInterval, "discover-interval", cfg.DiscoverInterval, "how often --discover is resolved again (0: 10s)")
+		"find backends in DNS, re-resolved every --discover-interval: dns://NAME:PORT (A/AAAA records) or dns+srv://_SERVICE._PROTO.NAME (SRV records); or watch them in the Kubernetes API: k8s://NAMESPACE/SELECTOR?port=PORT (ready pods of a label selector such as app=vllm) or inferencepool://NAMESPACE/NAME (ready pods of a Gateway API Inference Extension v1 InferencePool, at its target ports; docs/kubernetes.md); ?scheme=https for TLS backends, ?role=prefill|decode|both for their role (docs/disaggregation.md; both: &)")
+	fs.DurationVar(&cfg.DiscoverInterval, "discover-interval", cfg.DiscoverInterval, "how often a dns:// or dns+srv:// --discover is resolved again (0: 10s)")
+	fs.StringVar(&cfg.KubeAPI, "kube-api", cfg.KubeAPI,
+		"the Kubernetes API server's URL for k8s:// and inferencepool:// discovery and the endpoint picker's leader election, no credentials sent (kubectl proxy's, say); empty: the pod's service account (in-cluster)")
 	fs.DurationVar(&cfg.ConfigPollInterval, "config-poll-interval", cfg.ConfigPollInterval,
 		"how often the --config file is checked for a change, reloaded as on SIGHUP (0: 2s; negative: SIGHUP only)")
 }
@@ -49,7 +52,7 @@ func newDynMetrics(reg prometheus.Registerer) (*dynMetrics, error) {
 		}, []string{"trigger", "result"}),
 		resolutions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_discover_resolutions_total",
-			Help: "DNS resolutions of --discover by result (ok; error: the last backend list kept).",
+			Help: "Resolutions of --discover by result: DNS lookups, and the endpoint lists a Kubernetes watch delivers (ok; error: the last backend list kept).",
 		}, []string{"result"}),
 	}
 	for _, c := range []prometheus.Collector{m.reloads, m.resolutions} {
@@ -213,9 +216,16 @@ func newDiscoverer(cfg proxy.Config, rt *proxy.Router, m *dynMetrics, log *slog.
 	if err != nil {
 		return nil, err
 	}
+	var kc *kube.Client
+	if tg.Kube != "" {
+		if kc, err = kubeClient(cfg); err != nil {
+			return nil, err
+		}
+	}
 	return discover.New(discover.Config{
 		Target:   tg,
 		Interval: cfg.DiscoverInterval,
+		Kube:     kc,
 		Logger:   log,
 		OnChange: func(urls []string) {
 			bes := make([]proxy.Backend, len(urls))
@@ -227,6 +237,19 @@ func newDiscoverer(cfg proxy.Config, rt *proxy.Router, m *dynMetrics, log *slog.
 		},
 		OnResolve: func(err error) { m.resolutions.WithLabelValues(outcomeOf(err)).Inc() },
 	})
+}
+
+// kubeClient returns the Kubernetes API client: --kube-api's, or the
+// pod's in-cluster one.
+func kubeClient(cfg proxy.Config) (*kube.Client, error) {
+	kcfg := kube.Config{Server: cfg.KubeAPI}
+	if cfg.KubeAPI == "" {
+		var err error
+		if kcfg, err = kube.InCluster(os.Getenv); err != nil {
+			return nil, err
+		}
+	}
+	return kube.New(kcfg)
 }
 
 // runDynamic runs the config watch and the discovery loop until ctx is

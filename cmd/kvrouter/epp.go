@@ -1,12 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kvrouter/kvrouter/epp"
+	"github.com/kvrouter/kvrouter/kube"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -30,17 +35,36 @@ const DefaultEPPListen = ":9002"
 type eppFlags struct {
 	bodyMode    epp.BodyMode
 	idleTimeout time.Duration
+	fallbacks   int
+	// poolName and poolNamespace name the InferencePool followed (GIE's
+	// EPP flags); empty name: none, empty namespace: the pod's own.
+	poolName, poolNamespace string
+	// leaderElect runs leader election over the Lease leaseName.
+	leaderElect bool
+	leaseName   string
 }
 
-// splitEPPFlags takes --body-mode and --epp-idle-timeout (as -name=v,
-// --name=v, -name v or --name v) out of args and returns the rest.
+// eppFlagNames are the flags splitEPPFlags takes.
+var eppFlagNames = []string{"body-mode", "epp-idle-timeout", "fallbacks", "pool-name", "pool-namespace", "pool-group",
+	"leader-elect", "ha-enable-leader-election", "lease-name"}
+
+// splitEPPFlags takes the epp's own flags (eppFlagNames, as -name=v,
+// --name=v, -name v or --name v; --leader-elect alone is true) out of
+// args and returns the rest.
 func splitEPPFlags(args []string) (eppFlags, []string, error) {
 	var f eppFlags
 	var rest []string
 	for i := 0; i < len(args); i++ {
 		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if !strings.HasPrefix(args[i], "-") || (name != "body-mode" && name != "epp-idle-timeout") {
+		if !strings.HasPrefix(args[i], "-") || !slices.Contains(eppFlagNames, name) {
 			rest = append(rest, args[i])
+			continue
+		}
+		if name == "ha-enable-leader-election" { // GIE's picker's name
+			name = "leader-elect"
+		}
+		if name == "leader-elect" && !hasVal {
+			f.leaderElect = true
 			continue
 		}
 		if !hasVal {
@@ -56,12 +80,48 @@ func splitEPPFlags(args []string) (eppFlags, []string, error) {
 			f.bodyMode, err = parseBodyMode(val)
 		case "epp-idle-timeout":
 			f.idleTimeout, err = time.ParseDuration(val)
+		case "fallbacks":
+			f.fallbacks, err = strconv.Atoi(val)
+			if err == nil && f.fallbacks < 0 {
+				err = fmt.Errorf("must not be negative, got %d", f.fallbacks)
+			}
+		case "pool-name":
+			f.poolName = val
+		case "pool-namespace":
+			f.poolNamespace = val
+		case "pool-group": // GIE's picker's; only the v1 API is followed
+			if val != kube.PoolGroup {
+				err = fmt.Errorf("only %s (InferencePool v1) is supported, got %q", kube.PoolGroup, val)
+			}
+		case "leader-elect":
+			f.leaderElect, err = strconv.ParseBool(val)
+		case "lease-name":
+			f.leaseName = val
 		}
 		if err != nil {
 			return f, nil, fmt.Errorf("--%s: %w", name, err)
 		}
 	}
+	if f.poolName == "" && f.poolNamespace != "" {
+		return f, nil, errors.New("--pool-namespace needs --pool-name")
+	}
+	if f.poolName != "" {
+		if flagGiven(rest, "discover") {
+			return f, nil, errors.New("--pool-name and --discover: give one (the pool is the discovery)")
+		}
+		rest = append(rest, "--discover", "inferencepool://"+f.poolNamespace+"/"+f.poolName)
+	}
 	return f, rest, nil
+}
+
+// flagGiven reports whether args set the flag name.
+func flagGiven(args []string, name string) bool {
+	for _, a := range args {
+		if n, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && n == name {
+			return true
+		}
+	}
+	return false
 }
 
 func parseBodyMode(s string) (epp.BodyMode, error) {
@@ -75,16 +135,21 @@ func parseBodyMode(s string) (epp.BodyMode, error) {
 }
 
 var eppHelp = help{
-	synopsis: "kvrouter epp --backend URL [--backend URL ...] [flags]",
+	synopsis: "kvrouter epp (--pool-name NAME | --backend URL ... | --discover URL) [flags]",
 	about: "Runs the router as a Gateway API Inference Extension endpoint picker: an Envoy\n" +
 		"ext_proc gRPC server on --listen (default " + DefaultEPPListen + ") that reads each request's body,\n" +
 		"picks the replica with the same policy and fleet code as serve, and answers with\n" +
-		"the x-gateway-destination-endpoint header and envoy.lb metadata; Envoy forwards.\n" +
-		"It takes serve's flags (backends, policy, KV events, admin surface), and also\n" +
-		"--body-mode full-duplex|buffered (the ext_proc filter's request_body_mode when\n" +
-		"Envoy does not say; default full-duplex) and --epp-idle-timeout (the longest a\n" +
-		"routed request's stream may be silent; default " + epp.DefaultIdleTimeout.String() + ").",
+		"the x-gateway-destination-endpoint header and envoy.lb metadata (the picked\n" +
+		"endpoint, then --fallbacks others); Envoy forwards. It takes serve's flags\n" +
+		"(backends, policy, KV events, admin surface), and its own: --pool-name and\n" +
+		"--pool-namespace (the InferencePool whose ready pods are the backends, watched in\n" +
+		"the Kubernetes API), --leader-elect and --lease-name (only the Lease's holder\n" +
+		"reports ready), --fallbacks (default 0), --body-mode full-duplex|buffered (the\n" +
+		"ext_proc filter's request_body_mode when Envoy does not say; default full-duplex)\n" +
+		"and --epp-idle-timeout (the longest a routed request's stream may be silent;\n" +
+		"default " + epp.DefaultIdleTimeout.String() + ").",
 	examples: []string{
+		"kvrouter epp --pool-name vllm --pool-namespace llm --leader-elect",
 		"kvrouter epp --backend http://10.0.0.1:8000 --backend http://10.0.0.2:8000",
 		"kvrouter epp --listen :9002 --policy kv-aware --config kvrouter.yaml",
 	},
@@ -93,12 +158,7 @@ var eppHelp = help{
 // listenGiven reports whether the gRPC address was set on the command
 // line or in the environment.
 func listenGiven(args []string) bool {
-	for _, a := range args {
-		if n, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && n == "listen" {
-			return true
-		}
-	}
-	return os.Getenv(envName("listen")) != ""
+	return flagGiven(args, "listen") || os.Getenv(envName("listen")) != ""
 }
 
 // runEPP runs the endpoint picker (Envoy ext_proc, Gateway API Inference
@@ -130,7 +190,23 @@ func runEPP(ctx context.Context, args []string) error {
 		return err
 	}
 	s, err := epp.New(rt, epp.Config{MaxBodyBytes: cfg.MaxBodyBytes, BodyTimeout: cfg.BodyTimeout,
-		IdleTimeout: ef.idleTimeout, BodyMode: ef.bodyMode}, reg, log)
+		IdleTimeout: ef.idleTimeout, BodyMode: ef.bodyMode, Fallbacks: ef.fallbacks, Elected: ef.leaderElect}, reg, log)
+	if err != nil {
+		return err
+	}
+	dm, err := newDynMetrics(reg)
+	if err != nil {
+		return err
+	}
+	disc, err := newDiscoverer(cfg, rt, dm, log)
+	if err != nil {
+		return err
+	}
+	elect, err := newElection(cfg, ef, s, log)
+	if err != nil {
+		return err
+	}
+	objectives, err := followObjectives(cfg, ef, s, log)
 	if err != nil {
 		return err
 	}
@@ -160,6 +236,17 @@ func runEPP(ctx context.Context, args []string) error {
 	var runErr error
 	wg.Go(func() { runErr = rt.Run(bg) })
 	wg.Go(func() { s.Run(bg) })
+	if disc != nil {
+		wg.Go(func() { _ = disc.Run(bg) })
+	}
+	electCtx, stopElect := context.WithCancel(context.Background())
+	defer stopElect()
+	if elect != nil {
+		wg.Go(func() { _ = elect.Run(electCtx) })
+	}
+	if objectives != nil {
+		wg.Go(func() { _ = objectives(bg) })
+	}
 	serveErr := make(chan error, 2)
 	wg.Go(func() { serveErr <- g.Serve(ln) })
 	if admin != nil {
@@ -171,6 +258,7 @@ func runEPP(ctx context.Context, args []string) error {
 	case err = <-serveErr:
 		log.Error("kvrouter endpoint picker serving failed", "err", err)
 	}
+	stopElect() // hand the lease over at once: a follower becomes ready while this one drains
 	stopGRPC(g, cfg.DrainTimeout)
 	if admin != nil {
 		admin.Close()
@@ -181,6 +269,56 @@ func runEPP(ctx context.Context, args []string) error {
 		return err
 	}
 	return runErr
+}
+
+// newElection returns the --leader-elect campaign (nil without it) over
+// the Lease --lease-name (default kvrouter-epp, with the pool's name
+// when there is one) in the pool's namespace (default the pod's), as
+// POD_NAME (else the host name) with a suffix of its own; it makes s the leader while it holds the
+// lease.
+func newElection(cfg proxy.Config, ef eppFlags, s *epp.Server, log *slog.Logger) (*kube.Election, error) {
+	if !ef.leaderElect {
+		return nil, nil
+	}
+	kc, err := kubeClient(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--leader-elect: %w", err)
+	}
+	ns := cmp.Or(ef.poolNamespace, kube.Namespace())
+	if ns == "" {
+		return nil, errors.New("--leader-elect: no namespace for the lease: give --pool-namespace")
+	}
+	name := ef.leaseName
+	if name == "" {
+		name = "kvrouter-epp"
+		if ef.poolName != "" {
+			name += "-" + ef.poolName
+		}
+	}
+	id := os.Getenv("POD_NAME")
+	if id == "" {
+		if id, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("--leader-elect: identity: %w", err)
+		}
+	}
+	id += "_" + rand.Text()[:8] // client-go's habit: one identity per run
+	return &kube.Election{Client: kc, Namespace: ns, Name: name, Identity: id, OnChange: s.SetLeader, Logger: log}, nil
+}
+
+// followObjectives returns the loop that follows the pool's
+// InferenceObjectives into s (nil without --pool-name).
+func followObjectives(cfg proxy.Config, ef eppFlags, s *epp.Server, log *slog.Logger) (func(context.Context) error, error) {
+	if ef.poolName == "" {
+		return nil, nil
+	}
+	kc, err := kubeClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ns := cmp.Or(ef.poolNamespace, kube.Namespace())
+	return func(ctx context.Context) error {
+		return kc.FollowObjectives(ctx, ns, ef.poolName, s.SetObjectives, log)
+	}, nil
 }
 
 // stopGRPC lets the streams in flight (requests Envoy is forwarding) end

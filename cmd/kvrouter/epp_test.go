@@ -26,7 +26,23 @@ func TestSplitEPPFlags(t *testing.T) {
 	if f.bodyMode != epp.Buffered || f.idleTimeout != 3*time.Second || !slices.Equal(rest, []string{"--backend", "http://a:1", "--listen", ":1"}) {
 		t.Errorf("got %+v, rest %v", f, rest)
 	}
-	for _, bad := range [][]string{{"--body-mode", "streamed-ish"}, {"--epp-idle-timeout"}, {"--epp-idle-timeout=soon"}} {
+	f, rest, err = splitEPPFlags([]string{"--pool-name", "vllm", "--pool-namespace=llm", "--leader-elect", "--fallbacks", "0", "--lease-name", "l", "--policy", "kv-aware"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.leaderElect || f.fallbacks != 0 || f.leaseName != "l" || !slices.Equal(rest, []string{"--policy", "kv-aware", "--discover", "inferencepool://llm/vllm"}) {
+		t.Errorf("pool flags: got %+v, rest %v", f, rest)
+	}
+	if f, _, err := splitEPPFlags([]string{"--leader-elect=false", "--fallbacks=3"}); err != nil || f.leaderElect || f.fallbacks != 3 {
+		t.Errorf("--leader-elect=false --fallbacks=3: got %+v, %v", f, err)
+	}
+	// GIE's picker's spellings.
+	if f, _, err := splitEPPFlags([]string{"--ha-enable-leader-election", "--pool-group", "inference.networking.k8s.io"}); err != nil || !f.leaderElect {
+		t.Errorf("--ha-enable-leader-election --pool-group: got %+v, %v", f, err)
+	}
+	for _, bad := range [][]string{{"--body-mode", "streamed-ish"}, {"--epp-idle-timeout"}, {"--epp-idle-timeout=soon"},
+		{"--pool-namespace", "llm"}, {"--pool-name", "p", "--discover", "dns://x:1"}, {"--fallbacks", "-1"}, {"--leader-elect=maybe"},
+		{"--pool-group", "inference.networking.x-k8s.io"}} {
 		if _, _, err := splitEPPFlags(bad); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
@@ -42,6 +58,33 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// pickOnce sends one completion's headers and body to the picker on conn
+// and returns the destination it names.
+func pickOnce(t *testing.T, ctx context.Context, conn *grpc.ClientConn) string {
+	t.Helper()
+	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.CloseSend()
+	hdr := func(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{hdr(":method", "POST"), hdr(":path", "/v1/completions")}}}}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		Body: []byte(`{"model":"m","prompt":"hello","max_tokens":2}`), EndOfStream: true}}})
+	resp, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == epp.DefaultHeader {
+			return string(h.GetHeader().GetRawValue())
+		}
+	}
+	t.Errorf("no destination in the answer %v", resp)
+	return ""
 }
 
 // TestRunEPP: `kvrouter epp` serves ext_proc and gRPC health on --listen
@@ -69,29 +112,9 @@ func TestRunEPP(t *testing.T) {
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: epp.HealthReadiness})
 		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
 	})
-	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-	if err != nil {
-		t.Fatal(err)
+	if got, want := pickOnce(t, ctx, conn), eng.URL()[len("http://"):]; got != want {
+		t.Errorf("picked %q, want the engine %s", got, want)
 	}
-	hdr := func(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{hdr(":method", "POST"), hdr(":path", "/v1/completions")}}}}})
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-		Body: []byte(`{"model":"m","prompt":"hello","max_tokens":2}`), EndOfStream: true}}})
-	resp, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := ""
-	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
-		if h.GetHeader().GetKey() == epp.DefaultHeader {
-			got = string(h.GetHeader().GetRawValue())
-		}
-	}
-	if want := eng.URL()[len("http://"):]; got != want {
-		t.Errorf("picked %q, want the engine %s (answer %v)", got, want, resp)
-	}
-	s.CloseSend()
 	cancel()
 	select {
 	case err := <-done:
