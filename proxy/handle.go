@@ -75,6 +75,7 @@ type call struct {
 	routed     bool            // a completion routed by the policy (not a pass-through)
 	pass       string          // a pass-through's matched Config.PassThrough prefix
 	priority   int             // HeaderPriority
+	headers    bool            // the client sees the X-Kvrouter-* headers (clientHeaders)
 	ctx        context.Context // the request's, while it is routed
 	rec        uint64          // the decision record's sequence number; 0: none
 	index      string          // the chosen replica's residency feed
@@ -201,7 +202,7 @@ func callFrom(ctx context.Context) *call {
 func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := &call{
 		rt: rt, start: rt.now(), method: r.Method, path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
-		bufs: rt.pool.Get().(*bufs),
+		headers: rt.clientHeaders(r.Context()), bufs: rt.pool.Get().(*bufs),
 	}
 	c.borrow(c)
 	return c
@@ -515,9 +516,13 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	c.status = resp.StatusCode
 	reshapeError(resp)
-	resp.Header.Set(HeaderReplica, rt.name(c.replica))
-	if c.routed {
-		resp.Header.Set(HeaderDecision, c.summary())
+	if !c.headers {
+		stripRouting(resp.Header) // an upstream's own (a router behind this one) too
+	} else {
+		resp.Header.Set(HeaderReplica, rt.name(c.replica))
+		if c.routed {
+			resp.Header.Set(HeaderDecision, c.summary())
+		}
 	}
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
@@ -568,7 +573,9 @@ func (rt *Router) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		return // the client went away; nobody to answer
 	}
 	if c != nil && c.replica >= 0 {
-		w.Header().Set(HeaderReplica, rt.name(c.replica))
+		if c.headers {
+			w.Header().Set(HeaderReplica, rt.name(c.replica))
+		}
 		c.status, c.errCode = http.StatusBadGateway, "upstream_unreachable"
 	}
 	rt.m.errors.WithLabelValues("upstream_unreachable").Inc()
