@@ -76,6 +76,7 @@ type call struct {
 	pass       string          // a pass-through's matched Config.PassThrough prefix
 	priority   int             // HeaderPriority
 	headers    bool            // the client sees the X-Kvrouter-* headers (clientHeaders)
+	published  <-chan struct{} // closed when the session's binding is in Redis (shared.go); nil: none written
 	ctx        context.Context // the request's, while it is routed
 	rec        uint64          // the decision record's sequence number; 0: none
 	index      string          // the chosen replica's residency feed
@@ -410,6 +411,7 @@ func (c *call) route(w http.ResponseWriter) bool {
 		ID: c.id, Hash: xxhash.Sum64String(c.id), Model: p.Model, Session: c.session,
 		Tokens: tokens, MaxTokens: p.MaxTokens, PrefixKey: p.PrefixKey(), Chains: chains, TTFT: p.Stream,
 	}
+	c.readSession()
 	return c.pick(w)
 }
 
@@ -436,6 +438,7 @@ func (c *call) pick(w http.ResponseWriter) bool {
 		return false
 	}
 	c.replica, c.sent = c.dec.Replica, t0
+	c.writeSession()
 	c.index = rt.st.fleet.IndexMode(c.replica)
 	rt.m.decide.Observe(c.decide.Seconds())
 	c.record()

@@ -143,6 +143,8 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.Peers.Interval, "sync-interval", cfg.Peers.Interval, "how often the shared state is published to and read from --redis (0: 50ms)")
 	fs.DurationVar(&cfg.Peers.TTL, "shared-ttl", cfg.Peers.TTL, "how long a router's load counts after its last publication to --redis (0: 20 sync intervals, at least 1s)")
 	fs.StringVar(&cfg.Peers.Router, "router-id", cfg.Peers.Router, "this router's name among its peers on --redis (empty: random)")
+	fs.DurationVar(&cfg.Peers.ReadTimeout, "shared-read-timeout", cfg.Peers.ReadTimeout,
+		"longest a request with a session waits for --redis to read its binding before deciding (0: 5ms)")
 	return bl
 }
 
