@@ -120,7 +120,8 @@ func backendStates(rt *Router) map[string]string {
 }
 
 // TestSharedAdminChanges: an admin change made on router A (add, drain,
-// remove, then on B undrain) is applied by router B within the sync bound
+// remove, then on B undrain, and a role given on re-adding a backend) is
+// applied by the other router within the sync bound
 // (2 intervals and a round trip, with slack for a loaded machine), and a
 // router A restarted with its original --backend list loads the shared
 // membership: the added backend, the drained one, not the removed one.
@@ -167,7 +168,7 @@ func TestSharedAdminChanges(t *testing.T) {
 	seen(a, "A drains the backend drained on B", func(s map[string]string) bool { return s[u[1]] == "draining" })
 
 	stopA()
-	a2, _, _ := start("router-a")
+	a2, a2Admin, _ := start("router-a")
 	seen(a2, "restarted A loads the shared membership", func(s map[string]string) bool {
 		_, removed := s[u[0]]
 		return !removed && s[u[1]] == "draining" && s[u[2]] == "serving"
@@ -175,7 +176,17 @@ func TestSharedAdminChanges(t *testing.T) {
 	if want, got := backendStates(b), backendStates(a2); fmt.Sprint(want) != fmt.Sprint(got) {
 		t.Errorf("restarted A's backends %v, B's %v: want the same", got, want)
 	}
-	_ = a
+	// A role change: removed and added again with its new role on A2.
+	adminDo(t, a2Admin, "DELETE", pathBackends, fmt.Sprintf(`{"url": %q}`, u[2]))
+	adminDo(t, a2Admin, "POST", pathBackends, fmt.Sprintf(`{"url": %q, "models": ["m"], "role": "decode"}`, u[2]))
+	seen(b, "B takes the role given on A", func(map[string]string) bool {
+		for _, bs := range b.Backends() {
+			if bs.URL == u[2] && bs.State == "serving" && bs.Role == "decode" {
+				return true
+			}
+		}
+		return false
+	})
 	for name, rt := range map[string]*Router{"B": b, "A2": a2} {
 		var out strings.Builder
 		for _, bs := range rt.Backends() {
