@@ -171,7 +171,7 @@ func startEngine(t *testing.T, args ...string) *proc {
 // extra args, and its admin listener on a free address unless args give
 // --admin-listen.
 func startRouter(t *testing.T, engines []*proc, args ...string) *proc {
-	a := []string{"serve", "--health-interval", "100ms", "--scrape-interval", "100ms"}
+	a := []string{"serve", "--health-interval", "100ms", "--scrape-interval", "100ms", "--client-headers"} // the tests attribute replies by X-Kvrouter-Replica
 	for _, e := range engines {
 		a = append(a, "--backend", e.URL())
 	}

@@ -92,7 +92,7 @@ func plainChat(t *testing.T, url string, maxTokens, i int) plainResult {
 func startBeside(t *testing.T, backend string, engines []*proc, probe string) *proc {
 	t.Helper()
 	admin := freeAddr(t)
-	a := []string{"serve", "--health-interval", probe, "--scrape-interval", "100ms", "--backend", backend, "--admin-listen", admin}
+	a := []string{"serve", "--health-interval", probe, "--scrape-interval", "100ms", "--backend", backend, "--admin-listen", admin, "--client-headers"}
 	for _, e := range engines {
 		a = append(a, "--backend", e.URL())
 	}

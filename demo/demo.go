@@ -232,6 +232,7 @@ func startFleet(cfg Config, policy string) (*fleet, error) {
 	// real-time rates, but only after some requests).
 	pc.TimeScale = cfg.TimeScale
 	pc.Listen = "127.0.0.1:0"
+	pc.ClientHeaders = true // loadgen attributes each reply to its replica by X-Kvrouter-Replica
 	pc.Decisions = max(cfg.Requests+64, proxy.DefaultDecisions)
 	// Scrape as often, in model time, as a real router would every 250 ms.
 	pc.ScrapeInterval = max(time.Duration(float64(250*time.Millisecond)*cfg.TimeScale), 10*time.Millisecond)

@@ -268,11 +268,11 @@ func TestStrictDecodingCatchesMistakes(t *testing.T) {
 	}
 	deploy, sm, pool := read("deployment.yaml"), read("servicemonitor.yaml"), read("epp/inferencepool.yaml")
 	cases := []struct{ name, doc, old, new string }{
-		{"top-level field", deploy, "  replicas: 1", "  replica: 1"},
+		{"top-level field", deploy, "  replicas: 2", "  replica: 2"},
 		{"probe field", deploy, "readinessProbe:", "readinesProbe:"},
 		{"deep field", deploy, "readOnlyRootFilesystem: true", "readOnlyRootFileSystem: true"},
 		{"wrong type", deploy, "containerPort: 8000", "containerPort: eight"},
-		{"duplicate field", deploy, "  replicas: 1", "  replicas: 1\n  replicas: 2"},
+		{"duplicate field", deploy, "  replicas: 2", "  replicas: 2\n  replicas: 3"},
 		{"unknown kind", deploy, "kind: Deployment", "kind: Deploymnet"},
 		{"service monitor field", sm, "scrapeTimeout:", "scrapeTimout:"},
 		{"inference pool field", pool, "failureMode:", "failurMode:"},

@@ -174,8 +174,16 @@ func endpoint(t *testing.T, c *corev1.Container, p *corev1.Probe) string {
 			svc = *p.GRPC.Service
 		}
 		return "grpc " + strconv.Itoa(int(p.GRPC.Port)) + " " + svc
+	case p.TCPSocket != nil:
+		port, ok := containerPort(c, p.TCPSocket.Port)
+		if !ok {
+			t.Errorf("%s: TCP probe port %s is no container port", c.Name, p.TCPSocket.Port.String())
+		}
+		return "tcp " + strconv.Itoa(int(port.ContainerPort))
+	case p.Exec != nil && len(p.Exec.Command) > 0:
+		return "exec " + strings.Join(p.Exec.Command, " ")
 	}
-	t.Errorf("%s: probe %+v is neither HTTP nor gRPC", c.Name, p)
+	t.Errorf("%s: probe %+v is neither HTTP, gRPC, TCP nor a command", c.Name, p)
 	return ""
 }
 

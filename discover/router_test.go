@@ -44,6 +44,7 @@ func TestRouterFollowsDNS(t *testing.T) {
 	z.set("_http._tcp.vllm.llm.svc", srv...)
 
 	cfg := proxy.DefaultConfig()
+	cfg.ClientHeaders = true // the test reads X-Kvrouter-Replica
 	cfg.Policy, cfg.Listen = "round-robin", "127.0.0.1:0"
 	cfg.Discover = "dns+srv://_http._tcp.vllm.llm.svc"
 	rt, err := proxy.New(cfg, proxy.Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})

@@ -48,6 +48,7 @@ func start(t *testing.T, n int, cfg Config, mod func(*proxy.Config)) *fixture {
 	f := &fixture{reg: prometheus.NewRegistry()}
 	pcfg := proxy.DefaultConfig()
 	pcfg.Policy = "kv-aware"
+	pcfg.ClientHeaders = true // the tests read the routing headers
 	pcfg.HealthInterval = 50 * time.Millisecond
 	for range n {
 		s, err := emulator.Start(emulator.Config{Model: "m", Preset: "llama3-8b-h100", TimeScale: 0.01}, "127.0.0.1:0")
@@ -108,6 +109,7 @@ type exchange struct {
 	status      int                          // the engine's status
 	respBody    []byte                       // the response body the client gets
 	respHeaders map[string]string            // headers the picker added to the response
+	respRemove  []string                     // headers the picker removed from the response
 }
 
 // req is one request the test's Envoy forwards.
@@ -271,7 +273,9 @@ func (f *fixture) forward(t *testing.T, s extprocv3.ExternalProcessor_ProcessCli
 		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{DefaultNamespace: md}},
 	})
 	ex.respHeaders = map[string]string{}
-	for _, h := range recv(t, s).GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+	mut := recv(t, s).GetResponseHeaders().GetResponse().GetHeaderMutation()
+	ex.respRemove = mut.GetRemoveHeaders()
+	for _, h := range mut.GetSetHeaders() {
 		ex.respHeaders[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
 	}
 	buf := make([]byte, 512) // small chunks: several body messages per response

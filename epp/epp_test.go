@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -323,5 +324,31 @@ func TestUsageTail(t *testing.T) {
 	u.write([]byte(`{"choices":[],"usage":null}`))
 	if got := u.usage(); got != fleet.NoUsage {
 		t.Errorf("null usage: got %+v, want NoUsage", got)
+	}
+}
+
+// TestRoutingHeadersHidden: without --client-headers the picker adds no
+// X-Kvrouter-* header to the response and removes any the upstream sent;
+// with it, it adds both.
+func TestRoutingHeadersHidden(t *testing.T) {
+	for _, show := range []bool{false, true} {
+		f := start(t, 2, Config{}, func(c *proxy.Config) { c.ClientHeaders = show })
+		ex := f.do(t, chat("m", "s", words(3, 50), false))
+		if ex.status != 200 {
+			t.Fatalf("show=%v: status %d: %s", show, ex.status, ex.respBody)
+		}
+		var added []string
+		for k := range ex.respHeaders {
+			if strings.HasPrefix(k, "x-kvrouter-") {
+				added = append(added, k)
+			}
+		}
+		removes := slices.Contains(ex.respRemove, strings.ToLower(proxy.HeaderReplica)) && slices.Contains(ex.respRemove, strings.ToLower(proxy.HeaderDecision))
+		switch {
+		case !show && (len(added) > 0 || !removes):
+			t.Errorf("hidden: picker sets %v and removes %v; want none set, both removed", added, ex.respRemove)
+		case show && len(added) != 2:
+			t.Errorf("shown: picker sets %v, want both routing headers", added)
+		}
 	}
 }

@@ -349,7 +349,9 @@ func (st *stream) served(req *extprocv3.ProcessingRequest) {
 }
 
 // responseHeaders notes the upstream's status and adds the routing
-// headers the HTTP router adds (X-Kvrouter-Replica, X-Kvrouter-Decision).
+// headers the HTTP router adds (X-Kvrouter-Replica, X-Kvrouter-Decision)
+// when the client may see them (--client-headers), else removes any the
+// upstream sent.
 func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) error {
 	if st.pick == nil {
 		return st.protocolError("response before the request was routed")
@@ -364,15 +366,18 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) error {
 		}
 	}
 	st.pick.Respond(st.status)
-	set := []*corev3.HeaderValueOption{setHeader(proxy.HeaderReplica, st.pick.Replica())}
-	if d := st.pick.Summary(); d != "" {
-		set = append(set, setHeader(proxy.HeaderDecision, d))
+	mut := &extprocv3.HeaderMutation{RemoveHeaders: []string{strings.ToLower(proxy.HeaderReplica), strings.ToLower(proxy.HeaderDecision)}}
+	if st.pick.ClientHeaders() {
+		mut = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(proxy.HeaderReplica, st.pick.Replica())}}
+		if d := st.pick.Summary(); d != "" {
+			mut.SetHeaders = append(mut.SetHeaders, setHeader(proxy.HeaderDecision, d))
+		}
 	}
 	if h.GetEndOfStream() {
 		st.complete = true
 	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}}}})
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
 }
 
 // responseBody passes a response chunk on: its first bytes end the

@@ -90,3 +90,47 @@ func TestMergeBindingNewerWins(t *testing.T) {
 		t.Errorf("pin = %d, want 1 (the peer's newer binding)", p)
 	}
 }
+
+// TestBindPeer: a peer's binding read on the request path pins the
+// session and marks the blocks of the prompt it was bound with cached on
+// its replica when the request extends that prompt; not when it does not
+// (another tail), and not at all when this fleet's own binding is newer
+// or the replica is unknown.
+func TestBindPeer(t *testing.T) {
+	chain := []residency.Chain{{Tokens: 16, Hashes: []prefix.Hash{11, 12, 13, 14, 15, 16}}}
+	req := &Request{ID: "r", Session: "s", Chains: chain}
+	matched := func(f *Fleet) []int {
+		match := make([]int, 3)
+		var ms residency.MatchScratch
+		f.tr.Match(chain, f.indexTime(t0.Add(time.Second)), 16, match, nil, &ms)
+		return match
+	}
+	pinned := func(f *Fleet) int {
+		var s route.Snapshot
+		f.Snapshot(&s, t0, 0)
+		p, _ := f.pin("s", nil, &s, t0.Add(time.Second))
+		return p
+	}
+	f := newFleet(t, Config{})
+	if !f.BindPeer(req, SessionOf(b, t0, chain[0].Hashes[:4]), t0.Add(time.Second)) {
+		t.Fatal("BindPeer refused a new session's binding")
+	}
+	if p, m := pinned(f), matched(f); p != 1 || m[1] != 4 {
+		t.Errorf("pin %d, matched %v; want replica 1, its 4 blocks", p, m)
+	}
+
+	g := newFleet(t, Config{})
+	other := SessionOf(b, t0, []prefix.Hash{11, 12, 99}) // another prompt's tail
+	if !g.BindPeer(req, other, t0.Add(time.Second)) || pinned(g) != 1 || matched(g)[1] != 0 {
+		t.Errorf("another prompt: pin %d, matched %v; want replica 1, no blocks", pinned(g), matched(g))
+	}
+
+	h := newFleet(t, Config{})
+	h.bind("s", h.lookup(a), t0.Add(time.Second), nil)
+	if h.BindPeer(req, SessionOf(b, t0, chain[0].Hashes[:4]), t0.Add(time.Second)) || pinned(h) != 0 {
+		t.Errorf("an older peer binding moved the session to %d", pinned(h))
+	}
+	if h.BindPeer(req, SessionOf("http://nowhere", t0.Add(2*time.Second), nil), t0.Add(2*time.Second)) {
+		t.Error("a binding to an unknown replica was taken")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/route"
 )
 
@@ -286,4 +287,65 @@ func (f *Fleet) sessionCounts(n int) []int {
 		}
 	}
 	return counts
+}
+
+// PeerSession is a session's binding as a router shares it on the
+// request path (package peers): the replica, when it was bound, and the
+// full blocks of the prompt of the request bound (its first chain's) with
+// the last one's hash.
+type PeerSession struct {
+	Replica string
+	At      time.Time
+	Blocks  int
+	Tail    prefix.Hash
+}
+
+// SessionOf returns session id's binding as PeerSession, for a request
+// whose first chain is chain just bound to it (Blocks and Tail of that
+// chain).
+func SessionOf(replica string, at time.Time, chain []prefix.Hash) PeerSession {
+	p := PeerSession{Replica: replica, At: at, Blocks: len(chain)}
+	if len(chain) > 0 {
+		p.Tail = chain[len(chain)-1]
+	}
+	return p
+}
+
+// BindPeer takes another router's binding of r's session, p, unless the
+// session is bound here at p.At or later, or p.Replica is unknown here:
+// the session is bound to p.Replica, and, when r extends the prompt p was
+// bound with, that prompt's blocks enter the index on p.Replica, as the
+// peer's routed blocks would a sync round later. It reports whether it
+// took p.
+func (f *Fleet) BindPeer(r *Request, p PeerSession, now time.Time) bool {
+	rep := f.lookup(p.Replica)
+	if rep == nil || r.Session == "" || now.Sub(p.At) > f.cfg.SessionTTL {
+		return false
+	}
+	at := p.At
+	if at.After(now) {
+		at = now
+	}
+	key := SessionKey(r.Session)
+	f.smu.Lock()
+	if s, ok := f.sessions.byKey[key]; ok && !s.last.Before(at) {
+		f.smu.Unlock()
+		return false
+	}
+	f.sessions.bind(key, rep, at).prompt(nil)
+	f.smu.Unlock()
+	chain := firstChain(r.Chains)
+	if f.kind == route.NoIndex || p.Blocks <= 0 || len(chain) < p.Blocks || chain[p.Blocks-1] != p.Tail {
+		return true
+	}
+	tokens := p.Blocks * r.Chains[0].Tokens
+	cut := make([]residency.Chain, 0, len(r.Chains))
+	for _, c := range r.Chains {
+		if n := min(len(c.Hashes), tokens/max(c.Tokens, 1)); n > 0 {
+			cut = append(cut, residency.Chain{Tokens: c.Tokens, Hashes: c.Hashes[:n]})
+		}
+	}
+	var ms residency.MatchScratch
+	f.tr.Touch(rep.index, cut, f.indexTime(at), &ms)
+	return true
 }

@@ -43,6 +43,7 @@ func startReplicas(t *testing.T, n int) []*emulator.Server {
 func startRouter(t *testing.T, policy string, reps []*emulator.Server) (api, admin string) {
 	t.Helper()
 	cfg := proxy.DefaultConfig()
+	cfg.ClientHeaders = true // replicas are attributed by X-Kvrouter-Replica
 	cfg.Policy = policy
 	cfg.Listen = "127.0.0.1:0"
 	for _, s := range reps {

@@ -34,6 +34,13 @@
 // bindings and blocks enter the fleet. A router starting reads the stream
 // from its start, so it learns the bindings of the last StreamLen rounds.
 //
+// Two things do not wait for a round: a session's binding, written to
+// its own key as the decision is made and read by any router before it
+// decides on that session (sessions.go: read-your-writes across routers,
+// each read bounded by ReadTimeout), and the membership the admin API
+// changes (members.go: a hash every round checks the version of, applied
+// through Config.ApplyMembers; a router starting loads it).
+//
 // # Staleness
 //
 // A decision sees the other routers' load as of their last round read in
@@ -42,9 +49,9 @@
 // routed by others are missed: N routers each sending k requests an
 // interval may pile up to 2k(N−1) requests unseen on one replica before the
 // load shows (the engines' scraped queues, read by every router, bound it
-// too). A session bound by one router is pinned by the others within the
-// same 2 × Interval: a conversation's next turn, which waits for the
-// previous answer, is later than that. A dead router's load is counted
+// too). A session bound by one router is known to the others at once
+// (its key, read before each decision on it), with the blocks of the
+// prompt it was bound with. A dead router's load is counted
 // until its key expires: TTL at most.
 //
 // # Without Redis

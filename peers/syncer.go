@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,9 @@ type Settings struct {
 	TTL time.Duration `yaml:"shared-ttl"`
 	// Router names this router among its peers; empty means a random id.
 	Router string `yaml:"router-id"`
+	// ReadTimeout bounds a request's read of its session's binding before
+	// the decision (sessions.go); zero means DefaultReadTimeout.
+	ReadTimeout time.Duration `yaml:"shared-read-timeout"`
 }
 
 // Config describes a Syncer.
@@ -72,6 +76,10 @@ type Config struct {
 	Registry prometheus.Registerer
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// ApplyMembers makes the router's backends the shared membership
+	// (members.go), from the Syncer's goroutine; nil means the membership
+	// is not followed. An error makes the next round apply it again.
+	ApplyMembers func([]Member) error
 }
 
 // Syncer shares a fleet's view through Redis: Run does every round.
@@ -79,8 +87,10 @@ type Syncer struct {
 	cfg    Config
 	f      *fleet.Fleet
 	client *redis.Client
+	fast   *redis.Client // the request path's: session reads and writes
 	log    *slog.Logger
 	m      *metrics
+	sm     *sessionMetrics
 	keys   keys
 
 	up      atomic.Bool
@@ -90,6 +100,11 @@ type Syncer struct {
 	lastID  string       // last stream entry read (owned by Run)
 	lastOK  time.Time    // last successful round (owned by Run)
 	merged  bool         // the last Merge had peers' shares
+	applied string       // the members version last applied (owned by Run)
+	retry   bool         // the last apply failed: apply again (owned by Run)
+
+	mmu    sync.Mutex        // guards unsent
+	unsent map[string]Member // membership changes not yet written, by URL
 }
 
 // keys are the Redis keys of one prefix.
@@ -108,8 +123,11 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peers: redis url: %w", err)
 	}
-	if cfg.Interval < 0 || cfg.TTL < 0 || cfg.Timeout < 0 || cfg.StreamLen < 0 {
-		return nil, errors.New("peers: negative Interval, TTL, Timeout or StreamLen")
+	if cfg.Interval < 0 || cfg.TTL < 0 || cfg.Timeout < 0 || cfg.StreamLen < 0 || cfg.ReadTimeout < 0 {
+		return nil, errors.New("peers: negative Interval, TTL, Timeout, StreamLen or ReadTimeout")
+	}
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultInterval
@@ -154,7 +172,13 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 	if s.m, err = newMetrics(cfg.Registry, s); err != nil {
 		return nil, err
 	}
+	if s.sm, err = newSessionMetrics(cfg.Registry); err != nil {
+		return nil, err
+	}
 	s.client = redis.NewClient(opts)
+	fast := *opts
+	fast.PoolSize, fast.MinIdleConns = 64, 2
+	s.fast = redis.NewClient(&fast)
 	f.SharePeers(0)
 	return s, nil
 }
@@ -178,6 +202,7 @@ func (s *Syncer) Peers() int { return int(s.peers.Load()) }
 // closes the client. It returns nil.
 func (s *Syncer) Run(ctx context.Context) error {
 	defer s.client.Close()
+	defer s.fast.Close()
 	s.lastOK = s.cfg.Now()
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
@@ -209,7 +234,13 @@ func (s *Syncer) round(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	shares, err := s.exchange(rctx, now)
+	shares, version, err := s.exchange(rctx, now)
+	if err == nil {
+		err = s.flushMembers(rctx)
+	}
+	if err == nil {
+		err = s.syncMembers(rctx, version)
+	}
 	s.m.round.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.failed(ctx, now, err)
@@ -261,11 +292,12 @@ func keepLast[T any](s []T, n int, dropped *int) []T {
 }
 
 // exchange runs one round's commands and returns the other routers'
-// shares: their load, and the deltas the stream holds since lastID.
-func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, error) {
+// shares: their load, and the deltas the stream holds since lastID; and
+// the shared membership's version.
+func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, string, error) {
 	load, err := json.Marshal(fleet.Share{Router: s.cfg.Router, At: now, Load: s.pending.Load})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	deltas := len(s.pending.Sessions)+len(s.pending.Touches) > 0
 	pipe := s.client.Pipeline()
@@ -275,28 +307,29 @@ func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, er
 	if deltas {
 		d, err := json.Marshal(fleet.Share{At: now, Sessions: s.pending.Sessions, Touches: s.pending.Touches, Dropped: s.pending.Dropped})
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		xadd = pipe.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.events, MaxLen: s.cfg.StreamLen, Approx: true,
 			Values: []any{"r", s.cfg.Router, "d", d}})
 	}
 	members := pipe.SMembers(ctx, s.keys.routers)
 	xr := pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{s.keys.events, s.lastID}, Count: readCount, Block: -1})
+	version := pipe.Get(ctx, s.keys.membersVersion())
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+		return nil, "", err
 	}
 	if xadd != nil {
 		if err := xadd.Err(); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		s.pending.Sessions, s.pending.Touches, s.pending.Dropped = nil, nil, 0
 	}
 	shares := s.readStream(xr)
 	peersLoad, err := s.readLoads(ctx, members.Val())
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return append(peersLoad, shares...), nil
+	return append(peersLoad, shares...), version.Val(), nil
 }
 
 // readStream decodes the stream entries of other routers, moving lastID

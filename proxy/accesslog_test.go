@@ -90,6 +90,7 @@ func TestAccessLogJSON(t *testing.T) {
 	var logBuf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := DefaultConfig()
+	cfg.ClientHeaders = true // the test reads the routing headers
 	cfg.Listen = "127.0.0.1:0"
 	for _, u := range urls(reps) {
 		cfg.Backends = append(cfg.Backends, Backend{URL: u})

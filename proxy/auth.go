@@ -27,6 +27,9 @@ type Keys struct {
 	sums  [][sha256.Size]byte
 	names []string // the key's name in the file, else "key-<line>"
 	prios []int    // the key's default X-Priority (priority=N), else 0
+	// headers is the key's routing-header setting (headers=on|off): +1
+	// shown, −1 hidden, 0 as Config.ClientHeaders.
+	headers []int8
 }
 
 // ReadKeys reads a key file: one key per line, optionally followed by
@@ -34,7 +37,9 @@ type Keys struct {
 // optionally by "priority=N", the admission priority of the key's
 // requests that do not send HeaderPriority (e.g. "sk-7c1e... batch
 // priority=-1" makes a key's traffic sheddable); blank lines and lines
-// starting with # are skipped. The file must hold at
+// starting with # are skipped. "headers=on" (or "headers=off") after the
+// name decides whether the key's clients get the X-Kvrouter-* response
+// headers whatever --client-headers says. The file must hold at
 // least one key, at most 10,000, in at most 1 MiB.
 func ReadKeys(path string) (*Keys, error) {
 	f, err := os.Open(path)
@@ -64,16 +69,26 @@ func parseKeys(r io.Reader) (*Keys, error) {
 		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
 			continue
 		}
-		prio := 0
-		if v, ok := strings.CutPrefix(f[len(f)-1], "priority="); ok && len(f) > 1 {
-			p, err := strconv.Atoi(v)
-			if err != nil || p < -maxPriority || p > maxPriority {
-				return nil, fmt.Errorf("line %d: priority %q: want an integer within ±%d", line, v, maxPriority)
+		prio, headers := 0, int8(0)
+		for len(f) > 1 {
+			opt := f[len(f)-1]
+			if v, ok := strings.CutPrefix(opt, "priority="); ok {
+				p, err := strconv.Atoi(v)
+				if err != nil || p < -maxPriority || p > maxPriority {
+					return nil, fmt.Errorf("line %d: priority %q: want an integer within ±%d", line, v, maxPriority)
+				}
+				prio = p
+			} else if v, ok := strings.CutPrefix(opt, "headers="); ok {
+				if headers, ok = parseHeadersOption(v); !ok {
+					return nil, fmt.Errorf("line %d: headers %q: want on or off", line, v)
+				}
+			} else {
+				break
 			}
-			prio, f = p, f[:len(f)-1]
+			f = f[:len(f)-1]
 		}
 		if len(f) > 2 {
-			return nil, fmt.Errorf("line %d: want KEY [NAME] [priority=N], got %d fields", line, len(f))
+			return nil, fmt.Errorf("line %d: want KEY [NAME] [priority=N] [headers=on|off], got %d fields", line, len(f))
 		}
 		if len(k.sums) == maxKeys {
 			return nil, fmt.Errorf("more than %d keys", maxKeys)
@@ -85,6 +100,7 @@ func parseKeys(r io.Reader) (*Keys, error) {
 		k.sums = append(k.sums, sha256.Sum256([]byte(f[0])))
 		k.names = append(k.names, name)
 		k.prios = append(k.prios, prio)
+		k.headers = append(k.headers, headers)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -135,6 +151,7 @@ type keyNameKey struct{}
 type keyInfo struct {
 	name     string
 	priority int
+	headers  int8 // Keys.headers
 }
 
 // keyPriority returns the default priority of the API key the request
@@ -176,7 +193,7 @@ func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if g.strip {
 		r.Header.Del("Authorization")
 	}
-	info := keyInfo{name: g.keys.names[i], priority: g.keys.prios[i]}
+	info := keyInfo{name: g.keys.names[i], priority: g.keys.prios[i], headers: g.keys.headers[i]}
 	g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyNameKey{}, info)))
 }
 

@@ -158,6 +158,11 @@ type Config struct {
 	// DebugShowIDs shows session ids (and the OpenAI user values they may
 	// come from) verbatim in decision records; false shows a keyed hash.
 	DebugShowIDs bool `yaml:"debug-show-ids"`
+	// ClientHeaders sends the routing headers (X-Kvrouter-Replica,
+	// X-Kvrouter-Decision: the replica's URL, the decision's cost terms)
+	// to every client; false, the default, sends them only to clients
+	// whose API key says "headers=on" (clientheaders.go).
+	ClientHeaders bool `yaml:"client-headers"`
 
 	// Record writes every completed request to a trace file the simulator
 	// reads (package record; recording.go); its Path empty means none.

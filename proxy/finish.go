@@ -33,6 +33,7 @@ func (c *call) firstByte(at time.Time) {
 // panics with http.ErrAbortHandler after a mid-stream failure).
 func (c *call) finish(ctx context.Context) {
 	rt := c.rt
+	c.waitSession()
 	c.end = rt.now()
 	c.outcome = c.outcomeOf(ctx)
 	if c.tapped {

@@ -75,6 +75,8 @@ type call struct {
 	routed     bool            // a completion routed by the policy (not a pass-through)
 	pass       string          // a pass-through's matched Config.PassThrough prefix
 	priority   int             // HeaderPriority
+	headers    bool            // the client sees the X-Kvrouter-* headers (clientHeaders)
+	published  <-chan struct{} // closed when the session's binding is in Redis (shared.go); nil: none written
 	ctx        context.Context // the request's, while it is routed
 	rec        uint64          // the decision record's sequence number; 0: none
 	index      string          // the chosen replica's residency feed
@@ -205,7 +207,7 @@ func callFrom(ctx context.Context) *call {
 func (rt *Router) newCall(r *http.Request, routed bool) *call {
 	c := &call{
 		rt: rt, start: rt.now(), method: r.Method, path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
-		bufs: rt.pool.Get().(*bufs),
+		headers: rt.clientHeaders(r.Context()), bufs: rt.pool.Get().(*bufs),
 	}
 	c.borrow(c)
 	return c
@@ -413,6 +415,7 @@ func (c *call) route(w http.ResponseWriter) bool {
 		ID: c.id, Hash: xxhash.Sum64String(c.id), Model: p.Model, Session: c.session,
 		Tokens: tokens, MaxTokens: p.MaxTokens, PrefixKey: p.PrefixKey(), Chains: chains, TTFT: p.Stream,
 	}
+	c.readSession()
 	return c.pick(w)
 }
 
@@ -439,6 +442,7 @@ func (c *call) pick(w http.ResponseWriter) bool {
 		return false
 	}
 	c.replica, c.sent = c.dec.Replica, t0
+	c.writeSession()
 	c.index = rt.st.fleet.IndexMode(c.replica)
 	rt.m.decide.Observe(c.decide.Seconds())
 	c.record()
@@ -519,9 +523,13 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	c.status = resp.StatusCode
 	reshapeError(resp)
-	resp.Header.Set(HeaderReplica, rt.name(c.replica))
-	if c.routed {
-		resp.Header.Set(HeaderDecision, c.summary())
+	if !c.headers {
+		stripRouting(resp.Header) // an upstream's own (a router behind this one) too
+	} else {
+		resp.Header.Set(HeaderReplica, rt.name(c.replica))
+		if c.routed {
+			resp.Header.Set(HeaderDecision, c.summary())
+		}
 	}
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
@@ -572,7 +580,9 @@ func (rt *Router) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		return // the client went away; nobody to answer
 	}
 	if c != nil && c.replica >= 0 {
-		w.Header().Set(HeaderReplica, rt.name(c.replica))
+		if c.headers {
+			w.Header().Set(HeaderReplica, rt.name(c.replica))
+		}
 		c.status, c.errCode = http.StatusBadGateway, "upstream_unreachable"
 	}
 	rt.m.errors.WithLabelValues("upstream_unreachable").Inc()

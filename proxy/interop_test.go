@@ -139,6 +139,7 @@ func TestKVFullRetried(t *testing.T) {
 func TestKVEventsBindIgnoredSaysSo(t *testing.T) {
 	var buf bytes.Buffer
 	cfg := DefaultConfig()
+	cfg.ClientHeaders = true // the test reads the routing headers
 	cfg.Policy = "round-robin"
 	cfg.Backends = []Backend{{URL: "http://127.0.0.1:1"}}
 	cfg.KVEventsBind = "tcp://127.0.0.1:0"

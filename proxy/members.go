@@ -109,7 +109,7 @@ type memberMetrics struct {
 func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
 	m := &memberMetrics{changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_backend_changes_total",
-		Help: "Backend membership changes (op: add, drain, undrain, remove) by source (admin, config, discover) and result (ok, error).",
+		Help: "Backend membership changes (op: add, drain, undrain, remove) by source (admin, config, discover, shared: another router's admin change) and result (ok, error).",
 	}, []string{"op", "source", "result"})}
 	if err := reg.Register(m.changes); err != nil {
 		return nil, err
@@ -117,7 +117,8 @@ func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
 	return m, nil
 }
 
-// Sources of a membership change, as logs and metrics name them.
+// Sources of a membership change, as logs and metrics name them (and
+// SourceShared, shared.go).
 const (
 	SourceAdmin    = "admin"
 	SourceConfig   = "config"
@@ -139,6 +140,9 @@ func (rt *Router) changed(op, source, id string, err error, args ...any) {
 		return
 	}
 	rt.log.Info("backend changed", args...)
+	if source == SourceAdmin {
+		rt.shareMember(op, id) // the other routers, and this one's restart (shared.go)
+	}
 }
 
 // AddBackend adds a replica while the router runs: it is scraped and

@@ -256,6 +256,7 @@ func TestKVAwareOrdersTransfer(t *testing.T) {
 	}
 	a, b := start(), start()
 	cfg := DefaultConfig()
+	cfg.ClientHeaders = true // the test reads the routing headers
 	cfg.Listen, cfg.KVTransfer, cfg.InterconnectGBps, cfg.TimeScale = "127.0.0.1:0", true, gbps, scale
 	cfg.Backends = []Backend{{URL: a.URL()}, {URL: b.URL()}}
 	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t)})

@@ -16,7 +16,8 @@ func (rt *Router) newShared(reg prometheus.Registerer) (*peers.Syncer, error) {
 	if rt.cfg.Peers.URL == "" {
 		return nil, nil
 	}
-	s, err := peers.New(peers.Config{Settings: rt.cfg.Peers, Logger: rt.log, Registry: reg, Now: rt.now}, rt.st.fleet)
+	s, err := peers.New(peers.Config{Settings: rt.cfg.Peers, Logger: rt.log, Registry: reg, Now: rt.now,
+		ApplyMembers: rt.applyMembers}, rt.st.fleet)
 	if err != nil {
 		return nil, fmt.Errorf("shared state: %w", err)
 	}

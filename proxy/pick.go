@@ -110,6 +110,11 @@ func (rt *Router) outside(dst []int, subset []string) []int {
 // Replica returns the chosen replica's base URL.
 func (p *Pick) Replica() string { return p.c.rt.name(p.c.replica) }
 
+// ClientHeaders reports whether the client gets the routing headers
+// (HeaderReplica, HeaderDecision): Config.ClientHeaders, the data plane
+// authenticating its clients itself.
+func (p *Pick) ClientHeaders() bool { return p.c.headers }
+
 // Endpoint returns the chosen replica's host:port, as Envoy's
 // x-gateway-destination-endpoint wants it.
 func (p *Pick) Endpoint() string { return p.c.rt.url(p.c.replica).Host }

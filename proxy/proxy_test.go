@@ -102,11 +102,13 @@ func startRouter(t *testing.T, policy string, mod func(*Config), backends ...str
 }
 
 // newTestRouter builds a Router with policy in front of backends, the
-// default config otherwise, changed by mod when it is not nil.
+// default config otherwise but for ClientHeaders (tests read the routing
+// headers), changed by mod when it is not nil.
 func newTestRouter(t *testing.T, policy string, mod func(*Config), backends ...string) *Router {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Policy = policy
+	cfg.ClientHeaders = true
 	cfg.Listen = "127.0.0.1:0"
 	for _, b := range backends {
 		cfg.Backends = append(cfg.Backends, Backend{URL: b})

@@ -79,6 +79,7 @@ var firstHealthy = route.Func(func(r *route.Request, s *route.Snapshot) route.De
 func tracedRouter(t *testing.T, tp *tracing.Provider, policy route.Policy, engines ...http.Handler) (*Router, string, []*traceparents) {
 	t.Helper()
 	cfg := DefaultConfig()
+	cfg.ClientHeaders = true // the test reads the routing headers
 	cfg.Listen = "127.0.0.1:0"
 	var recs []*traceparents
 	for _, h := range engines {
@@ -352,6 +353,7 @@ func TestPrefillLegTraced(t *testing.T) {
 	d.strip = true
 	var log syncBuffer
 	cfg := DefaultConfig()
+	cfg.ClientHeaders = true // the test reads the routing headers
 	cfg.Listen, cfg.Backends, cfg.KVTransfer = "127.0.0.1:0", []Backend{prefillWorker(p.URL), decodeWorker(d.URL())}, true
 	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.NewJSONHandler(&log, nil)),
 		TracerProvider: tp.TracerProvider(), Policy: pdPolicy()})

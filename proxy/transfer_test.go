@@ -59,6 +59,7 @@ func pdRouter(t *testing.T, policy route.Policy, mod func(*Config), backends ...
 		policy = pdPolicy()
 	}
 	cfg := DefaultConfig()
+	cfg.ClientHeaders = true // the test reads the routing headers
 	cfg.Listen, cfg.Backends = "127.0.0.1:0", backends
 	cfg.KVTransfer = slices.ContainsFunc(backends, func(b Backend) bool { return b.Role == route.RolePrefill })
 	if mod != nil {

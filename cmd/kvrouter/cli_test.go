@@ -254,7 +254,8 @@ func cutAny(s string, seps ...string) string {
 }
 
 // TestParseBuildInfo: the version line from a stamped build's information
-// (the text "go version -m" prints), and from an unstamped one.
+// (the text "go version -m" prints), and from an unstamped one, each
+// without and with a release version.
 func TestParseBuildInfo(t *testing.T) {
 	stamped, err := debug.ParseBuildInfo("go\tgo1.26.8\npath\tgithub.com/kvrouter/kvrouter/cmd/kvrouter\n" +
 		"mod\tgithub.com/kvrouter/kvrouter\tv0.0.0-20261201161421-86752753e55e+dirty\t\n" +
@@ -270,14 +271,17 @@ func TestParseBuildInfo(t *testing.T) {
 	stamped.GoVersion, plain.GoVersion = "go1.26.8", "go1.26.8" // ParseBuildInfo leaves it to the caller
 	platform := " platform=" + runtime.GOOS + "/" + runtime.GOARCH
 	cases := []struct {
-		bi   *debug.BuildInfo
-		want string
+		bi      *debug.BuildInfo
+		release string
+		want    string
 	}{
-		{stamped, "kvrouter version=v0.0.0-20261201161421-86752753e55e+dirty revision=86752753e55ecd1666578aa924ca913a6089871e dirty=true time=2026-12-01T16:14:21Z go=go1.26.8" + platform},
-		{plain, "kvrouter version=(devel) go=go1.26.8" + platform},
+		{stamped, "", "kvrouter version=v0.0.0-20261201161421-86752753e55e+dirty revision=86752753e55ecd1666578aa924ca913a6089871e dirty=true time=2026-12-01T16:14:21Z go=go1.26.8" + platform},
+		{plain, "", "kvrouter version=(devel) go=go1.26.8" + platform},
+		{stamped, "v0.1.0", "kvrouter version=v0.1.0 revision=86752753e55ecd1666578aa924ca913a6089871e dirty=true time=2026-12-01T16:14:21Z go=go1.26.8" + platform},
+		{plain, "v0.1.0", "kvrouter version=v0.1.0 go=go1.26.8" + platform},
 	}
 	for _, c := range cases {
-		if got := parseBuildInfo(c.bi).String(); got != c.want {
+		if got := parseBuildInfo(c.bi, c.release).String(); got != c.want {
 			t.Errorf("got  %q\nwant %q", got, c.want)
 		}
 	}

@@ -82,7 +82,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout,
 		"on SIGTERM/SIGINT, how long requests in flight may finish before the rest are ended with an error (exit code 1 then)")
 	fs.StringVar(&cfg.APIKeys, "api-keys", cfg.APIKeys,
-		"file of API keys clients must send as \"Authorization: Bearer KEY\" (one per line, optionally \"KEY NAME\"; # comments); empty: no authentication")
+		"file of API keys clients must send as \"Authorization: Bearer KEY\" (one per line: \"KEY [NAME] [priority=N] [headers=on|off]\"; # comments); empty: no authentication")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen,
 		"address of the admin surface (/ui, /debug/decisions, /metrics, /livez, /readyz); empty: none")
 	fs.StringVar(&cfg.AdminAPIKeys, "admin-api-keys", cfg.AdminAPIKeys,
@@ -94,6 +94,8 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"comma-separated path prefixes forwarded to a replica besides the routed ones (\"/\": every path; empty: none); others get 404")
 	fs.BoolVar(&cfg.DebugShowIDs, "debug-show-ids", cfg.DebugShowIDs,
 		"show session ids and user values verbatim in /debug/decisions and the dashboard (default: a keyed hash)")
+	fs.BoolVar(&cfg.ClientHeaders, "client-headers", cfg.ClientHeaders,
+		"send the X-Kvrouter-Replica and X-Kvrouter-Decision response headers (replica URL, cost terms) to every client; default: only to API keys with headers=on")
 
 	recordFlags(fs, &cfg.Record)
 
@@ -143,6 +145,8 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.Peers.Interval, "sync-interval", cfg.Peers.Interval, "how often the shared state is published to and read from --redis (0: 50ms)")
 	fs.DurationVar(&cfg.Peers.TTL, "shared-ttl", cfg.Peers.TTL, "how long a router's load counts after its last publication to --redis (0: 20 sync intervals, at least 1s)")
 	fs.StringVar(&cfg.Peers.Router, "router-id", cfg.Peers.Router, "this router's name among its peers on --redis (empty: random)")
+	fs.DurationVar(&cfg.Peers.ReadTimeout, "shared-read-timeout", cfg.Peers.ReadTimeout,
+		"longest a request with a session waits for --redis to read its binding before deciding (0: 5ms)")
 	return bl
 }
 

@@ -109,7 +109,7 @@ func readmeRules() map[string]readmeRule {
 			skip: "needs the reader's recording; TestPlanTrace runs plan on a trace"},
 		"go install github.com/kvrouter/kvrouter/cmd/kvrouter@latest": {
 			skip: "fetches the published module (no network in CI); the tests build this checkout"},
-		"docker build -t kvrouter:latest .": {skip: "needs Docker; deploy's tests check the Dockerfile"},
+		"docker build --build-arg VERSION=v0.1.0 -t kvrouter:v0.1.0 .": {skip: "needs a Docker daemon; TestDockerfileBuild runs the Dockerfile's build stage"},
 		"kubectl apply -n llm -k deploy/":   {skip: "needs a cluster; deploy's tests decode every manifest strictly"},
 		"kvrouter epp --listen :9002 --discover dns://vllm-engines:8000 --policy kv-aware": {
 			skip: "needs the cluster's DNS name of the vLLM pods; epp's tests run it on loopback"},

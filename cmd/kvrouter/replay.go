@@ -144,6 +144,9 @@ func printErrors(w io.Writer, res *loadgen.Result) {
 		slices.Sort(kinds)
 		fmt.Fprintf(w, "\nerrors: %s; not sent (duration or interrupt): %d\n", strings.Join(kinds, ", "), res.Skipped)
 	}
+	if len(t.Replicas) == 1 && t.Replicas[""] > 0 {
+		fmt.Fprintln(w, "\nno "+loadgen.HeaderReplica+" in the answers: a kvrouter sends it only with --client-headers (or an API key with headers=on)")
+	}
 	if len(t.Replicas) > 1 || (len(t.Replicas) == 1 && t.Replicas[""] == 0) {
 		names := make([]string, 0, len(t.Replicas))
 		for r := range t.Replicas {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -11,14 +12,22 @@ import (
 	"strings"
 )
 
-// buildInfo is what the binary knows of its own build, from the Go
-// toolchain's build information (runtime/debug.ReadBuildInfo): nothing is
-// set by hand or by ldflags.
+// version is the release's semantic version (v0.1.0), set by a release
+// build: go build -ldflags "-X main.version=v0.1.0" (scripts/release.sh,
+// the Dockerfile's VERSION). Empty in any other build, whose version
+// comes from the toolchain's VCS stamping. It is the one variable the
+// linker sets; nothing assigns it.
+var version string
+
+// buildInfo is what the binary knows of its own build: the release
+// version the linker set (version), else the Go toolchain's build
+// information (runtime/debug.ReadBuildInfo).
 type buildInfo struct {
-	// Version is the main module's version: a tag (v0.3.1) or a
-	// pseudo-version (go install ...@version, or a build from a git
-	// checkout, "+dirty" with uncommitted changes); "(devel)" for a build
-	// without VCS information.
+	// Version is the release version when the build set one (v0.1.0),
+	// else the main module's version: a tag (v0.3.1) or a pseudo-version
+	// (go install ...@version, or a build from a git checkout, "+dirty"
+	// with uncommitted changes); "(devel)" for a build without VCS
+	// information.
 	Version string
 	// Revision is the VCS commit the binary was built from (vcs.revision);
 	// empty when the build was not stamped (no VCS, -buildvcs=false, go
@@ -37,17 +46,15 @@ type buildInfo struct {
 func readBuildInfo() buildInfo {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return buildInfo{Version: "unknown", GoVersion: runtime.Version()}
+		return buildInfo{Version: cmp.Or(version, "unknown"), GoVersion: runtime.Version()}
 	}
-	return parseBuildInfo(bi)
+	return parseBuildInfo(bi, version)
 }
 
-// parseBuildInfo extracts a buildInfo from the toolchain's.
-func parseBuildInfo(bi *debug.BuildInfo) buildInfo {
-	b := buildInfo{Version: bi.Main.Version, GoVersion: bi.GoVersion}
-	if b.Version == "" {
-		b.Version = "(devel)"
-	}
+// parseBuildInfo extracts a buildInfo from the toolchain's; release, when
+// not empty, is the version (a release build's).
+func parseBuildInfo(bi *debug.BuildInfo, release string) buildInfo {
+	b := buildInfo{Version: cmp.Or(release, bi.Main.Version, "(devel)"), GoVersion: bi.GoVersion}
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
@@ -77,11 +84,13 @@ func (b buildInfo) String() string {
 
 var versionHelp = help{
 	synopsis: "kvrouter version",
-	about: "Prints the build: the module version (a tag, or a pseudo-version naming the\n" +
-		"commit, with +dirty for uncommitted changes; \"(devel)\" when the build had no VCS\n" +
-		"information), the commit it was built from and whether the work tree had\n" +
-		"uncommitted changes (dirty), the commit time, and the Go toolchain, all from the\n" +
-		"build information Go stamps into the binary. \"kvrouter --version\" is the same.",
+	about: "Prints the build: the release's semantic version (v0.1.0) for a release build\n" +
+		"(scripts/release.sh, the image), else the module version (a tag, or a\n" +
+		"pseudo-version naming the commit, with +dirty for uncommitted changes; \"(devel)\"\n" +
+		"when the build had no VCS information); then the commit it was built from and\n" +
+		"whether the work tree had uncommitted changes (dirty), the commit time, and the Go\n" +
+		"toolchain, from the build information Go stamps into the binary.\n" +
+		"\"kvrouter --version\" is the same.",
 	examples: []string{"kvrouter version", "kvrouter --version"},
 }
 
