@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/promtool"
+
 	"sigs.k8s.io/yaml"
 )
 
@@ -39,26 +41,12 @@ func readRules(t *testing.T) *prometheusRule {
 	return pr
 }
 
-// promtool returns promtool's path. It is in Debian's prometheus package,
-// which .ci/run installs: under CI its absence fails the test.
-func promtool(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("promtool not found (.ci/run installs Debian's prometheus package)")
-		}
-		t.Skip("promtool not found: apt-get install prometheus (CI=true makes this a failure)")
-	}
-	return p
-}
-
 // TestPrometheusRules: the PrometheusRule's groups, as a plain rules
 // file, pass `promtool check rules` and the unit tests of
 // testdata/rules_test.yaml (`promtool test rules`).
 func TestPrometheusRules(t *testing.T) {
 	pr := readRules(t)
-	tool := promtool(t)
+	tool := promtool.Path(t)
 	dir := t.TempDir()
 	groups, err := json.Marshal(map[string]any{"groups": pr.Spec.Groups})
 	if err != nil {
