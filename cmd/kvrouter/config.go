@@ -70,7 +70,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log lines as text (key=value) or json (one object per line); the access log is one line per request at info")
 	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", cfg.OTLPEndpoint,
-		"OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318; spans to /v1/traces); empty: tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
+		"OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318; spans to /v1/traces) or OTLP/gRPC address (grpc://localhost:4317, grpcs:// for TLS; or OTEL_EXPORTER_OTLP_PROTOCOL=grpc); empty: tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.StringVar(&cfg.KVEventsBind, "kv-events-bind", cfg.KVEventsBind,
 		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
 	admissionFlags(fs, &cfg.Admission.MaxWait, &cfg.Admission.MaxQueue, &cfg.Admission.QueueTimeout)
