@@ -81,7 +81,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 	}
 	reps := make([]fleet.Replica, len(cfg.Backends))
 	for i, be := range cfg.Backends {
-		reps[i] = fleet.Replica{ID: be.URL, Models: be.Models, Role: be.Role}
+		reps[i] = fleet.Replica{ID: be.URL, Models: be.Models, Role: be.Role, MaxNumSeqs: be.MaxNumSeqs}
 	}
 	st.fleet, err = fleet.New(fleet.Config{
 		Replicas:    reps,

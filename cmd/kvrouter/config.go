@@ -52,7 +52,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(configPath, "config", "", "YAML config file (keys are the flag names; unknown keys are errors)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on, host:port")
 	bl := &backendList{list: &cfg.Backends}
-	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME]...[,role=prefill|decode|both] (model, repeatable: the models it serves, else those its /v1/models lists; the first also keys its KV events when its topic is not kv@<host>:<port>@<model>; role: its part in a prefill/decode-disaggregated fleet, default both, see docs/disaggregation.md)")
+	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME]...[,role=prefill|decode|both][,max_num_seqs=N] (model, repeatable: the models it serves, else those its /v1/models lists; the first also keys its KV events when its topic is not kv@<host>:<port>@<model>; role: its part in a prefill/decode-disaggregated fleet, default both, see docs/disaggregation.md; max_num_seqs: the engine's --max-num-seqs, else learned from its metrics: the sequences running in two scrapes in a row with requests waiting)")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.Names(), ", "))
 	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long an idle session stays bound to its replica")
