@@ -225,6 +225,16 @@ func (st *state) onEject(id string, e health.Ejection) {
 	}
 }
 
+// otherHealthy reports whether a replica other than i is in service.
+func (st *state) otherHealthy(i int) bool {
+	for j := range st.bes.list() {
+		if j != i && st.healthy(j) {
+			return true
+		}
+	}
+	return false
+}
+
 // hungSignal returns the channel closed when probes next eject replica i.
 func (st *state) hungSignal(i int) <-chan struct{} { return *st.hung[i].Load() }
 
