@@ -83,6 +83,12 @@ func TestBrowserShowsHistoryBeforeLoad(t *testing.T) {
 	if got := errRate(); got < 6.0 || got > 6.3 {
 		t.Errorf("error rate over the last hour %v%%, want 6.0..6.3", got)
 	}
+	// Every replica's name is shown whole: not cut, not overflowing its
+	// box (it wraps).
+	cut := within(t, ctx, 5*time.Second, "replica names", chromedp.Evaluate[[]string](`[...document.querySelectorAll('#replica-hits .mini')].filter(m => { const r = m.querySelector('.rid'); return !r || r.textContent !== m.dataset.replica || r.scrollWidth > r.clientWidth + 1 || r.getBoundingClientRect().right > m.getBoundingClientRect().right + 1 }).map(m => m.dataset.replica)`))
+	if len(cut) > 0 {
+		t.Errorf("replica names cut or overflowing: %v", cut)
+	}
 	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%v", errs)
 	}

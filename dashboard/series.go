@@ -168,7 +168,10 @@ func (h *history) points(span time.Duration) []point {
 		return out
 	}
 	from := out[len(out)-1].At.Add(-span)
-	k, _ := slices.BinarySearchFunc(out, from, func(p point, t time.Time) int { return p.At.Compare(t) })
+	k, found := slices.BinarySearchFunc(out, from, func(p point, t time.Time) int { return p.At.Compare(t) })
+	if found { // the span is half-open: (newest − span, newest]
+		k++
+	}
 	return out[k:]
 }
 

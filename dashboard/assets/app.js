@@ -348,7 +348,7 @@ function renderSeries(s) {
   const minis = s.replicas.map((r) => {
     const box = el("div", { class: "plot" });
     const m = el("div", { class: "mini", "data-replica": r.id },
-      el("div", { class: "name", title: r.id }, el("b", { title: "last actual / predicted" }, `${pct(fresh(r.hit_rate_actual))} / ${pct(fresh(r.hit_rate_predicted))}`), r.id), box);
+      el("div", { class: "name", title: r.id }, el("span", { class: "rid" }, r.id), el("b", { title: "last actual / predicted" }, `${pct(fresh(r.hit_rate_actual))} / ${pct(fresh(r.hit_rate_predicted))}`)), box);
     return [m, box, r];
   });
   document.getElementById("replica-hits").replaceChildren(...minis.map((m) => m[0]));
