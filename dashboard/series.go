@@ -14,7 +14,8 @@ import (
 // the last DefaultSeriesRange unless asked for more. A sample costs about
 // 140 bytes per replica (its counters, 56 bytes, and its interval figures,
 // 88 with the three numbers they point to) plus 200 for the fleet's: the
-// ring holds at most 1,800 × (64 × 140 + 200) bytes, about 16 MB.
+// ring holds at most 1,800 × (64 × 140 + 200) bytes, about 16 MB
+// (TestHistoryMemory measures it).
 const (
 	SeriesStep         = 2 * time.Second
 	SeriesWindow       = time.Hour
