@@ -26,6 +26,20 @@ func seatsSeen(seen int, prev, l scrape.Load) int {
 	return seen
 }
 
+// maxSeqsSource says where maxSeqsLocked's answer comes from:
+// configured, learned or preset (view.Replica.MaxSeqsSource).
+func (r *replica) maxSeqsSource() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.maxSeqs > 0:
+		return "configured"
+	case r.seats > 0:
+		return "learned"
+	}
+	return "preset"
+}
+
 // maxSeqsLocked is the replica's max_num_seqs: the one configured, else
 // the seats learned, else preset (the fleet's Rates.MaxSeqs). r.mu is
 // held.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
@@ -36,7 +37,8 @@ func seatsOf(rt *Router, i int) int {
 // at once (--max-num-seqs 8), one declared with max_num_seqs=8, the other
 // not: the declared one is priced with 8 seats from the start, the other
 // with the preset's 256 until a burst of 40 requests queues on it, and
-// with 8 once its metrics showed 8 running while others waited.
+// with 8 once its metrics showed 8 running while others waited; the
+// dashboard shows both and where they come from.
 func TestEnginesAsConfigured(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a burst of a few seconds")
@@ -73,5 +75,19 @@ func TestEnginesAsConfigured(t *testing.T) {
 	wg.Wait()
 	if got := seatsOf(rt, 0); got != 8 {
 		t.Errorf("declared replica: %d seats after the burst, want 8", got)
+	}
+	// The dashboard says so, and where each figure comes from.
+	_, body := do(t, "GET", url+"/ui/api/fleet", "")
+	var f struct {
+		Replicas []struct {
+			MaxSeqs int    `json:"max_num_seqs"`
+			Source  string `json:"max_num_seqs_source"`
+		} `json:"replicas"`
+	}
+	if err := json.Unmarshal([]byte(body), &f); err != nil || len(f.Replicas) != 2 {
+		t.Fatalf("/ui/api/fleet: %v: %s", err, body)
+	}
+	if r := f.Replicas; r[0].MaxSeqs != 8 || r[0].Source != "configured" || r[1].MaxSeqs != 8 || r[1].Source != "learned" {
+		t.Errorf("dashboard max_num_seqs %+v, want 8 configured, 8 learned", r)
 	}
 }

@@ -155,7 +155,9 @@ function renderReplicas(f) {
         r.draining ? el("span", { class: "badge warn", title: "takes no new requests; those in flight finish" }, "draining") : "",
         r.draining ? " " : "", r.id),
       el("td", { class: "num" }, el("div", { class: "trend" }, sparkline(r.id, 90, 20), el("span", { class: "inflight" }, int(r.in_flight)))),
-      el("td", { class: "num" }, r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—"),
+      el("td", { class: "num runwait", title: r.max_num_seqs ? `runs at most ${r.max_num_seqs} at once (max_num_seqs, ${r.max_num_seqs_source})` : null },
+        r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—",
+        r.max_num_seqs ? el("small", { class: "muted" }, ` of ${int(r.max_num_seqs)}`) : ""),
       el("td", { class: "num" }, int(r.prefill_tokens)),
       el("td", {}, kvBar(r)),
       el("td", { class: "num hit", title: `cached prompt tokens: ${int(r.predicted_cached_tokens)} predicted, ` +
