@@ -5,6 +5,8 @@ import (
 	"flag"
 	"net/http/httptest"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,11 +65,11 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 		f.Replicas[0].InFlight = 17
 		f.Replicas[0].Completed += 5
 		*ds = append([]view.Decision{{
-			ID: "kvr-1-3", At: t0, Session: "carol", Replica: "http://10.0.0.2:8000", Reason: "least-cost",
+			ID: "kvr-1-3", At: t0, Session: "carol", Replica: "http://10.0.0.2:8000", Reason: "least-cost", TTFTWeight: 2,
 			Candidates: []view.Candidate{
-				{Replica: "http://10.0.0.1:8000", WaitMS: 50, PrefillMS: 10, TotalMS: 60},
-				{Replica: "http://10.0.0.2:8000", WaitMS: 1, PrefillMS: 10, TotalMS: 11},
-				{Replica: "http://10.0.0.3:8000", WaitMS: 0, PrefillMS: 10, MemoryMS: 100, TotalMS: 110},
+				{Replica: "http://10.0.0.1:8000", WaitMS: 50, PrefillMS: 10, TotalMS: 120},
+				{Replica: "http://10.0.0.2:8000", WaitMS: 1, PrefillMS: 10, DecodeMS: 3.24, OthersMS: 0.24, TotalMS: 25.48},
+				{Replica: "http://10.0.0.3:8000", WaitMS: 0, ImportMS: 4, PrefillMS: 10, MemoryMS: 100, PinBonusMS: 30, TotalMS: 98},
 			},
 			PrunedCandidates: 919, PredictedCached: 0, ActualCached: -1, PromptTokens: -1, Outcome: "in-flight",
 		}}, (*ds)...)
@@ -86,6 +88,22 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	if got := within(t, ctx, 5*time.Second, "pruned note", chromedp.Evaluate[string](`document.querySelector('tr.costs div.pruned').textContent`)); !strings.Contains(got, "919 more candidates pruned") {
 		t.Errorf("pruned note %q, want 919 more candidates pruned", got)
 	}
+	// The chosen candidate's Total is written out as its sum, the TTFT
+	// weight on screen, at decimals where the terms as written add up.
+	arith := within(t, ctx, 5*time.Second, "arithmetic", chromedp.Evaluate[string](text(`tr.costs div.arith`)))
+	if want := "http://10.0.0.2:8000: 2 × (1.00 + 0.00 + 0.00 + 10.00) + 3.24 + 0.24 + 0.00 + 0.00 = 25.48 ms"; arith != want {
+		t.Errorf("arithmetic %q, want %q", arith, want)
+	}
+	if !addsUp(t, arith) {
+		t.Errorf("arithmetic %q does not add up as written", arith)
+	}
+	if f := within(t, ctx, 5*time.Second, "formula", chromedp.Evaluate[string](text(`tr.costs div.formula`))); !strings.HasPrefix(f, "Total = 2 × (Wait + Import + Load + Prefill)") {
+		t.Errorf("formula %q", f)
+	}
+	pinned := within(t, ctx, 5*time.Second, "pinned row", chromedp.Evaluate[string](`document.querySelectorAll('tr.costs table.inner tbody tr')[2].title`))
+	if want := "http://10.0.0.3:8000: 2 × (0.0 + 4.0 + 0.0 + 10.0) + 0.0 + 0.0 + 100.0 + 0.0 − 30.0 = 98.0 ms"; pinned != want || !addsUp(t, pinned) {
+		t.Errorf("pinned candidate's arithmetic %q, want %q", pinned, want)
+	}
 	// The row stays open across refreshes (every 100 ms): staying open
 	// through three is the behaviour under test.
 	time.Sleep(300 * time.Millisecond)
@@ -95,6 +113,37 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	if errs := con.Errors(); len(errs) > 0 {
 		t.Errorf("console errors:\n%v", errs)
 	}
+}
+
+// addsUp parses "name: w × (a + b + c + d) + e + f + g + h [− bonus] = T ms"
+// and reports whether the terms as written, rounded to the decimals they
+// are written with, make T as written.
+func addsUp(t *testing.T, s string) bool {
+	t.Helper()
+	m := regexp.MustCompile(`: ([0-9.]+) × \(([^)]*)\) \+ (.*?)(?: − ([0-9.]+))? = ([0-9.]+) ms$`).FindStringSubmatch(s)
+	if m == nil {
+		t.Errorf("arithmetic %q not in the expected form", s)
+		return false
+	}
+	num := func(v string) float64 {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			t.Errorf("term %q of %q: %v", v, s, err)
+		}
+		return f
+	}
+	sum := func(vs string) (total float64) {
+		for _, v := range strings.Split(vs, " + ") {
+			total += num(v)
+		}
+		return total
+	}
+	got := num(m[1])*sum(m[2]) + sum(m[3])
+	if m[4] != "" {
+		got -= num(m[4])
+	}
+	dp := len(m[5]) - strings.Index(m[5], ".") - 1
+	return strconv.FormatFloat(got, 'f', dp, 64) == m[5]
 }
 
 // TestBrowserReportsScriptErrors checks the console check itself: a page

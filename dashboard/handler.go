@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
 	"net/http"
@@ -33,10 +34,11 @@ type handler struct {
 
 // New returns the dashboard's handler over src. It answers GET (and HEAD)
 // on /ui and /ui/ (the page), /ui/style.css, /ui/app.js, /ui/api/fleet,
-// /ui/api/decisions?n=N and /ui/api/series, and 404 for anything else.
-// The handler keeps the time series of the last SeriesWindow, sampled as
-// /ui/api/fleet and /ui/api/series are polled (at most once per
-// SeriesStep), in a ring of fixed size. Mount it with
+// /ui/api/decisions?n=N and /ui/api/series?range=D, and 404 for anything
+// else. The handler keeps the time series of the last SeriesWindow,
+// sampled as /ui/api/fleet and /ui/api/series are polled (at most once per
+// SeriesStep), in a ring of fixed size; NewHandler's also samples in the
+// background. Mount it with
 // mux.Handle("/ui/", dashboard.New(src)): http.ServeMux then redirects /ui
 // to /ui/.
 func New(src Source) http.Handler { return newHandler(src).mux }
@@ -81,12 +83,53 @@ func (h *handler) serveFleet(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, fleetOf(f))
 }
 
-// serveSeries answers GET /ui/api/series with the time series of the
-// last SeriesWindow, after a sample of now if one is due.
+// serveSeries answers GET /ui/api/series?range=D with the time series of
+// the last D (a Go duration; default DefaultSeriesRange, at most
+// SeriesWindow), after a sample of now if one is due.
 func (h *handler) serveSeries(w http.ResponseWriter, r *http.Request) {
+	span := DefaultSeriesRange
+	if s := r.URL.Query().Get("range"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			writeJSON(w, http.StatusBadRequest, apiError{"range must be a positive duration such as 15m"})
+			return
+		}
+		span = min(d, SeriesWindow)
+	}
+	h.sample()
+	writeJSON(w, http.StatusOK, seriesOf(h.hist.points(span), h.hist.step, span))
+}
+
+// sample records a sample of the Source now, if one is due.
+func (h *handler) sample() {
 	now := h.now()
 	h.hist.record(now, func() view.Fleet { return h.src.Fleet(now) }, h.recent)
-	writeJSON(w, http.StatusOK, seriesOf(h.hist.points(), h.hist.step, SeriesWindow))
+}
+
+// Handler is the dashboard over a Source with its history sampled in the
+// background by Run, so that a page opened after an incident shows the
+// last SeriesWindow whether or not anyone was watching.
+type Handler struct{ h *handler }
+
+// NewHandler returns the dashboard over src; it serves what New's handler
+// serves. Call Run to keep its history.
+func NewHandler(src Source) *Handler { return &Handler{newHandler(src)} }
+
+// ServeHTTP serves the page and its API (see New).
+func (d *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.h.mux.ServeHTTP(w, r) }
+
+// Run samples the Source every SeriesStep until ctx is done.
+func (d *Handler) Run(ctx context.Context) {
+	t := time.NewTicker(d.h.hist.step)
+	defer t.Stop()
+	for {
+		d.h.sample()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // recent returns the decisions the time series reads TTFTs from.

@@ -9,20 +9,26 @@ import (
 )
 
 // Defaults of the time series: one sample per SeriesStep at most, the last
-// SeriesWindow kept (SeriesWindow/SeriesStep samples), per-replica series
-// for the first MaxSeriesReplicas replicas. With them a sample costs about
-// 60 bytes per replica: 150 samples of 256 replicas are 2.3 MB at most.
+// SeriesWindow kept (SeriesWindow/SeriesStep = 1,800 samples), per-replica
+// series for the first MaxSeriesReplicas replicas; /ui/api/series answers
+// the last DefaultSeriesRange unless asked for more. A sample costs about
+// 140 bytes per replica (its counters, 56 bytes, and its interval figures,
+// 88 with the three numbers they point to) plus 200 for the fleet's: the
+// ring holds at most 1,800 × (64 × 140 + 200) bytes, about 16 MB
+// (TestHistoryMemory measures it).
 const (
-	SeriesStep        = 2 * time.Second
-	SeriesWindow      = 5 * time.Minute
-	MaxSeriesReplicas = 256
+	SeriesStep         = 2 * time.Second
+	SeriesWindow       = time.Hour
+	DefaultSeriesRange = 5 * time.Minute
+	MaxSeriesReplicas  = 64
 )
 
-// history is the dashboard's server-side ring of samples, taken as the
-// page polls (at most one per step): a page opened later, or a second
-// viewer, sees the same last minutes. Nothing is recorded while nobody
-// polls; the first sample after a pause covers the pause (its span says
-// how long) and the page draws it as a gap. mu guards every field.
+// history is the dashboard's server-side ring of samples, taken every
+// step by Handler.Run and as the page polls (at most one per step): a
+// page opened after an incident, or a second viewer, sees the same last
+// hour. Without Run nothing is recorded while nobody polls; the first
+// sample after a pause covers the pause (its span says how long) and the
+// page draws it as a gap. mu guards every field.
 type history struct {
 	mu    sync.Mutex
 	step  time.Duration
@@ -42,6 +48,7 @@ type point struct {
 	reps      []repCounters
 	// Interval figures; a nil pointer is "no data".
 	Requests, Completed *float64
+	Failed              *float64
 	TTFTP50, TTFTP99    *float64
 	PredP50             *float64
 	TTFTs               int
@@ -51,8 +58,8 @@ type point struct {
 
 // repCounters are one replica's cumulative counters.
 type repCounters struct {
-	id                              string
-	done, prompt, actual, predicted int64
+	id                                      string
+	done, failed, prompt, actual, predicted int64
 }
 
 // repPoint is one replica's figures over an interval.
@@ -80,7 +87,7 @@ func (h *history) record(now time.Time, fleet func() view.Fleet, decisions func(
 	p := point{At: now, decisions: f.Decisions}
 	for i := range f.Replicas[:min(len(f.Replicas), MaxSeriesReplicas)] {
 		r := &f.Replicas[i]
-		p.reps = append(p.reps, repCounters{id: r.ID, done: r.Completed + r.Failed,
+		p.reps = append(p.reps, repCounters{id: r.ID, done: r.Completed + r.Failed, failed: r.Failed,
 			prompt: r.PromptTokens, actual: r.ActualCached, predicted: r.PredictedCached})
 	}
 	if prev := h.last; prev != nil && now.After(prev.At) {
@@ -98,13 +105,14 @@ func (p *point) interval(prev *point, ds []view.Decision) {
 	if p.decisions >= prev.decisions {
 		p.Requests = ptr(float64(p.decisions-prev.decisions) / secs)
 	}
-	var done, prompt, actual, pred int64
+	var done, failed, prompt, actual, pred int64
 	ok := false
 	for _, c := range p.reps {
 		rp := repPoint{ID: c.id}
 		k := slices.IndexFunc(prev.reps, func(o repCounters) bool { return o.id == c.id })
-		if k >= 0 && c.done >= prev.reps[k].done && c.prompt >= prev.reps[k].prompt {
+		if k >= 0 && c.done >= prev.reps[k].done && c.failed >= prev.reps[k].failed && c.prompt >= prev.reps[k].prompt {
 			o := prev.reps[k]
+			failed += c.failed - o.failed
 			rp.Completed = ptr(float64(c.done-o.done) / secs)
 			dp := c.prompt - o.prompt
 			rp.HitPred, rp.HitActual = ratio(c.predicted-o.predicted, dp), ratio(c.actual-o.actual, dp)
@@ -114,6 +122,7 @@ func (p *point) interval(prev *point, ds []view.Decision) {
 	}
 	if ok {
 		p.Completed = ptr(float64(done) / secs)
+		p.Failed = ptr(float64(failed) / secs)
 		p.HitPred, p.HitActual = ratio(pred, prompt), ratio(actual, prompt)
 	}
 	var obs, predicted []float64
@@ -148,13 +157,23 @@ func (h *history) push(p point) {
 	h.start = (h.start + 1) % len(h.ring)
 }
 
-// points returns the points, oldest first, as copies the caller may keep.
-func (h *history) points() []point {
+// points returns the points of the last span before the newest, oldest
+// first, as copies the caller may keep.
+func (h *history) points(span time.Duration) []point {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	out := make([]point, 0, len(h.ring))
 	out = append(out, h.ring[h.start:]...)
-	return append(out, h.ring[:h.start]...)
+	out = append(out, h.ring[:h.start]...)
+	if len(out) == 0 {
+		return out
+	}
+	from := out[len(out)-1].At.Add(-span)
+	k, found := slices.BinarySearchFunc(out, from, func(p point, t time.Time) int { return p.At.Compare(t) })
+	if found { // the span is half-open: (newest − span, newest]
+		k++
+	}
+	return out[k:]
 }
 
 // nearestRank is the nearest-rank p-th percentile of vs (sorted in
@@ -180,6 +199,7 @@ type seriesJSON struct {
 	SpanMS    []float64       `json:"span_ms"`
 	Requests  []*float64      `json:"requests_per_s"`
 	Completed []*float64      `json:"completed_per_s"`
+	Failed    []*float64      `json:"failed_per_s"`
 	TTFTP50   []*float64      `json:"ttft_p50_ms"`
 	TTFTP99   []*float64      `json:"ttft_p99_ms"`
 	PredP50   []*float64      `json:"ttft_predicted_p50_ms"`
@@ -202,13 +222,13 @@ type replicaSeries struct {
 func seriesOf(ps []point, step, window time.Duration) seriesJSON {
 	n := len(ps)
 	out := seriesJSON{StepMS: ms(step), WindowMS: ms(window), At: make([]int64, n), SpanMS: make([]float64, n),
-		Requests: make([]*float64, n), Completed: make([]*float64, n), TTFTP50: make([]*float64, n), TTFTP99: make([]*float64, n),
+		Requests: make([]*float64, n), Completed: make([]*float64, n), Failed: make([]*float64, n), TTFTP50: make([]*float64, n), TTFTP99: make([]*float64, n),
 		PredP50: make([]*float64, n), TTFTs: make([]int, n), HitPred: make([]*float64, n), HitActual: make([]*float64, n),
 		Replicas: []replicaSeries{}}
 	for i := range ps {
 		p := &ps[i]
 		out.At[i], out.SpanMS[i] = p.At.UnixMilli(), ms(p.Span)
-		out.Requests[i], out.Completed[i] = p.Requests, p.Completed
+		out.Requests[i], out.Completed[i], out.Failed[i] = p.Requests, p.Completed, p.Failed
 		out.TTFTP50[i], out.TTFTP99[i], out.PredP50[i], out.TTFTs[i] = p.TTFTP50, p.TTFTP99, p.PredP50, p.TTFTs
 		out.HitPred[i], out.HitActual[i] = p.HitPred, p.HitActual
 	}

@@ -161,7 +161,7 @@ func TestSeriesBounded(t *testing.T) {
 		at := t0.Add(time.Duration(i) * SeriesStep)
 		h.record(at, func() view.Fleet { return twoReplicas(uint64(i), [4]int64{}, [4]int64{}) }, func() []view.Decision { return nil })
 	}
-	ps := h.points()
+	ps := h.points(SeriesWindow)
 	if len(ps) != n || cap(h.ring) != n {
 		t.Fatalf("%d points (ring capacity %d), want %d", len(ps), cap(h.ring), n)
 	}
@@ -184,7 +184,7 @@ func TestSeriesReplicaCap(t *testing.T) {
 	}
 	h := newHistory(SeriesStep, SeriesWindow)
 	h.record(t0, func() view.Fleet { return f }, func() []view.Decision { return nil })
-	if got := len(h.points()[0].reps); got != MaxSeriesReplicas {
+	if got := len(h.points(SeriesWindow)[0].reps); got != MaxSeriesReplicas {
 		t.Errorf("%d replicas sampled, want %d", got, MaxSeriesReplicas)
 	}
 }
@@ -274,7 +274,7 @@ func TestBrowserSeries(t *testing.T) {
 		return within(t, ctx, 5*time.Second, id+" legend", chromedp.Evaluate[string](`[...document.querySelectorAll('#`+id+` .legend span')].map(s => s.textContent).join(" | ")`))
 	}
 	for _, c := range []struct{ id, want string }{
-		{"chart-rate", "routed5.00/s | completed5.00/s"},
+		{"chart-rate", "routed5.00/s | completed5.00/s | failed0.00/s"},
 		{"chart-ttft", "p5040 ms | p9990 ms | predicted p5030 ms"},
 		{"chart-hit", "actual50.0% | predicted54.0%"},
 	} {

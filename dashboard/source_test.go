@@ -73,10 +73,10 @@ func sample() *literal {
 		decisions: []view.Decision{
 			{
 				ID: "kvr-1-2", At: t0.Add(-time.Second), Session: "alice", Policy: "kv-aware", Model: "m",
-				Tokens: 2100, Blocks: 131, Replica: "http://10.0.0.1:8000", Reason: "prefix",
+				Tokens: 2100, Blocks: 131, Replica: "http://10.0.0.1:8000", Reason: "prefix", TTFTWeight: 2,
 				Candidates: []view.Candidate{
-					{Replica: "http://10.0.0.1:8000", Matched: 2000, WaitMS: 3.5, PrefillMS: 4.25, DecodeMS: 1, TotalMS: 8.75},
-					{Replica: "http://10.0.0.2:8000", Matched: 0, WaitMS: 0.5, PrefillMS: 80, DecodeMS: 0.5, MemoryMS: 12, TotalMS: 93},
+					{Replica: "http://10.0.0.1:8000", Matched: 2000, WaitMS: 3.5, PrefillMS: 4.25, DecodeMS: 1, TotalMS: 16.5},
+					{Replica: "http://10.0.0.2:8000", Matched: 0, WaitMS: 0.5, PrefillMS: 80, DecodeMS: 0.5, MemoryMS: 12, TotalMS: 173.5},
 				},
 				PredictedCached: 2000, ActualCached: -1, PromptTokens: -1, PredictedTTFTMS: 8.75, DecideMS: 0.05,
 				Outcome: "in-flight",

@@ -73,6 +73,8 @@ type replicaJSON struct {
 	HorizonMS       float64     `json:"horizon_ms"`
 	TierHorizonMS   float64     `json:"tier_horizon_ms,omitempty"`
 	Displaced       float64     `json:"displaced"`
+	MaxSeqs         int         `json:"max_num_seqs"`
+	MaxSeqsSource   string      `json:"max_num_seqs_source,omitempty"`
 	Events          *eventsJSON `json:"events,omitempty"`
 }
 
@@ -133,7 +135,8 @@ func replicaOf(r view.Replica) replicaJSON {
 		PredictedCached: r.PredictedCached, ActualCached: r.ActualCached, PromptTokens: r.PromptTokens,
 		HitPredicted: ratio(r.PredictedCached, r.PromptTokens),
 		HitActual:    ratio(r.ActualCached, r.PromptTokens),
-		Scale:        r.Scale, DecodeScale: r.DecodeScale, HorizonMS: ms(r.Horizon), TierHorizonMS: ms(r.TierHorizon), Displaced: r.Displaced,
+		MaxSeqs:      r.MaxSeqs, MaxSeqsSource: r.MaxSeqsSource,
+		Scale: r.Scale, DecodeScale: r.DecodeScale, HorizonMS: ms(r.Horizon), TierHorizonMS: ms(r.TierHorizon), Displaced: r.Displaced,
 	}
 	for _, m := range r.Models {
 		out.Models = append(out.Models, modelJSON{ID: m.ID, Parent: m.Parent})

@@ -103,6 +103,30 @@ type httpRoute struct {
 	} `json:"spec"`
 }
 
+// prometheusRule is monitoring.coreos.com/v1 PrometheusRule (Prometheus
+// Operator); its groups are a Prometheus rules file's.
+type prometheusRule struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        metav1.ObjectMeta `json:"metadata"`
+	Spec            struct {
+		Groups []ruleGroup `json:"groups"`
+	} `json:"spec"`
+}
+
+// ruleGroup is one group of a Prometheus rules file.
+type ruleGroup struct {
+	Name     string `json:"name"`
+	Interval string `json:"interval,omitempty"`
+	Rules    []struct {
+		Record      string            `json:"record,omitempty"`
+		Alert       string            `json:"alert,omitempty"`
+		Expr        string            `json:"expr"`
+		For         string            `json:"for,omitempty"`
+		Labels      map[string]string `json:"labels,omitempty"`
+		Annotations map[string]string `json:"annotations,omitempty"`
+	} `json:"rules"`
+}
+
 // kustomization is kustomize.config.k8s.io/v1beta1 Kustomization.
 type kustomization struct {
 	metav1.TypeMeta `json:",inline"`
@@ -127,6 +151,7 @@ var kinds = map[string]func() any{
 	"policy/v1/PodDisruptionBudget":                 func() any { return new(policyv1.PodDisruptionBudget) },
 	"autoscaling/v2/HorizontalPodAutoscaler":        func() any { return new(autoscalingv2.HorizontalPodAutoscaler) },
 	"monitoring.coreos.com/v1/ServiceMonitor":       func() any { return new(serviceMonitor) },
+	"monitoring.coreos.com/v1/PrometheusRule":       func() any { return new(prometheusRule) },
 	"inference.networking.k8s.io/v1/InferencePool":  func() any { return new(inferencePool) },
 	"gateway.networking.k8s.io/v1/HTTPRoute":        func() any { return new(httpRoute) },
 	"kustomize.config.k8s.io/v1beta1/Kustomization": func() any { return new(kustomization) },
@@ -141,7 +166,7 @@ var notManifests = []string{"epp/envoy.yaml"}
 
 // optional are the manifests no kustomization applies, each for a reason
 // its header gives.
-var optional = []string{"hpa.yaml", "servicemonitor.yaml", "epp/httproute.yaml"}
+var optional = []string{"hpa.yaml", "servicemonitor.yaml", "prometheusrule.yaml", "epp/httproute.yaml"}
 
 // object is one decoded manifest.
 type object struct {
@@ -213,8 +238,8 @@ func manifests(t *testing.T) []object {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && path == "grafana" {
-			return filepath.SkipDir // another part's, not Kubernetes objects
+		if d.IsDir() && (path == "grafana" || path == "testdata") {
+			return filepath.SkipDir // another part's, or test inputs: not Kubernetes objects
 		}
 		if d.IsDir() || !strings.HasSuffix(path, ".yaml") || slices.Contains(notManifests, path) {
 			return nil

@@ -109,6 +109,11 @@ type Replica struct {
 	// Role is its part in a disaggregated fleet; a RolePrefill replica is
 	// never a candidate, only a prefill worker (route.Replica.Prefills).
 	Role route.Role
+	// MaxNumSeqs is the engine's max_num_seqs, as its operator configured
+	// it (route.Rates.MaxSeqs of the replica). Zero means learned from its
+	// scrapes (the most sequences it ran while others waited; seats), and
+	// Config.Rates' until then.
+	MaxNumSeqs int
 }
 
 // IndexKind returns the residency index a policy with needs reads: a
@@ -171,6 +176,8 @@ type replica struct {
 	id    string
 	index int // position in Fleet.reps
 	role  route.Role
+	// maxSeqs is Replica.MaxNumSeqs (zero: learned); immutable.
+	maxSeqs int
 	// ver is bumped after every change of what a snapshot reads of the
 	// replica (health, the router's counts, the published state), so that
 	// a Scratch rewrites only the replicas whose version moved (snapCache).
@@ -224,6 +231,10 @@ type replica struct {
 	churn     Churn
 	recent    window.Sums // recent prefill tokens (A)
 	rates     route.Rates // the preset corrected by cal, dcal and churn
+	// seats is the most sequences a scrape showed running while others
+	// waited: the engine's max_num_seqs as far as its load has shown it,
+	// zero before a scrape with waiting requests (seats.go).
+	seats int
 	// calShare and dcalShare are r's contributions to Fleet.cal and dcal.
 	calShare, dcalShare share
 
@@ -350,7 +361,7 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	} else {
 		f.tr.Clear(i) // what a request decided before the removal touched
 	}
-	r := &replica{id: rc.ID, index: i, role: rc.Role, ver: &f.vers[i], cal: f.cfg.Calibration}
+	r := &replica{id: rc.ID, index: i, role: rc.Role, maxSeqs: max(rc.MaxNumSeqs, 0), ver: &f.vers[i], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.dev, r.cal.n = 0, 0, 0
 	r.dcal = r.cal
 	f.tr.AddReplica(r.index)
@@ -425,6 +436,9 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 		return
 	}
 	r.mu.Lock()
+	if r.scraped {
+		r.seats = seatsSeen(r.seats, r.load, l)
+	}
 	r.load, r.scraped = l, true
 	r.scrapes.Add(1)
 	r.gone.Store(int64(r.finished.since(l)))
@@ -473,6 +487,7 @@ func (f *Fleet) updateLocked(r *replica) {
 		r.rates.Horizon = h
 	}
 	r.rates.TierHorizon = r.churn.TierHorizon()
+	r.rates.MaxSeqs = r.maxSeqsLocked(r.rates.MaxSeqs)
 	p := &published{
 		scraped: r.scraped, running: r.load.Running, waiting: r.load.Waiting, kvUsage: r.load.KVUsage,
 		loadAt: r.load.At, rates: r.rates, calibrated: calibrated, dcalibrated: dcalibrated,

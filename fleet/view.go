@@ -44,6 +44,8 @@ func (f *Fleet) View(now time.Time) view.Fleet {
 			Horizon:         p.Rates.Horizon,
 			TierHorizon:     p.Rates.TierHorizon,
 			Displaced:       p.Rates.Displaced,
+			MaxSeqs:         p.Rates.MaxSeqs,
+			MaxSeqsSource:   r.maxSeqsSource(),
 		}
 		if bs > 0 {
 			rv.CacheBlocks = r.pub.Load().capTokens / bs

@@ -53,6 +53,9 @@ func (s *Subscriber) session(ctx context.Context, g *ingester) (delivered bool) 
 	g.bind()
 	g.log.Info("kv events: connected", "endpoint", g.rep.Endpoint)
 	defer g.unbind(ctx)
+	if !g.push(ctx, message{joined: true}) { // replay now, not at the engine's next batch
+		return false
+	}
 	for {
 		frames, err := c.Recv()
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,6 +82,7 @@ type testPub struct {
 	pubAddr string
 	repAddr string
 	wg      sync.WaitGroup
+	served  atomic.Int64 // replay requests answered
 }
 
 func newTestPub(t *testing.T, topic string, replay, old bool) *testPub {
@@ -108,10 +110,15 @@ func newTestPub(t *testing.T, topic string, replay, old bool) *testPub {
 	return p
 }
 
-// waitSubscribed waits until a subscriber's subscription reached the PUB.
+// waitSubscribed waits until a subscriber's subscription reached the PUB
+// and, with a replay socket, its replay asked at connect was answered:
+// what is published next is not in that replay.
 func (p *testPub) waitSubscribed() {
 	p.t.Helper()
 	wait.For(p.t, "a subscriber", func() bool { return len(p.pub.(zmq4.Topics).Topics()) > 0 })
+	if p.router != nil {
+		wait.For(p.t, "the replay asked at connect", func() bool { return p.served.Load() > 0 })
+	}
 }
 
 // send publishes payload as seq; skip keeps it for replay only (a drop).
@@ -165,6 +172,7 @@ func (p *testPub) serve() {
 			p.reply(id, s, payload)
 		}
 		p.reply(id, EndSeq, nil)
+		p.served.Add(1)
 	}
 }
 

@@ -17,6 +17,7 @@ type message struct {
 	payload []byte
 	at      time.Time // arrival
 	lost    bool      // the connection dropped: continuity is unknown
+	joined  bool      // a connection to the publisher is up (connect mode)
 }
 
 // ingester is one replica's goroutine: it receives the replica's messages
@@ -34,6 +35,10 @@ type message struct {
 //     past next), reset the replica and go on from the live batch.
 //   - seq <= the last live seq: the publisher restarted; reset, and learn
 //     its baseline again.
+//   - a connection up while continuity is unknown (connect mode, before
+//     any live batch): replay from 0 at once (join), as below, so that a
+//     router joining an idle engine knows its cache before the engine's
+//     next batch; an empty or failed replay leaves it to that batch.
 //   - continuity unknown (first message, after a reconnect, after a
 //     restart): seq 0 or the baseline is a fresh publisher: reset and
 //     apply. Otherwise replay from 0: on first contact, or if the engine
@@ -99,6 +104,10 @@ func (g *ingester) run(ctx context.Context) {
 func (g *ingester) handle(ctx context.Context, m message) {
 	if m.lost {
 		g.known, g.hasLast = false, false
+		return
+	}
+	if m.joined {
+		g.join(ctx)
 		return
 	}
 	if g.rep.Model == "" {
@@ -273,6 +282,35 @@ func (g *ingester) resync(ctx context.Context, m message) {
 	}
 	g.reset()
 	g.apply(m.seq, m.payload, m.at)
+}
+
+// join asks for the replay of the publisher's buffered batches as soon
+// as a connection is up, when continuity is unknown: on first contact, or
+// after a reconnect, the history rebuilds the index (a new baseline) or
+// continues it (the same engine, whose replay covers next); anything
+// else waits for the first live batch (resync).
+func (g *ingester) join(ctx context.Context) {
+	if g.known || g.rep.Replay == "" {
+		return
+	}
+	msgs, err := replay(ctx, g.rep.Replay, 0, g.cfg)
+	g.replayFailed(err)
+	if err != nil || len(msgs) == 0 {
+		g.log.Debug("kv events: nothing replayed at connect", "err", err)
+		return
+	}
+	switch {
+	case !g.started || !g.hasBase || msgs[0].seq <= g.base:
+		g.base, g.hasBase = msgs[0].seq, true
+		g.reset()
+	case msgs[0].seq <= g.next:
+		g.known = true // the same engine after a reconnect
+	default:
+		return
+	}
+	g.c.replays.Add(1)
+	g.applyRun(msgs)
+	g.log.Info("kv events: replayed at connect", "batches", len(msgs), "next", g.next)
 }
 
 // live applies m after a replay if it is next.

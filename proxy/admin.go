@@ -12,8 +12,6 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/kvrouter/kvrouter/dashboard"
 )
 
 // surface is what the router's two HTTP surfaces check: keys, the
@@ -85,7 +83,7 @@ func (rt *Router) AdminHandler() http.Handler {
 	}
 	rt.routeBackends(mux, count)
 	rt.routeRecord(mux, count)
-	mux.Handle("/ui/", dashboard.New(dashSource{rt}))
+	mux.Handle("/ui/", rt.dash)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		count(codeUnknownURL)
 		writeNotFound(w, r)

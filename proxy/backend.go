@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -32,10 +33,14 @@ type Backend struct {
 	// takes requests, RoleBoth (the zero value, "both") is an ordinary
 	// replica.
 	Role route.Role
+	// MaxNumSeqs is the engine's max_num_seqs (option max_num_seqs=): the
+	// sequences it runs at once, which kv-aware prices a seat's wait
+	// against. Zero means learned from its metrics (fleet.Replica).
+	MaxNumSeqs int
 }
 
 // ParseBackend parses
-// "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]...[,role=prefill|decode|both]".
+// "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]...[,role=prefill|decode|both][,max_num_seqs=N]".
 func ParseBackend(s string) (Backend, error) {
 	parts := strings.Split(strings.TrimSpace(s), ",")
 	b := Backend{URL: strings.TrimRight(strings.TrimSpace(parts[0]), "/")}
@@ -60,11 +65,27 @@ func ParseBackend(s string) (Backend, error) {
 				return Backend{}, fmt.Errorf("backend %q: %w", s, err)
 			}
 			b.Role = r
+		case "max_num_seqs":
+			n, err := parseMaxNumSeqs(v)
+			if err != nil {
+				return Backend{}, fmt.Errorf("backend %q: %w", s, err)
+			}
+			b.MaxNumSeqs = n
 		default:
-			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model, role)", s, k)
+			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model, role, max_num_seqs)", s, k)
 		}
 	}
 	return b, nil
+}
+
+// parseMaxNumSeqs reads max_num_seqs: a positive integer, at most a
+// million.
+func parseMaxNumSeqs(v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 1<<20 {
+		return 0, fmt.Errorf("max_num_seqs %q: want a positive integer (the engine's --max-num-seqs)", v)
+	}
+	return n, nil
 }
 
 // checkURL checks a backend's base URL, with a message that says how to
@@ -105,12 +126,16 @@ func (b Backend) String() string {
 	if b.Role != route.RoleBoth {
 		s += ",role=" + b.Role.String()
 	}
+	if b.MaxNumSeqs > 0 {
+		s += ",max_num_seqs=" + strconv.Itoa(b.MaxNumSeqs)
+	}
 	return s
 }
 
 // UnmarshalYAML reads a backend from its string form
 // ("http://a:8000,kv=tcp://a:5557,model=m") or from a mapping with the
-// keys url, kv, replay, models (a list, or one name) and role.
+// keys url, kv, replay, models (a list, or one name), role and
+// max_num_seqs.
 func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 	switch n.Kind {
 	case yaml.ScalarNode:
@@ -127,7 +152,7 @@ func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 	case yaml.MappingNode:
 		return b.unmarshalMapping(n)
 	}
-	return fmt.Errorf("line %d: a backend is a string like http://host:port[,kv=...] or a mapping with url, kv, replay, models, role", n.Line)
+	return fmt.Errorf("line %d: a backend is a string like http://host:port[,kv=...] or a mapping with url, kv, replay, models, role, max_num_seqs", n.Line)
 }
 
 // unmarshalMapping reads the mapping form of a backend: unknown keys are
@@ -158,8 +183,10 @@ func (b *Backend) unmarshalMapping(n *yaml.Node) error {
 			if err = val.Decode(&r); err == nil {
 				v.Role, err = route.ParseRole(r)
 			}
+		case "max_num_seqs":
+			v.MaxNumSeqs, err = parseMaxNumSeqs(val.Value)
 		default:
-			return fmt.Errorf("line %d: backend: unknown key %q (known: url, kv, replay, models, role)", k.Line, k.Value)
+			return fmt.Errorf("line %d: backend: unknown key %q (known: url, kv, replay, models, role, max_num_seqs)", k.Line, k.Value)
 		}
 		if err != nil {
 			return fmt.Errorf("line %d: backend %s: %w", val.Line, k.Value, err)

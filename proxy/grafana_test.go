@@ -303,7 +303,12 @@ func TestGrafanaDashboard(t *testing.T) {
 			}
 		}
 	}
-	queried := 0
+	// What this router does not run (KV events, shared state, transfers,
+	// the endpoint picker, reloads) or has not observed yet must be a
+	// metric the code registers: docs/metrics.md, which TestGeneratedDocs
+	// keeps equal to the registries.
+	documented := documentedMetrics(t)
+	queried, docOnly := 0, 0
 	for title, es := range exprs {
 		for _, e := range es {
 			names, err := promqlMetrics(e)
@@ -312,8 +317,12 @@ func TestGrafanaDashboard(t *testing.T) {
 			}
 			for _, n := range names {
 				queried++
-				if !have[n] {
-					t.Errorf("panel %q queries %s, not in /metrics", title, n)
+				switch {
+				case have[n]:
+				case documented[n]:
+					docOnly++
+				default:
+					t.Errorf("panel %q queries %s, neither in /metrics nor in docs/metrics.md", title, n)
 				}
 			}
 		}
@@ -324,6 +333,6 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	if !t.Failed() {
-		t.Logf("%d panels, %d metric references, all in /metrics", len(exprs), queried)
+		t.Logf("%d panels, %d metric references, all in /metrics but %d in docs/metrics.md", len(exprs), queried, docOnly)
 	}
 }

@@ -167,7 +167,7 @@ func (rt *Router) addBackend(b Backend, source string) error {
 	defer set.mu.Unlock()
 	fl := rt.st.fleet
 	// Added draining: no request picks its slot before the slot names it.
-	err = fl.AddReplica(fleet.Replica{ID: b.URL, Models: b.Models, Role: b.Role, Draining: true})
+	err = fl.AddReplica(fleet.Replica{ID: b.URL, Models: b.Models, Role: b.Role, MaxNumSeqs: b.MaxNumSeqs, Draining: true})
 	switch {
 	case err != nil && fl.At(b.URL) >= 0:
 		return fmt.Errorf("backend %q: %w", b.URL, ErrBackendExists)

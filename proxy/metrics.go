@@ -45,6 +45,7 @@ type metrics struct {
 	midstream  *prometheus.CounterVec // result: continued, error
 	ejections  *prometheus.CounterVec // replica, kind
 	readmitted *prometheus.CounterVec // replica
+	stallHolds prometheus.Counter     // attempts held on an ejected replica: no other in service
 }
 
 // latencyBuckets span 1 ms to ~65 s.
@@ -125,6 +126,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "kvrouter_ejections_total",
 		Help: "Replicas taken out of service, by replica and kind: probe (failed health probes), passive (failed requests), connect (a refused connection).",
 	}, []string{"replica", "kind"})
+	m.stallHolds = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvrouter_stall_holds_total",
+		Help: "Attempts kept waiting on their replica when failed probes ejected it before its first token, because no other replica was in service to retry on (every engine stalled at once).",
+	})
 	m.readmitted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_readmission_refused_total",
 		Help: "Times a replica whose ejection was over was kept out, by replica: its /v1/models did not list the expected models, or could not be read.",
@@ -136,7 +141,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.midstream.WithLabelValues(midContinued)
 	m.midstream.WithLabelValues(midError)
-	for _, c := range []prometheus.Collector{m.timeouts, m.midstream, m.ejections, m.readmitted} {
+	for _, c := range []prometheus.Collector{m.timeouts, m.midstream, m.ejections, m.readmitted, m.stallHolds} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvrouter/kvrouter/dashboard"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/peers"
@@ -88,6 +89,9 @@ type Router struct {
 	tracer trace.Tracer // nil: tracing off (Deps.TracerProvider)
 
 	rec recording // --record (recording.go)
+
+	// dash is the dashboard, its history sampled while Run runs.
+	dash *dashboard.Handler
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -163,6 +167,8 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	rt.st = st
 	rt.decisions.bes = &st.bes
+	rt.decisions.weight = route.TTFTWeight(rt.policy)
+	rt.dash = dashboard.NewHandler(dashSource{rt})
 	st.m = m
 	st.logIndexMode(&rt.cfg, rt.policyName)
 	rt.idPrefix = "kvr-" + strconv.FormatUint(st.epoch, 36) + "-"
@@ -263,6 +269,7 @@ func (rt *Router) Handler() http.Handler {
 // them and for the releases of KV transfers in flight (each bounded by
 // its timeout), closes the KV-event Subscriber and returns nil.
 func (rt *Router) Run(ctx context.Context) error {
+	rt.bg.Go(func() { rt.dash.Run(ctx) })
 	err := rt.runShared(ctx, rt.st.run)
 	rt.bg.Wait()
 	rt.StopRecording()

@@ -79,8 +79,7 @@ func (c *call) endSpan() {
 		attrs = append(attrs, attribute.Int("http.response.status_code", c.status))
 	}
 	if c.prompt != nil {
-		attrs = append(attrs, attribute.String("gen_ai.request.model", c.prompt.Model),
-			attribute.Bool("kvrouter.stream", c.prompt.Stream))
+		attrs = append(attrs, c.genAIAttrs()...)
 	}
 	if c.replica >= 0 {
 		attrs = append(attrs, c.decisionAttrs()...)
@@ -96,7 +95,8 @@ func (c *call) endSpan() {
 		attrs = append(attrs, attribute.Int("gen_ai.usage.input_tokens", u.PromptTokens))
 	}
 	if u := c.usage; u.CachedTokens >= 0 {
-		attrs = append(attrs, attribute.Int("kvrouter.cached_tokens", u.CachedTokens))
+		attrs = append(attrs, attribute.Int("kvrouter.cached_tokens", u.CachedTokens),
+			attribute.Int("gen_ai.usage.cache_read.input_tokens", u.CachedTokens))
 	}
 	if u := c.usage; u.CompletionTokens >= 0 {
 		attrs = append(attrs, attribute.Int("gen_ai.usage.output_tokens", u.CompletionTokens))
@@ -113,6 +113,42 @@ func (c *call) endSpan() {
 	}
 	s.End(trace.WithTimestamp(c.end))
 	c.span = nil
+}
+
+// genAIProvider is gen_ai.provider.name: the engines behind the router
+// speak vLLM's OpenAI-compatible API (vLLM, SGLang and their emulators);
+// the GenAI conventions' list of well-known providers has no entry for
+// them, and "openai" would name OpenAI's own service.
+const genAIProvider = "vllm"
+
+// genAIAttrs are the request's and response's attributes of
+// OpenTelemetry's GenAI semantic conventions (gen-ai-spans, inference):
+// the operation (chat or text_completion), the provider, the requested
+// model and max_tokens, and the model and id the engine answered with,
+// when it reported usage. The usage is set by endSpan.
+func (c *call) genAIAttrs() []attribute.KeyValue {
+	op := "text_completion"
+	if c.prompt.Chat {
+		op = "chat"
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String("gen_ai.operation.name", op),
+		attribute.String("gen_ai.provider.name", genAIProvider),
+		attribute.String("gen_ai.request.model", c.prompt.Model),
+		attribute.Bool("kvrouter.stream", c.prompt.Stream),
+	}
+	if c.prompt.MaxTokens > 0 {
+		attrs = append(attrs, attribute.Int("gen_ai.request.max_tokens", c.prompt.MaxTokens))
+	}
+	if c.tapped && c.tap.HasUsage {
+		if c.tap.Model != "" {
+			attrs = append(attrs, attribute.String("gen_ai.response.model", c.tap.Model))
+		}
+		if c.tap.ResponseID != "" {
+			attrs = append(attrs, attribute.String("gen_ai.response.id", c.tap.ResponseID))
+		}
+	}
+	return attrs
 }
 
 // decisionAttrs are the last decision's: the replica, why, the predicted

@@ -239,6 +239,19 @@ func TestSpansExported(t *testing.T) {
 		wantAttr(t, s, "http.response.status_code", "200")
 		wantAttr(t, s, "gen_ai.request.model", "m")
 		wantAttr(t, s, "kvrouter.outcome", "ok")
+		// GenAI semantic conventions (inference): the operation, the
+		// provider, the request's max_tokens, the engine's model, id and
+		// usage.
+		wantAttr(t, s, "gen_ai.operation.name", "chat")
+		wantAttr(t, s, "gen_ai.provider.name", "vllm")
+		wantAttr(t, s, "gen_ai.request.max_tokens", "4")
+		wantAttr(t, s, "gen_ai.response.model", "m")
+		wantAttr(t, s, "gen_ai.usage.output_tokens", "4")
+		for _, k := range []string{"gen_ai.response.id", "gen_ai.usage.input_tokens", "gen_ai.usage.cache_read.input_tokens"} {
+			if v, ok := otlptest.Attr(s.GetAttributes(), k); !ok || v == "" {
+				t.Errorf("no %s", k)
+			}
+		}
 		cost, _ := strconv.ParseFloat(strings.TrimSuffix(decisionField(kvDecision, "cost"), "ms"), 64)
 		total, _ := otlptest.Attr(s.GetAttributes(), "kvrouter.cost.total_ms")
 		if v, err := strconv.ParseFloat(total, 64); err != nil || fmt.Sprintf("%.3f", v) != fmt.Sprintf("%.3f", cost) || cost <= 0 {

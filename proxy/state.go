@@ -81,7 +81,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 	}
 	reps := make([]fleet.Replica, len(cfg.Backends))
 	for i, be := range cfg.Backends {
-		reps[i] = fleet.Replica{ID: be.URL, Models: be.Models, Role: be.Role}
+		reps[i] = fleet.Replica{ID: be.URL, Models: be.Models, Role: be.Role, MaxNumSeqs: be.MaxNumSeqs}
 	}
 	st.fleet, err = fleet.New(fleet.Config{
 		Replicas:    reps,
@@ -223,6 +223,16 @@ func (st *state) onEject(id string, e health.Ejection) {
 		ch := make(chan struct{})
 		close(*st.hung[i].Swap(&ch))
 	}
+}
+
+// otherHealthy reports whether a replica other than i is in service.
+func (st *state) otherHealthy(i int) bool {
+	for j := range st.bes.list() {
+		if j != i && st.healthy(j) {
+			return true
+		}
+	}
+	return false
 }
 
 // hungSignal returns the channel closed when probes next eject replica i.

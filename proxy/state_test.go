@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"github.com/kvrouter/kvrouter/fleet"
+	"math"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -148,5 +149,30 @@ func TestSnapshotIndexBlocks(t *testing.T) {
 	}
 	if !some {
 		t.Error("no replica holds any block: the test routed nothing into the index")
+	}
+}
+
+// TestRecordTotalAddsUp: every kv-aware candidate in a decision record
+// adds up, TTFTWeight·(Wait + Import + Load + Prefill) + Decode + Others
+// + Memory + Future − PinBonus, to its Total (the dashboard writes out that
+// sum), with the record's weight kv-aware's 2.
+func TestRecordTotalAddsUp(t *testing.T) {
+	rt := unservedRouter(t, "kv-aware", 8)
+	for k := range 40 {
+		c := decide(t, rt, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"shared prefix of some length %d"}]}`, k%5))
+		if k%4 == 0 {
+			c.ticket.Done(rt.now(), fleet.NoUsage, nil)
+		}
+	}
+	for _, rec := range rt.Decisions(40) {
+		if rec.TTFTWeight != 2 || len(rec.Candidates) == 0 {
+			t.Fatalf("record %s: weight %v, %d candidates; want 2 and some", rec.ID, rec.TTFTWeight, len(rec.Candidates))
+		}
+		for _, c := range rec.Candidates {
+			sum := rec.TTFTWeight*(c.WaitMS+c.ImportMS+c.LoadMS+c.PrefillMS) + c.DecodeMS + c.OthersMS + c.MemoryMS + c.FutureMS - c.PinBonusMS
+			if math.Abs(sum-c.TotalMS) > 1e-3 || c.PinBonusMS < 0 {
+				t.Errorf("record %s, %s: terms add up to %.6f ms, total %.6f ms (%+v)", rec.ID, c.Replica, sum, c.TotalMS, c)
+			}
+		}
 	}
 }

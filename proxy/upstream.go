@@ -106,21 +106,36 @@ func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt 
 		a.total = time.AfterFunc(max(left, 0), func() { cancel(cause) })
 	}
 	if c.replica >= 0 && c.routed {
-		go a.watch(rt.st.hungSignal(c.replica))
+		go a.watch(c.replica)
 	}
 	return a
 }
 
-// watch cancels the attempt if hung closes (failed probes ejected its
-// replica) before its answer arrived, so that it is retried elsewhere at
-// once instead of at its timeout; it returns when the attempt ends.
-func (a *attempt) watch(hung <-chan struct{}) {
-	select {
-	case <-hung:
-		if !a.answered.Load() {
-			a.cancel(&timeoutError{kind: timeoutProbe})
+// watch cancels the attempt if failed probes eject its replica i before
+// its answer arrived, so that it is retried elsewhere at once instead of
+// at its timeout; it returns when the attempt ends. When no other replica
+// is in service either (every engine stalled at once: CPU starvation of
+// their host, a paused node), there is nowhere to retry: the attempt is
+// held on its replica, whose answer may still come, until its first-token
+// timeout (TestFleetStall).
+func (a *attempt) watch(i int) {
+	st := a.rt.st
+	for {
+		select {
+		case <-st.hungSignal(i):
+			if a.answered.Load() {
+				return
+			}
+			if st.otherHealthy(i) {
+				a.cancel(&timeoutError{kind: timeoutProbe})
+				return
+			}
+			// Held: the loop waits for the answer, or for the next
+			// ejection of i (probes readmitted it meanwhile).
+			a.rt.m.stallHolds.Inc()
+		case <-a.ctx.Done():
+			return
 		}
-	case <-a.ctx.Done():
 	}
 }
 

@@ -291,6 +291,18 @@ type Transfer struct {
 	Cached int
 }
 
+// TTFTWeight is how many times policy counts a candidate's time to first
+// token (Wait + Import.Time + Load + Prefill) in Cost.Total: kv-aware's
+// ttftWeight (kvmodel.go), 1 for the other policies (mooncake's Total is
+// the plain sum; a policy that ranks by Score has no time terms).
+func TTFTWeight(policy Policy) float64 {
+	switch policy.(type) {
+	case KVAware, *KVAware:
+		return ttftWeight
+	}
+	return 1
+}
+
 // Policy picks a replica for a request.
 type Policy interface {
 	Pick(*Request, *Snapshot) Decision

@@ -36,10 +36,12 @@ func (u *Usage) Completion() int {
 }
 
 // usageBody is a chunk or a whole non-streaming response: the tap reads
-// its usage and whether it has choices.
+// its usage, whether it has choices, and the response's model and id.
 type usageBody struct {
 	Choices []json.RawMessage `json:"choices"`
 	Usage   *Usage            `json:"usage"`
+	Model   string            `json:"model"`
+	ID      string            `json:"id"`
 }
 
 // maxJSONCopy caps the bytes of a non-streaming response kept to read its
@@ -79,6 +81,9 @@ type Tap struct {
 	// Usage is the body's usage, if HasUsage.
 	Usage    Usage
 	HasUsage bool
+	// Model and ResponseID are the "model" and "id" of the response (the
+	// chunk that carried the usage, or the whole JSON body), if HasUsage.
+	Model, ResponseID string
 	// Stripped is set once a usage-only event was dropped.
 	Stripped bool
 	// Err is the upstream read error other than io.EOF.
@@ -252,7 +257,7 @@ func (t *Tap) observe(ev []byte) bool {
 	if json.Unmarshal(Data(ev), &b) != nil || b.Usage == nil {
 		return false
 	}
-	t.Usage, t.HasUsage = *b.Usage, true
+	t.Usage, t.HasUsage, t.Model, t.ResponseID = *b.Usage, true, b.Model, b.ID
 	return len(b.Choices) == 0
 }
 
@@ -269,7 +274,7 @@ func (t *Tap) readJSON(p []byte) (int, error) {
 		t.eof = true
 		var b usageBody
 		if json.Unmarshal(t.copy, &b) == nil && b.Usage != nil {
-			t.Usage, t.HasUsage = *b.Usage, true
+			t.Usage, t.HasUsage, t.Model, t.ResponseID = *b.Usage, true, b.Model, b.ID
 		}
 	case err != nil:
 		t.Err = err

@@ -1,9 +1,11 @@
 // Package tracing sets up kvrouter's OpenTelemetry tracing: an SDK
 // TracerProvider that batches spans and exports them over OTLP/HTTP
-// (protobuf), on only when a collector endpoint is configured, by flag or
-// by the standard OTEL_EXPORTER_OTLP_ENDPOINT or
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; otherwise a no-op provider. The
-// spans themselves are made where requests are handled (package proxy).
+// (protobuf) or OTLP/gRPC, on only when a collector endpoint is
+// configured, by flag or by the standard OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; otherwise a no-op provider. gRPC is
+// chosen by OTEL_EXPORTER_OTLP_PROTOCOL (or ..._TRACES_PROTOCOL) =grpc, or
+// by a grpc:// (plaintext) or grpcs:// (TLS) endpoint. The spans
+// themselves are made where requests are handled (package proxy).
 //
 // The exporter reads the other standard variables itself
 // (OTEL_EXPORTER_OTLP_HEADERS, ..._TIMEOUT, ..._CERTIFICATE, ...), the
@@ -23,6 +25,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -44,11 +47,19 @@ const (
 // TracesPath is the path OTLP/HTTP collectors receive spans on.
 const TracesPath = "/v1/traces"
 
+// Protocols, as OTEL_EXPORTER_OTLP_PROTOCOL names them.
+const (
+	ProtocolHTTP = "http/protobuf"
+	ProtocolGRPC = "grpc"
+)
+
 // Config says where spans go.
 type Config struct {
 	// Endpoint is the collector's OTLP/HTTP base URL, e.g.
 	// http://localhost:4318: spans are posted to Endpoint + TracesPath, as
-	// with OTEL_EXPORTER_OTLP_ENDPOINT, over which it takes precedence.
+	// with OTEL_EXPORTER_OTLP_ENDPOINT, over which it takes precedence; or
+	// its OTLP/gRPC address, grpc://localhost:4317 (grpcs:// for TLS), or
+	// an http(s) URL with OTEL_EXPORTER_OTLP_PROTOCOL=grpc.
 	// Empty means the environment decides: tracing is on when
 	// OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
 	// set, off otherwise.
@@ -67,10 +78,18 @@ type Config struct {
 }
 
 // Provider is the process's tracer provider, an SDK one exporting over
-// OTLP/HTTP or a no-op one. Shutdown flushes what is buffered.
+// OTLP/HTTP or OTLP/gRPC, or a no-op one. Shutdown flushes what is
+// buffered.
 type Provider struct {
-	sdk      *sdktrace.TracerProvider // nil when off
-	endpoint string                   // the URL spans are posted to
+	sdk *sdktrace.TracerProvider // nil when off
+	to  target                   // where spans go
+}
+
+// target is where spans go: the URL they are posted to (OTLP/HTTP), or
+// the collector's http:// (plaintext) or https:// URL (OTLP/gRPC).
+type target struct {
+	url  string
+	grpc bool
 }
 
 // Start builds the provider cfg asks for. With no endpoint configured it
@@ -82,12 +101,16 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	endpoint, err := endpointOf(cfg.Endpoint, getenv)
-	if endpoint == "" || err != nil {
+	to, err := targetOf(cfg.Endpoint, getenv)
+	if to.url == "" || err != nil {
 		return &Provider{}, err
 	}
-	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(endpoint)}
-	exp, err := otlptracehttp.New(ctx, opts...)
+	var exp sdktrace.SpanExporter
+	if to.grpc {
+		exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(to.url))
+	} else {
+		exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(to.url))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("otlp exporter: %w", err)
 	}
@@ -100,19 +123,31 @@ func Start(ctx context.Context, cfg Config) (*Provider, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("tracing: export failed", "endpoint", endpoint, "err", err)
+		log.Warn("tracing: export failed", "endpoint", to.url, "protocol", to.protocol(), "err", err)
 	}))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return &Provider{sdk: tp, endpoint: endpoint}, nil
+	return &Provider{sdk: tp, to: to}, nil
 }
 
-// endpointOf returns the URL spans are posted to ("" when tracing is
-// off), or an error for a configuration kvrouter cannot honour. A base
-// URL (the flag's, OTEL_EXPORTER_OTLP_ENDPOINT) gets TracesPath appended;
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as it is.
-func endpointOf(flag string, getenv func(string) string) (string, error) {
+func (t target) protocol() string {
+	if t.grpc {
+		return ProtocolGRPC
+	}
+	return ProtocolHTTP
+}
+
+// targetOf returns where spans go (an empty URL when tracing is off), or
+// an error for a configuration kvrouter cannot honour. The protocol is
+// gRPC for a grpc:// or grpcs:// endpoint or when
+// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (else OTEL_EXPORTER_OTLP_PROTOCOL) is
+// grpc, HTTP otherwise. Over HTTP a base URL (the flag's,
+// OTEL_EXPORTER_OTLP_ENDPOINT) gets TracesPath appended and
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as it is; over gRPC the
+// endpoint names the collector, its scheme whether TLS is used
+// (grpc and http: plaintext; grpcs and https: TLS).
+func targetOf(flag string, getenv func(string) string) (target, error) {
 	if strings.EqualFold(getenv(EnvSDKDisabled), "true") || strings.EqualFold(getenv(EnvTracesExporter), "none") {
-		return "", nil
+		return target{}, nil
 	}
 	endpoint, source := flag, "otlp-endpoint"
 	for _, k := range []string{EnvTracesEndpoint, EnvEndpoint} {
@@ -121,22 +156,31 @@ func endpointOf(flag string, getenv func(string) string) (string, error) {
 		}
 	}
 	if endpoint == "" {
-		return "", nil
-	}
-	if err := checkURL(endpoint); err != nil {
-		return "", fmt.Errorf("%s %q: %w", source, endpoint, err)
-	}
-	if source != EnvTracesEndpoint {
-		endpoint, _ = TracesURL(endpoint)
+		return target{}, nil
 	}
 	k := EnvTracesProtocol
 	if getenv(k) == "" {
 		k = EnvProtocol
 	}
-	if v := getenv(k); v != "" && v != "http/protobuf" {
-		return "", fmt.Errorf("%s=%q: kvrouter exports OTLP over HTTP only (http/protobuf); point the endpoint at the collector's OTLP/HTTP port (4318)", k, v)
+	to := target{url: endpoint}
+	switch v := getenv(k); v {
+	case "", ProtocolHTTP:
+	case ProtocolGRPC:
+		to.grpc = true
+	default:
+		return target{}, fmt.Errorf("%s=%q: kvrouter exports OTLP over http/protobuf or grpc", k, v)
 	}
-	return endpoint, nil
+	if scheme, rest, ok := strings.Cut(endpoint, "://"); ok && (scheme == "grpc" || scheme == "grpcs") {
+		to.grpc = true
+		to.url = map[string]string{"grpc": "http", "grpcs": "https"}[scheme] + "://" + rest
+	}
+	if err := checkURL(to.url); err != nil {
+		return target{}, fmt.Errorf("%s %q: %w", source, endpoint, err)
+	}
+	if !to.grpc && source != EnvTracesEndpoint {
+		to.url, _ = TracesURL(to.url)
+	}
+	return to, nil
 }
 
 // TracesURL is the URL spans are posted to for an OTLP/HTTP base URL:
@@ -157,7 +201,7 @@ func checkURL(s string) error {
 		return err
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return errors.New("want the collector's OTLP/HTTP URL, e.g. http://localhost:4318")
+		return errors.New("want the collector's OTLP/HTTP URL, e.g. http://localhost:4318, or its OTLP/gRPC one, grpc://localhost:4317")
 	}
 	return nil
 }
@@ -188,8 +232,17 @@ func newResource(ctx context.Context, cfg Config, getenv func(string) string) (*
 // Enabled reports whether spans are exported.
 func (p *Provider) Enabled() bool { return p.sdk != nil }
 
-// Endpoint is the URL spans are posted to, "" when tracing is off.
-func (p *Provider) Endpoint() string { return p.endpoint }
+// Endpoint is the URL spans are posted to (OTLP/HTTP) or the collector's
+// (OTLP/gRPC: http:// plaintext, https:// TLS), "" when tracing is off.
+func (p *Provider) Endpoint() string { return p.to.url }
+
+// Protocol is http/protobuf or grpc, "" when tracing is off.
+func (p *Provider) Protocol() string {
+	if p.sdk == nil {
+		return ""
+	}
+	return p.to.protocol()
+}
 
 // TracerProvider returns the provider to make tracers from: a no-op one
 // when tracing is off.

@@ -24,6 +24,7 @@ func TestEndpoint(t *testing.T) {
 		flag    string
 		env     map[string]string
 		want    string
+		grpc    bool
 		wantErr string
 	}{
 		{name: "nothing set: off"},
@@ -35,21 +36,27 @@ func TestEndpoint(t *testing.T) {
 		{name: "sdk disabled", flag: "http://f:1", env: map[string]string{EnvSDKDisabled: "true"}},
 		{name: "exporter none", env: map[string]string{EnvEndpoint: "http://c:4318", EnvTracesExporter: "none"}},
 		{name: "protocol http/protobuf", env: map[string]string{EnvEndpoint: "http://c:4318", EnvProtocol: "http/protobuf"}, want: "http://c:4318/v1/traces"},
-		{name: "protocol grpc", env: map[string]string{EnvEndpoint: "http://c:4317", EnvProtocol: "grpc"}, wantErr: "OTLP over HTTP only"},
+		{name: "protocol grpc: the endpoint as is", env: map[string]string{EnvEndpoint: "http://c:4317", EnvProtocol: "grpc"}, want: "http://c:4317", grpc: true},
+		{name: "protocol grpc over TLS", env: map[string]string{EnvEndpoint: "https://c:4317", EnvProtocol: "grpc"}, want: "https://c:4317", grpc: true},
+		{name: "traces protocol grpc", flag: "http://c:4317", env: map[string]string{EnvTracesProtocol: "grpc", EnvProtocol: "http/protobuf"}, want: "http://c:4317", grpc: true},
+		{name: "grpc scheme", flag: "grpc://c:4317", want: "http://c:4317", grpc: true},
+		{name: "grpcs scheme", env: map[string]string{EnvTracesEndpoint: "grpcs://c:4317"}, want: "https://c:4317", grpc: true},
+		{name: "protocol http/json", env: map[string]string{EnvEndpoint: "http://c:4318", EnvProtocol: "http/json"}, wantErr: "http/protobuf or grpc"},
 		{name: "traces protocol decides", env: map[string]string{EnvEndpoint: "http://c:4318", EnvProtocol: "grpc", EnvTracesProtocol: "http/protobuf"}, want: "http://c:4318/v1/traces"},
 		{name: "no scheme", flag: "c:4318", wantErr: "otlp-endpoint"},
 		{name: "bad variable", env: map[string]string{EnvEndpoint: "ftp://c"}, wantErr: EnvEndpoint},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := endpointOf(tc.flag, func(k string) string { return tc.env[k] })
+			to, err := targetOf(tc.flag, func(k string) string { return tc.env[k] })
+			got := to.url
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %q, %v; want an error containing %q", got, err, tc.wantErr)
 				}
 				return
 			}
-			if err != nil || got != tc.want {
-				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
+			if err != nil || got != tc.want || to.grpc != tc.grpc {
+				t.Fatalf("got %q (grpc %v), %v; want %q (grpc %v)", got, to.grpc, err, tc.want, tc.grpc)
 			}
 		})
 	}
@@ -93,6 +100,45 @@ func TestStartExports(t *testing.T) {
 	}
 	if services[0] != "router-a" {
 		t.Errorf("service.name %q, want router-a (%s)", services[0], EnvServiceName)
+	}
+}
+
+// TestStartExportsGRPC: the same over OTLP/gRPC to a real gRPC
+// TraceService, chosen by OTEL_EXPORTER_OTLP_PROTOCOL=grpc, and by a
+// grpc:// endpoint.
+func TestStartExportsGRPC(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  func(addr string) map[string]string
+	}{
+		{"protocol variable", func(addr string) map[string]string {
+			return map[string]string{EnvEndpoint: "http://" + addr, EnvProtocol: "grpc"}
+		}},
+		{"grpc scheme", func(addr string) map[string]string { return map[string]string{EnvTracesEndpoint: "grpc://" + addr} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recv := otlptest.StartGRPC(t)
+			env := tc.env(recv.Addr)
+			env[EnvServiceName] = "router-g"
+			p, err := Start(context.Background(), Config{Getenv: func(k string) string { return env[k] }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Protocol() != ProtocolGRPC {
+				t.Errorf("protocol %q, want grpc", p.Protocol())
+			}
+			_, s := p.TracerProvider().Tracer("test").Start(context.Background(), "op-grpc")
+			s.End()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := p.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			spans, services := recv.Spans()
+			if len(spans) != 1 || spans[0].GetName() != "op-grpc" || services[0] != "router-g" {
+				t.Fatalf("got %d spans (%v, services %v), want op-grpc of router-g", len(spans), spans, services)
+			}
+		})
 	}
 }
 

@@ -43,6 +43,11 @@ type Decision struct {
 	Tokens     int         `json:"tokens"`
 	Blocks     int         `json:"blocks"`
 	Candidates []Candidate `json:"candidates"`
+	// TTFTWeight is how many times the policy counted each candidate's
+	// time to first token (Wait + Import + Load + Prefill) in its Total:
+	// 2 for kv-aware, 1 for the other policies that price in time, 0 when
+	// the candidates carry no time terms.
+	TTFTWeight float64 `json:"ttft_weight,omitempty"`
 	// PrunedCandidates counts the candidates kv-aware proved could not
 	// win without pricing them in full (route.Decision.Pruned), left out of
 	// Candidates.
@@ -121,7 +126,17 @@ type Candidate struct {
 	OthersMS  float64 `json:"others_ms"`
 	MemoryMS  float64 `json:"memory_ms"`
 	FutureMS  float64 `json:"future_ms"`
-	TotalMS   float64 `json:"total_ms"`
+	// ImportMS is the KV import (or prefill leg on a prefill worker) the
+	// price assumes before the prefill, LoadMS the load of blocks from the
+	// replica's own CPU tier; both part of its time to first token.
+	ImportMS float64 `json:"import_ms"`
+	LoadMS   float64 `json:"load_ms"`
+	// PinBonusMS is what the policy took off the sum of the terms for the
+	// session's pinned replica (kv-aware's PinBonus, down to a Total of
+	// 0): TotalMS = TTFTWeight·(WaitMS + ImportMS + LoadMS + PrefillMS) +
+	// DecodeMS + OthersMS + MemoryMS + FutureMS − PinBonusMS.
+	PinBonusMS float64 `json:"pin_bonus_ms,omitempty"`
+	TotalMS    float64 `json:"total_ms"`
 	// Score is what a policy that ranks by a score rather than a time
 	// minimised (its time terms are then zero); absent for kv-aware.
 	Score float64 `json:"score,omitempty"`

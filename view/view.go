@@ -88,6 +88,12 @@ type Replica struct {
 	// TierHorizon is the eviction horizon of the replica's CPU tier
 	// (route.Rates.TierHorizon); zero without one.
 	TierHorizon time.Duration
+	// MaxSeqs is the engine's max_num_seqs the policy prices seats with
+	// (route.Rates.MaxSeqs), and MaxSeqsSource where it comes from:
+	// "configured" (the backend's max_num_seqs=), "learned" (its metrics)
+	// or "preset".
+	MaxSeqs       int
+	MaxSeqsSource string
 	// Events is the replica's KV-event stream; nil when the router does
 	// not consume KV events.
 	Events *Events

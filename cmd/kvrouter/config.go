@@ -52,7 +52,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(configPath, "config", "", "YAML config file (keys are the flag names; unknown keys are errors)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to serve on, host:port")
 	bl := &backendList{list: &cfg.Backends}
-	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME]...[,role=prefill|decode|both] (model, repeatable: the models it serves, else those its /v1/models lists; the first also keys its KV events when its topic is not kv@<host>:<port>@<model>; role: its part in a prefill/decode-disaggregated fleet, default both, see docs/disaggregation.md)")
+	fs.Var(bl, "backend", "replica base URL, repeatable: http://host:port[,kv=tcp://host:5557][,replay=tcp://host:5558][,model=NAME]...[,role=prefill|decode|both][,max_num_seqs=N] (model, repeatable: the models it serves, else those its /v1/models lists; the first also keys its KV events when its topic is not kv@<host>:<port>@<model>; role: its part in a prefill/decode-disaggregated fleet, default both, see docs/disaggregation.md; max_num_seqs: the engine's --max-num-seqs, else learned from its metrics: the sequences running in two scrapes in a row with requests waiting)")
 	fs.StringVar(&cfg.Policy, "policy", cfg.Policy, "routing policy: "+strings.Join(route.Names(), ", "))
 	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long an idle session stays bound to its replica")
@@ -70,7 +70,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log lines as text (key=value) or json (one object per line); the access log is one line per request at info")
 	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", cfg.OTLPEndpoint,
-		"OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318; spans to /v1/traces); empty: tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
+		"OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://localhost:4318; spans to /v1/traces) or OTLP/gRPC address (grpc://localhost:4317, grpcs:// for TLS; or OTEL_EXPORTER_OTLP_PROTOCOL=grpc); empty: tracing off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.StringVar(&cfg.KVEventsBind, "kv-events-bind", cfg.KVEventsBind,
 		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
 	admissionFlags(fs, &cfg.Admission.MaxWait, &cfg.Admission.MaxQueue, &cfg.Admission.QueueTimeout)

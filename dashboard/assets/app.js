@@ -2,7 +2,8 @@
 // /ui/api/series and draws them. Presentation only: every figure comes from
 // the API (see API.md); the script keeps just the in-flight history for the
 // sparklines. The time series are kept by the server and drawn as plain SVG.
-// ?refresh=MS sets the polling interval (default 1000 ms).
+// ?refresh=MS sets the polling interval (default 1000 ms), ?range=5m|15m|1h
+// the time range of the charts (default 5m; the buttons change it).
 "use strict";
 
 const params = new URLSearchParams(location.search);
@@ -12,6 +13,8 @@ const history = new Map();        // replica id -> [[time ms, in-flight]]
 const open = new Set();           // expanded decision ids
 let lastDecisions = [];
 let lastDecisionsJSON = "";
+const RANGES = { "5m": 5 * 60000, "15m": 15 * 60000, "1h": 60 * 60000 };
+let range = RANGES[params.get("range")] ? params.get("range") : "5m";
 
 // el builds an element; children are nodes or strings (set as text, never HTML).
 function el(tag, attrs, ...children) {
@@ -51,7 +54,21 @@ function card(label, value, title) {
   return el("div", { class: "card", title }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
 }
 
-function renderHeader(f) {
+// errorRate is failed / finished requests over the series' range, null
+// when none finished.
+function errorRate(s) {
+  let failed = 0, done = 0;
+  for (let i = 0; i < s.t_ms.length; i++) {
+    const span = s.span_ms[i] / 1000;
+    if (s.failed_per_s[i] !== null && s.completed_per_s[i] !== null) {
+      failed += s.failed_per_s[i] * span;
+      done += s.completed_per_s[i] * span;
+    }
+  }
+  return done > 0 ? failed / done : null;
+}
+
+function renderHeader(f, s) {
   document.getElementById("policy").textContent = "policy: " + (f.policy || "?");
   document.getElementById("index").textContent = f.index ? "index: " + f.index : "";
   const t = f.totals;
@@ -61,6 +78,8 @@ function renderHeader(f) {
     card("Run / wait", `${int(t.running)} / ${int(t.waiting)}`, "engine running / waiting"),
     card("Completed", int(t.completed)),
     card("Failed", int(t.failed)),
+    card("Error rate", pct(errorRate(s)), `failed / finished requests over the last ${range}; since the router started: ` +
+      pct(t.completed + t.failed > 0 ? t.failed / (t.completed + t.failed) : null)),
     card("Sessions", int(f.sessions)),
     card("Decisions", int(f.decisions)),
     card("Hit rate", `${pct(t.hit_rate_actual)}`, "actual (engine-reported) cached / prompt tokens"),
@@ -136,7 +155,9 @@ function renderReplicas(f) {
         r.draining ? el("span", { class: "badge warn", title: "takes no new requests; those in flight finish" }, "draining") : "",
         r.draining ? " " : "", r.id),
       el("td", { class: "num" }, el("div", { class: "trend" }, sparkline(r.id, 90, 20), el("span", { class: "inflight" }, int(r.in_flight)))),
-      el("td", { class: "num" }, r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—"),
+      el("td", { class: "num runwait", title: r.max_num_seqs ? `runs at most ${r.max_num_seqs} at once (max_num_seqs, ${r.max_num_seqs_source})` : null },
+        r.scraped ? `${int(r.running)} / ${int(r.waiting)}` : "—",
+        r.max_num_seqs ? el("small", { class: "muted" }, ` of ${int(r.max_num_seqs)}`) : ""),
       el("td", { class: "num" }, int(r.prefill_tokens)),
       el("td", {}, kvBar(r)),
       el("td", { class: "num hit", title: `cached prompt tokens: ${int(r.predicted_cached_tokens)} predicted, ` +
@@ -157,20 +178,51 @@ function costs(d) {
   const table = el("table", { class: "inner" },
     el("thead", {}, el("tr", {},
       el("th", {}, "Candidate"), el("th", { class: "num" }, "Matched tok"),
-      el("th", { class: "num" }, "Wait ms"), el("th", { class: "num" }, "Prefill ms"),
+      el("th", { class: "num" }, "Wait ms"), el("th", { class: "num" }, "Import ms"),
+      el("th", { class: "num" }, "Load ms"), el("th", { class: "num" }, "Prefill ms"),
       el("th", { class: "num" }, "Decode ms"), el("th", { class: "num" }, "Others ms"),
       el("th", { class: "num" }, "Memory ms"), el("th", { class: "num" }, "Future ms"),
-      el("th", { class: "num" }, "Total ms"))),
+      el("th", { class: "num" }, "Pin bonus ms"), el("th", { class: "num" }, "Total ms"))),
     el("tbody", {}, d.candidates.map((c) =>
-      el("tr", { class: c.replica === d.replica ? "chosen" : null },
+      el("tr", { class: c.replica === d.replica ? "chosen" : null, title: arithmetic(d, c) },
         el("td", { class: "id" }, c.replica), el("td", { class: "num" }, int(c.matched_tokens)),
-        el("td", { class: "num" }, costMS(c.wait_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
+        el("td", { class: "num" }, costMS(c.wait_ms)), el("td", { class: "num" }, costMS(c.import_ms)),
+        el("td", { class: "num" }, costMS(c.load_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
         el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.others_ms)),
         el("td", { class: "num" }, costMS(c.memory_ms)), el("td", { class: "num" }, costMS(c.future_ms)),
+        el("td", { class: "num" }, c.pin_bonus_ms ? "−" + costMS(c.pin_bonus_ms) : costMS(0)),
         el("td", { class: "num" }, c.score !== undefined && !c.total_ms ? `score ${c.score}` : costMS(c.total_ms))))));
-  if (!d.pruned_candidates) return table;
-  return el("div", {}, table, el("div", { class: "muted pruned" },
+  const parts = [table];
+  const w = d.ttft_weight;
+  if (w) {
+    parts.push(el("div", { class: "formula" }, `Total = ${w} × (Wait + Import + Load + Prefill) + Decode + Others + Memory + Future − Pin bonus` +
+      (w > 1 ? `: the time to first token counts ${w} times, as part of the time to the first and to the last token` : "")));
+    const chosen = d.candidates.find((c) => c.replica === d.replica);
+    if (chosen) parts.push(el("div", { class: "arith" }, arithmetic(d, chosen)));
+  }
+  if (d.pruned_candidates) parts.push(el("div", { class: "muted pruned" },
     `+ ${int(d.pruned_candidates)} more candidates pruned: a lower bound of their cost already exceeded the chosen one's`));
+  return parts.length === 1 ? table : el("div", {}, ...parts);
+}
+
+// arithmetic writes candidate c's Total as the sum of its terms, at the
+// fewest decimals (1 to 6) at which the terms as written add up to the
+// Total as written; null for a candidate without time terms.
+function arithmetic(d, c) {
+  const w = d.ttft_weight;
+  if (!w) return null;
+  const ttft = [c.wait_ms, c.import_ms || 0, c.load_ms || 0, c.prefill_ms];
+  const rest = [c.decode_ms, c.others_ms, c.memory_ms, c.future_ms];
+  const bonus = c.pin_bonus_ms || 0;
+  let dp = 1;
+  for (; dp < 6; dp++) {
+    const r = (v) => Number(v.toFixed(dp));
+    const sum = w * ttft.map(r).reduce((a, b) => a + b) + rest.map(r).reduce((a, b) => a + b) - r(bonus);
+    if (sum.toFixed(dp) === c.total_ms.toFixed(dp)) break;
+  }
+  const f = (v) => v.toFixed(dp);
+  return `${c.replica}: ${w} × (${ttft.map(f).join(" + ")}) + ${rest.map(f).join(" + ")}` +
+    (bonus ? ` − ${f(bonus)}` : "") + ` = ${f(c.total_ms)} ms`;
 }
 
 function toggle(id) {
@@ -239,7 +291,8 @@ function plot(box, s, lines, opt) {
     svg.append(svgEl("text", { x: L - 4, y: y(f * top) + 3.5, "text-anchor": "end" }, opt.fmt(f * top)));
   }
   if (!opt.compact) {
-    for (let m = 0; m * 60000 <= s.window_ms; m++) {
+    const tick = s.window_ms <= 5 * 60000 ? 1 : s.window_ms <= 15 * 60000 ? 3 : 10; // minutes
+    for (let m = 0; m * 60000 <= s.window_ms; m += tick) {
       const t = end - m * 60000;
       svg.append(svgEl("text", { x: x(t), y: H - 4, "text-anchor": m === 0 ? "end" : "middle" }, m === 0 ? "now" : `−${m}m`));
     }
@@ -263,6 +316,8 @@ function plot(box, s, lines, opt) {
   }
   if (!drawn) svg.append(svgEl("text", { class: "empty", x: (L + W - R) / 2, y: (T + H - B) / 2, "text-anchor": "middle" }, n > 1 ? "no data in the last minutes" : "collecting…"));
   svg.dataset.points = drawn;
+  const firstAt = s.t_ms.find((t, i) => lines.some((l) => l.values[i] !== null && l.values[i] !== undefined));
+  if (firstAt !== undefined) svg.dataset.oldest = firstAt; // the oldest sample drawn, Unix ms
   const parts = [svg];
   if (!opt.compact) parts.push(el("div", { class: "legend" }, lines.map((l) =>
     el("span", {}, el("i", { class: l.dash ? "dash" : "", style: `border-top-color:${l.color}` }), l.label, el("b", {}, opt.fmt(fresh(l.values)))))));
@@ -273,12 +328,15 @@ function renderSeries(s) {
   const css = getComputedStyle(document.documentElement);
   const c = (name) => css.getPropertyValue(name).trim();
   const accent = c("--accent"), bad = c("--bad"), good = c("--good"), muted = c("--muted");
+  document.getElementById("series-title").textContent = "Last " + { "5m": "5 minutes", "15m": "15 minutes", "1h": "hour" }[range];
   document.getElementById("series-note").textContent =
-    `one sample per ${dur(s.step_ms)} while the dashboard is open; ${s.t_ms.length} samples`;
+    `one sample per ${dur(s.step_ms)}, kept by the router; ${s.t_ms.length} samples`;
+  for (const b of document.querySelectorAll("#range button")) b.classList.toggle("on", b.dataset.range === range);
   const q = (id) => document.querySelector(`#${id} .plot`);
   plot(q("chart-rate"), s, [
     { label: "routed", values: s.requests_per_s, color: accent },
     { label: "completed", values: s.completed_per_s, color: good },
+    { label: "failed", values: s.failed_per_s, color: bad },
   ], { fmt: (v) => (v === null ? "—" : rate(v)), title: "requests per second" });
   plot(q("chart-ttft"), s, [
     { label: "p50", values: s.ttft_p50_ms, color: accent },
@@ -292,7 +350,7 @@ function renderSeries(s) {
   const minis = s.replicas.map((r) => {
     const box = el("div", { class: "plot" });
     const m = el("div", { class: "mini", "data-replica": r.id },
-      el("div", { class: "name", title: r.id }, el("b", { title: "last actual / predicted" }, `${pct(fresh(r.hit_rate_actual))} / ${pct(fresh(r.hit_rate_predicted))}`), r.id), box);
+      el("div", { class: "name", title: r.id }, el("span", { class: "rid" }, r.id), el("b", { title: "last actual / predicted" }, `${pct(fresh(r.hit_rate_actual))} / ${pct(fresh(r.hit_rate_predicted))}`)), box);
     return [m, box, r];
   });
   document.getElementById("replica-hits").replaceChildren(...minis.map((m) => m[0]));
@@ -315,7 +373,7 @@ async function tick() {
   let f, d, s;
   try {
     [f, d] = await Promise.all([getJSON("/ui/api/fleet"), getJSON("/ui/api/decisions?n=50")]);
-    s = await getJSON("/ui/api/series"); // after the fleet's poll, which samples
+    s = await getJSON("/ui/api/series?range=" + range); // after the fleet's poll, which samples
   } catch (e) {
     status.textContent = "disconnected: retrying";
     status.className = "status stale";
@@ -324,7 +382,7 @@ async function tick() {
   }
   try {
     record(f);
-    renderHeader(f);
+    renderHeader(f, s);
     renderReplicas(f);
     renderSeries(s);
     const dj = JSON.stringify(d.decisions);
@@ -340,6 +398,15 @@ async function tick() {
     status.className = "status stale";
   }
   setTimeout(tick, REFRESH);
+}
+
+for (const b of document.querySelectorAll("#range button")) {
+  b.addEventListener("click", () => {
+    range = b.dataset.range;
+    const u = new URL(location.href);
+    u.searchParams.set("range", range);
+    window.history.replaceState(null, "", u);
+  });
 }
 
 tick();

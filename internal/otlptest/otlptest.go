@@ -1,8 +1,9 @@
-// Package otlptest is a real OTLP/HTTP trace receiver for tests: an
-// httptest server that decodes the protobuf ExportTraceServiceRequest
-// bodies an OpenTelemetry exporter posts to /v1/traces and keeps their
-// spans. It is what a collector does on its OTLP/HTTP port (4318), minus
-// the pipeline.
+// Package otlptest is a real OTLP trace receiver for tests: an httptest
+// server that decodes the protobuf ExportTraceServiceRequest bodies an
+// OpenTelemetry exporter posts to /v1/traces (Start), or a gRPC server
+// of the TraceService (StartGRPC), keeping their spans. It is what a
+// collector does on its OTLP/HTTP (4318) and OTLP/gRPC (4317) ports,
+// minus the pipeline.
 package otlptest
 
 import (
@@ -73,6 +74,14 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "decode: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	r.add(&msg)
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.Write(out)
+}
+
+// add keeps msg's spans.
+func (r *Receiver) add(msg *coltracepb.ExportTraceServiceRequest) {
 	r.mu.Lock()
 	for _, rs := range msg.GetResourceSpans() {
 		svc := String(rs.GetResource().GetAttributes(), "service.name")
@@ -84,9 +93,6 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	r.mu.Unlock()
-	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	w.Write(out)
 }
 
 // Spans returns the spans received so far, and each one's service.name.
