@@ -235,6 +235,9 @@ type replica struct {
 	// waited: the engine's max_num_seqs as far as its load has shown it,
 	// zero before a scrape with waiting requests (seats.go).
 	seats int
+	// seatStreak counts the scrapes in a row that showed the same number
+	// running while others waited (seats.go).
+	seatStreak int
 	// calShare and dcalShare are r's contributions to Fleet.cal and dcal.
 	calShare, dcalShare share
 
@@ -437,7 +440,7 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 	}
 	r.mu.Lock()
 	if r.scraped {
-		r.seats = seatsSeen(r.seats, r.load, l)
+		r.seats, r.seatStreak = seatsSeen(r.seats, r.seatStreak, r.load, l)
 	}
 	r.load, r.scraped = l, true
 	r.scrapes.Add(1)

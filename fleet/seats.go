@@ -6,24 +6,39 @@ import "github.com/kvrouter/kvrouter/scrape"
 // scheduler; SGLang's max_running_requests), and the kv-aware policy
 // prices a seat's wait when they are all taken (route.Rates.MaxSeqs). The
 // router knows the limit from the backend's max_num_seqs= option, or
-// learns it from the engine's load: two scrapes in a row with requests
-// waiting and the same number running show an engine that could not
-// start them, so those running are as many as it runs at once. (One
-// scrape is not enough: a request that arrived since the engine's last
-// iteration waits for the next one whatever its batch.) That is a lower
-// bound of max_num_seqs when memory, not seats, held the waiting ones
-// back (a full KV cache); the bound rises with every pair of scrapes that
-// shows more, and seen over an engine's busy periods it is the
-// concurrency the engine gives.
+// learns it from the engine's load: five scrapes in a row with requests
+// waiting, the same number running and the KV cache not nearly full show
+// an engine that could not start them, so those running are as many as it
+// runs at once. Fewer are not enough: a request that arrived since the
+// engine's last iteration waits for the next one whatever its batch, and
+// a long prompt's chunks can hold the others back for a few iterations
+// (the scheduler's token budget) with the batch unchanged by chance over
+// two or three scrapes (on llm-d's multi-tenant benchmark at load 0.95 in
+// the simulator, three were not enough); a full cache holds them back
+// too. What it learns is a lower bound of
+// max_num_seqs, which rises with every streak that shows more: seen over
+// an engine's busy periods, the concurrency the engine gives.
+
+// seatStreakLen is the scrapes in a row, after the first, that show the
+// same batch held with requests waiting before it counts as the seats.
+const seatStreakLen = 4
+
+// seatKVFull is the KV usage from which waiting requests may be held by
+// memory rather than seats.
+const seatKVFull = 0.9
 
 // seatsSeen returns the seats learned (seen) after scrape l, which
-// followed prev: the most sequences running in two scrapes in a row
-// while others waited.
-func seatsSeen(seen int, prev, l scrape.Load) int {
-	if l.Waiting > 0 && prev.Waiting > 0 && l.Running == prev.Running && l.Running > seen {
-		return l.Running
+// followed prev, and the streak of scrapes that showed the same batch
+// held with requests waiting (streak, before l).
+func seatsSeen(seen, streak int, prev, l scrape.Load) (int, int) {
+	held := l.Waiting > 0 && prev.Waiting > 0 && l.Running == prev.Running && !(l.KVUsage >= seatKVFull)
+	if !held {
+		return seen, 0
 	}
-	return seen
+	if streak++; streak >= seatStreakLen && l.Running > seen {
+		return l.Running, streak
+	}
+	return seen, streak
 }
 
 // maxSeqsSource says where maxSeqsLocked's answer comes from:

@@ -33,10 +33,16 @@ func TestSeatsLearned(t *testing.T) {
 		{3, 1, 256}, // one scrape with a request waiting
 		{5, 2, 256}, // the batch grew while they waited: not full
 		{8, 3, 256},
-		{8, 6, 8}, // 8 twice with requests waiting: 8 seats
+		{8, 6, 256}, // 8 twice with requests waiting: not yet
+		{8, 5, 256},
+		{8, 5, 256},
+		{8, 5, 8}, // five times: 8 seats
 		{6, 1, 8}, // fewer: the bound stays
 		{6, 1, 8},
 		{12, 4, 8},
+		{12, 9, 8},
+		{12, 9, 8},
+		{12, 9, 8},
 		{12, 9, 12}, // more seats shown: it rises
 	}
 	for k, st := range steps {
@@ -49,5 +55,17 @@ func TestSeatsLearned(t *testing.T) {
 		if got := maxSeqs(f, 1); got != 4 {
 			t.Errorf("after scrape %d: configured replica's MaxSeqs %d, want its 4", k, got)
 		}
+	}
+}
+
+// TestSeatsNotLearnedFromAFullCache: requests held back by a nearly full
+// KV cache say nothing of the seats, however long the batch stays.
+func TestSeatsNotLearnedFromAFullCache(t *testing.T) {
+	f := newFleet(t, Config{Replicas: []Replica{{ID: a}}, Rates: route.Rates{MaxSeqs: 256}})
+	for k := range 10 {
+		f.SetLoad(a, scrape.Load{Running: 8, Waiting: 5, KVUsage: 0.95, At: t0.Add(time.Duration(k) * time.Second)})
+	}
+	if got := maxSeqs(f, 0); got != 256 {
+		t.Errorf("MaxSeqs %d after a full cache held 8 running, want the preset's 256", got)
 	}
 }
