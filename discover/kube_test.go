@@ -81,6 +81,7 @@ func TestRouterFollowsInferencePool(t *testing.T) {
 
 	cfg := proxy.DefaultConfig()
 	cfg.Policy, cfg.Listen = "round-robin", "127.0.0.1:0"
+	cfg.ClientHeaders = true // spread reads X-Kvrouter-Replica
 	cfg.Discover = "inferencepool://llm/vllm"
 	rt, err := proxy.New(cfg, proxy.Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
