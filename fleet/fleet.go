@@ -235,9 +235,9 @@ type replica struct {
 	// waited: the engine's max_num_seqs as far as its load has shown it,
 	// zero before a scrape with waiting requests (seats.go).
 	seats int
-	// seatStreak counts the scrapes in a row that showed the same number
+	// seatWatch follows the scrapes in a row that showed the same number
 	// running while others waited (seats.go).
-	seatStreak int
+	seatWatch seatWatch
 	// calShare and dcalShare are r's contributions to Fleet.cal and dcal.
 	calShare, dcalShare share
 
@@ -440,7 +440,7 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 	}
 	r.mu.Lock()
 	if r.scraped {
-		r.seats, r.seatStreak = seatsSeen(r.seats, r.seatStreak, r.load, l)
+		r.seats, r.seatWatch = seatsSeen(r.seats, r.seatWatch, r.load, l)
 	}
 	r.load, r.scraped = l, true
 	r.scrapes.Add(1)

@@ -15,12 +15,12 @@ func maxSeqs(f *Fleet, i int) int {
 	return s.Replicas[i].Rates.MaxSeqs
 }
 
-// TestSeatsLearned: a replica's max_num_seqs is learned from its scrapes,
-// the sequences running in two scrapes in a row with requests waiting,
-// and only so: one scrape with a request waiting (arrived between two
-// iterations), or a batch that grew while requests waited, teaches
-// nothing; a larger saturated batch raises it; the configured
-// MaxNumSeqs wins over it.
+// TestSeatsLearned: a replica's max_num_seqs is learned from its scrapes
+// (of an engine that reports no query counter), the sequences running
+// over five scrapes in a row with requests waiting, and only so: one
+// scrape with a request waiting (arrived between two iterations), or a
+// batch that grew while requests waited, teaches nothing; a larger
+// saturated batch raises it; the configured MaxNumSeqs wins over it.
 func TestSeatsLearned(t *testing.T) {
 	preset := route.Rates{MaxSeqs: 256}
 	f := newFleet(t, Config{Replicas: []Replica{{ID: a}, {ID: b, MaxNumSeqs: 4}}, Rates: preset})
@@ -67,5 +67,25 @@ func TestSeatsNotLearnedFromAFullCache(t *testing.T) {
 	}
 	if got := maxSeqs(f, 0); got != 256 {
 		t.Errorf("MaxSeqs %d after a full cache held 8 running, want the preset's 256", got)
+	}
+}
+
+// TestSeatsNotLearnedWithoutAdmissions: a batch held with requests waiting
+// while the engine admits none (a long prompt's chunks taking the token
+// budget) says nothing of the seats; the same batch held while the engine
+// admits requests as others leave is full.
+func TestSeatsNotLearnedWithoutAdmissions(t *testing.T) {
+	f := newFleet(t, Config{Replicas: []Replica{{ID: a}}, Rates: route.Rates{MaxSeqs: 256}})
+	for k := range 10 {
+		f.SetLoad(a, scrape.Load{Running: 12, Waiting: 3, KVUsage: 0.4, PrefixQueries: 5000, At: t0.Add(time.Duration(k) * time.Second)})
+	}
+	if got := maxSeqs(f, 0); got != 256 {
+		t.Fatalf("MaxSeqs %d after 10 scrapes held with no admission, want the preset's 256", got)
+	}
+	for k := range 5 {
+		f.SetLoad(a, scrape.Load{Running: 12, Waiting: 3, KVUsage: 0.4, PrefixQueries: 5000 + 100*float64(k), At: t0.Add(time.Duration(10+k) * time.Second)})
+	}
+	if got := maxSeqs(f, 0); got != 12 {
+		t.Errorf("MaxSeqs %d after five scrapes held while admitting, want 12", got)
 	}
 }
