@@ -128,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"replica", "kind"})
 	m.stallHolds = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvrouter_stall_holds_total",
-		Help: "Attempts kept waiting on their replica when failed probes ejected it before its first token, because no other replica was in service to retry on (every engine stalled at once).",
+		Help: "Attempts kept waiting when failed probes ejected their replica before its first token and no other replica was in service to retry on (every engine stalled at once): on their replica, or for the first replica back.",
 	})
 	m.readmitted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_readmission_refused_total",

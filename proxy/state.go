@@ -48,6 +48,9 @@ type state struct {
 	// the replica: the attempts waiting on it for an answer or a first
 	// token give up then rather than at their timeout.
 	hung []atomic.Pointer[chan struct{}]
+	// back is closed (and replaced) when a replica returns to service:
+	// retries held because none was in service pick again then.
+	back atomic.Pointer[chan struct{}]
 }
 
 // newState builds the router's state for cfg over upstream, with policy, on the clock now whose reading at the
@@ -128,6 +131,8 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		OnModels:       st.fleet.SetModels,
 		ModelsInterval: cfg.ModelsInterval,
 	}
+	back := make(chan struct{})
+	st.back.Store(&back)
 	st.hung = make([]atomic.Pointer[chan struct{}], st.maxBackends)
 	for i := range st.hung {
 		ch := make(chan struct{})
@@ -199,6 +204,8 @@ func (st *state) onScrapeError(id string, err error) { st.fleet.SetBlockSize(id,
 func (st *state) onHealth(id string, healthy bool, reason string) {
 	if healthy {
 		st.log.Info("replica up", "replica", id, "reason", reason)
+		ch := make(chan struct{})
+		close(*st.back.Swap(&ch))
 	} else {
 		st.log.Warn("replica down", "replica", id, "reason", reason)
 	}
@@ -234,6 +241,10 @@ func (st *state) otherHealthy(i int) bool {
 	}
 	return false
 }
+
+// backSignal returns the channel closed when a replica next returns to
+// service.
+func (st *state) backSignal() <-chan struct{} { return *st.back.Load() }
 
 // hungSignal returns the channel closed when probes next eject replica i.
 func (st *state) hungSignal(i int) <-chan struct{} { return *st.hung[i].Load() }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"time"
@@ -40,7 +41,7 @@ func (t retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 		rt.m.retries.WithLabelValues(rt.name(c.replica)).Inc()
 		rt.log.Info("retrying on another replica", "id", c.id, "failed", rt.name(c.replica), "err", errString(resp, err))
 		c.abandon(err, errRetried)
-		if !c.repick() {
+		if !c.repick() && !c.holdForService(req.Context(), err) {
 			return c.answer(req, resp, err)
 		}
 		next := req.Clone(req.Context())
@@ -151,6 +152,38 @@ func (c *call) repick() bool {
 		return c.pick(nil)
 	}
 	return c.passTo(c.rt.anyHealthy(c.failed))
+}
+
+// holdForService is the retry of an attempt whose replica failed probes
+// ejected (err) when no other is in service: every engine stalled at once
+// (CPU starvation of their host), the others' probes failing a moment
+// after its own. The request waits, counted as a stall hold, for a
+// replica to return to service, and picks again among all of them (a
+// stall is no fault of the replica's), up to the first-token timeout; it
+// reports whether it was given a replica.
+func (c *call) holdForService(ctx context.Context, err error) bool {
+	rt := c.rt
+	d := rt.cfg.TTFTTimeout
+	if timeoutKind(err) != timeoutProbe || d <= 0 {
+		return false
+	}
+	rt.m.stallHolds.Inc()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		back := rt.st.backSignal()
+		c.failed = c.failed[:0]
+		if c.repick() {
+			return true
+		}
+		select {
+		case <-back:
+		case <-deadline.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // retryable reports whether an attempt failed before the replica started
