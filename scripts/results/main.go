@@ -186,6 +186,7 @@ type (
 		Errors        int     `json:"errors"`
 		TTFT          dist    `json:"ttft_ms"`
 		E2E           dist    `json:"e2e_ms"`
+		ITL           dist    `json:"itl_ms"`
 		HitRate       float64 `json:"hit_rate"`
 		PooledPct     float64 `json:"pooled_pct"`
 		PrefillTokens int64   `json:"prefill_tokens"`
@@ -598,6 +599,9 @@ func fixed(cmds ...string) func() ([]string, error) {
 	return func() ([]string, error) { return cmds, nil }
 }
 
+// minutes is why a shorter section's commands are not run by TestREADME.
+const minutes = "minutes on 2 cores: scripts/results runs it, and the smaller runs of simulator.md and own-traffic.md are tested"
+
 // heavy is why a section's commands are not run by TestREADME.
 const heavy = "an hour or more on 2 cores: scripts/results runs it, and simulator.md's smaller runs are tested"
 
@@ -629,6 +633,12 @@ func sections() []section {
 		{name: "tiers", title: "Transfer and tiers", table: tiers, args: " --json",
 			commands: fixed(tiersBase, tiersBase+" --cpu-kv-blocks 112640", tiersBase+" --interconnect-gbps 50", tiersBase+" --cpu-kv-blocks 112640 --interconnect-gbps 50"),
 			about:    "llm-d's multi-tenant benchmark at load 0.95 on 16 replicas of llama3-8b-h100: without a CPU tier, with one of 4× the GPU's KV, with imports between replicas at 50 GB/s, and with both."},
+		{name: "disaggregation", title: "Prefill/decode disaggregation", table: disaggregation, args: " --json", skipCI: minutes,
+			commands: fixed("kvrouter sim --workload all --load 0.5,0.8,0.95 --prefill-replicas 0,2,4,6,8 --policies kv-aware,pd-round-robin,llm-d-pd,dynamo-pd --requests 1000"),
+			about:    "16 replicas of llama3-8b-h100 at loads 0.5, 0.8 and 0.95, aggregated or split into 2, 4, 6 or 8 prefill replicas and the rest decode (50 GB/s links), 1,000 requests per workload. Each cell: goodput (requests per second meeting the workload's SLO on both TTFT and mean ITL) at the policy's best split, with TTFT p99 / ITL p99 there. The peers are vLLM's toy proxy (pd-round-robin), llm-d's P/D scheduler and Dynamo's conditional disaggregation, with their published defaults ([peers.md](peers.md))."},
+		{name: "sizing", title: "Sizing the fleet", table: sizing, args: " --json", skipCI: minutes,
+			commands: fixed("kvrouter plan --workload all --replicas 16 --preset llama3-8b-h100 --max-replicas 256 --requests 1000"),
+			about:    "`kvrouter plan` on every built-in workload, 1,000 requests each: 1× is load 0.8 of 16 replicas of llama3-8b-h100 (a balanced fleet caching nothing at its knee is load 1); capacity is the most traffic the 16 replicas serve with 99% of requests within the SLO, as a multiple of 1×, with the bound past it that breaks first; replicas needed is the fewest that serve 1× so ([own-traffic.md](own-traffic.md))."},
 		{name: "benchmarks", title: "Benchmarks", commands: benchmarkCommands, table: benchmarks,
 			skipCI: "benchmarks take minutes; go test ./... runs each once as a test",
 			about:  "The benchmarks of [benchmarks.md](benchmarks.md), as go test prints them. The machine is shared: compare figures within one run."},

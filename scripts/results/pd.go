@@ -1,0 +1,154 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// splitName splits a board row's policy into the policy and its prefill
+// replicas: "kv-aware 4p+12d" is kv-aware on 4; "kv-aware" (aggregated) is
+// on 0.
+var splitName = regexp.MustCompile(`^(\S+)(?: (\d+)p\+\d+d)?$`)
+
+// pdPeers are the P/D policies the disaggregation section compares
+// kv-aware with, in its columns' order.
+var pdPeers = []string{"pd-round-robin", "llm-d-pd", "dynamo-pd"}
+
+// pdBest is a policy's best split in one cell: the one of most goodput.
+type pdBest struct {
+	prefill string
+	r       result
+	ok      bool
+}
+
+// disaggregation: per cell, aggregated kv-aware, then kv-aware's and each
+// peer's best split (by goodput), with their tails; then how often
+// kv-aware's best split is at least each peer's, and the aggregated fleet
+// at least kv-aware's best split.
+func disaggregation(outs [][]byte) (string, error) {
+	bd, err := decode[boardJSON](outs[0])
+	if err != nil {
+		return "", err
+	}
+	if len(bd.Summary.Cells) != len(bd.Cells) {
+		return "", fmt.Errorf("the summary's %d cells do not match the %d runs", len(bd.Summary.Cells), len(bd.Cells))
+	}
+	cell := func(b pdBest) string {
+		if !b.ok {
+			return "-"
+		}
+		at := "aggregated"
+		if b.prefill != "0" {
+			at = b.prefill + "p"
+		}
+		return fmt.Sprintf("%.2f @ %s (%s / %s)", b.r.Goodput, at, ms(b.r.TTFT.P99), ms(b.r.ITL.P99))
+	}
+	var b strings.Builder
+	b.WriteString("| workload | load | kv-aware aggregated | kv-aware | " + strings.Join(pdPeers, " | ") + " |\n|---|---|---|---|" + strings.Repeat("---|", len(pdPeers)) + "\n")
+	var won, compared, aggWins, cells int
+	for i, run := range bd.Cells {
+		agg, best := pdBest{}, map[string]pdBest{}
+		for _, p := range run.Policies {
+			m := splitName.FindStringSubmatch(p.Policy)
+			if m == nil {
+				continue
+			}
+			name, prefill := m[1], cmp.Or(m[2], "0")
+			if prefill == "0" {
+				if name == "kv-aware" {
+					agg = pdBest{prefill: "0", r: p, ok: true}
+				}
+				continue
+			}
+			if cur := best[name]; !cur.ok || p.Goodput > cur.r.Goodput {
+				best[name] = pdBest{prefill: prefill, r: p, ok: true}
+			}
+		}
+		kv := best["kv-aware"]
+		if !kv.ok {
+			continue
+		}
+		cells++
+		for _, peer := range pdPeers {
+			if pb := best[peer]; pb.ok {
+				compared++
+				if kv.r.Goodput >= pb.r.Goodput {
+					won++
+				}
+			}
+		}
+		if agg.ok && agg.r.Goodput >= kv.r.Goodput {
+			aggWins++
+		}
+		c := bd.Summary.Cells[i]
+		row := []string{c.Workload, fmt.Sprint(c.Load), cell(agg), cell(kv)}
+		for _, peer := range pdPeers {
+			row = append(row, cell(best[peer]))
+		}
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(row, " | "))
+	}
+	fmt.Fprintf(&b, "\nkv-aware's best split has at least the goodput of a peer's best split in %d of %d comparisons; the aggregated fleet has at least that of kv-aware's best split in %d of %d cells.\n", won, compared, aggWins, cells)
+	return b.String(), nil
+}
+
+// planJSON is kvrouter plan's answer for one workload.
+type planJSON struct {
+	Title    string       `json:"title"`
+	Replicas int          `json:"replicas"`
+	Rate     float64      `json:"rate"`
+	Policies []planPolicy `json:"policies"`
+}
+
+// planPolicy is one policy's row of planJSON.
+type planPolicy struct {
+	Policy   string  `json:"policy"`
+	Capacity float64 `json:"capacity"`
+	Capped   bool    `json:"capped"`
+	Binding  string  `json:"binding"`
+	Needed   int     `json:"replicas_needed"`
+}
+
+// sizing: per workload, each policy's capacity on the fleet and the
+// replicas it needs, in plan's policy order.
+func sizing(outs [][]byte) (string, error) {
+	plans, err := decode[[]planJSON](outs[0])
+	if err != nil {
+		return "", err
+	}
+	if len(plans) == 0 {
+		return "", fmt.Errorf("no plan in the output")
+	}
+	var policies []string
+	for _, p := range plans[0].Policies {
+		policies = append(policies, p.Policy)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| workload | 1× (req/s) | capacity × on %d replicas: %s | replicas needed at 1×: %s |\n|---|---|---|---|\n",
+		plans[0].Replicas, strings.Join(policies, " / "), strings.Join(policies, " / "))
+	for _, pl := range plans {
+		var capacity, needed []string
+		for _, name := range policies {
+			i := slices.IndexFunc(pl.Policies, func(p planPolicy) bool { return p.Policy == name })
+			if i < 0 {
+				capacity, needed = append(capacity, "-"), append(needed, "-")
+				continue
+			}
+			p := pl.Policies[i]
+			c := fmt.Sprintf("%.3g", p.Capacity)
+			if p.Capped {
+				c = "≥ " + c
+			}
+			n := fmt.Sprint(p.Needed)
+			if p.Needed == 0 {
+				n = "more than the search's most"
+			}
+			capacity, needed = append(capacity, c+" ("+p.Binding+")"), append(needed, n)
+		}
+		fmt.Fprintf(&b, "| %s | %.3g | %s | %s |\n", strings.TrimPrefix(pl.Title, "kvrouter plan: "), pl.Rate,
+			strings.Join(capacity, " / "), strings.Join(needed, " / "))
+	}
+	return b.String(), nil
+}
