@@ -113,9 +113,15 @@ type peers struct {
 	// index: what snapshots add to the fleet's own (nil: none).
 	load atomic.Pointer[[]PeerLoad]
 
-	// mmu serializes Merges (it guards ms).
+	// mmu serializes Merges (it guards ms, last and ended).
 	mmu sync.Mutex
 	ms  residency.MatchScratch
+	// last is the peers' shares as the last Merge got them, their load
+	// only: summed again when a request of theirs is seen to have ended.
+	last []Share
+	// ended are the peers' requests seen to have ended that their shares
+	// may still count (ended.go).
+	ended []endedTurn
 }
 
 // SharePeers makes the fleet keep, for Export, the sessions it binds and
@@ -197,7 +203,12 @@ func (f *Fleet) Merge(now time.Time, shares []Share) {
 	p := &f.peers
 	p.mmu.Lock()
 	defer p.mmu.Unlock()
-	f.mergeLoad(shares)
+	p.last = p.last[:0]
+	for i := range shares {
+		p.last = append(p.last, Share{Router: shares[i].Router, At: shares[i].At, Load: shares[i].Load})
+	}
+	p.pruneEnded(p.last)
+	f.mergeLoad(p.last)
 	for i := range shares {
 		for _, b := range shares[i].Sessions {
 			f.mergeBinding(b, now)
@@ -230,8 +241,9 @@ func (f *Fleet) Merge(now time.Time, shares []Share) {
 	}
 }
 
-// mergeLoad sums the shares' load by replica and publishes it, bumping the
-// version of every replica whose peers' load moved.
+// mergeLoad sums the shares' load by replica, less the requests they
+// count that have ended (ended.go), and publishes it, bumping the version
+// of every replica whose peers' load moved. f.peers.mmu is held.
 func (f *Fleet) mergeLoad(shares []Share) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -242,6 +254,7 @@ func (f *Fleet) mergeLoad(shares []Share) {
 			if r == nil {
 				continue
 			}
+			l = f.peers.withoutEnded(&shares[i], r.index, l)
 			if sum == nil {
 				sum = make([]PeerLoad, len(f.reps))
 			}

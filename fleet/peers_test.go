@@ -112,7 +112,7 @@ func TestBindPeer(t *testing.T) {
 		return p
 	}
 	f := newFleet(t, Config{})
-	if !f.BindPeer(req, SessionOf(b, t0, chain[0].Hashes[:4]), t0.Add(time.Second)) {
+	if !f.BindPeer(req, SessionOf("", b, t0, chain[0].Hashes[:4]), t0.Add(time.Second)) {
 		t.Fatal("BindPeer refused a new session's binding")
 	}
 	if p, m := pinned(f), matched(f); p != 1 || m[1] != 4 {
@@ -120,17 +120,17 @@ func TestBindPeer(t *testing.T) {
 	}
 
 	g := newFleet(t, Config{})
-	other := SessionOf(b, t0, []prefix.Hash{11, 12, 99}) // another prompt's tail
+	other := SessionOf("", b, t0, []prefix.Hash{11, 12, 99}) // another prompt's tail
 	if !g.BindPeer(req, other, t0.Add(time.Second)) || pinned(g) != 1 || matched(g)[1] != 0 {
 		t.Errorf("another prompt: pin %d, matched %v; want replica 1, no blocks", pinned(g), matched(g))
 	}
 
 	h := newFleet(t, Config{})
 	h.bind("s", h.lookup(a), t0.Add(time.Second), nil)
-	if h.BindPeer(req, SessionOf(b, t0, chain[0].Hashes[:4]), t0.Add(time.Second)) || pinned(h) != 0 {
+	if h.BindPeer(req, SessionOf("", b, t0, chain[0].Hashes[:4]), t0.Add(time.Second)) || pinned(h) != 0 {
 		t.Errorf("an older peer binding moved the session to %d", pinned(h))
 	}
-	if h.BindPeer(req, SessionOf("http://nowhere", t0.Add(2*time.Second), nil), t0.Add(2*time.Second)) {
+	if h.BindPeer(req, SessionOf("", "http://nowhere", t0.Add(2*time.Second), nil), t0.Add(2*time.Second)) {
 		t.Error("a binding to an unknown replica was taken")
 	}
 }

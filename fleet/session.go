@@ -290,21 +290,23 @@ func (f *Fleet) sessionCounts(n int) []int {
 }
 
 // PeerSession is a session's binding as a router shares it on the
-// request path (package peers): the replica, when it was bound, and the
-// full blocks of the prompt of the request bound (its first chain's) with
-// the last one's hash.
+// request path (package peers): the replica, when it was bound and by
+// which router (its id among its peers, Share.Router; empty: unknown),
+// and the full blocks of the prompt of the request bound (its first
+// chain's) with the last one's hash.
 type PeerSession struct {
 	Replica string
+	Router  string
 	At      time.Time
 	Blocks  int
 	Tail    prefix.Hash
 }
 
 // SessionOf returns session id's binding as PeerSession, for a request
-// whose first chain is chain just bound to it (Blocks and Tail of that
-// chain).
-func SessionOf(replica string, at time.Time, chain []prefix.Hash) PeerSession {
-	p := PeerSession{Replica: replica, At: at, Blocks: len(chain)}
+// whose first chain is chain just bound to it by router (Blocks and Tail
+// of that chain).
+func SessionOf(router, replica string, at time.Time, chain []prefix.Hash) PeerSession {
+	p := PeerSession{Replica: replica, Router: router, At: at, Blocks: len(chain)}
 	if len(chain) > 0 {
 		p.Tail = chain[len(chain)-1]
 	}
@@ -316,11 +318,17 @@ func SessionOf(replica string, at time.Time, chain []prefix.Hash) PeerSession {
 // the session is bound to p.Replica, and, when r extends the prompt p was
 // bound with, that prompt's blocks enter the index on p.Replica, as the
 // peer's routed blocks would a sync round later. It reports whether it
-// took p.
+// took p. When r extends that prompt, the request bound has ended, and
+// the peer's share no longer counts it in flight (ended.go), taken or not.
 func (f *Fleet) BindPeer(r *Request, p PeerSession, now time.Time) bool {
 	rep := f.lookup(p.Replica)
 	if rep == nil || r.Session == "" || now.Sub(p.At) > f.cfg.SessionTTL {
 		return false
+	}
+	chain := firstChain(r.Chains)
+	extends := p.Blocks > 0 && len(chain) >= p.Blocks && chain[p.Blocks-1] == p.Tail
+	if extends && p.Router != "" {
+		f.peerEnded(p.Router, rep.index, p.At, now)
 	}
 	at := p.At
 	if at.After(now) {
@@ -334,8 +342,7 @@ func (f *Fleet) BindPeer(r *Request, p PeerSession, now time.Time) bool {
 	}
 	f.sessions.bind(key, rep, at).prompt(nil)
 	f.smu.Unlock()
-	chain := firstChain(r.Chains)
-	if f.kind == route.NoIndex || p.Blocks <= 0 || len(chain) < p.Blocks || chain[p.Blocks-1] != p.Tail {
+	if f.kind == route.NoIndex || !extends {
 		return true
 	}
 	tokens := p.Blocks * r.Chains[0].Tokens

@@ -49,7 +49,7 @@ type Member struct {
 	Router string `json:"router,omitempty"`
 }
 
-func (k keys) members() string       { return k.prefix + ":members" }
+func (k keys) members() string        { return k.prefix + ":members" }
 func (k keys) membersVersion() string { return k.prefix + ":members:version" }
 
 // PublishMember writes m to the shared membership at once (bounded by

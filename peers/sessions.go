@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -122,16 +123,22 @@ func (s *Syncer) WriteSession(key string, p fleet.PeerSession, ttl time.Duration
 }
 
 // formatSession is a binding's value in Redis: the bind time in Unix
-// nanoseconds, the prompt's blocks, its last block's hash and the
-// replica, space-separated (the replica last: a URL has no space).
+// nanoseconds, the prompt's blocks, its last block's hash, the router
+// that bound it and the replica, space-separated (the replica last: a
+// URL has no space; a router id has none either).
 func formatSession(p fleet.PeerSession) string {
-	return fmt.Sprintf("%d %d %d %s", p.At.UnixNano(), p.Blocks, uint64(p.Tail), p.Replica)
+	return fmt.Sprintf("%d %d %d %s %s", p.At.UnixNano(), p.Blocks, uint64(p.Tail), cmp.Or(p.Router, "-"), p.Replica)
 }
 
-// parseSession parses formatSession's value.
+// parseSession parses formatSession's value ("-": no router), or the
+// value an earlier kvrouter wrote (no router field), so that a fleet of
+// routers can be upgraded one by one.
 func parseSession(v string) (fleet.PeerSession, bool) {
-	f := strings.SplitN(v, " ", 4)
-	if len(v) > maxMemberBytes || len(f) != 4 || f[3] == "" {
+	f := strings.SplitN(v, " ", 5)
+	if len(f) == 4 && !strings.Contains(f[3], " ") {
+		f = []string{f[0], f[1], f[2], "-", f[3]}
+	}
+	if len(v) > maxMemberBytes || len(f) != 5 || f[3] == "" || f[4] == "" {
 		return fleet.PeerSession{}, false
 	}
 	at, err1 := strconv.ParseInt(f[0], 10, 64)
@@ -140,7 +147,11 @@ func parseSession(v string) (fleet.PeerSession, bool) {
 	if err1 != nil || err2 != nil || err3 != nil || blocks < 0 {
 		return fleet.PeerSession{}, false
 	}
-	return fleet.PeerSession{Replica: f[3], At: time.Unix(0, at), Blocks: blocks, Tail: prefix.Hash(tail)}, true
+	router := f[3]
+	if router == "-" {
+		router = ""
+	}
+	return fleet.PeerSession{Replica: f[4], Router: router, At: time.Unix(0, at), Blocks: blocks, Tail: prefix.Hash(tail)}, true
 }
 
 // isTimeout reports a network timeout.

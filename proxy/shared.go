@@ -47,7 +47,7 @@ func (c *call) writeSession() {
 	if len(c.freq.Chains) > 0 {
 		chain = c.freq.Chains[0].Hashes
 	}
-	p := fleet.SessionOf(rt.name(c.replica), c.sent, chain)
+	p := fleet.SessionOf(rt.shared.Router(), rt.name(c.replica), c.sent, chain)
 	c.published = rt.shared.WriteSession(fleet.SessionKey(c.session), p, rt.cfg.SessionTTL)
 }
 
