@@ -139,7 +139,9 @@ func stamp() string {
 	commit := "unknown commit"
 	if out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output(); err == nil {
 		commit = "commit `" + strings.TrimSpace(string(out)) + "`"
-		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		// Changes to the file being written are not changes to what is
+		// measured.
+		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results.md").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
 			commit += " with uncommitted changes"
 		}
 	}
