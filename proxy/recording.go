@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -172,7 +174,15 @@ func (rt *Router) serveStartRecording(w http.ResponseWriter, r *http.Request) {
 			fail(http.StatusBadRequest, codeBadBody, `body must be a JSON object such as {"path": "recording.jsonl", "sample_rate": 0.1}: `+err.Error())
 			return
 		}
-		b.apply(&cfg)
+		if b.Path != "" && !fileName(b.Path) {
+			where := rt.recordDir()
+			if where == "." {
+				where = "the router's working directory"
+			}
+			fail(http.StatusBadRequest, codeBadBody, `"path" must be a file name, without a directory: the recording goes in `+where)
+			return
+		}
+		b.apply(&cfg, rt.recordDir())
 	}
 	if cfg.Path == "" {
 		fail(http.StatusBadRequest, codeBadBody, `no file: give "path" (or start the router with --record)`)
@@ -189,10 +199,28 @@ func (rt *Router) serveStartRecording(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// apply overlays b on cfg.
-func (b *recordBody) apply(cfg *record.Config) {
+// recordDir is where the admin API's recordings go: the directory of
+// --record, else the router's working directory ("."). The admin API
+// names a file there, not a path: a recording is created, appended to and
+// rotated (renamed), which no socket should do to any file the router can
+// write.
+func (rt *Router) recordDir() string {
+	if rt.cfg.Record.Path == "" {
+		return "."
+	}
+	return filepath.Dir(rt.cfg.Record.Path)
+}
+
+// fileName reports whether name is a plain file name: no directory, not
+// "." or "..".
+func fileName(name string) bool {
+	return name != "." && name != ".." && !strings.ContainsAny(name, `/\`) && filepath.Base(name) == name
+}
+
+// apply overlays b on cfg; b.Path, a file name, is in dir (recordDir).
+func (b *recordBody) apply(cfg *record.Config, dir string) {
 	if b.Path != "" {
-		cfg.Path = b.Path
+		cfg.Path = filepath.Join(dir, b.Path)
 	}
 	if b.SampleRate != nil {
 		cfg.SampleRate = *b.SampleRate

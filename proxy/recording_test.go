@@ -245,7 +245,11 @@ func TestRecordingHoldsNoSecret(t *testing.T) {
 // its status and stops it (200, what it wrote).
 func TestRecordAdminAPI(t *testing.T) {
 	reps := replicas(t, 1, 0.01)
-	path := filepath.Join(t.TempDir(), "rec.jsonl")
+	dir := t.TempDir()
+	t.Chdir(dir) // no --record: the admin API's files go in the working directory
+	if err := os.Mkdir("sub", 0o755); err != nil {
+		t.Fatal(err)
+	}
 	rt, url, admin := serveLimited(t, nil, urls(reps)...)
 	t.Cleanup(func() { rt.StopRecording() })
 	for _, c := range []struct {
@@ -256,11 +260,17 @@ func TestRecordAdminAPI(t *testing.T) {
 		{"GET", "", 200, `"recording":false`},
 		{"POST", "", 400, "no file"},
 		{"POST", `{"path":1}`, 400, "invalid_body"},
-		{"POST", `{"path":"` + path + `","sample_rate":2}`, 400, "record-sample-rate"},
-		{"POST", `{"path":"` + filepath.Join(path, "no", "dir") + `"}`, 400, "record_failed"},
-		{"POST", `{"path":"` + path + `","sample_rate":1}`, 201, `"recording":true`},
-		{"POST", `{"path":"` + path + `"}`, 409, "stop it first"},
-		{"GET", "", 200, `"path":"` + path + `"`},
+		{"POST", `{"path":"rec.jsonl","sample_rate":2}`, 400, "record-sample-rate"},
+		{"POST", `{"path":"sub"}`, 400, "record_failed"}, // a directory
+		// A path, not a file name: no socket creates or renames files
+		// outside the recordings' directory.
+		{"POST", `{"path":"` + filepath.Join(dir, "rec.jsonl") + `"}`, 400, "must be a file name"},
+		{"POST", `{"path":"../rec.jsonl"}`, 400, "must be a file name"},
+		{"POST", `{"path":".."}`, 400, "must be a file name"},
+		{"POST", `{"path":"rec.jsonl","key_file":"/dev/zero"}`, 400, "longer than"},
+		{"POST", `{"path":"rec.jsonl","sample_rate":1}`, 201, `"recording":true`},
+		{"POST", `{"path":"rec.jsonl"}`, 409, "stop it first"},
+		{"GET", "", 200, `"path":"rec.jsonl"`},
 	} {
 		if resp, body := do(t, c.method, admin+pathRecord, c.body); resp.StatusCode != c.status || !strings.Contains(body, c.want) {
 			t.Errorf("%s %s: %d %s; want %d with %s", c.method, c.body, resp.StatusCode, body, c.status, c.want)
@@ -272,6 +282,24 @@ func TestRecordAdminAPI(t *testing.T) {
 	}
 	if v := metricValue(t, admin, "kvrouter_record_lines_total"); v != 1 {
 		t.Errorf("kvrouter_record_lines_total %v, want 1", v)
+	}
+}
+
+// TestRecordAdminAPIDirectory: with --record, the admin API's files go in
+// its directory.
+func TestRecordAdminAPIDirectory(t *testing.T) {
+	reps := replicas(t, 1, 0.01)
+	dir := t.TempDir()
+	rt, _, admin := serveLimited(t, func(c *Config) { c.Record.Path = filepath.Join(dir, "first.jsonl") }, urls(reps)...)
+	t.Cleanup(func() { rt.StopRecording() })
+	if resp, body := do(t, "DELETE", admin+pathRecord, ""); resp.StatusCode != 200 {
+		t.Fatalf("DELETE: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := do(t, "POST", admin+pathRecord, `{"path":"second.jsonl"}`); resp.StatusCode != 201 || !strings.Contains(body, filepath.Join(dir, "second.jsonl")) {
+		t.Fatalf("POST second.jsonl: %d %s; want 201 with the file in %s", resp.StatusCode, body, dir)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "second.jsonl")); err != nil {
+		t.Errorf("the recording is not in --record's directory: %v", err)
 	}
 }
 

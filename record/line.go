@@ -22,6 +22,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"time"
@@ -101,12 +102,25 @@ func NewKeys(secret []byte) (*Keys, error) {
 		sample: binary.LittleEndian.Uint64(sub("kvrouter record sampling"))}, nil
 }
 
+// maxKeyFileBytes bounds what ReadKeyFile reads: a key is tens of bytes,
+// and a path the admin API was given may name anything (/dev/zero).
+const maxKeyFileBytes = 4096
+
 // ReadKeyFile reads a key file: its bytes, surrounding white space
-// trimmed, are the secret. It must hold at least 16 bytes.
+// trimmed, are the secret. It must hold at least 16 bytes, and the file at
+// most maxKeyFileBytes.
 func ReadKeyFile(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("record key: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxKeyFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("record key: %w", err)
+	}
+	if len(b) > maxKeyFileBytes {
+		return nil, fmt.Errorf("record key %s: longer than %d bytes, want a key (e.g. openssl rand -hex 32)", path, maxKeyFileBytes)
 	}
 	b = trimSpace(b)
 	if len(b) < 16 {
