@@ -19,6 +19,9 @@ import "github.com/kvrouter/kvrouter/scrape"
 // many iterations (document-qa's documents hold an engine so for seconds
 // with 10 to 18 running), or a prompt that does not fit the free blocks.
 // An engine that reports no query counter is judged on the streak alone.
+// (A burst of identical requests, which leave together and are replaced
+// together between two scrapes, shows no admission within a streak and
+// teaches nothing; traffic whose answers differ in length does.)
 // What it learns is a lower bound of max_num_seqs, which rises with every
 // streak that shows more: seen over an engine's busy periods, the
 // concurrency the engine gives.

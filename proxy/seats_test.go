@@ -37,7 +37,8 @@ func seatsOf(rt *Router, i int) int {
 // at once (--max-num-seqs 8), one declared with max_num_seqs=8, the other
 // not: the declared one is priced with 8 seats from the start, the other
 // with the preset's 256 until a burst of 40 requests queues on it, and
-// with 8 once its metrics showed 8 running while others waited; the
+// with 8 once its metrics showed 8 running while others waited and were
+// admitted as others left; the
 // dashboard shows both and where they come from.
 func TestEnginesAsConfigured(t *testing.T) {
 	if testing.Short() {
@@ -65,7 +66,10 @@ func TestEnginesAsConfigured(t *testing.T) {
 	var wg sync.WaitGroup
 	for k := range 40 {
 		wg.Go(func() {
-			body := fmt.Sprintf(`{"model":"m","max_tokens":150,"messages":[{"role":"user","content":"burst %d %s"}]}`, k, words(k, 50))
+			// Answers of different lengths, as traffic has: requests leave
+			// one by one and waiting ones take their seats, which is how
+			// the router tells seats from other holds (fleet/seats.go).
+			body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"burst %d %s"}]}`, 90+17*(k%7), k, words(k, 50))
 			if resp, b := do(t, "POST", url+chatPath, body); resp.StatusCode != 200 {
 				t.Errorf("request %d: %d %s", k, resp.StatusCode, b)
 			}
