@@ -37,8 +37,12 @@ func (r *runner) dispatch(j int) bool {
 	r.chains[0].Tokens, r.chains[0].Hashes = r.cfg.Preset.BlockSize, jb.hashes
 	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
 		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true}
-	fl, sc := r.router(j)
+	fl, sc, k := r.router(j)
+	r.readSession(j, k, fl)
 	d, tk := fl.Decide(&r.freq, nil, at(r.now), sc)
+	if tk != nil {
+		r.writeSession(j, k, d.Replica)
+	}
 	r.traceArrival(j, d)
 	if tk == nil && d.Reason == route.ReasonSaturated {
 		return false

@@ -34,10 +34,45 @@ const (
 // fleet.Export and fleet.Merge. A share is seen one interval after the
 // decisions it reports at most; the live routers' bound is about twice
 // that (publish, then read, each on its own tick).
+//
+// Sharing routers also share their session bindings on the request path,
+// as the live ones do through Redis (proxy's readSession, writeSession):
+// each decision writes its session's binding to sessions at once, and a
+// router reads it before deciding on the session (fleet.BindPeer), so a
+// conversation whose turns alternate between routers faster than the sync
+// stays on its replica.
 type routers struct {
 	more []*fleet.Fleet
 	scs  []fleet.Scratch // the decisions' buffers, one per router in more
 	buf  []fleet.Share
+	// sessions is the shared store of session bindings, by session id
+	// (nil: the routers do not share).
+	sessions map[string]fleet.PeerSession
+}
+
+// routerName is router k's id among its peers (Share.Router).
+func routerName(k int) string { return fmt.Sprint("router-", k) }
+
+// readSession gives router k's fleet fl the binding another router wrote
+// for job j's session (r.freq), as the live router reads it from Redis.
+func (r *runner) readSession(j, k int, fl *fleet.Fleet) {
+	jb := &r.jobs[j]
+	if r.rs.sessions == nil || jb.session == "" {
+		return
+	}
+	if p, ok := r.rs.sessions[jb.session]; ok && p.Router != routerName(k) {
+		fl.BindPeer(&r.freq, p, at(r.now))
+	}
+}
+
+// writeSession writes router k's binding of job j's session to replica
+// i, as the live router writes it to Redis when it decides.
+func (r *runner) writeSession(j, k, i int) {
+	jb := &r.jobs[j]
+	if r.rs.sessions == nil || jb.session == "" {
+		return
+	}
+	r.rs.sessions[jb.session] = fleet.SessionOf(routerName(k), r.reps[i].id, at(r.now), jb.hashes)
 }
 
 // checkRouters validates and fills the multi-router fields of c.
@@ -76,6 +111,9 @@ func (r *runner) addRouters(fc fleet.Config) error {
 		r.rs.more = append(r.rs.more, f)
 	}
 	r.rs.scs = make([]fleet.Scratch, len(r.rs.more))
+	if r.cfg.SyncInterval > 0 {
+		r.rs.sessions = make(map[string]fleet.PeerSession)
+	}
 	return nil
 }
 
@@ -87,11 +125,12 @@ func (r *runner) each(fn func(*fleet.Fleet)) {
 	}
 }
 
-// router returns the fleet that decides job j, and its buffers.
-func (r *runner) router(j int) (*fleet.Fleet, *fleet.Scratch) {
+// router returns the fleet that decides job j, its buffers and its
+// index.
+func (r *runner) router(j int) (*fleet.Fleet, *fleet.Scratch, int) {
 	n := len(r.rs.more) + 1
 	if n == 1 {
-		return r.fl, &r.sc
+		return r.fl, &r.sc, 0
 	}
 	k := j % n
 	if r.cfg.Assign == AssignHash {
@@ -103,9 +142,9 @@ func (r *runner) router(j int) (*fleet.Fleet, *fleet.Scratch) {
 		k = int(h % uint64(n))
 	}
 	if k == 0 {
-		return r.fl, &r.sc
+		return r.fl, &r.sc, 0
 	}
-	return r.rs.more[k-1], &r.rs.scs[k-1]
+	return r.rs.more[k-1], &r.rs.scs[k-1], k
 }
 
 // onSync exchanges the routers' shares: each exports, then each merges
@@ -115,7 +154,11 @@ func (r *runner) onSync() {
 	n := len(r.rs.more) + 1
 	now := at(r.now)
 	shares := r.rs.buf[:0]
-	r.each(func(f *fleet.Fleet) { shares = append(shares, f.Export(now)) })
+	r.each(func(f *fleet.Fleet) {
+		sh := f.Export(now)
+		sh.Router = routerName(len(shares))
+		shares = append(shares, sh)
+	})
 	others := make([]fleet.Share, 0, n-1)
 	k := 0
 	r.each(func(f *fleet.Fleet) {

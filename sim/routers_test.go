@@ -38,6 +38,31 @@ func TestRoutersShare(t *testing.T) {
 	}
 }
 
+// TestRoutersShareSessions: two simulated routers that exchange their
+// shares only every 10 s, longer than a conversation, get a multi-turn
+// chat's turns in turn: each reads the binding the other wrote when it
+// decided, as the live routers read it from Redis, so kv-aware keeps each
+// conversation on one replica and the hit rate close to one router's.
+func TestRoutersShareSessions(t *testing.T) {
+	w, err := trace.Generate("multi-turn-chat", trace.GenOptions{Seed: 1, Requests: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hit [2]float64
+	for i, n := range []int{1, 2} {
+		o, err := simulate(Config{Requests: w.Requests, Replicas: 4, Load: 0.7, Policies: []string{"kv-aware"},
+			Routers: n, SyncInterval: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hit[i] = hitRate(o.runs[0])
+	}
+	t.Logf("kv-aware hit rate: one router %.3f, two syncing every 10 s %.3f", hit[0], hit[1])
+	if hit[1] < hit[0]-0.03 {
+		t.Errorf("two routers: hit rate %.3f, want within 0.03 of one router's %.3f", hit[1], hit[0])
+	}
+}
+
 // TestRoutersOneIsDefault: Routers 1 runs exactly as the zero value.
 func TestRoutersOneIsDefault(t *testing.T) {
 	w, err := trace.Generate("hot-prefix", trace.GenOptions{Seed: 3, Requests: 120})
