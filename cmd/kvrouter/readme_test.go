@@ -110,7 +110,7 @@ func readmeRules() map[string]readmeRule {
 		"go install github.com/kvrouter/kvrouter/cmd/kvrouter@latest": {
 			skip: "fetches the published module (no network in CI); the tests build this checkout"},
 		"docker build --build-arg VERSION=v0.1.0 -t kvrouter:v0.1.0 .": {skip: "needs a Docker daemon; TestDockerfileBuild runs the Dockerfile's build stage"},
-		"kubectl apply -n llm -k deploy/":   {skip: "needs a cluster; deploy's tests decode every manifest strictly"},
+		"kubectl apply -n llm -k deploy/":                              {skip: "needs a cluster; deploy's tests decode every manifest strictly"},
 		"kvrouter epp --listen :9002 --discover dns://vllm-engines:8000 --policy kv-aware": {
 			skip: "needs the cluster's DNS name of the vLLM pods; epp's tests run it on loopback"},
 		"kvrouter sim --workload hot-prefix,multi-turn-chat --load 0.8 --replicas 16 --policies kv-aware,session-hash,least-loaded --requests 2000 --routers 3 --sync-interval 50ms": {
