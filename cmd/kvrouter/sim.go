@@ -81,7 +81,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
 	interconnect := fs.Float64("interconnect-gbps", 0, "let replicas import KV from each other over links of this many GB/s each way (policies that can order transfers do: kv-aware, mooncake-global); 0: no transfers")
-	prefillReplicas := fs.String("prefill-replicas", "0", "make the fleet disaggregated: this many of --replicas are prefill workers, the rest decode, and KV transfers are on (at --interconnect-gbps, else the preset's); 0: aggregated. Several, comma-separated (0,4,8), run every split of the same fleet at the same arrival rate side by side, each row named for its split")
+	prefillReplicas := fs.String("prefill-replicas", "0", "make the fleet disaggregated: this many of --replicas are prefill workers, the rest decode, and KV transfers are on (at --interconnect-gbps, else the preset's); 0: aggregated. Several, comma-separated (0,4,8), run every split of the same fleet at the same arrival rate side by side, each row named for its split; with --capacity, each split's capacity is searched")
 	cpuBlocks := fs.Int("cpu-kv-blocks", 0, "give every replica a CPU offload tier of this many KV blocks (see kvrouter engine -h); 0: none")
 	pcie := fs.Float64("pcie-gbps", 0, fmt.Sprintf("host-to-GPU bandwidth of the CPU tier in GB/s; 0: %d", engine.DefaultPCIeGBps))
 	routers := fs.Int("routers", 1, "routers in front of the fleet, each with its own fleet state, exchanging their shares every --sync-interval (as --redis does live)")
@@ -100,9 +100,6 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	if err != nil {
 		return err
 	}
-	if len(splits) > 1 && *capacity {
-		return errors.New("--capacity takes one --prefill-replicas count")
-	}
 	cfg, err := engine.Preset(*preset)
 	if err != nil {
 		return err
@@ -120,8 +117,12 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	}
 	base.RateScale = *rateScale
 	search := sim.CapacitySearch{Tolerance: *tolerance}
-	if *capacity && !(isSet(fs, "load") && len(ws)*len(loads) > 1) {
-		return runCapacity(base, ws, search, stdout, stderr, *htmlOut, *asJSON)
+	board := isSet(fs, "load") && len(ws)*len(loads) > 1
+	if *capacity && !board {
+		return runCapacity(base, ws, splits, *policies, search, stdout, stderr, *htmlOut, *asJSON)
+	}
+	if *capacity && len(splits) > 1 {
+		return errors.New("--capacity with a leaderboard takes one --prefill-replicas count; alone, it searches every split")
 	}
 	cs := cells(base, ws, loads)
 	if len(splits) > 1 {
@@ -138,7 +139,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	if len(runs) > 1 {
 		b := report.NewBoard(runs, route.Default)
 		if *capacity {
-			caps, err := capacities(base, ws, search, stderr)
+			caps, err := capacities(base, ws, splits, *policies, search, stderr)
 			if err != nil {
 				return err
 			}

@@ -66,8 +66,7 @@ func mergeSplits(runs []report.Run, splits []int, replicas int) []report.Run {
 	out := make([]report.Run, 0, len(runs)/n)
 	for i := 0; i+n <= len(runs); i += n {
 		cell := runs[i]
-		cell.Params = slices.DeleteFunc(slices.Clone(cell.Params), func(p report.Param) bool { return p.Name == "prefill_replicas" })
-		cell.Params = append(cell.Params, report.Param{Name: "prefill_replicas", Value: joinInts(splits)})
+		cell.Params = withSplits(cell.Params, splits)
 		cell.Policies = nil
 		for k, p := range splits {
 			for _, r := range runs[i+k].Policies {
@@ -78,6 +77,29 @@ func mergeSplits(runs []report.Run, splits []int, replicas int) []report.Run {
 		out = append(out, cell)
 	}
 	return out
+}
+
+// mergeSplitCapacities merges one workload's capacities, one per split in
+// the order of splits, into one whose rows are named for their split. The
+// splits share the load axis: the knee is the whole fleet's, whatever
+// its split.
+func mergeSplitCapacities(caps []report.Capacity, splits []int, replicas int) report.Capacity {
+	out := caps[0]
+	out.Params = withSplits(out.Params, splits)
+	out.Policies = nil
+	for k, p := range splits {
+		for _, pc := range caps[k].Policies {
+			pc.Policy = splitName(pc.Policy, p, replicas)
+			out.Policies = append(out.Policies, pc)
+		}
+	}
+	return out
+}
+
+// withSplits is params with prefill_replicas the list of splits.
+func withSplits(params []report.Param, splits []int) []report.Param {
+	params = slices.DeleteFunc(slices.Clone(params), func(p report.Param) bool { return p.Name == "prefill_replicas" })
+	return append(params, report.Param{Name: "prefill_replicas", Value: joinInts(splits)})
 }
 
 // splitName is policy's row name on a split of p prefill workers of

@@ -43,12 +43,7 @@ func TestSimSplits(t *testing.T) {
 	for _, p := range both.Policies {
 		names = append(names, p.Policy)
 	}
-	if want := []string{"kv-aware", "kv-aware 2p+2d", "dynamo-pd 2p+2d"}; !slices.Equal(names, want) {
-		t.Fatalf("rows %v, want %v", names, want)
-	}
-	if i := slices.IndexFunc(both.Params, func(p report.Param) bool { return p.Name == "prefill_replicas" }); i < 0 || both.Params[i].Value != "0,2" {
-		t.Errorf("params %v, want prefill_replicas 0,2", both.Params)
-	}
+	checkSplitRows(t, names, both.Params)
 	alone := map[string]splitRows{
 		"0": simSplit(t, "--policies", "kv-aware"),
 		"2": simSplit(t, "--prefill-replicas", "2", "--policies", "kv-aware,dynamo-pd"),
@@ -62,13 +57,60 @@ func TestSimSplits(t *testing.T) {
 	}
 }
 
-// TestSimSplitsRefused: a split must leave a decode replica, and capacity
-// searches one split.
+// checkSplitRows fails t unless a report of the splits 0,2 of kv-aware
+// and dynamo-pd has the rows names and says its splits in params.
+func checkSplitRows(t *testing.T, names []string, params []report.Param) {
+	t.Helper()
+	if want := []string{"kv-aware", "kv-aware 2p+2d", "dynamo-pd 2p+2d"}; !slices.Equal(names, want) {
+		t.Fatalf("rows %v, want %v", names, want)
+	}
+	if i := slices.IndexFunc(params, func(p report.Param) bool { return p.Name == "prefill_replicas" }); i < 0 || params[i].Value != "0,2" {
+		t.Errorf("params %v, want prefill_replicas 0,2", params)
+	}
+}
+
+// TestSimCapacitySplits: --capacity --prefill-replicas 0,2 searches the
+// capacity of the aggregated fleet and of its split as one result, each
+// row what a search of that split alone finds, named for its split.
+func TestSimCapacitySplits(t *testing.T) {
+	both := capacityRows(t, "--prefill-replicas", "0,2", "--policies", "kv-aware,dynamo-pd")
+	var names []string
+	for _, p := range both.Policies {
+		names = append(names, p.Policy)
+	}
+	checkSplitRows(t, names, both.Params)
+	want := append(capacityRows(t, "--policies", "kv-aware").Policies,
+		capacityRows(t, "--prefill-replicas", "2", "--policies", "kv-aware,dynamo-pd").Policies...)
+	for i, p := range both.Policies {
+		w := want[i]
+		if !strings.HasPrefix(p.Policy, w.Policy) || len(p.At) == 0 || p.At[0].Load <= 0 || !slices.Equal(p.At, w.At) {
+			t.Errorf("row %d %+v, want the search alone's %+v", i, p, w)
+		}
+	}
+}
+
+// capacityRows runs a capacity search on one cell of 4 replicas with args
+// and returns its JSON.
+func capacityRows(t *testing.T, args ...string) report.Capacity {
+	t.Helper()
+	out, stderr, err := runSimArgs(t, append([]string{"--capacity", "--workload", "shared-prefix", "--replicas", "4", "--requests", "80", "--tolerance", "0.1", "--json"}, args...)...)
+	if err != nil {
+		t.Fatalf("%v: %s", err, stderr)
+	}
+	var c report.Capacity
+	if err := json.Unmarshal([]byte(out), &c); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return c
+}
+
+// TestSimSplitsRefused: a split must leave a decode replica, and a
+// leaderboard's capacity column searches one split.
 func TestSimSplitsRefused(t *testing.T) {
 	for _, args := range [][]string{
 		{"--prefill-replicas", "0,4"},
 		{"--prefill-replicas", "x"},
-		{"--prefill-replicas", "0,2", "--capacity"},
+		{"--prefill-replicas", "0,2", "--capacity", "--load", "0.5,0.8"},
 	} {
 		_, _, err := runSimArgs(t, append([]string{"--workload", "shared-prefix", "--replicas", "4", "--requests", "20"}, args...)...)
 		if err == nil || !strings.Contains(err.Error(), "prefill-replicas") {
