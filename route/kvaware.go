@@ -31,8 +31,12 @@ import "time"
 //     prefill queued ahead of it (the
 //     router's own and, from fresh metrics, the engine's other waiting
 //     requests), each of whose iterations also carries the running
-//     decodes; and when the engine's seats are all taken, a seat's
-//     expected time to free.
+//     decodes; when the engine's seats are all taken, a seat's
+//     expected time to free; and when its KV blocks in use (the router's
+//     footprint of its requests, or the engine's usage) and the
+//     request's exceed its capacity, the time its sequences take to free
+//     the excess as they finish (kvRequest.room): vLLM admits a request
+//     only when its blocks are free.
 //   - Prefill: its uncached tokens after the cached ones (with the
 //     attention term), and the iterations that carry them: a decode step
 //     each, or on an idle replica only Rates.StepOverhead, since nothing

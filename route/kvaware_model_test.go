@@ -422,3 +422,40 @@ func TestKVAwareStallWeighsShortAnswers(t *testing.T) {
 		t.Errorf("without output lengths: Others %v and %v, want equal", d.Costs[0].Others, d.Costs[1].Others)
 	}
 }
+
+// TestKVAwareWaitsForKVRoom: two replicas alike but for their KV
+// capacity, each with 40 sequences answering in 500 tokens in 6,000
+// blocks. The blocks in use (the router's footprint of its requests)
+// exceed one's capacity by a tenth: vLLM admits nothing there until its
+// sequences have freed the excess and the request's own blocks, which
+// they do at 1/500 of their blocks a step, so the request waits
+// (over/used) × 500 steps more there than on the other, which has room;
+// and goes to the other. With the capacity unknown, neither waits for
+// room.
+func TestKVAwareWaitsForKVRoom(t *testing.T) {
+	const used, batch = 6000, 40
+	rp := func(id string, capacity int) Replica {
+		return Replica{ID: id, Healthy: true, InFlight: batch, Decoding: batch, DecodeBlocks: used, CacheBlocks: capacity,
+			Outputs: batch, InvOutput: batch / 500.0}
+	}
+	s := &Snapshot{BlockSize: 16, Replicas: []Replica{rp("full", used*10/11), rp("roomy", 2*used)}}
+	r := &Request{ID: "r", Tokens: 2000, MaxTokens: 200, Blocks: 125, Match: []int{0, 0}, Pinned: -1, Costs: make([]Cost, 0, 2)}
+	d := KVAware{}.Pick(r, s)
+	if d.Replica != 1 {
+		t.Fatalf("chose %d (%+v), want the replica with room", d.Replica, d.Costs)
+	}
+	over := used + (2000+200)/16.0 - float64(used*10/11)
+	rt := Rates{}.WithDefaults()
+	n, context := batchOf(&s.Replicas[0], false, 16)
+	want := over / used * 500 * rt.stepNS(n, context)
+	if got := float64(d.Costs[0].Wait - d.Costs[1].Wait); math.Abs(got-want) > 1e-6*want+1 {
+		t.Errorf("Wait differs by %v, want the wait for room, %v", time.Duration(got), time.Duration(want))
+	}
+	for i := range s.Replicas {
+		s.Replicas[i].CacheBlocks = 0
+	}
+	r.Costs = r.Costs[:0]
+	if d := (KVAware{}).Pick(r, s); d.Costs[0].Wait != d.Costs[1].Wait {
+		t.Errorf("capacity unknown: Wait %v and %v, want equal", d.Costs[0].Wait, d.Costs[1].Wait)
+	}
+}

@@ -7,6 +7,7 @@
 //	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queued, othersWaiting, stepNS
 //	          + step/2 on a decoding replica with nothing queued, again after a Load|Leg
 //	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              seat, occupied
+//	          + KV room when the blocks in use and its exceed the capacity: over/used·n̄·step     room, harmonic
 //	Load    = (tier − cached)·LoadPerMTokens, the CPU tier's tokens over PCIe                 loading, tiered
 //	Leg     = max(the source's wait and prefill of the prompt, LinkWait)                     withLeg, legAt
 //	          + (sent − cached)·TransferPerMTokens; the source is a prefill worker (prefillWorker) or, for an import,
@@ -151,7 +152,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		// queue, the queue's iterations count that one.)
 		wait += step / 2 * rt.DecodeScale
 	}
-	wait += q.seat(rp, rt, fresh, batch, context)
+	wait += q.seat(rp, rt, fresh, batch, context) + q.room(rp, fresh, batch, q.tokens-local+q.out, step)*rt.DecodeScale
 
 	// Prefill: its compute, in ⌈uncached/budget⌉ iterations (a decode
 	// step each, or the step overhead on an idle replica). An import or
@@ -202,6 +203,51 @@ func (q *kvRequest) seat(rp *Replica, rt *Rates, fresh bool, batch, context floa
 	}
 	full := rt.stepNS(seats, context/max(batch, 1)*seats)
 	return (taken - seats + 1) * q.out * full / seats * rt.DecodeScale
+}
+
+// room is the wait for KV room on replica rp, whose batch of sequences
+// takes a step per token, for need more tokens (the request's uncached
+// prompt and its output): vLLM admits a request only when its blocks are
+// free, so where the blocks in use and these exceed the capacity, it waits
+// for the running sequences to free the excess as they finish. A sequence
+// of n output tokens finishes at 1/n per step, freeing its blocks, so the
+// batch frees a share 1/n̄ of the blocks in use per step, n̄ the harmonic
+// mean output of its sequences (harmonic), and an excess of a share x of
+// them is free after x × n̄ steps. Zero with the capacity unknown.
+func (q *kvRequest) room(rp *Replica, fresh bool, batch, need, step float64) float64 {
+	capacity := float64(rp.CacheBlocks)
+	used := usedBlocks(rp, fresh)
+	over := used + need/float64(q.bs) - capacity
+	if capacity <= 0 || used <= 0 || over <= 0 {
+		return 0
+	}
+	return over / used * q.harmonic(rp, batch) * step
+}
+
+// harmonic is the harmonic mean output, in tokens, of replica rp's batch
+// of sequences: the router's requests that said their output length at
+// theirs (Replica.InvOutput), the others at MeanOutput.
+func (q *kvRequest) harmonic(rp *Replica, batch float64) float64 {
+	told := float64(min(rp.Outputs, int(batch)))
+	inv := (batch - told) / float64(q.p.MeanOutput)
+	if told > 0 && rp.InvOutput > 0 {
+		inv += rp.InvOutput * told / float64(rp.Outputs)
+	}
+	if inv <= 0 {
+		return float64(q.p.MeanOutput)
+	}
+	return batch / inv
+}
+
+// usedBlocks is the KV blocks in use on replica rp: the router's
+// footprint of its requests there (prompt and expected output), or the
+// engine's usage when fresh and more.
+func usedBlocks(rp *Replica, fresh bool) float64 {
+	used := float64(rp.DecodeBlocks)
+	if u := rp.KVUsage; fresh && u > 0 { // not NaN
+		used = max(used, u*float64(rp.CacheBlocks))
+	}
+	return used
 }
 
 // batch is the replica's sequences, the batch a request sent there
@@ -317,13 +363,7 @@ func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64)
 		}
 		capacity, after = 1, rp.KVUsage
 	} else {
-		used := float64(rp.DecodeBlocks)
-		if fresh {
-			if u := rp.KVUsage; u > 0 { // not NaN
-				used = max(used, u*capacity)
-			}
-		}
-		after = used + need
+		after = usedBlocks(rp, fresh) + need
 		if after <= hw*capacity {
 			return 0
 		}
