@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,5 +91,32 @@ func TestCapacity(t *testing.T) {
 	}
 	if _, err := capacity([][]byte{[]byte("[" + c + "]")}); err != nil {
 		t.Errorf("an array of searches: %v", err)
+	}
+}
+
+// TestPDCapacity: the best split of each policy in a literal search of
+// one workload, by the 99% capacity, and the count of comparisons won.
+func TestPDCapacity(t *testing.T) {
+	at := func(l99, l90 float64) string {
+		return fmt.Sprintf(`[{"level": 0.99, "load": %g}, {"level": 0.9, "load": %g}]`, l99, l90)
+	}
+	c := `[{"params": [{"name": "workload", "value": "unique"}], "policies": [
+	    {"policy": "kv-aware", "at": ` + at(0.7, 0.9) + `},
+	    {"policy": "kv-aware 2p+14d", "at": ` + at(0.8, 1.1) + `},
+	    {"policy": "dynamo-pd 2p+14d", "at": ` + at(0.6, 1.2) + `},
+	    {"policy": "kv-aware 4p+12d", "at": ` + at(0.85, 1) + `},
+	    {"policy": "dynamo-pd 4p+12d", "at": ` + at(0.9, 1) + `},
+	    {"policy": "pd-round-robin 4p+12d", "at": ` + at(0.5, 0.6) + `}]}]`
+	got, err := pdCapacity([][]byte{[]byte(c)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| unique | 0.7 (0.9) | 0.85 (1) @ 4p | 0.5 (0.6) @ 4p | - | 0.9 (1) @ 4p |",
+		"in 1 of 2 comparisons at 99% attainment, and in 2 of 2 at 90%",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in:\n%s", want, got)
+		}
 	}
 }
