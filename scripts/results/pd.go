@@ -153,65 +153,81 @@ func sizing(outs [][]byte) (string, error) {
 	return b.String(), nil
 }
 
-// pdCapacity: per workload, the capacity at 99% (and 90%) attainment of
-// aggregated kv-aware, and of kv-aware's and each peer's best split (by
-// the 99% capacity, then the 90%); then how often kv-aware's best split
-// has at least each peer's at each level.
+// pdCapacity: per workload, the capacity at 99% and at 90% attainment
+// of aggregated kv-aware, and of kv-aware's and each peer's best split
+// at each level; then how often kv-aware's best split has at least each
+// peer's at each level.
 func pdCapacity(outs [][]byte) (string, error) {
 	caps, err := decode[[]capacityJSON](outs[0])
 	if err != nil {
 		return "", err
 	}
+	const levels = 2 // 99% and 90%
 	type best struct {
+		load    float64
 		prefill string
-		at      []capacityLevel
+		ok      bool
 	}
-	cell := func(b best) string {
-		if len(b.at) == 0 {
-			return "-"
+	cell := func(bs [levels]best) string {
+		var parts []string
+		for _, b := range bs {
+			if !b.ok {
+				parts = append(parts, "-")
+				continue
+			}
+			s := fmt.Sprintf("%.3g", b.load)
+			if b.prefill != "0" {
+				s += " @ " + b.prefill + "p"
+			}
+			parts = append(parts, s)
 		}
-		s := fmt.Sprintf("%.3g", b.at[0].Load)
-		if len(b.at) > 1 {
-			s += fmt.Sprintf(" (%.3g)", b.at[1].Load)
-		}
-		if b.prefill != "0" {
-			s += " @ " + b.prefill + "p"
-		}
-		return s
+		return parts[0] + " (" + parts[1] + ")"
 	}
 	var b strings.Builder
 	b.WriteString("| workload | kv-aware aggregated | kv-aware | " + strings.Join(pdPeers, " | ") + " |\n|---|---|---|" + strings.Repeat("---|", len(pdPeers)) + "\n")
-	var won, compared [2]int
+	var won, compared [levels]int
 	for _, c := range caps {
-		agg, bests := best{}, map[string]best{}
+		var agg [levels]best
+		bests := map[string]*[levels]best{}
 		for _, p := range c.Policies {
 			m := splitName.FindStringSubmatch(p.Policy)
-			if m == nil || len(p.At) == 0 {
+			if m == nil {
 				continue
 			}
 			name, prefill := m[1], cmp.Or(m[2], "0")
-			if prefill == "0" {
-				if name == "kv-aware" {
-					agg = best{prefill: "0", at: p.At}
-				}
-				continue
+			bs := bests[name]
+			if bs == nil {
+				bs = new([levels]best)
+				bests[name] = bs
 			}
-			if cur, ok := bests[name]; !ok || cmpLoads(p.At, cur.at) > 0 {
-				bests[name] = best{prefill: prefill, at: p.At}
+			for k := range min(len(p.At), levels) {
+				at := best{load: p.At[k].Load, prefill: prefill, ok: true}
+				switch {
+				case prefill == "0" && name == "kv-aware":
+					agg[k] = at
+				case prefill == "0":
+				case !bs[k].ok || at.load > bs[k].load:
+					bs[k] = at
+				}
 			}
 		}
-		kv, ok := bests["kv-aware"]
-		if !ok {
+		kv := bests["kv-aware"]
+		if kv == nil || !kv[0].ok {
 			continue
 		}
-		row := []string{c.label(), cell(agg), cell(kv)}
+		row := []string{c.label(), cell(agg), cell(*kv)}
 		for _, peer := range pdPeers {
-			pb := bests[peer]
+			var pb [levels]best
+			if bests[peer] != nil {
+				pb = *bests[peer]
+			}
 			row = append(row, cell(pb))
-			for k := range min(len(kv.at), len(pb.at), 2) {
-				compared[k]++
-				if kv.at[k].Load >= pb.at[k].Load {
-					won[k]++
+			for k := range levels {
+				if kv[k].ok && pb[k].ok {
+					compared[k]++
+					if kv[k].load >= pb[k].load {
+						won[k]++
+					}
 				}
 			}
 		}
