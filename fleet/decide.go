@@ -27,6 +27,8 @@ type Request struct {
 	// Chains are the prompt's block hashes: one chain in text mode, one per
 	// engine block size of the fleet in token mode (BlockSizes).
 	Chains []residency.Chain
+	// SLO is the request's latency targets (route.Request.SLO).
+	SLO route.SLO
 	// TTFT says the time to first token will be observed (a streamed
 	// response), so that it can calibrate the chosen replica's rates, and
 	// so will the inter-token latency (Claim.Streamed).
@@ -101,7 +103,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
 		Tokens: r.Tokens, MaxTokens: r.MaxTokens, Blocks: blocks,
 		Match: sc.match, Age: sc.age, Fresh: fresh, FreshAge: freshAge, Offloaded: off, Settled: f.settle(r, snap.BlockSize, sc), Pinned: pinned,
-		FutureTurns: turns, Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, Costs: sc.costs[:0],
+		FutureTurns: turns, Session: sessionHash(r.Session), PrefixKey: r.PrefixKey, SLO: r.SLO, Costs: sc.costs[:0],
 	}
 	d := f.policy.Pick(&sc.Request, snap)
 	if d.Replica < 0 || d.Replica >= n {

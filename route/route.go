@@ -209,6 +209,9 @@ type Request struct {
 	// PrefixKey is a hash of the first 100 characters of the first user
 	// message (or prompt) and the LoRA name, for consistent-hashing policies.
 	PrefixKey uint64
+	// SLO is the request's latency targets (per request, its key's or
+	// class's, else the fleet's default); zero means none.
+	SLO SLO
 	// Costs, when its capacity is at least len(Snapshot.Replicas), receives
 	// each candidate's cost terms (but those kv-aware proved could not
 	// win without pricing them in full: Decision.Pruned), and
@@ -276,6 +279,10 @@ type Decision struct {
 	// Transfer is the KV import the decision orders before the prefill;
 	// Blocks zero means none.
 	Transfer Transfer
+	// Miss is the predicted probability, 0..1, that the request misses
+	// its SLO on Replica; zero when it has no SLO or the policy predicts
+	// none. The caller's admission (route anyway, queue, reject) reads it.
+	Miss float64
 }
 
 // Transfer is a KV transfer, run as two legs: replica From computes the
