@@ -36,7 +36,8 @@ func (r *runner) dispatch(j int) bool {
 	jb := &r.jobs[j]
 	r.chains[0].Tokens, r.chains[0].Hashes = r.cfg.Preset.BlockSize, jb.hashes
 	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
-		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true}
+		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true,
+		SLO: route.SLO{TTFT: r.cfg.SLO.TTFT, ITL: r.cfg.SLO.ITL}}
 	fl, sc, k := r.router(j)
 	r.readSession(j, k, fl)
 	d, tk := fl.Decide(&r.freq, nil, at(r.now), sc)
