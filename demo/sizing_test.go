@@ -53,7 +53,21 @@ func TestSizing(t *testing.T) {
 	if !strings.Contains(line, fmt.Sprintf("kvrouter plan --workload demo-chat --requests 240 --replicas 4 --load 0 --rate-scale %g", s.RateScale)) {
 		t.Errorf("line does not give the command that recomputes it: %s", line)
 	}
-	if limit := 2 * time.Second; s.Wall > limit && !raceEnabled {
-		t.Errorf("sizing took %v, want under %v", s.Wall, limit)
+}
+
+// BenchmarkSize is the demo's sizing, which the demo runs before its
+// replays: its time is a benchmark's figure, not a test's threshold,
+// since a loaded machine stretches it (budget: 2 s on a quiet core).
+func BenchmarkSize(b *testing.B) {
+	cfg := Config{}.withDefaults()
+	cfg.Seed = 1
+	reqs, err := Workload(cfg.Workload, cfg.Requests, cfg.Seed, 90*time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := size(cfg, reqs); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -73,9 +73,9 @@ const routersCommand = "kvrouter sim --workload hot-prefix,multi-turn-chat --loa
 // command without its comment.
 func readmeRules() map[string]readmeRule {
 	return map[string]readmeRule{
-		"go run ./cmd/kvrouter demo": {args: "--requests 24 --policies round-robin,kv-aware", slow: true},
-		"go test -race ./...":        {skip: "the test suite itself"},
-		"go install ./cmd/kvrouter":  {skip: "the tests build ./cmd/kvrouter themselves (installing would write to GOPATH/bin)"},
+		"go run ./cmd/kvrouter demo":       {args: "--requests 24 --policies round-robin,kv-aware", slow: true},
+		"go test -race -timeout 30m ./...": {skip: "the test suite itself"},
+		"go install ./cmd/kvrouter":        {skip: "the tests build ./cmd/kvrouter themselves (installing would write to GOPATH/bin)"},
 		`vllm serve Qwen/Qwen3-8B --port 8000 --enable-prompt-tokens-details --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv@10.0.0.5:8000@Qwen/Qwen3-8B"}'`: {
 			skip: "needs a GPU and vLLM"},
 		"kvrouter serve --tokenizer /models/Qwen3-8B --backend http://10.0.0.5:8000,kv=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558 --backend http://10.0.0.6:8000,kv=tcp://10.0.0.6:5557,replay=tcp://10.0.0.6:5558": {
