@@ -108,7 +108,7 @@ func TestRunSamplesUnwatched(t *testing.T) {
 	cancel()
 	<-done
 	n := len(h.hist.points(time.Second))
-	time.Sleep(60 * time.Millisecond)
+	time.Sleep(60 * time.Millisecond) // a quiet period in which no sample may come: the behaviour under test
 	if got := len(h.hist.points(time.Second)); got != n {
 		t.Errorf("%d samples after Run returned, then %d", n, got)
 	}

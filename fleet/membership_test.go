@@ -162,7 +162,7 @@ func TestMembershipConcurrent(t *testing.T) {
 		case 2:
 			f.RemoveReplica(id)
 		}
-		time.Sleep(50 * time.Microsecond)
+		time.Sleep(50 * time.Microsecond) // the churn's pace, so that the deciders run between changes
 	}
 	close(stop)
 	wg.Wait()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/kubeapi"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/kube"
 )
 
@@ -129,11 +130,7 @@ func TestFollowPods(t *testing.T) {
 // awaitLists waits for the server to serve more lists than n: a relist.
 func awaitLists(t *testing.T, api *kubeapi.Server, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); api.Lists() <= n; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("lists %d: no relist after a 410", api.Lists())
-		}
-	}
+	wait.For(t, "a relist after a 410", func() bool { return api.Lists() > n })
 }
 
 // TestFollowPool follows an InferencePool and its pods: the pool's
@@ -192,18 +189,11 @@ func TestFollowObjectives(t *testing.T) {
 	})
 	await := func(what string, want map[string]int) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		wait.For(t, what, func() bool {
 			mu.Lock()
-			ok := got != nil && maps.Equal(got, want)
-			g := got
-			mu.Unlock()
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: priorities %v, want %v", what, g, want)
-			}
-		}
+			defer mu.Unlock()
+			return got != nil && maps.Equal(got, want)
+		})
 	}
 	await("listed", map[string]int{"critical": 10, "default": 0})
 	api.Put(path, objective("default", "vllm", &minus))

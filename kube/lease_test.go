@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/kubeapi"
+	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/kube"
 )
 
@@ -33,18 +34,12 @@ func TestElection(t *testing.T) {
 	wg.Go(func() { _ = b.Run(ctxB) })
 	defer func() { stopA(); stopB(); wg.Wait() }()
 
-	deadline := time.Now().Add(3 * time.Second)
-	for !a.Leader() && !b.Leader() {
-		if time.Now().After(deadline) {
-			t.Fatal("no leader within 3s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, "a leader", func() bool { return a.Leader() || b.Leader() })
 	for range 100 { // 1 s: several renewals
 		if a.Leader() && b.Leader() {
 			t.Fatal("both candidates lead")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // one leader through the renewals: the behaviour under test
 	}
 	leader, follower, stop := a, b, stopA
 	if b.Leader() {
@@ -54,11 +49,9 @@ func TestElection(t *testing.T) {
 		t.Fatal("the follower leads too")
 	}
 	stop()
-	for deadline := time.Now().Add(time.Second); !follower.Leader(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not take over within 1s of %s stopping", follower.Identity, leader.Identity)
-		}
-	}
+	// A leader that stops releases the lease: the follower takes it at its
+	// next try, well within the lease's duration (1 s).
+	wait.Within(t, time.Second, follower.Identity+" taking over from "+leader.Identity, follower.Leader)
 	l := api.Get(leasesPath, "kvrouter-epp")
 	spec, _ := l["spec"].(map[string]any)
 	if spec["holderIdentity"] != follower.Identity {
@@ -82,11 +75,7 @@ func TestElectionExpiry(t *testing.T) {
 	e := newElection(c, "epp-a")
 	run(t, func(ctx context.Context) { _ = e.Run(ctx) })
 	start := time.Now()
-	for deadline := start.Add(3 * time.Second); !e.Leader(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the expired lease was not taken")
-		}
-	}
+	wait.For(t, "the expired lease taken", e.Leader)
 	if took := time.Since(start); took < time.Second {
 		t.Errorf("took the lease after %s, before its 1 s duration without a change", took)
 	}
@@ -100,7 +89,7 @@ func TestElectionExpiry(t *testing.T) {
 			api.Put(leasesPath, map[string]any{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
 				"metadata": map[string]any{"name": "other"},
 				"spec":     map[string]any{"holderIdentity": "alive", "leaseDurationSeconds": 1, "renewTime": skewed}})
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // the holder's renewal period
 		}
 	})
 	run(t, func(ctx context.Context) { _ = o.Run(ctx) })
@@ -108,7 +97,7 @@ func TestElectionExpiry(t *testing.T) {
 		if o.Leader() {
 			t.Fatal("took a lease its holder renews")
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // not taking the lease for 1.5 s is the behaviour under test
 	}
 }
 

@@ -72,7 +72,7 @@ func settle(t *testing.T, sub *Subscriber, r int, e *emulator.Server) {
 		if !caught() {
 			return false
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the stats come after the step: caught twice 20 ms apart
 		return caught()
 	})
 }

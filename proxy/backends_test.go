@@ -263,7 +263,7 @@ func TestAddRemoveLeaksNoGoroutine(t *testing.T) {
 	// quiet periods.
 	time.Sleep(200 * time.Millisecond)
 	idle()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // and a quiet period for the closed connections' goroutines
 	before := runtime.NumGoroutine()
 	for range 20 {
 		for _, s := range reps[1:] {

@@ -400,7 +400,7 @@ func startServer(t *testing.T, dir string, env []string, at string, cmd string) 
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: %s not accepting connections after 20s: %s", at, addr, cmd)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // between dials; the loop also watches the server's exit, which wait.For cannot
 	}
 }
 
