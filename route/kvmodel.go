@@ -4,7 +4,7 @@
 // others'. One line per term, each with the function that prices it:
 //
 //	Total   = ttftWeight·(Wait + Load|Leg + Prefill) + Decode + Others + Memory + Future       priceWith, less PinBonus
-//	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queued, othersWaiting, stepNS
+//	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queueNS, queuedTokens, stepNS
 //	          + step/2 on a decoding replica with nothing queued, again after a Load|Leg
 //	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              seat, occupied
 //	          + KV room when the blocks in use and its exceed the capacity: over/used·n̄·step     room, harmonic
@@ -144,8 +144,8 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	// Wait: the rest of the iteration under way, the prefill queued
 	// ahead, in iterations that also step the running decodes, and a
 	// seat when every seat is taken.
-	queued := q.queued(rp, fresh)
-	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/budget*step*rt.DecodeScale
+	queued := queuedTokens(rp, fresh, q.tokens)
+	wait := rt.queueNS(queued, step, rt.DecodeScale)
 	if batch > 0 && queued == 0 {
 		// A decoding engine admits it at its next iteration: half of the
 		// one under way remains, on average, when it arrives. (Behind a
@@ -255,22 +255,6 @@ func usedBlocks(rp *Replica, fresh bool) float64 {
 // in tokens (batchOf).
 func (q *kvRequest) batch(rp *Replica, fresh bool) (n, context float64) {
 	return batchOf(rp, fresh, q.bs)
-}
-
-// queued is the prompt tokens queued ahead of the request: the router's
-// own not yet prefilled, and when fresh metrics show more waiting
-// requests than the router's own undecided ones, the others at the size
-// of the router's queued ones (or of this request).
-func (q *kvRequest) queued(rp *Replica, fresh bool) float64 {
-	tokens := float64(rp.PrefillTokens)
-	if own, extra := othersWaiting(rp, fresh); extra > 0 {
-		per := q.tokens
-		if own > 0 {
-			per = float64(rp.PrefillTokens) / float64(own)
-		}
-		tokens += float64(extra) * per
-	}
-	return tokens
 }
 
 // life is the replica's batch averaged over the request's decode, for a

@@ -161,8 +161,8 @@ func (q *kvRequest) legAt(rp *Replica, i int, cached, rate float64) kvLeg {
 		batch, context = 0, 0 // its sequences are legs in its queue, none decodes
 	}
 	iter := rt.iterNS(batch, context) * rt.DecodeScale
-	queued := q.queued(rp, fresh)
-	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*iter
+	queued := queuedTokens(rp, fresh, q.tokens)
+	wait := rt.queueNS(queued, iter, 1)
 	if batch > 0 && queued == 0 {
 		wait += rt.stepNS(batch, context) / 2 * rt.DecodeScale
 	}
