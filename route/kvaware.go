@@ -155,9 +155,6 @@ type KVAware struct {
 	// MeanOutput is the expected output length in tokens when
 	// Request.MaxTokens is zero; zero means 256.
 	MeanOutput int
-	// PinBonus is subtracted from the session's pinned replica's Total
-	// (floored at 0); zero means none, and pinning only breaks exact ties.
-	PinBonus time.Duration
 	// Precise asks the caller for a KV-event index; false means approximate.
 	Precise bool
 }

@@ -3,7 +3,7 @@
 // the request's time to first and to last token plus what it adds to the
 // others'. One line per term, each with the function that prices it:
 //
-//	Total   = ttftWeight·(Wait + Load|Leg + Prefill) + Decode + Others + Memory + Future       priceWith, less PinBonus
+//	Total   = ttftWeight·(Wait + Load|Leg + Prefill) + Decode + Others + Memory + Future       priceWith
 //	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queueNS, queuedTokens, stepNS
 //	          + step/2 on a decoding replica with nothing queued, again after a Load|Leg
 //	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              seat, occupied
@@ -185,9 +185,6 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	memory := (q.memory(rp, rt, fresh, q.tokens-local) + q.displaced(rt, own)) * rt.Scale
 	future := q.future(rp, i, rt) - q.shared(rt, max(own, cached))
 	total := ttftWeight*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
-	if i == q.r.Pinned && q.p.PinBonus > 0 {
-		total = max(total-float64(q.p.PinBonus), 0)
-	}
 	return Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
 		Decode: ns(decode), Others: ns(others), Memory: ns(memory), Future: ns(future),
 		Total: ns(total), Import: imp, Load: ns(load)}, total

@@ -129,9 +129,6 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
 	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
-	if i == q.r.Pinned && q.p.PinBonus > 0 {
-		total = max(total-float64(q.p.PinBonus), 0)
-	}
 	return total
 }
 
