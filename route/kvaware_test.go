@@ -273,7 +273,7 @@ func TestKVAwareHugeOutputSaturates(t *testing.T) {
 // later.
 func TestSamePresetCoversTheSharedRates(t *testing.T) {
 	perReplica := map[string]bool{"Horizon": true, "TierHorizon": true, "Displaced": true, "Scale": true, "DecodeScale": true,
-		"HitScale": true, "TransferPerMTokens": true, "LoadPerMTokens": true}
+		"HitScale": true, "Spread": true, "DecodeSpread": true, "TransferPerMTokens": true, "LoadPerMTokens": true}
 	typ := reflect.TypeFor[Rates]()
 	for i := range typ.NumField() {
 		f := typ.Field(i)

@@ -3,7 +3,7 @@
 // the request's time to first and to last token plus what it adds to the
 // others'. One line per term, each with the function that prices it:
 //
-//	Total   = ttftWeight·(Wait + Load|Leg + Prefill) + Decode + Others + Memory + Future       priceWith
+//	Total   = ttftWeight·(Wait + Load|Leg + Prefill) + Decode + Others + Memory + Future + Misses   priceWith
 //	Wait    = queued·PrefillPerToken·Scale + queued/MaxBatchedTokens·step·DecodeScale         queueNS, queuedTokens, stepNS
 //	          + step/2 on a decoding replica with nothing queued, again after a Load|Leg
 //	          + a seat's wait when all are taken: over·out·step(MaxSeqs)/MaxSeqs              seat, occupied
@@ -19,10 +19,16 @@
 //	          B' = B × (the batch's mean 1/output) / (the fleet's), per token
 //	Memory  = (memory + displaced)·Scale, displaced = (ttftWeight + B̄)·Displaced·copy         memory, displaced, copied, holds
 //	Future  = future − shared, future = FutureTurns·turn(kept batch)                          future, turn, shared
+//	Misses  = P(miss)·(ttftWeight·SLO.TTFT + out·SLO.ITL)                                   misses, over, kvSLO.price
+//	          + (B + joiners/2)·[Φ(itl′) − Φ(itl)]·(ttftWeight·SLO.TTFT + n̄·SLO.ITL), 0 without an SLO
+//	          P(miss) = 1 − (1 − Φ(TTFT))(1 − Φ(ITL)), TTFT = Wait + Load|Leg + Prefill, ITL = Decode/out
+//	          itl = step + queued compute/n̄, itl′ = itl + Δ + compute/n̄, joiners = λ·Prefill
+//	          Φ(x) = P(x·e^ε > bound), ε ~ N(0, Spread²) (DecodeSpread for ITLs)    spreads, PriorSpread
 //
 // with B and K the replica's batch and its KV context (batch), step =
 // stepNS(B, K), Δ what one more sequence of this request adds to a step,
-// B̄ the fleet's mean batch, and Load, a holder's Leg, a prefill
+// B̄ the fleet's mean batch, n̄ the harmonic mean output of the batch,
+// λ the per-replica arrival rate, and Load, a holder's Leg, a prefill
 // worker's Leg or none, whichever of the four placements prices least
 // (price). kvprune.go bounds Total
 // from below to skip candidates on a large fleet; this file does not
@@ -185,9 +191,15 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	memory := (q.memory(rp, rt, fresh, q.tokens-local) + q.displaced(rt, own)) * rt.Scale
 	future := q.future(rp, i, rt) - q.shared(rt, max(own, cached))
 	total := ttftWeight*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
-	return Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
+	k := Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
 		Decode: ns(decode), Others: ns(others), Memory: ns(memory), Future: ns(future),
-		Total: ns(total), Import: imp, Load: ns(load)}, total
+		Total: ns(total), Import: imp, Load: ns(load)}
+	if q.slo.on() {
+		st := kvStall{batch: batch, step: step * rt.DecodeScale, queued: queued * float64(rt.PrefillPerToken) * rt.Scale,
+			compute: compute * rt.Scale, grow: grow * rt.DecodeScale, joiners: q.arrivals / rt.DecodeScale * prefill}
+		total = q.missTerms(rp, rt, &k, total, wait+float64(imp.Time)+load+prefill, decode, &st)
+	}
+	return k, total
 }
 
 // seat is the wait for one of replica rp's seats (Rates.MaxSeqs) when
