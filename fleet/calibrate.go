@@ -3,6 +3,8 @@ package fleet
 import (
 	"math"
 	"time"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Calibrator learns one correction factor of a replica's route.Rates from
@@ -81,6 +83,22 @@ func (c *Calibrator) Variance() float64 {
 		w = 1 / float64(c.n)
 	}
 	return c.dev * float64(c.n) / float64(c.n-1) * w
+}
+
+// Spread is the spread of the observations about the learned scale: the
+// standard deviation of log(observed / predicted), route.Rates.Spread
+// (or DecodeSpread) for kv-aware's miss probabilities. The log ratios'
+// weighted variance is pooled with route.PriorSpread's square, the prior
+// weighing as one observation against at most one window (1/Alpha) of
+// them, so that it gives way to what the replica shows as fast as the
+// scale itself does. Before any observation it is 0: unknown, and
+// kv-aware takes the prior.
+func (c *Calibrator) Spread() float64 {
+	if c.n == 0 {
+		return 0
+	}
+	m := min(float64(c.n), 1/c.alpha())
+	return math.Sqrt((route.PriorSpread*route.PriorSpread + m*c.dev) / (1 + m))
 }
 
 // Scale returns the learned observed/predicted factor, clamped to

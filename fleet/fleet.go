@@ -483,6 +483,7 @@ func (f *Fleet) updateLocked(r *replica) {
 	r.rates = f.cfg.Rates
 	r.rates.Scale = r.calShare.set(&f.cal, &r.cal)
 	r.rates.DecodeScale = r.dcalShare.set(&f.dcal, &r.dcal)
+	r.rates.Spread, r.rates.DecodeSpread = r.cal.Spread(), r.dcal.Spread()
 	r.rates.HitScale = r.hits.scale()
 	r.rates.Displaced = r.displaced.share()
 	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0

@@ -20,15 +20,7 @@ const ReasonSaturated = "saturated"
 func Backlog(rp *Replica, tokens, meanOutput int, staleAfter time.Duration) time.Duration {
 	rt := rp.Rates.WithDefaults()
 	fresh := isFresh(rp, staleAfter)
-	queued := rp.PrefillTokens
-	if own, extra := othersWaiting(rp, fresh); extra > 0 {
-		per := tokens
-		if own > 0 {
-			per = rp.PrefillTokens / own
-		}
-		queued += extra * per
-	}
-	wait := time.Duration(float64(time.Duration(queued)*rt.PrefillPerToken) * rt.Scale)
+	wait := time.Duration(rt.queueNS(queuedTokens(rp, fresh, float64(tokens)), 0, 1))
 	if over := occupied(rp, fresh) - rt.MaxSeqs + 1; over > 0 {
 		seat := float64(time.Duration(meanOutput)*rt.nominalStep(rt.MaxSeqs)) / float64(rt.MaxSeqs)
 		wait += time.Duration(float64(over) * seat * rt.DecodeScale)

@@ -3,143 +3,39 @@ package route
 import "time"
 
 // KVAware is kvrouter's default policy. It prices every candidate replica
-// in one unit, time, and sends the request where the fleet's total latency
-// grows least. A user waits twice, for the first token and for the last,
-// so a request's latency is counted as its time to first token plus its
-// time to last token; the policy minimises the sum of that over the fleet:
-// the request's own, plus what it adds to the requests on that replica.
+// in one unit, time, and sends the request where the price is least: the
+// fleet's latency the placement adds (the request's time to first token,
+// counted twice as it is part of both latencies, and to its last token,
+// plus what it adds to the other requests' on that replica), and, for a
+// request with an SLO, its expected misses of it priced in time. The
+// model is stated once, one line per term naming the function that
+// prices it, in kvmodel.go's formula block; docs/kv-aware.md shows the
+// same formula (a test holds the two to the same terms) and says why
+// each term is what it is.
+//
 // Pricing the whole request and its cost to the others (rather than its
 // own time to first token) is what keeps a replica that holds a prefix
 // from drawing every request that shares it: its growing batch slows
-// every one of its decodes, and each new prefill stalls them all.
+// every one of its decodes, and each new prefill stalls them all. A sum
+// of latencies, though, is linear, and attainment of an SLO is a
+// threshold on each request: a sum accepts a placement that pushes a few
+// requests over their bound when it saves more time elsewhere. The miss
+// term (kvmiss.go) prices that: the probability that the request, and
+// each request on the replica (and those that join while its prefill
+// runs), misses its bound, from the model's predictions and the spread
+// of its own prediction errors (Rates.Spread, DecodeSpread). Without an
+// SLO it is zero, and the latency alone decides.
 //
-// For replica i, with B its sequences (every request the router has in
-// flight there, or the engine's Running when fresh and more) and K their
-// KV context in tokens, one decode iteration takes step = DecodeStep + B×DecodePerSeq +
-// K×DecodePerMTokens, and one more sequence like this request adds
-// Δ = DecodePerSeq + (prompt + output/2)×DecodePerMTokens to it. Then:
-//
-//   - Matched: the expected cached prompt tokens, p × the index's match, p
-//     the probability the prefix is still resident (resident: a smoothed
-//     step at the replica's eviction horizon). An approximate match's age
-//     is its deepest block's; when that is old but other requests have
-//     since touched a leading part of it (a shared context under an old
-//     conversation, Request.Fresh), that part is priced at its own age.
-//   - Wait, until its prefill starts: on a replica that decodes with
-//     nothing queued, the rest of the iteration under way (step/2 on
-//     average: the engine admits requests between iterations); else the
-//     prefill queued ahead of it (the
-//     router's own and, from fresh metrics, the engine's other waiting
-//     requests), each of whose iterations also carries the running
-//     decodes; when the engine's seats are all taken, a seat's
-//     expected time to free; and when its KV blocks in use (the router's
-//     footprint of its requests, or the engine's usage) and the
-//     request's exceed its capacity, the time its sequences take to free
-//     the excess as they finish (kvRequest.room): vLLM admits a request
-//     only when its blocks are free.
-//   - Prefill: its uncached tokens after the cached ones (with the
-//     attention term), and the iterations that carry them: a decode step
-//     each, or on an idle replica only Rates.StepOverhead, since nothing
-//     else runs in them.
-//   - Decode: its own output, output × (step + Δ), with the batch and
-//     its context averaged over its decode: the router steers arrivals
-//     towards the lighter replicas, so a batch below the fleet's mean is
-//     soon at it, and one above drains as its sequences finish
-//     (kvRequest.life), down to the batch its share of the arrivals
-//     keeps (kvRequest.kept: the turns of the conversations it holds
-//     return to it however large it grows); the context its sequences hold leaves only as
-//     they finish, replaced by the fleet's mean context per sequence
-//     (kvRequest.lifeContext).
-//   - Others: the delay it imposes: its prefill stalls each of the B
-//     running decodes (B × its prefill compute), which their last tokens
-//     feel, and which matters to each per token: a stall of c adds c/n to
-//     each inter-token gap of an answer of n tokens on average, so each
-//     stalled sequence weighs its 1/n over the fleet's mean 1/n
-//     (kvRequest.stalled, over the requests that said their max_tokens;
-//     the weights sum to the fleet's sequences) and a batch of short
-//     answers is dear to stall, one of long answers cheap; its presence slows every iteration it shares with the batch
-//     (its batch over the decode, kvRequest.life, × output × Δ); and the requests that queue behind it
-//     while it waits wait for all of its prefill, and those that arrive
-//     while it runs for half (λ × prefill × (Wait + prefill/2), λ the
-//     fleet's per-replica arrival rate: the mean batch over the time a
-//     sequence stays in it, by Little's law; kvRequest.behind), for
-//     their first token and so for their last.
-//   - Memory: with u the KV usage after admitting its blocks, above
-//     HighWater it evicts cached prefixes others would reuse ((u −
-//     HighWater)/(1 − HighWater) × the prefill of the blocks it takes);
-//     above 1 a running sequence is preempted and recomputed. And a
-//     placement that stores a copy of what another replica caches (it
-//     computes or imports the prefix the best holder has) evicts as many
-//     tokens, each asked for again with the replica's measured
-//     probability Rates.Displaced, and its recompute counts in the next
-//     request's time to first token, twice, and stalls the fleet's mean
-//     batch B̄: (2 + B̄) × Displaced × the copy's prefill (displaced).
-//     A token stored that no replica has is worth about what it evicts;
-//     a copy's hits are the holder's anyway, save the balancing the
-//     other terms price. On a cache that has yet to evict, or under
-//     little pressure, Displaced is 0 and copies are free.
-//   - Future, for the first request of a session whose requests extend
-//     each other (Request.FutureTurns > 0, a conversation): its later
-//     turns follow it to where its context is cached, so the placement
-//     is theirs too. Each is priced at the batch the replica keeps, not
-//     the one of now: its share of the router's requests (Replica.Share)
-//     of the fleet's average running sequences (Snapshot.Seqs), found
-//     decoding with probability 1 − e^{−batch} (kvRequest.turn). Less
-//     the part of a copy of the holders' prefix (a system prompt) that
-//     the later sessions starting on this replica will share while it
-//     stays (kvRequest.shared): a copy of a prefix every session asks for
-//     costs the one that makes it little, and one seldom asked for
-//     nearly all of it.
-//
-// The prefix a replica lacks need not be computed here. Each candidate
-// is priced four ways and keeps the cheapest: computing what its GPU
-// does not cache; loading what its CPU tier holds past that over PCIe
-// (Request.Offloaded where the engine's events say it, else the match
-// expected still on the replica at Rates.TierHorizon, kvRequest.tiered;
-// Rates.LoadPerMTokens: Cost.Load); and having another replica compute
-// the prompt in a prefill leg and send its KV (Cost.Import,
-// Decision.Transfer), as the router runs a transfer on the wire (vLLM's
-// NixlConnector: the source computes the whole prompt as a request of one
-// token and holds its blocks for the decode replica to read). The leg's
-// source is, for an import, the replica that caches and has computed most
-// of the prefix (Request.Settled), or in a disaggregated fleet the prefill
-// worker (Replica.Role RolePrefill) whose leg costs least, with its own
-// prefix cache (kvRequest.prefillWorker). A leg waits in its source's
-// queue, computes what the source does not cache in iterations with the
-// source's running decodes, which it stalls, and delays the requests
-// that arrive there after it (kvRequest.legAt); its blocks, less those
-// the candidate caches, cross the slower of the two links after what
-// either still carries (Rates.TransferPerMTokens, Replica.LinkWait). A
-// load or a transfer delays the request's first token (twice in the
-// total, as Wait does) but runs on a link, not the candidate's GPU: it
-// stalls none of the candidate's decodes, which is why it can win even
-// where it takes longer than the prefill it spares. Where it does not
-// win, the holder's own price (go there and wait) or a recompute does;
-// an import that makes a hot prefix resident on a second replica is also
-// a replication, and one from a holder with a long queue or a large
-// batch to stall loses to both. In a disaggregated fleet a decision
-// from a prefill worker says ReasonDisagg; where computing locally prices
-// less (a short prompt, an idle decode replica, a busy worker), it says
-// ReasonLocalPrefill: Dynamo's conditional disaggregation, where the
-// price crosses rather than at a threshold.
-//
-// Total = 2 × (Wait + Load or Leg + Prefill) + Decode + Others + Memory
-// + Future (kvmodel.go's formula block, one line per term), Others
-// counting the arrivals' wait twice too: a time to first token is part of
-// both latencies (ttftWeight). Wait, Prefill and the prefill stall are prefill work and
-// scale with Rates.Scale; Decode, the decode slowdown and the decode
-// iterations inside Wait and Prefill scale with Rates.DecodeScale. Wait +
-// Prefill is the predicted time to first token (Needs.Calibrate).
-//
-// The behaviours of docs/kv-aware.md fall out of these terms, each covered by
-// a test in kvaware_test.go: a session's replica holds its blocks, so its
-// match keeps the session there until another replica's lighter batch
-// saves more than recomputing the context costs; a hot prefix's holder
-// grows a batch whose cost to everyone on it exceeds one prefill of the
-// prefix elsewhere, and a second holder is made (ReasonReplicate); a
-// request that arrives behind its prefix's first prefill waits for it
-// rather than computing it again; old entries decay; a nearly full
-// replica pays Memory.
+// Each candidate is priced four ways, keeping the cheapest: computing
+// what its GPU does not cache, loading what its CPU tier holds (Load),
+// or having another replica compute the prompt in a prefill leg and send
+// its KV (Leg): the holder of most of the prefix (an import,
+// ReasonTransfer) or, in a disaggregated fleet, the prefill worker whose
+// leg costs least (ReasonDisagg; ReasonLocalPrefill where computing here
+// prices less). Wait + Load|Leg + Prefill is the predicted time to first
+// token (Needs.Calibrate); the engine times come from Rates' methods
+// (timing.go). Above kvPruneAbove replicas, kvprune.go's lower bounds
+// skip the candidates that cannot win, leaving the decision unchanged.
 //
 // Unhealthy replicas are never candidates; none healthy → Replica −1 with
 // ReasonNoHealthy. Scraped metrics with !Scraped or LoadAge > StaleAfter
@@ -155,9 +51,6 @@ type KVAware struct {
 	// MeanOutput is the expected output length in tokens when
 	// Request.MaxTokens is zero; zero means 256.
 	MeanOutput int
-	// PinBonus is subtracted from the session's pinned replica's Total
-	// (floored at 0); zero means none, and pinning only breaks exact ties.
-	PinBonus time.Duration
 	// Precise asks the caller for a KV-event index; false means approximate.
 	Precise bool
 }
@@ -239,6 +132,7 @@ type kvChoice struct {
 	total                        float64
 	cached                       int
 	imp                          Transfer
+	miss                         float64
 	maxCached, maxPruned, pruned int
 }
 
@@ -266,7 +160,7 @@ func (c *kvChoice) consider(q *kvRequest, i int, k *Cost, total float64) {
 	}
 	c.maxCached = max(c.maxCached, local)
 	if c.best < 0 || total < c.total || total == c.total && q.p.tieBefore(q.r, i, c.best) {
-		c.best, c.total, c.cached, c.imp = i, total, k.Matched, k.Import
+		c.best, c.total, c.cached, c.imp, c.miss = i, total, k.Matched, k.Import, k.Miss
 	}
 }
 
@@ -287,7 +181,7 @@ func (c *kvChoice) decision(q *kvRequest) Decision {
 	case q.pw.from >= 0:
 		reason = ReasonLocalPrefill
 	}
-	return Decision{Replica: c.best, Reason: reason, Matched: c.cached, Costs: c.costs, Transfer: c.imp, Pruned: c.pruned}
+	return Decision{Replica: c.best, Reason: reason, Matched: c.cached, Costs: c.costs, Transfer: c.imp, Pruned: c.pruned, Miss: c.miss}
 }
 
 // tieBefore reports whether i wins an exact tie against j.

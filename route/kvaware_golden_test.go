@@ -25,7 +25,7 @@ const goldenCases = 2000
 // TestKVAwareGoldenDigest pins the kv-aware cost model bit for bit: it runs
 // the full pricing (every candidate priced by price) over goldenCases seeded snapshots
 // and requests (1..1,000 replicas, varied Match, Age, Rates, health,
-// staleness, Scale, Pinned, PinBonus and policy settings) and compares,
+// staleness, Scale, Pinned and policy settings) and compares,
 // case by case, the decision and a SHA-256 of every Decision field and
 // every Cost field with testdata; a failure names the first case that
 // differs and how. TestKVAwarePruningMatchesFullPricing holds the pruned
@@ -132,7 +132,9 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 		p.MeanOutput = pick(-3, 0, 1, 64, 1000)
 	}
 	if rng.IntN(3) == 0 {
-		p.PinBonus = time.Duration(pick(-5, 1, 10, 100, 1000)) * time.Millisecond
+		// KVAware.PinBonus, which only tests set, is gone; the draw stays,
+		// so that every case is generated as before.
+		_ = pick(-5, 1, 10, 100, 1000)
 	}
 
 	bsz := pick(0, 0, 16, 32, 1)

@@ -38,23 +38,6 @@ func TestKVAwareSessionAffinity(t *testing.T) {
 		{name: "pin alone does not beat a shorter queue", snap: Snapshot{Replicas: []Replica{idle(), queued(200)}},
 			req: pinned(1, 1024), want: 0, wantReason: ReasonLeastCost},
 	})
-	// PinBonus, when set, is an explicit bonus of that much time: just
-	// more than the pinned replica's extra cost wins it the request, just
-	// less does not.
-	snap := Snapshot{Replicas: []Replica{idle(), queued(200)}}
-	r := pinned(1, 1024)
-	r.Costs = make([]Cost, 0, 2)
-	d := KVAware{}.Pick(r, &snap)
-	extra := d.Costs[1].Total - d.Costs[0].Total
-	if extra <= 0 {
-		t.Fatalf("setup: the queued pinned replica should cost more, got %+v", d.Costs)
-	}
-	if d := (KVAware{PinBonus: extra + time.Millisecond}).Pick(pinned(1, 1024), &snap); d.Replica != 1 {
-		t.Errorf("PinBonus %v vs %v more: got %d, want 1", extra+time.Millisecond, extra, d.Replica)
-	}
-	if d := (KVAware{PinBonus: extra - time.Millisecond}).Pick(pinned(1, 1024), &snap); d.Replica != 0 {
-		t.Errorf("PinBonus %v vs %v more: got %d, want 0", extra-time.Millisecond, extra, d.Replica)
-	}
 }
 
 func TestKVAwareShortPrefixDiscounted(t *testing.T) {
@@ -290,7 +273,7 @@ func TestKVAwareHugeOutputSaturates(t *testing.T) {
 // later.
 func TestSamePresetCoversTheSharedRates(t *testing.T) {
 	perReplica := map[string]bool{"Horizon": true, "TierHorizon": true, "Displaced": true, "Scale": true, "DecodeScale": true,
-		"HitScale": true, "TransferPerMTokens": true, "LoadPerMTokens": true}
+		"HitScale": true, "Spread": true, "DecodeSpread": true, "TransferPerMTokens": true, "LoadPerMTokens": true}
 	typ := reflect.TypeFor[Rates]()
 	for i := range typ.NumField() {
 		f := typ.Field(i)

@@ -124,15 +124,11 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	}
 	fresh := isFresh(rp, q.p.StaleAfter)
 	batch, context := q.batch(rp, fresh)
-	step := rt.stepNS(batch, context) * rt.DecodeScale
-	queued := q.queued(rp, fresh)
-	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*step
+	queued := queuedTokens(rp, fresh, q.tokens)
+	wait := rt.queueNS(queued, rt.stepNS(batch, context), rt.DecodeScale)
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
 	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
-	if i == q.r.Pinned && q.p.PinBonus > 0 {
-		total = max(total-float64(q.p.PinBonus), 0)
-	}
 	return total
 }
 

@@ -72,6 +72,8 @@ type kvRequest struct {
 	// rows are the snapshot's summary (Summary), one per replica: which
 	// are candidates, and the fleet's totals.
 	rows []summaryRow
+	// slo is the request's SLO as the miss term prices it (kvmiss.go).
+	slo kvSLO
 	// kvBounds is what the pruned scan above kvPruneAbove replicas
 	// derives of the request (kvprune.go).
 	kvBounds
@@ -112,6 +114,9 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 		q.turns, q.fresh, q.holders = r.FutureTurns, q.freshest(matches), holders
 	}
 	q.decodeLen = q.out / float64(p.MeanOutput)
+	if !r.SLO.IsZero() {
+		q.slo = newSLO(r.SLO, q.out)
+	}
 	q.persist = 1.0
 	if x := q.decodeLen; x > 0 {
 		q.persist = (1 - expNeg(x)) / x
@@ -161,8 +166,8 @@ func (q *kvRequest) legAt(rp *Replica, i int, cached, rate float64) kvLeg {
 		batch, context = 0, 0 // its sequences are legs in its queue, none decodes
 	}
 	iter := rt.iterNS(batch, context) * rt.DecodeScale
-	queued := q.queued(rp, fresh)
-	wait := queued*float64(rt.PrefillPerToken)*rt.Scale + queued/float64(rt.MaxBatchedTokens)*iter
+	queued := queuedTokens(rp, fresh, q.tokens)
+	wait := rt.queueNS(queued, iter, 1)
 	if batch > 0 && queued == 0 {
 		wait += rt.stepNS(batch, context) / 2 * rt.DecodeScale
 	}
@@ -266,6 +271,7 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 	}
 	q.rt.Horizon, q.rt.TierHorizon, q.rt.Scale, q.rt.DecodeScale, q.rt.HitScale = raw.Horizon, raw.TierHorizon, 1, 1, 1
 	q.rt.Displaced, q.rt.TransferPerMTokens, q.rt.LoadPerMTokens = raw.Displaced, raw.TransferPerMTokens, raw.LoadPerMTokens
+	q.rt.Spread, q.rt.DecodeSpread = raw.Spread, raw.DecodeSpread
 	if raw.HitScale > 0 {
 		q.rt.HitScale = raw.HitScale
 	}

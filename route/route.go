@@ -129,6 +129,13 @@ type Rates struct {
 	// inter-token latencies: observed / predicted, learned online; zero
 	// means 1.
 	DecodeScale float64
+	// Spread is the spread of the prefill side's prediction errors: the
+	// standard deviation of log(observed / predicted) time to first token,
+	// learned online beside Scale; zero means unknown, and kv-aware takes
+	// PriorSpread. DecodeSpread is the same of the decode side's
+	// inter-token latencies, beside DecodeScale. kv-aware's miss
+	// probabilities (KVAware, Misses) read them.
+	Spread, DecodeSpread float64
 	// HitScale corrects the expected cached tokens (the index's match
 	// times the residency model) from the engine's reported ones: actual /
 	// predicted, learned online; zero means 1.
@@ -254,6 +261,14 @@ type Cost struct {
 	// worker, whose blocks the candidate reads, was cheaper there than
 	// computing the prompt itself.
 	Import Transfer
+	// Miss is the predicted probability, 0..1, that the request misses
+	// its SLO on this candidate (Decision.Miss for the chosen one); and
+	// Misses the expected SLO misses the placement causes, the request's
+	// own and those it pushes over their bound of the requests on the
+	// replica, priced in time (kv-aware's Total counts it). Zero for a
+	// request without an SLO.
+	Miss   float64
+	Misses time.Duration
 	// Load is the time the candidate's price spends loading the prompt's
 	// blocks from its own CPU tier before the prefill (zero: none);
 	// Matched counts them.

@@ -9,6 +9,7 @@ import "time"
 //	prefill of n tokens after c cached = n×PrefillPerToken + n×(c + n/2)×AttnPerMPairs/1e6
 //	decode step of B sequences holding K tokens of context = DecodeStep + B×DecodePerSeq + K×DecodePerMTokens/1e6
 //	an iteration carrying a prefill = that step, or StepOverhead alone when nothing decodes
+//	the queue's wait = queued×PrefillPerToken×Scale + queued/MaxBatchedTokens × an iteration of it
 //
 // Each formula comes in the arithmetic its callers have always used, and
 // a change of it changes their decisions in the last bit (the golden
@@ -69,4 +70,32 @@ func (r *Rates) iterNS(n, context float64) float64 {
 		return float64(r.StepOverhead)
 	}
 	return r.stepNS(n, context)
+}
+
+// queueNS is the wait, in ns, for the prefill of queued tokens ahead of a
+// request (queuedTokens): their compute at Scale, queued×PrefillPerToken×Scale,
+// in queued/MaxBatchedTokens iterations of iter×scale each, which also
+// carry the running decodes. kv-aware's model (priceWith, legAt), its
+// lower bound (kvprune.go) and Backlog (iter 0: the compute alone) all
+// take the queue's wait from here.
+func (r *Rates) queueNS(queued, iter, scale float64) float64 {
+	return queued*float64(r.PrefillPerToken)*r.Scale + queued/float64(r.MaxBatchedTokens)*iter*scale
+}
+
+// queuedTokens is the prompt tokens queued ahead of a request of tokens
+// prompt tokens on rp: the router's own not yet prefilled
+// (Replica.PrefillTokens), and when fresh metrics show more waiting
+// requests than the router's own undecided ones (othersWaiting), the
+// others at the mean size of the router's queued ones, or of this
+// request when it has none queued there.
+func queuedTokens(rp *Replica, fresh bool, tokens float64) float64 {
+	queued := float64(rp.PrefillTokens)
+	if own, extra := othersWaiting(rp, fresh); extra > 0 {
+		per := tokens
+		if own > 0 {
+			per = float64(rp.PrefillTokens) / float64(own)
+		}
+		queued += float64(extra) * per
+	}
+	return queued
 }

@@ -1,0 +1,149 @@
+package route
+
+import "math"
+
+// PriorSpread is the spread, as a standard deviation of log(observed /
+// predicted), that kv-aware takes for a replica's prediction errors until
+// the fleet has learned them (Rates.Spread, DecodeSpread): ln 4 / 2 ≈
+// 0.69. The calibration treats an observation further than a factor 4
+// (its Jump) from the learned scale as a wild one, not a measure of the
+// model; taken as the model's two-sigma envelope, that is ln 4 / 2. It
+// is wide on purpose: before the router has seen a replica, it should not
+// trust a prediction near a bound.
+const PriorSpread = math.Ln2
+
+// kvSLO is what the miss term derives of the request's SLO, once per
+// Pick (newKVRequest): its bounds in ns (zero: no bound) and the price
+// of one of its misses.
+type kvSLO struct {
+	ttft, itl float64
+	// logTTFT and logITL are the bounds' logarithms.
+	logTTFT, logITL float64
+	// price is what a miss of this request costs, in ns of Total: the
+	// latency its SLO allowed it, ttftWeight × TTFT + output × ITL (a
+	// bound left zero counts nothing). A request that meets its SLO
+	// is worth its latency to the operator wherever under the bound it
+	// lands; one that misses is worth nothing, so all of that budget was
+	// spent for nothing. The replica's other requests are priced alike at
+	// their own output (missPrice).
+	price float64
+}
+
+// on says the request has an SLO to price.
+func (s *kvSLO) on() bool { return s.ttft > 0 || s.itl > 0 }
+
+// newSLO derives the kvSLO of an SLO for a request of out output tokens.
+func newSLO(slo SLO, out float64) kvSLO {
+	var s kvSLO
+	if slo.TTFT > 0 {
+		s.ttft = float64(slo.TTFT)
+		s.logTTFT = math.Log(s.ttft)
+	}
+	if slo.ITL > 0 && out >= 2 { // an answer of one token has no inter-token latency
+		s.itl = float64(slo.ITL)
+		s.logITL = math.Log(s.itl)
+	}
+	s.price = s.missPrice(out)
+	return s
+}
+
+// missPrice is what a miss of a request of out output tokens costs under
+// these bounds: ttftWeight × TTFT + out × ITL.
+func (s *kvSLO) missPrice(out float64) float64 {
+	return ttftWeight*s.ttft + out*s.itl
+}
+
+// over is the probability that a time predicted at pred ns exceeds a
+// bound of log logBound, for a prediction whose error log(observed /
+// predicted) is normal with standard deviation sigma: Φ(ln(pred/bound)
+// / σ), by the same logistic as resident's. A prediction at the bound
+// misses half the time.
+func over(pred, logBound, sigma float64) float64 {
+	if pred <= 0 {
+		return 0
+	}
+	z := 1.702 * (math.Log(pred) - logBound) / sigma
+	if z <= 0 {
+		e := expNeg(-z)
+		return e / (1 + e)
+	}
+	return 1 / (1 + expNeg(z))
+}
+
+// spreads is rt's learned spreads, or PriorSpread where one is unknown.
+func spreads(rt *Rates) (prefill, decode float64) {
+	prefill, decode = rt.Spread, rt.DecodeSpread
+	if !(prefill > 0) {
+		prefill = PriorSpread
+	}
+	if !(decode > 0) {
+		decode = PriorSpread
+	}
+	return prefill, decode
+}
+
+// kvStall is what a placement does to the decodes on its replica, for
+// the miss term: the running batch and its iteration, and the prefill
+// compute (at Scale) that stalls them, queued ahead and its own.
+type kvStall struct {
+	batch, step     float64 // sequences, and one decode iteration of them at DecodeScale
+	queued, compute float64 // prefill compute ahead of it and its own, at Scale
+	grow            float64 // what one more sequence adds to their step, at DecodeScale
+	joiners         float64 // the requests expected to join while its prefill runs
+}
+
+// misses is the miss term of a candidate, in ns of Total, and the
+// probability that the request misses its SLO there (Cost.Miss):
+//
+// The request's own: its predicted time to first token ttft (Wait +
+// Load|Leg + Prefill) against the TTFT bound, and its mean inter-token
+// latency, Decode/output, against the ITL bound, each missed with
+// probability over at the replica's spread; it misses when either is,
+// taken as independent: 1 − (1 − p_ttft)(1 − p_itl).
+//
+// The others': each sequence on the replica, and each that joins while
+// the prefill runs, decodes at the iteration now plus its share of the
+// stall of the prefills queued ahead, spread over its output (a stall of
+// c adds c/n to the mean gap of an answer of n tokens; n the batch's
+// harmonic mean output). The placement adds its own step's share and its
+// prefill's stall: the extra probability that this pushes a sequence
+// over the ITL bound, times the sequences (the joiners at half: they
+// meet half the prefill on average), is the others' expected misses.
+//
+// Each miss is priced at its request's budget (kvSLO.price), so a
+// placement that costs less in the sum but pushes requests over their
+// bound loses to one that keeps them under.
+func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvStall) (cost, miss float64) {
+	sT, sI := spreads(rt)
+	s := &q.slo
+	pT, pI := 0.0, 0.0
+	if s.ttft > 0 {
+		pT = over(ttft, s.logTTFT, sT)
+	}
+	if s.itl > 0 {
+		pI = over(decode/q.out, s.logITL, sI)
+	}
+	miss = 1 - (1-pT)*(1-pI)
+	cost = miss * s.price
+	if s.itl <= 0 || st.batch+st.joiners <= 0 {
+		return cost, miss
+	}
+	n := q.harmonic(rp, st.batch)
+	before := st.step + st.queued/n
+	after := before + st.grow + st.compute/n
+	pushed := over(after, s.logITL, sI) - over(before, s.logITL, sI)
+	if pushed > 0 {
+		cost += (st.batch + st.joiners/2) * pushed * s.missPrice(n)
+	}
+	return cost, miss
+}
+
+// missTerms fills k's miss fields and returns total with the miss term
+// added, for a request with an SLO (priceWith).
+func (q *kvRequest) missTerms(rp *Replica, rt *Rates, k *Cost, total, ttft, decode float64, st *kvStall) float64 {
+	cost, miss := q.misses(rp, rt, ttft, decode, st)
+	k.Miss, k.Misses = miss, ns(cost)
+	total += cost
+	k.Total = ns(total)
+	return total
+}
