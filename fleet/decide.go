@@ -196,7 +196,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		f.bind(r.Session, rep, now, firstChain(r.Chains))
 	}
 	rep.arrived(sc.Request.Seq, len(sc.Snapshot.Replicas))
-	f.tr.Touch(d.Replica, r.Chains, f.indexTime(now), &sc.ms)
+	f.hold(tk, r.Chains, now, &sc.ms)
 	f.peers.note(r, rep, now)
 	return tk
 }

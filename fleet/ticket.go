@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/scrape"
 )
 
@@ -87,6 +88,9 @@ type Ticket struct {
 	// (batch0) and prefilled total (work0) then, and the time from sent to
 	// it plus 1 ns (first; zero: not yet), for Done's inter-token latency.
 	batch0, work0, first atomic.Int64
+	// chains are the request's block hashes, held in the index on its
+	// replica until Done (hold.go); nil when none are held.
+	chains []residency.Chain
 }
 
 // LegClaim is what a leg on a source replica (a prefill worker's, or a
@@ -209,6 +213,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 		r.invOut.Add(-1e9 / int64(t.claim.Output))
 	}
 	r.inFlight.Add(-1)
+	t.release(now)
 	t.leftScrape(now)
 	r.changed()
 	t.f.released()

@@ -9,11 +9,12 @@ import (
 )
 
 // upsertLocked inserts or refreshes (r, h) at now and makes it r's most
-// recent entry, evicting r's oldest entry first if r is full.
-func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
+// recent entry, evicting r's oldest entry first if r is full; it returns
+// the entry.
+func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) int32 {
 	if e := x.findLocked(r, h); e >= 0 {
 		x.refreshLocked(e, now)
-		return
+		return e
 	}
 	rep := &x.replicas[r]
 	for rep.n >= rep.cap && rep.tail >= 0 {
@@ -48,24 +49,34 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) {
 		}
 		x.nodes.put(h, nd)
 	}
+	return e
 }
 
 // refreshLocked stamps entry e with now and moves it to its replica's front.
 func (x *Index) refreshLocked(e int32, now time.Duration) {
+	x.stampLocked(e, now)
+	r := int(x.entry(e).replica)
+	x.unlinkLocked(r, e)
+	x.pushFrontLocked(r, e)
+}
+
+// stampLocked sets entry e's touched stamp to now, or to heldStamp while
+// it is held, in its hot holder set too.
+func (x *Index) stampLocked(e int32, now time.Duration) {
 	en := x.entry(e)
+	if en.held > 0 {
+		now = heldStamp
+	}
 	en.touched = now
-	r := int(en.replica)
 	if nd, _ := x.nodes.get(en.hash); nd.count < 0 {
 		hb := &x.hots[-nd.count-1]
-		k := hb.rank(r)
+		k := hb.rank(int(en.replica))
 		old := hb.touched[k]
 		hb.touched[k] = now
 		if old == hb.oldest && x.cfg.TTL > 0 {
 			hb.oldest = slices.Min(hb.touched)
 		}
 	}
-	x.unlinkLocked(r, e)
-	x.pushFrontLocked(r, e)
 }
 
 // findLocked returns the entry of (r, h), or -1.

@@ -79,12 +79,16 @@ type node struct {
 	count int32 // holders (cold); -(hot index + 1) when hot
 }
 
-// entry is one (block, replica): 32 bytes (28 used).
+// entry is one (block, replica): 32 bytes.
 type entry struct {
+	// touched is the last touch, or heldStamp while held > 0.
 	touched    time.Duration
 	hash       prefix.Hash
 	replica    int32
 	prev, next int32 // replica LRU list, most recent first; -1 ends
+	// held is the requests in flight on the replica that hold the block
+	// (Hold less Release).
+	held int32
 }
 
 // hot is the holder set of a block held by many replicas.
@@ -209,6 +213,11 @@ func (x *Index) Touch(r int, hashes []prefix.Hash, now time.Duration) {
 // Store records that replica r stored the blocks hashes (precise mode, from
 // KV events), exactly as Touch does; capacity still bounds r's entries.
 func (x *Index) Store(r int, hashes []prefix.Hash, now time.Duration) {
+	x.store(r, hashes, now, false)
+}
+
+// store is Store, and Hold when hold.
+func (x *Index) store(r int, hashes []prefix.Hash, now time.Duration, hold bool) {
 	if !x.valid(r) || len(hashes) == 0 {
 		return
 	}
@@ -221,7 +230,11 @@ func (x *Index) Store(r int, hashes []prefix.Hash, now time.Duration) {
 	}
 	x.expireLocked(r, now)
 	for i := len(hashes) - 1; i >= 0; i-- {
-		x.upsertLocked(r, hashes[i], now)
+		e := x.upsertLocked(r, hashes[i], now)
+		if hold {
+			x.entry(e).held++
+			x.stampLocked(e, now)
+		}
 	}
 }
 

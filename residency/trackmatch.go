@@ -92,7 +92,8 @@ func (t *Tracker) coarsen(c *Chain, sc *MatchScratch) ([]prefix.Hash, int) {
 // Match fills, for every replica r < len(match), match[r] with the leading
 // blocks of unit tokens (see Unit) of the request whose chains are given
 // that r is believed to hold, and age[r] (age may be nil) with how long
-// ago r's deepest matched block was touched. A replica whose precise
+// ago r's deepest matched block was touched, or released by the last
+// request that held it (Hold): zero while one does. A replica whose precise
 // stream is trusted is matched against the precise index merged with the
 // overlay (the longer run wins: both hold a prefix of the chain), at age
 // zero: the engine's events say what is resident, so the match does not
@@ -146,7 +147,7 @@ func (t *Tracker) Match(chains []Chain, now time.Duration, unit int, match []int
 			if m > 0 {
 				match[r] = m
 				if age != nil {
-					age[r] = sc.aa[r]
+					age[r] = max(sc.aa[r], 0) // held: negative
 				}
 			}
 		}
@@ -188,7 +189,7 @@ func (t *Tracker) Fresh(chains []Chain, unit, r, match int, within, now time.Dur
 		return 0, 0
 	}
 	n, age := t.approx.Fresh(r, hashes, match*unit/it, within, now)
-	return n * it / unit, age
+	return n * it / unit, max(age, 0) // held: negative
 }
 
 // MatchOffloaded fills, for every replica r < len(out) whose precise
@@ -229,13 +230,22 @@ func (t *Tracker) MatchOffloaded(chains []Chain, now time.Duration, unit int, ou
 // overlay; when r's precise index lacked some of them, the feed is told
 // to expect events for r.
 func (t *Tracker) Touch(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
+	t.touch(r, chains, now, sc, false)
+}
+
+// touch is Touch, and Hold when hold.
+func (t *Tracker) touch(r int, chains []Chain, now time.Duration, sc *MatchScratch, hold bool) {
 	ci := t.chainOf(chains, r)
 	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {
 		return
 	}
 	c := &chains[ci]
 	hashes, _ := t.coarsen(c, sc)
-	t.approx.Touch(r, hashes, now)
+	if hold {
+		t.approx.Hold(r, hashes, now)
+	} else {
+		t.approx.Touch(r, hashes, now)
+	}
 	if t.precise == nil || !t.Live(r) {
 		return
 	}
