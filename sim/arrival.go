@@ -34,10 +34,7 @@ func (r *runner) onArrival(j int) {
 // false when the fleet was saturated for it.
 func (r *runner) dispatch(j int) bool {
 	jb := &r.jobs[j]
-	r.chains[0].Tokens, r.chains[0].Hashes = r.cfg.Preset.BlockSize, jb.hashes
-	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
-		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true,
-		SLO: route.SLO{TTFT: r.cfg.SLO.TTFT, ITL: r.cfg.SLO.ITL}}
+	r.request(j)
 	fl, sc, k := r.router(j)
 	r.readSession(j, k, fl)
 	d, tk := fl.Decide(&r.freq, nil, at(r.now), sc)
@@ -61,14 +58,25 @@ func (r *runner) dispatch(j int) bool {
 	return true
 }
 
+// request sets r.freq to what the fleet is asked to route for job j.
+func (r *runner) request(j int) {
+	jb := &r.jobs[j]
+	r.chains[0].Tokens, r.chains[0].Hashes = r.cfg.Preset.BlockSize, jb.hashes
+	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
+		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true,
+		SLO: route.SLO{TTFT: r.cfg.SLO.TTFT, ITL: r.cfg.SLO.ITL}}
+}
+
 // start hands job j, routed and charged (r.flights[j]), to its replica's
-// engine, importing transfer t's blocks first if it orders any.
+// engine, importing transfer t's blocks first if it orders any; a job
+// resumed after its replica died (continue.go) brings the tokens already
+// sent as prompt and asks for the rest.
 func (r *runner) start(j int, t route.Transfer) {
 	jb, f := &r.jobs[j], &r.flights[j]
 	i := int(f.rep)
 	rp := &r.reps[i]
 	er := &r.ereq[j]
-	*er = engine.Request{ID: jb.id, Prompt: jb.prompt, Hashes: jb.hashes, MaxTokens: jb.output}
+	*er = engine.Request{ID: jb.id, Prompt: jb.prompt + f.sent, Hashes: jb.hashes, MaxTokens: jb.output - f.sent}
 	r.importFrom(t, er, jb, i)
 	// A replica that does not serve the model answers 404, as an engine
 	// does: an error the policy caused.

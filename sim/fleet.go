@@ -9,9 +9,11 @@ import (
 //
 // Kill: the replica goes unhealthy at once (the live router's health check
 // would take a probe interval; the simulator gives every policy the same
-// instant knowledge), its requests in flight fail and are counted as
-// errors (rejectKilled, never re-sent: a client would see the failure),
-// and its engine and cache are gone. Add: a cold replica joins, appended
+// instant knowledge), its requests in flight are resumed on another
+// replica as the live router resumes them (continue.go: retried before
+// their first token, continued after it), or counted as errors
+// (rejectKilled) where the router would give up, and its engine and cache
+// are gone. Add: a cold replica joins, appended
 // after the others (or in the slot of a removed one whose requests have
 // all finished, as the fleet decides). Remove: see remove.
 func (r *runner) onFleet() {
@@ -66,6 +68,7 @@ func (r *runner) kill(i int) {
 		return
 	}
 	rp := &r.reps[i]
+	cut := r.harvest(i)
 	rp.alive, rp.eng, rp.wake = false, nil, -1
 	r.each(func(f *fleet.Fleet) { f.SetHealthy(rp.id, false) })
 	r.trace(Step{Kind: StepDown, Replica: i})
@@ -76,12 +79,7 @@ func (r *runner) kill(i int) {
 			continue
 		}
 		if f.active && f.leg < 0 && int(f.rep) == i {
-			f.active = false
-			f.ticket.Done(at(r.now), fleet.NoUsage, errKilled)
-			r.trace(Step{Kind: StepDone, Replica: i, ReqID: r.jobs[j].id, Usage: fleet.NoUsage, Failed: true})
-			r.live--
-			delete(r.byID, r.jobs[j].id)
-			r.reject(j, i, f.reason, rejectKilled)
+			r.cut(j, i, cut[j])
 		}
 	}
 }

@@ -53,6 +53,14 @@ type flight struct {
 	predicted                 int    // cached tokens the policy predicted
 	reason                    string // the decision's reason
 	active                    bool
+	// first is when the client saw the first token, once seen; sent
+	// the tokens generated on replicas that died since, and retried and
+	// continued how often it was resumed before and after its first
+	// token (continue.go).
+	first              time.Duration
+	seen               bool
+	sent               int
+	retried, continued int
 }
 
 // runner simulates one policy over the jobs on a fresh fleet: the engines
@@ -348,7 +356,11 @@ func (r *runner) onEngine(i int, ev *engine.Event) {
 	switch ev.Kind {
 	case engine.FirstToken:
 		if j, ok := r.byID[ev.Req]; ok && r.jobs[j].id == ev.Req { // a leg's is not the request's
-			r.flights[j].ticket.FirstToken(at(ev.At))
+			f := &r.flights[j]
+			f.ticket.FirstToken(at(ev.At))
+			if !f.seen {
+				f.first, f.seen = ev.At, true
+			}
 			r.trace(Step{Kind: StepFirstToken, Replica: i, ReqID: ev.Req})
 		}
 	case engine.Done:
@@ -384,24 +396,30 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 	// A prompt prefilled on a worker is not cached where the decode
 	// replica reports it so: what the worker computed is deducted
 	// (legs.go), and the prediction likewise.
+	// A resumed request (continue.go) reached the client as one stream:
+	// its first token the first replica's, its output both's.
+	first, out := ev.First, f.sent+ev.OutputTokens
+	if f.seen {
+		first = f.first
+	}
 	r.res.samples = append(r.res.samples, report.Sample{
-		At: jb.at, TTFT: ev.First - jb.at, E2E: ev.At - jb.at, ITL: itl(ev),
-		Prompt: ev.PromptTokens, Cached: max(ev.CachedTokens-f.legComputed, 0), PredictedCached: max(f.predicted-f.legPredicted, 0),
-		Output: ev.OutputTokens, Replica: i, OK: true, Reason: f.reason,
+		At: jb.at, TTFT: first - jb.at, E2E: ev.At - jb.at, ITL: itl(first, ev.At, out),
+		Prompt: jb.prompt, Cached: min(max(ev.CachedTokens-f.legComputed, 0), jb.prompt), PredictedCached: max(f.predicted-f.legPredicted, 0),
+		Output: out, Replica: i, OK: true, Reason: f.reason,
 	})
 	r.progress()
 }
 
 // itl is a request's mean inter-token latency: the time from its first
-// token to its last over the gaps between them, (E2E − TTFT)/(Output − 1);
-// zero for a single output token. The engine runs without per-token events
-// (Config.NoTokenEvents), so per-token gaps are not seen; the mean is what
-// the SLO checks.
-func itl(ev *engine.Event) time.Duration {
-	if ev.OutputTokens <= 1 {
+// token to its last over the gaps between its output tokens, (E2E −
+// TTFT)/(Output − 1); zero for a single output token. The engine runs
+// without per-token events (Config.NoTokenEvents), so per-token gaps are
+// not seen; the mean is what the SLO checks.
+func itl(first, last time.Duration, output int) time.Duration {
+	if output <= 1 {
 		return 0
 	}
-	return (ev.At - ev.First) / time.Duration(ev.OutputTokens-1)
+	return (last - first) / time.Duration(output-1)
 }
 
 // progress reports a finished (or rejected) request.

@@ -115,6 +115,12 @@ type Config struct {
 	Mode string
 	// SLO is the goodput target; zero fields are derived (see SLO).
 	SLO SLO
+	// EndStreams ends a request whose replica dies after its first token
+	// with an error, as the live router does with --stream-continue=false;
+	// false, the router's default, continues it on another replica
+	// (continue.go). Before the first token the router retries it either
+	// way.
+	EndStreams bool
 	// Admission is the router's admission control, as the live router's
 	// (fleet.Admission): a request no replica can take within MaxWait
 	// waits in the router's queue, and one that finds it full, or waits

@@ -58,8 +58,9 @@ type FleetEventKind uint8
 // Fleet event kinds.
 const (
 	// Kill takes replica Replica down at At: the simulator marks it
-	// unhealthy, fails its in-flight requests (counted as errors, never
-	// re-sent) and clears its cache, so the index must forget it.
+	// unhealthy, resumes its in-flight requests on other replicas as the
+	// live router does (retried before their first token, continued after
+	// it) and clears its cache, so the index must forget it.
 	Kill FleetEventKind = iota + 1
 	// Add brings a new, empty (cold-cache) replica up at At, appended after
 	// the existing ones; Replica is -1.

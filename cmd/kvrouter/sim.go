@@ -87,6 +87,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	routers := fs.Int("routers", 1, "routers in front of the fleet, each with its own fleet state, exchanging their shares every --sync-interval (as --redis does live)")
 	syncInterval := fs.Duration("sync-interval", sim.DefaultSyncInterval, "virtual time between the routers' exchanges (with --routers > 1; negative: never, each router decides alone)")
 	assign := fs.String("assign", sim.AssignRoundRobin, "how requests are given to routers: round-robin or hash (of the session, else the request id)")
+	streamContinue := fs.Bool("stream-continue", true, "continue a request whose replica dies after its first token on another replica, as the live router does (false: it ends with an error); before its first token it is retried either way")
 	adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout}
 	admissionFlags(fs, &adm.MaxWait, &adm.MaxQueue, &adm.QueueTimeout)
 	if err := parseFlags(fs, args, simHelp, stderr); err != nil {
@@ -113,7 +114,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies, splits[0] > 0),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
 		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect, PrefillReplicas: splits[0],
-		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign,
+		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign, EndStreams: !*streamContinue,
 	}
 	base.RateScale = *rateScale
 	search := sim.CapacitySearch{Tolerance: *tolerance}
