@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/scrape"
 )
 
@@ -87,6 +88,10 @@ type Ticket struct {
 	// (batch0) and prefilled total (work0) then, and the time from sent to
 	// it plus 1 ns (first; zero: not yet), for Done's inter-token latency.
 	batch0, work0, first atomic.Int64
+	// features is what the fleet's learning policy kept of the decision
+	// (learns: it has); see teach.
+	features route.Features
+	learns   bool
 }
 
 // LegClaim is what a leg on a source replica (a prefill worker's, or a
@@ -218,6 +223,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.completed.Add(1)
 	t.learn(now, u, batch, prev == ticketDecoding)
+	t.teach(now, u)
 	t.f.observeEvicted(&t.claim, u)
 }
 
