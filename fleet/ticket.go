@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/residency"
+	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/scrape"
 )
 
@@ -91,6 +92,10 @@ type Ticket struct {
 	// chains are the request's block hashes, held in the index on its
 	// replica until Done (hold.go); nil when none are held.
 	chains []residency.Chain
+	// features is what the fleet's learning policy kept of the decision
+	// (learns: it has); see teach.
+	features route.Features
+	learns   bool
 }
 
 // LegClaim is what a leg on a source replica (a prefill worker's, or a
@@ -223,6 +228,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.completed.Add(1)
 	t.learn(now, u, batch, prev == ticketDecoding)
+	t.teach(now, u)
 	t.f.observeEvicted(&t.claim, u)
 }
 

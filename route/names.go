@@ -19,6 +19,7 @@ func constructors() map[string]func() Policy {
 		"sglang-cache-aware": func() Policy { return SGLangCacheAware{} },
 		"dynamo-kv":          func() Policy { return DynamoKV{} },
 		"llm-d":              func() Policy { return LLMD{} },
+		"llm-d-predicted":    func() Policy { return NewLLMDPredicted() },
 		"aibrix-prefix":      func() Policy { return AIBrixPrefix{} },
 		"preble-e2":          func() Policy { return PrebleE2{} },
 		"mooncake":           func() Policy { return Mooncake{} },

@@ -115,7 +115,7 @@ func TestTiesBrokenByHash(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	want := []string{"aibrix-prefix", "chwbl", "dynamo-kv", "kv-aware", "least-loaded", "llm-d", "mooncake", "mooncake-global",
+	want := []string{"aibrix-prefix", "chwbl", "dynamo-kv", "kv-aware", "least-loaded", "llm-d", "llm-d-predicted", "mooncake", "mooncake-global",
 		"power-of-two", "preble-e2", "random", "round-robin", "session-hash", "sglang-cache-aware"}
 	got := Names()
 	if len(got) != len(want) {
