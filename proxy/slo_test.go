@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/wait"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/view"
@@ -394,5 +395,40 @@ func TestSLOSettings(t *testing.T) {
 	}
 	if _, err := parseKeys(strings.NewReader("sk-a a class=bad/name\n")); err == nil {
 		t.Error("class=bad/name: parseKeys accepted it")
+	}
+}
+
+// TestSLOPicker: the endpoint picker's requests (Router.Pick, behind a
+// gateway that forwards llm-d's x-slo-* headers) take the same SLO
+// headers: one reaches the policy, a bad one is answered 400, and a
+// predicted miss under --slo-admission reject is answered 429.
+func TestSLOPicker(t *testing.T) {
+	tap := newTap(t, startEmulator(t))
+	p := &sloPolicy{}
+	rt, _ := sloRouter(t, p, func(c *Config) { c.SLO.Admission = SLOAdmitReject }, tap.URL())
+	pick := func(hdr ...string) (*Pick, *httptest.ResponseRecorder) {
+		body := sloChat(0)
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			r.Header.Set(hdr[i], hdr[i+1])
+		}
+		w := httptest.NewRecorder()
+		return rt.Pick(w, r, []byte(body), nil), w
+	}
+	pk, w := pick("x-slo-ttft-ms", "300", "x-slo-tpot-ms", "40")
+	if pk == nil {
+		t.Fatalf("no pick: %d %s", w.Code, w.Body)
+	}
+	pk.Done(true, fleet.NoUsage)
+	want := route.SLO{TTFT: 300 * time.Millisecond, ITL: 40 * time.Millisecond, Class: DefaultClass}
+	if diff := cmp.Diff(want, p.saw()[0]); diff != "" {
+		t.Errorf("the policy saw (-want +got):\n%s", diff)
+	}
+	if pk, w := pick("x-slo-ttft-ms", "soon"); pk != nil || w.Code != http.StatusBadRequest || errorCode(w.Body.String()) != codeSLOHeader {
+		t.Errorf("bad header: pick %v, %d %s; want none, 400 %s", pk != nil, w.Code, w.Body, codeSLOHeader)
+	}
+	p.miss.Store(800)
+	if pk, w := pick("x-slo-ttft-ms", "300"); pk != nil || w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Errorf("predicted miss: pick %v, %d %s; want none, 429 with Retry-After", pk != nil, w.Code, w.Body)
 	}
 }
