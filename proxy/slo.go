@@ -63,10 +63,9 @@ const (
 )
 
 // SLOs are the latency targets requests are routed against
-// (route.SLO): the fleet's default, each client class's (an API key's
-// class=NAME), and the request's own headers (HeaderSLOTTFT,
-// HeaderSLOTPOT), in that order of precedence from last to first, bound
-// by bound. Each is carried into the decision (fleet.Request.SLO), its
+// (route.SLO). A request's is its own headers' (HeaderSLOTTFT,
+// HeaderSLOTPOT), each replacing one bound of its API key's class
+// (class=NAME), else of the fleet's default. Each is carried into the decision (fleet.Request.SLO), its
 // record, the access log, recordings and kvrouter_slo_requests_total.
 type SLOs struct {
 	// TTFT is the fleet's default bound on the time to first token; zero
@@ -283,7 +282,7 @@ func (c *call) setSLO(w http.ResponseWriter, r *http.Request) bool {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxSLOMs {
 			c.fail(w, http.StatusBadRequest, errInvalidRequest, codeSLOHeader,
-				fmt.Sprintf("%s must be a whole number of milliseconds within 1..%d, got %q", h.name, maxSLOMs, v))
+				fmt.Sprintf("%s must be a whole number of milliseconds within 1..%d, got %q", h.name, maxSLOMs, v[:min(len(v), 32)]))
 			return false
 		}
 		*h.to = time.Duration(n) * time.Millisecond

@@ -317,6 +317,7 @@ func TestSLOBadHeaders(t *testing.T) {
 		{HeaderSLOTPOT, "1.5"},
 		{"x-slo-tpot-ms", strconv.Itoa(maxSLOMs + 1)},
 		{HeaderSLOTPOT, "1e3"},
+		{HeaderSLOTTFT, strings.Repeat("9", 100)},
 	}
 	for _, b := range bad {
 		t.Run(b.header+"="+b.value, func(t *testing.T) {
