@@ -10,7 +10,8 @@ import (
 // path, model), what answered (status, outcome, replica, the decision's
 // reason and predicted cached tokens) and what came of it (the engine's
 // prompt, cached and completion tokens, TTFT and duration in
-// milliseconds, retries; for a disaggregated request its last prefill
+// milliseconds, retries; the SLO's class, bounds, admission and outcome
+// and the mean inter-token latency (slo.go); for a disaggregated request its last prefill
 // leg's replica, outcome and duration, its legs and the tokens
 // transferred), keyed by the request id the
 // X-Kvrouter-Decision header and /debug/decisions show, and by the trace
@@ -22,7 +23,7 @@ func (rt *Router) logAccess(c *call) {
 	if !rt.log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	var buf [30]slog.Attr
+	var buf [36]slog.Attr
 	a := buf[:0]
 	if c.id != "" { // none when the router answered before routing
 		a = append(a, slog.String("id", c.id))
@@ -55,6 +56,7 @@ func (rt *Router) logAccess(c *call) {
 	if c.ttft > 0 {
 		a = append(a, slog.Float64("ttft_ms", roundMS(ms(c.ttft))))
 	}
+	a = c.appendSLO(a)
 	a = append(a, slog.Float64("duration_ms", roundMS(ms(c.end.Sub(c.start)))), slog.Int("retries", len(c.failed)))
 	if c.span != nil {
 		a = append(a, slog.String("trace_id", c.span.SpanContext().TraceID().String()))

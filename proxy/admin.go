@@ -31,6 +31,9 @@ func newSurface(cfg *Config) (surface, error) {
 		if s.apiKeys, err = ReadKeys(cfg.APIKeys); err != nil {
 			return surface{}, fmt.Errorf("api-keys: %w", err)
 		}
+		if err = s.apiKeys.checkClasses(cfg.SLO.Classes); err != nil {
+			return surface{}, fmt.Errorf("api-keys %s: %w", cfg.APIKeys, err)
+		}
 	}
 	if cfg.AdminAPIKeys != "" {
 		if s.adminKeys, err = ReadKeys(cfg.AdminAPIKeys); err != nil {

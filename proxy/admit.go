@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/fleet"
-	"github.com/kvrouter/kvrouter/route"
 )
 
 // HeaderPriority is the request header that sets a request's priority in
@@ -129,7 +128,7 @@ func (c *call) queue(ctx context.Context, w http.ResponseWriter, priority int) (
 	}
 	since := rt.now()
 	e := &fleet.Entry[*waiter]{Value: &waiter{ch: make(chan struct{}, 1)}, Priority: priority, Since: since}
-	timer := time.NewTimer(a.cfg.Timeout())
+	timer := time.NewTimer(c.queueTimeout(a))
 	defer timer.Stop()
 	for {
 		if !a.push(e) || e.Value.evicted.Load() {
@@ -139,7 +138,7 @@ func (c *call) queue(ctx context.Context, w http.ResponseWriter, priority int) (
 		case <-e.Value.ch:
 		case <-timer.C:
 			c.leave(e)
-			return time.Time{}, c.saturated(w, "queue_timeout", "every replica stayed saturated for "+a.cfg.Timeout().String())
+			return time.Time{}, c.queueExpired(w, a)
 		case <-ctx.Done():
 			c.leave(e)
 			return time.Time{}, false
@@ -147,8 +146,9 @@ func (c *call) queue(ctx context.Context, w http.ResponseWriter, priority int) (
 		if e.Value.evicted.Load() {
 			continue
 		}
+		c.redecideSLO()
 		t0 := c.decideNow()
-		if c.ticket != nil || c.dec.Reason != route.ReasonSaturated {
+		if c.admitted() {
 			a.wait.Observe(rt.now().Sub(since).Seconds())
 			a.wake() // the next one may fit too
 			return t0, true
@@ -169,15 +169,28 @@ func (c *call) leave(e *fleet.Entry[*waiter]) {
 func (c *call) saturated(w http.ResponseWriter, code, msg string) bool {
 	after := time.Second
 	if a := c.rt.adm; a != nil {
-		best := time.Duration(-1)
-		for i := range c.sc.Snapshot.Replicas {
-			rp := &c.sc.Snapshot.Replicas[i]
-			if b := a.cfg.Backlog(rp, c.freq.Tokens); rp.Healthy && (best < 0 || b < best) {
-				best = b
-			}
-		}
-		after = min(max(best-a.cfg.MaxWait, time.Second), time.Minute)
+		after = c.retryAfter(a.cfg.MaxWait)
 	}
+	return c.tooMany(w, code, msg, after)
+}
+
+// retryAfter is the time until the least backlogged healthy replica of
+// the last snapshot has at most bound of predicted wait (fleet.Admission
+// Backlog), within 1 s..1 min.
+func (c *call) retryAfter(bound time.Duration) time.Duration {
+	best := time.Duration(-1)
+	for i := range c.sc.Snapshot.Replicas {
+		rp := &c.sc.Snapshot.Replicas[i]
+		if b := c.rt.cfg.Admission.Backlog(rp, c.freq.Tokens); rp.Healthy && (best < 0 || b < best) {
+			best = b
+		}
+	}
+	return min(max(best-bound, time.Second), time.Minute)
+}
+
+// tooMany answers 429 with Retry-After (after, rounded up to seconds)
+// and records the call.
+func (c *call) tooMany(w http.ResponseWriter, code, msg string, after time.Duration) bool {
 	w.Header().Set("Retry-After", strconv.Itoa(int((after+time.Second-1)/time.Second)))
 	c.fail(w, http.StatusTooManyRequests, errRateLimit, code, msg)
 	c.record()

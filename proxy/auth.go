@@ -30,6 +30,9 @@ type Keys struct {
 	// headers is the key's routing-header setting (headers=on|off): +1
 	// shown, −1 hidden, 0 as Config.ClientHeaders.
 	headers []int8
+	// classes is the key's SLO class (class=NAME, one of
+	// Config.SLO.Classes), else "": the fleet's default SLO.
+	classes []string
 }
 
 // ReadKeys reads a key file: one key per line, optionally followed by
@@ -39,8 +42,9 @@ type Keys struct {
 // priority=-1" makes a key's traffic sheddable); blank lines and lines
 // starting with # are skipped. "headers=on" (or "headers=off") after the
 // name decides whether the key's clients get the X-Kvrouter-* response
-// headers whatever --client-headers says. The file must hold at
-// least one key, at most 10,000, in at most 1 MiB.
+// headers whatever --client-headers says; "class=NAME" gives the key's
+// requests the SLO of class NAME (Config.SLO.Classes; slo.go). The file
+// must hold at least one key, at most 10,000, in at most 1 MiB.
 func ReadKeys(path string) (*Keys, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -69,7 +73,7 @@ func parseKeys(r io.Reader) (*Keys, error) {
 		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
 			continue
 		}
-		prio, headers := 0, int8(0)
+		prio, headers, class := 0, int8(0), ""
 		for len(f) > 1 {
 			opt := f[len(f)-1]
 			if v, ok := strings.CutPrefix(opt, "priority="); ok {
@@ -78,6 +82,11 @@ func parseKeys(r io.Reader) (*Keys, error) {
 					return nil, fmt.Errorf("line %d: priority %q: want an integer within ±%d", line, v, maxPriority)
 				}
 				prio = p
+			} else if v, ok := strings.CutPrefix(opt, "class="); ok {
+				if !validClassName(v) {
+					return nil, fmt.Errorf("line %d: class %q: want a name of 1 to %d letters, digits, - or _", line, v, maxClassName)
+				}
+				class = v
 			} else if v, ok := strings.CutPrefix(opt, "headers="); ok {
 				if headers, ok = parseHeadersOption(v); !ok {
 					return nil, fmt.Errorf("line %d: headers %q: want on or off", line, v)
@@ -88,7 +97,7 @@ func parseKeys(r io.Reader) (*Keys, error) {
 			f = f[:len(f)-1]
 		}
 		if len(f) > 2 {
-			return nil, fmt.Errorf("line %d: want KEY [NAME] [priority=N] [headers=on|off], got %d fields", line, len(f))
+			return nil, fmt.Errorf("line %d: want KEY [NAME] [priority=N] [headers=on|off] [class=NAME], got %d fields", line, len(f))
 		}
 		if len(k.sums) == maxKeys {
 			return nil, fmt.Errorf("more than %d keys", maxKeys)
@@ -101,6 +110,7 @@ func parseKeys(r io.Reader) (*Keys, error) {
 		k.names = append(k.names, name)
 		k.prios = append(k.prios, prio)
 		k.headers = append(k.headers, headers)
+		k.classes = append(k.classes, class)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -151,7 +161,8 @@ type keyNameKey struct{}
 type keyInfo struct {
 	name     string
 	priority int
-	headers  int8 // Keys.headers
+	headers  int8   // Keys.headers
+	class    string // Keys.classes
 }
 
 // keyPriority returns the default priority of the API key the request
@@ -193,7 +204,7 @@ func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if g.strip {
 		r.Header.Del("Authorization")
 	}
-	info := keyInfo{name: g.keys.names[i], priority: g.keys.prios[i], headers: g.keys.headers[i]}
+	info := keyInfo{name: g.keys.names[i], priority: g.keys.prios[i], headers: g.keys.headers[i], class: g.keys.classes[i]}
 	g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyNameKey{}, info)))
 }
 

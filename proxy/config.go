@@ -124,6 +124,9 @@ type Config struct {
 	// Admission is admission control: the router's queue of requests no
 	// replica can start in time.
 	Admission fleet.Admission `yaml:",inline"`
+	// SLO is the requests' latency targets and what happens to a request
+	// no replica is predicted to meet them for (slo.go).
+	SLO SLOs `yaml:",inline"`
 
 	// Safety surface (issue 13): drain, authentication, TLS, the admin
 	// listener, what passes through and what decision records show.
@@ -343,6 +346,7 @@ func DefaultConfig() Config {
 		Admission: fleet.Admission{
 			MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout,
 		},
+		SLO: SLOs{Admission: SLOAdmitRoute},
 
 		DrainTimeout: DefaultDrainTimeout,
 		AdminListen:  DefaultAdminListen,

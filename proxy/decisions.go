@@ -51,6 +51,7 @@ func (c *call) fill(rec *view.Decision) {
 		PredictedTTFTMS: ms(c.ticket.Claim().CalibratedTTFT()), DecideMS: ms(c.decide), TTFTMS: ms(c.ttft),
 		Status: c.status, Outcome: c.outcome,
 	}
+	c.fillSLO(rec)
 	if c.replica >= 0 {
 		rec.Replica = rt.name(c.replica)
 	}

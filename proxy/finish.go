@@ -49,6 +49,7 @@ func (c *call) finish(ctx context.Context) {
 		c.settle()
 	}
 	c.settleDecode()
+	c.judgeSLO()
 	if c.rec != 0 {
 		c.record()
 	}
@@ -56,6 +57,7 @@ func (c *call) finish(ctx context.Context) {
 		c.recordTrace(r)
 	}
 	rt.observe(c)
+	rt.observeSLO(c)
 	rt.logAccess(c)
 	c.endSpan()
 	rt.recycle(c)

@@ -101,6 +101,8 @@ type call struct {
 
 	*bufs // borrowed from Router.pool until finish
 
+	sloState // the request's SLO and how it fared (slo.go)
+
 	// served is the endpoint the data plane reported served the request
 	// (Pick.Served); empty: none reported.
 	served string
@@ -235,6 +237,9 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	c.sessionOf(r, p)
 	if c.priority, ok = priorityOf(r); !ok {
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
+		return
+	}
+	if !c.setSLO(w, r) {
 		return
 	}
 	c.ctx, c.in = r.Context(), r.Header
@@ -413,7 +418,7 @@ func (c *call) route(w http.ResponseWriter) bool {
 	chains, tokens := rt.st.hasher.Hash(p, prefix.Root(fl.ModelKey(p.Model)), sizes, &c.hs)
 	c.freq = fleet.Request{
 		ID: c.id, Hash: xxhash.Sum64String(c.id), Model: p.Model, Session: c.session,
-		Tokens: tokens, MaxTokens: p.MaxTokens, PrefixKey: p.PrefixKey(), Chains: chains, TTFT: p.Stream,
+		Tokens: tokens, MaxTokens: p.MaxTokens, PrefixKey: p.PrefixKey(), Chains: chains, TTFT: p.Stream, SLO: c.slo,
 	}
 	c.readSession()
 	return c.pick(w)
@@ -429,6 +434,12 @@ func (c *call) pick(w http.ResponseWriter) bool {
 	if c.ticket == nil && c.dec.Reason == route.ReasonSaturated && w != nil {
 		var ok bool
 		if t0, ok = c.queue(c.ctx, w, c.priority); !ok {
+			return false
+		}
+	}
+	if w != nil && c.rec == 0 && c.unattainable() {
+		var ok bool
+		if t0, ok = c.admitSLO(w, t0); !ok {
 			return false
 		}
 	}

@@ -23,15 +23,16 @@ type Pick struct {
 
 // Pick routes one request for a data plane that forwards it itself. r
 // carries the method, the path and the headers (session header,
-// X-Priority; the API keys are not checked: the data plane authenticates);
-// body is the whole request body. A POST to /v1/chat/completions or
-// /v1/completions goes through the same steps as serveCompletion up to the
-// choice: parse (the same limits), session, priority, admission queue (for
-// as long as r's context lasts), the fleet's decision over the replicas
-// whose host:port is in subset (nil: all of them), and the decision record.
-// Any other request gets a healthy replica, round robin, as a pass-through
-// does. When no replica is chosen, Pick answers w as the HTTP router would
-// (status, Retry-After, an OpenAI-style JSON error, counted in
+// X-Priority, the SLO headers; the API keys are not checked: the data
+// plane authenticates); body is the whole request body. A POST to
+// /v1/chat/completions or /v1/completions goes through the same steps as
+// serveCompletion up to the choice: parse (the same limits), session,
+// priority, SLO, admission queue (for as long as r's context lasts), the
+// fleet's decision over the replicas whose host:port is in subset (nil:
+// all of them), and the decision record. Any other request gets a
+// healthy replica, round robin, as a pass-through does. When no replica
+// is chosen, Pick answers w as the HTTP router would (status,
+// Retry-After, an OpenAI-style JSON error, counted in
 // kvrouter_errors_total) and returns nil.
 func (rt *Router) Pick(w http.ResponseWriter, r *http.Request, body []byte, subset []string) *Pick {
 	completion := r.Method == http.MethodPost && (r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions")
@@ -50,6 +51,10 @@ func (rt *Router) Pick(w http.ResponseWriter, r *http.Request, body []byte, subs
 	var ok bool
 	if c.priority, ok = priorityOf(r); !ok {
 		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
+		c.finish(r.Context())
+		return nil
+	}
+	if !c.setSLO(w, r) {
 		c.finish(r.Context())
 		return nil
 	}

@@ -116,6 +116,9 @@ func (c *call) recordTrace(r *record.Recorder) {
 	}
 	e := &record.Entry{At: c.start, InputTokens: c.freq.Tokens, OutputTokens: c.usage.CompletionTokens,
 		CachedTokens: c.usage.CachedTokens, Session: c.session, Model: c.freq.Model, Priority: c.priority, Outcome: c.outcome}
+	if !c.slo.IsZero() {
+		e.SLOTTFT, e.SLOITL, e.SLOClass = c.slo.TTFT, c.slo.ITL, c.slo.Class
+	}
 	if c.usage.PromptTokens > 0 {
 		e.InputTokens = c.usage.PromptTokens
 	}

@@ -75,8 +75,9 @@ type Router struct {
 	models     modelsCache
 	st         *state
 	adm        *admission // nil: admission control off
-	pool       sync.Pool  // *bufs: the calls' buffers
-	readBufs   readBufs   // stream read buffers
+	sm         *sloMetrics
+	pool       sync.Pool // *bufs: the calls' buffers
+	readBufs   readBufs  // stream read buffers
 	now        func() time.Time
 	start      time.Time     // the router's start: time zero of the residency index
 	sf         surface       // keys, pass-through list, id hashing
@@ -154,6 +155,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	if rt.adm, err = newAdmission(cfg.Admission, reg); err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
+	if rt.sm, err = newSLOMetrics(reg); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}
 	var onRelease func()

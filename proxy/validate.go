@@ -90,6 +90,9 @@ func (c *Config) Validate() error {
 	if err := c.Admission.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.SLO.Validate(c.Admission); err != nil {
+		errs = append(errs, err)
+	}
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}

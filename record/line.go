@@ -3,7 +3,8 @@
 // line per request, in the Mooncake format (timestamp, input_length,
 // output_length, hash_ids) with optional fields for what kvrouter knows
 // and Mooncake's format lacks (block_size, session, model, priority,
-// cached_tokens, outcome, tokens_estimated).
+// cached_tokens, outcome, tokens_estimated, and the request's SLO:
+// slo_ttft_ms, slo_itl_ms, slo_class).
 //
 // A recording holds no prompt text and no raw session or user id: block
 // hashes and session ids pass through a keyed pseudo-random function
@@ -61,6 +62,13 @@ type Entry struct {
 	// Outcome is how the request ended (ok, error, canceled,
 	// upstream_error).
 	Outcome string
+	// SLOTTFT and SLOITL are the request's SLO bounds on its time to
+	// first token and its mean inter-token latency (0: none), and
+	// SLOClass its class (proxy.DefaultClass for the fleet's own; ""
+	// when it had no SLO): written as slo_ttft_ms, slo_itl_ms (in
+	// milliseconds) and slo_class.
+	SLOTTFT, SLOITL time.Duration
+	SLOClass        string
 }
 
 // MaxHashID bounds the recorded hash ids: they are below 2^53, so that
@@ -224,7 +232,25 @@ func (k *Keys) appendLine(dst []byte, e *Entry, start time.Time, head bool) []by
 		dst = append(dst, `,"outcome":`...)
 		dst = appendJSONString(dst, e.Outcome)
 	}
-	return append(dst, "}\n"...)
+	return append(appendSLO(dst, e), "}\n"...)
+}
+
+// appendSLO appends the entry's SLO fields, those it has.
+func appendSLO(dst []byte, e *Entry) []byte {
+	for _, f := range [...]struct {
+		key string
+		v   time.Duration
+	}{{`,"slo_ttft_ms":`, e.SLOTTFT}, {`,"slo_itl_ms":`, e.SLOITL}} {
+		if f.v > 0 {
+			dst = append(dst, f.key...)
+			dst = strconv.AppendFloat(dst, float64(f.v.Microseconds())/1000, 'f', -1, 64)
+		}
+	}
+	if e.SLOClass != "" {
+		dst = append(dst, `,"slo_class":`...)
+		dst = appendJSONString(dst, e.SLOClass)
+	}
+	return dst
 }
 
 // appendJSONString appends s as a JSON string.

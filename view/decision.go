@@ -93,6 +93,28 @@ type Decision struct {
 	// scale (fleet.Claim.CalibratedTTFT; 0: not predicted): the figure to
 	// compare TTFTMS with.
 	PredictedTTFTMS float64 `json:"predicted_ttft_ms,omitempty"`
+	// SLOClass, SLOTTFTMS and SLOITLMS are the request's SLO
+	// (route.SLO): its class ("default" for the fleet's own) and its
+	// bounds on the time to first token and the mean inter-token latency
+	// (0: none; the bounds both 0: no SLO).
+	SLOClass  string  `json:"slo_class,omitempty"`
+	SLOTTFTMS float64 `json:"slo_ttft_ms,omitempty"`
+	SLOITLMS  float64 `json:"slo_itl_ms,omitempty"`
+	// PredictedMiss is the policy's predicted probability, 0..1, that the
+	// request misses its SLO on the replica it chose (route.Decision.Miss;
+	// 0: no SLO or no prediction).
+	PredictedMiss float64 `json:"predicted_miss,omitempty"`
+	// SLOAdmission, set when a decision predicted a miss at least as
+	// likely as not (no replica predicted to meet the SLO), is what the
+	// router did (kvrouter serve --slo-admission): routed, queued or
+	// rejected.
+	SLOAdmission string `json:"slo_admission,omitempty"`
+	// SLOOutcome is how a streamed response that ended ok fared against
+	// its SLO: met, missed_ttft or missed_itl (empty: not judged); ITLMS
+	// its measured mean inter-token latency (first byte to end over the
+	// output tokens after the first; 0: fewer than 2).
+	SLOOutcome string  `json:"slo_outcome,omitempty"`
+	ITLMS      float64 `json:"itl_ms,omitempty"`
 	// DecideMS is the time spent matching and picking (all attempts).
 	DecideMS float64 `json:"decide_ms"`
 	// TTFTMS is arrival to the first response byte (0: not yet); E2EMS

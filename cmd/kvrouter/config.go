@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/kvrouter/kvrouter/proxy"
@@ -74,6 +75,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(&cfg.KVEventsBind, "kv-events-bind", cfg.KVEventsBind,
 		"ZMQ endpoint engines dial to publish KV events, matched to backends by topic kv@<host>:<port>@<model> (precise mode; e.g. tcp://0.0.0.0:5557)")
 	admissionFlags(fs, &cfg.Admission.MaxWait, &cfg.Admission.MaxQueue, &cfg.Admission.QueueTimeout)
+	sloFlags(fs, &cfg.SLO)
 	dynamicFlags(fs, cfg)
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer,
 		"token mode: a directory with the model's tokenizer.json and tokenizer_config.json, or \"remote\" to ask a healthy replica's /tokenize; empty: text mode (per model: YAML key tokenizers: {model: dir})")
@@ -82,7 +84,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout,
 		"on SIGTERM/SIGINT, how long requests in flight may finish before the rest are ended with an error (exit code 1 then)")
 	fs.StringVar(&cfg.APIKeys, "api-keys", cfg.APIKeys,
-		"file of API keys clients must send as \"Authorization: Bearer KEY\" (one per line: \"KEY [NAME] [priority=N] [headers=on|off]\"; # comments); empty: no authentication")
+		"file of API keys clients must send as \"Authorization: Bearer KEY\" (one per line: \"KEY [NAME] [priority=N] [headers=on|off] [class=NAME]\"; # comments; class: one of --slo-classes); empty: no authentication")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen,
 		"address of the admin surface (/ui, /debug/decisions, /metrics, /livez, /readyz); empty: none")
 	fs.StringVar(&cfg.AdminAPIKeys, "admin-api-keys", cfg.AdminAPIKeys,
@@ -148,6 +150,16 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.Peers.ReadTimeout, "shared-read-timeout", cfg.Peers.ReadTimeout,
 		"longest a request with a session waits for --redis to read its binding before deciding (0: 5ms)")
 	return bl
+}
+
+// sloFlags binds the SLO flags: the fleet's default targets, the client
+// classes' and what happens to a request no replica is predicted to meet
+// its SLO on.
+func sloFlags(fs *flag.FlagSet, s *proxy.SLOs) {
+	fs.DurationVar(&s.TTFT, "slo-ttft", s.TTFT, "the fleet's default SLO bound on time to first token, for requests whose API key has no class and that send no "+proxy.HeaderSLOTTFT+" header (0: none)")
+	fs.DurationVar(&s.ITL, "slo-itl", s.ITL, "the fleet's default SLO bound on the mean time between output tokens (header "+proxy.HeaderSLOTPOT+" per request; 0: none)")
+	fs.Var(&s.Classes, "slo-classes", "client classes' SLOs, NAME=TTFT/ITL comma-separated (e.g. interactive=500ms/50ms,batch=30s/0; 0: no bound), which an API key takes with class=NAME")
+	fs.StringVar(&s.Admission, "slo-admission", s.Admission, "what happens to a request no replica is predicted to meet the SLO of (predicted miss >= "+strconv.FormatFloat(proxy.MissThreshold, 'g', -1, 64)+"): route (anyway), queue (in the router's queue until a replica is predicted to meet it; 429 once its TTFT bound passes) or reject (429 slo_unattainable with Retry-After)")
 }
 
 // pathList is the --pass-through flag: comma-separated paths, replacing
