@@ -116,3 +116,23 @@ func BenchmarkPickIdleFleet(b *testing.B) {
 		KVAware{}.Pick(r, s)
 	}
 }
+
+// BenchmarkPickSLO is BenchmarkPick for kv-aware with a request that
+// carries an SLO, so that every candidate priced in full also prices its
+// misses (kvmiss.go):
+//
+//	go test -run='^$' -bench=PickSLO -benchmem -count=5 ./route
+func BenchmarkPickSLO(b *testing.B) {
+	for _, n := range []int{8, 64, 512, 1000} {
+		b.Run(fmt.Sprintf("policy=kv-aware/replicas=%d", n), func(b *testing.B) {
+			r, s := benchFleet(n)
+			r.SLO = SLO{TTFT: 500 * time.Millisecond, ITL: 40 * time.Millisecond}
+			p := KVAware{}
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Seq++
+				p.Pick(r, s)
+			}
+		})
+	}
+}

@@ -243,8 +243,8 @@ func goldenCase(rng *rand.Rand, c int) (KVAware, *Request, *Snapshot) {
 }
 
 // TestKVAwarePruningMatchesFullPricing checks the pruned scan against the
-// full pricing on the digest's cases, as many more, and as many again with
-// links, CPU tiers and Displaced: the same decision and reason, the same
+// full pricing on the digest's cases, as many more, as many again with
+// links, CPU tiers and Displaced, with sessions, and with SLOs: the same decision and reason, the same
 // terms for every candidate priced in full, the others counted as pruned;
 // and for every candidate, bound at most its full Total and quick at most
 // bound.
@@ -254,7 +254,7 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 	// The bounds sum their terms in another order, so they may exceed
 	// the full Total by a rounding.
 	le := func(a, b float64) bool { return a <= b*(1+1e-12) }
-	for c := range 4 * goldenCases {
+	for c := range 5 * goldenCases {
 		if c == goldenCases {
 			rng = rand.New(rand.NewPCG(7, uint64(c)))
 		}
@@ -262,8 +262,11 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 		if c >= 2*goldenCases {
 			withPaths(rng, r, s)
 		}
-		if c >= 3*goldenCases {
+		if c >= 3*goldenCases && c < 4*goldenCases {
 			withSession(rng, r, s)
+		}
+		if c >= 4*goldenCases {
+			withSLO(rng, r, s)
 		}
 		rr := *r
 		if r.Costs != nil {
@@ -313,6 +316,18 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 		t.Error("no candidate pruned: the cases do not exercise the bound")
 	}
 	t.Logf("%d candidates pruned", pruned)
+}
+
+// withSLO gives the request of a golden case an SLO, and its replicas
+// learned spreads, so that the pruned scan is checked with the miss term.
+func withSLO(rng *rand.Rand, r *Request, s *Snapshot) {
+	ms := func(vals ...int) time.Duration { return time.Duration(vals[rng.IntN(len(vals))]) * time.Millisecond }
+	r.SLO = SLO{TTFT: ms(0, 1, 50, 500, 5000), ITL: ms(0, 1, 10, 40, 200)}
+	for i := range s.Replicas {
+		rt := &s.Replicas[i].Rates
+		rt.Spread = []float64{0, 0.01, 0.3, 2}[rng.IntN(4)]
+		rt.DecodeSpread = []float64{0, 0.01, 0.3, 2}[rng.IntN(4)]
+	}
 }
 
 // withPaths gives the replicas of a golden case the other ways to a

@@ -114,6 +114,26 @@ type kvStall struct {
 // placement that costs less in the sum but pushes requests over their
 // bound loses to one that keeps them under.
 func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvStall) (cost, miss float64) {
+	cost, miss = q.ownMisses(rt, ttft, decode)
+	s := &q.slo
+	if s.itl <= 0 || st.batch+st.joiners <= 0 {
+		return cost, miss
+	}
+	_, sI := spreads(rt)
+	n := q.harmonic(rp, st.batch)
+	before := st.step + st.queued/n
+	after := before + st.grow + st.compute/n
+	pushed := over(after, s.logITL, sI) - over(before, s.logITL, sI)
+	if pushed > 0 {
+		cost += (st.batch + st.joiners/2) * pushed * s.missPrice(n)
+	}
+	return cost, miss
+}
+
+// ownMisses is the request's own expected misses, in ns of Total, and
+// its probability of a miss, for a predicted time to first token ttft
+// and a decode of decode ns (misses).
+func (q *kvRequest) ownMisses(rt *Rates, ttft, decode float64) (cost, miss float64) {
 	sT, sI := spreads(rt)
 	s := &q.slo
 	pT, pI := 0.0, 0.0
@@ -124,18 +144,7 @@ func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvS
 		pI = over(decode/q.out, s.logITL, sI)
 	}
 	miss = 1 - (1-pT)*(1-pI)
-	cost = miss * s.price
-	if s.itl <= 0 || st.batch+st.joiners <= 0 {
-		return cost, miss
-	}
-	n := q.harmonic(rp, st.batch)
-	before := st.step + st.queued/n
-	after := before + st.grow + st.compute/n
-	pushed := over(after, s.logITL, sI) - over(before, s.logITL, sI)
-	if pushed > 0 {
-		cost += (st.batch + st.joiners/2) * pushed * s.missPrice(n)
-	}
-	return cost, miss
+	return miss * s.price, miss
 }
 
 // missTerms fills k's miss fields and returns total with the miss term

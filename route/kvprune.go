@@ -105,7 +105,9 @@ func (q *kvRequest) lowContext(batch, context float64) float64 {
 // nothing can be imported or loaded), in at least one iteration of that
 // batch, its stall of the batch and the wait of the arrivals behind it;
 // the decode at its floor, the fleet's mean batch (a replica's batch over
-// a decode is never below it: see life) and lowContext. Each term of price
+// a decode is never below it: see life) and lowContext; and for a request
+// with an SLO, its own misses at those floors of its time to first token
+// and of its decode. Each term of price
 // is at least its counterpart here (a seat's wait, an import's or a
 // load's time and memory only add; a new session's later turns add, and
 // the share of its copy they take back is at most the prefill of the
@@ -129,6 +131,15 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
 	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
+	if q.slo.on() {
+		// The request's own misses at these floors of its time to first
+		// token and of its decode (over is increasing; the others' are
+		// never negative).
+		grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
+		own := q.out * (rt.stepNS(q.meanBatch, q.lowContext(batch, context)) + grow) * rt.DecodeScale
+		cost, _ := q.ownMisses(rt, wait+prefill, own)
+		total += cost
+	}
 	return total
 }
 
