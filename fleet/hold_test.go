@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,5 +134,30 @@ func TestApproximateHitsUnderChurn(t *testing.T) {
 	t.Logf("predicted %.1f%% cached, the engines %.1f%%, over %v", 100*p, 100*c, run.now)
 	if math.Abs(p-c) > 0.03 {
 		t.Errorf("predicted %.1f%% of the prompt tokens cached, the engines %.1f%%: want within 3 points", 100*p, 100*c)
+	}
+}
+
+// TestHoldNotLeakedByRacingEnds: FirstToken and Done called from
+// different goroutines, in either order, leave no block held: a request
+// that ended before its first token was recorded holds nothing after.
+func TestHoldNotLeakedByRacingEnds(t *testing.T) {
+	hashes := []prefix.Hash{1, 2, 3, 4}
+	chains := []residency.Chain{{Tokens: 16, Hashes: hashes}}
+	f := newFleet(t, Config{Policy: holdProbe{}})
+	var sc Scratch
+	tickets := make([]*Ticket, 64)
+	for i := range tickets {
+		_, tickets[i] = f.Decide(&Request{ID: "q", Tokens: 64, Chains: chains}, nil, t0, &sc)
+	}
+	var wg sync.WaitGroup
+	for _, tk := range tickets {
+		wg.Go(func() { tk.FirstToken(t0.Add(time.Second)) })
+		wg.Go(func() { tk.Done(t0.Add(2*time.Second), NoUsage, nil) })
+	}
+	wg.Wait()
+	_, tk := f.Decide(&Request{ID: "probe", Tokens: 64, Chains: chains}, nil, t0.Add(10*time.Second), &sc)
+	tk.Done(t0.Add(10*time.Second), NoUsage, nil)
+	if age := sc.Request.Age[0]; age != 8*time.Second && age != 10*time.Second {
+		t.Errorf("after every request ended: age %v, want 8s (released at 2s) or 10s (never held)", age)
 	}
 }
