@@ -11,7 +11,6 @@ import (
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/route"
-	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // TestRatesConvergeOnSlowerFleet: a fleet whose engines are twice as slow
@@ -125,95 +124,35 @@ func convergeRun(t *testing.T, factors []float64, requests int, seed uint64) (sc
 		mean += factor / float64(n)
 	}
 	f := newFleet(t, Config{Replicas: reps(ids...), Policy: route.KVAware{}, Rates: preset})
-
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	gap := time.Duration(float64(300*time.Millisecond) / float64(n) * mean)
-	scrapeEvery := time.Duration(float64(100*time.Millisecond) * mean)
-	wake := make([]time.Duration, n) // next engine step; -1 idle
-	for i := range wake {
-		wake[i] = -1
-	}
-	tickets := map[string]*Ticket{}
+	run := newEngineRun(t, f, ids, engines, time.Duration(float64(100*time.Millisecond)*mean))
 	var sc Scratch
-	now, nextArrival, nextScrape := time.Duration(0), time.Duration(0), time.Duration(0)
-	sent, done := 0, 0
-	step := func(i int) {
-		evs, next := engines[i].Step(now)
-		for _, ev := range evs {
-			switch ev.Kind {
-			case engine.FirstToken:
-				tickets[ev.Req].FirstToken(at(ev.At))
-			case engine.Done:
-				tickets[ev.Req].Done(at(ev.At), Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens,
-					CompletionTokens: ev.OutputTokens}, nil)
-				delete(tickets, ev.Req)
-				done++
-			}
-		}
-		wake[i] = -1
-		if next != engine.Idle {
-			wake[i] = max(next, now+1)
-		}
-	}
+	nextArrival, sent := time.Duration(0), 0
 	shared := make([]prefix.Hash, 64) // 1,024 tokens
 	for k := range shared {
 		shared[k] = prefix.Hash(1000 + k)
 	}
-	for done < requests {
-		// The next event: an arrival, a scrape or an engine step.
-		now = math.MaxInt64
-		if sent < requests {
-			now = nextArrival
+	for run.done < requests {
+		if !run.advance(nextArrival, sent < requests) {
+			continue
 		}
-		now = min(now, nextScrape)
-		for _, w := range wake {
-			if w >= 0 {
-				now = min(now, w)
-			}
+		prompt, output := 500+rng.IntN(2500), 20+rng.IntN(180)
+		hashes := make([]prefix.Hash, prompt/16)
+		for k := range hashes {
+			hashes[k] = prefix.Hash(uint64(sent+1)<<20 | uint64(k))
 		}
-		for i, w := range wake {
-			if w == now {
-				step(i)
-			}
+		if rng.IntN(4) == 0 {
+			copy(hashes, shared)
 		}
-		if now == nextScrape {
-			for i, e := range engines {
-				s := e.Stats()
-				f.SetLoad(ids[i], scrape.Load{Running: s.Running, Waiting: s.Waiting, BlockSize: 16,
-					NumBlocks: s.TotalBlocks, KVUsage: float64(s.UsedBlocks) / float64(s.TotalBlocks),
-					PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits), At: at(now)})
-			}
-			nextScrape += scrapeEvery
-		}
-		if sent < requests && now == nextArrival {
-			prompt, output := 500+rng.IntN(2500), 20+rng.IntN(180)
-			hashes := make([]prefix.Hash, prompt/16)
-			for k := range hashes {
-				hashes[k] = prefix.Hash(uint64(sent+1)<<20 | uint64(k))
-			}
-			if rng.IntN(4) == 0 {
-				copy(hashes, shared)
-			}
-			id := fmt.Sprint("q", sent)
-			req := &Request{ID: id, Hash: uint64(sent) * 0x9e3779b97f4a7c15, Tokens: prompt, MaxTokens: output,
-				Chains: []residency.Chain{{Tokens: 16, Hashes: hashes}}, TTFT: true}
-			d, tk := f.Decide(req, nil, at(now), &sc)
-			if tk == nil {
-				t.Fatalf("request %d rejected: %s", sent, d.Reason)
-			}
-			tickets[id] = tk
-			if err := engines[d.Replica].Add(now, &engine.Request{ID: id, Prompt: prompt, Hashes: hashes, MaxTokens: output}); err != nil {
-				t.Fatal(err)
-			}
-			if wake[d.Replica] < 0 {
-				step(d.Replica)
-			}
-			sent++
-			nextArrival += time.Duration(float64(gap) * (0.5 + rng.Float64()))
-		}
+		id := fmt.Sprint("q", sent)
+		run.send(&Request{ID: id, Hash: uint64(sent) * 0x9e3779b97f4a7c15, Tokens: prompt, MaxTokens: output,
+			Chains: []residency.Chain{{Tokens: 16, Hashes: hashes}}, TTFT: true},
+			&engine.Request{ID: id, Prompt: prompt, Hashes: hashes, MaxTokens: output}, &sc)
+		sent++
+		nextArrival += time.Duration(float64(gap) * (0.5 + rng.Float64()))
 	}
 	var s route.Snapshot
-	f.Snapshot(&s, at(now), 0)
+	f.Snapshot(&s, run.at(run.now), 0)
 	for _, r := range s.Replicas {
 		scale, decode = append(scale, r.Rates.Scale), append(decode, r.Rates.DecodeScale)
 	}

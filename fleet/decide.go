@@ -25,7 +25,9 @@ type Request struct {
 	// PrefixKey is route.Request.PrefixKey.
 	PrefixKey uint64
 	// Chains are the prompt's block hashes: one chain in text mode, one per
-	// engine block size of the fleet in token mode (BlockSizes).
+	// engine block size of the fleet in token mode (BlockSizes). The
+	// ticket keeps the chosen replica's Hashes until Done (hold.go): do
+	// not change them before.
 	Chains []residency.Chain
 	// SLO is the request's latency targets (route.Request.SLO).
 	SLO route.SLO
@@ -197,7 +199,8 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		f.bind(r.Session, rep, now, firstChain(r.Chains))
 	}
 	rep.arrived(sc.Request.Seq, len(sc.Snapshot.Replicas))
-	f.hold(tk, r.Chains, now, &sc.ms)
+	f.tr.Touch(d.Replica, r.Chains, f.indexTime(now), &sc.ms)
+	tk.keepChain(r.Chains)
 	f.peers.note(r, rep, now)
 	return tk
 }

@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvrouter/kvrouter/residency"
 	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/scrape"
 )
@@ -89,9 +88,8 @@ type Ticket struct {
 	// (batch0) and prefilled total (work0) then, and the time from sent to
 	// it plus 1 ns (first; zero: not yet), for Done's inter-token latency.
 	batch0, work0, first atomic.Int64
-	// chains are the request's block hashes, held in the index on its
-	// replica until Done (hold.go); nil when none are held.
-	chains []residency.Chain
+	// hold is its hold on its prompt's blocks in the index (hold.go).
+	hold ticketHold
 	// features is what the fleet's learning policy kept of the decision
 	// (learns: it has); see teach.
 	features route.Features
@@ -171,6 +169,7 @@ func (t *Ticket) FirstToken(now time.Time) {
 	if t.f.transfers() {
 		t.r.prefills.drop(t)
 	}
+	t.holdBlocks(now)
 	t.r.decoding.Add(1)
 	t.r.changed()
 	t.f.released()
@@ -218,7 +217,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 		r.invOut.Add(-1e9 / int64(t.claim.Output))
 	}
 	r.inFlight.Add(-1)
-	t.release(now)
+	t.releaseBlocks(now)
 	t.leftScrape(now)
 	r.changed()
 	t.f.released()

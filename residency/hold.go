@@ -17,19 +17,19 @@ import (
 // was routed with it: under load a request holds its prompt for its whole
 // time in the engine (a thousand tokens of output at 80 ms each is 80 s),
 // which is as long as an eviction horizon. The approximate index follows
-// that when its caller says how long requests run: Hold when a request is
-// sent, Release when it ends. A held block reads as touched now (Match's
-// age ≤ 0); the blocks of a chain are released together, at the release.
+// that when its caller says when requests run: Hold when one starts
+// holding its blocks, Release when it ends. A held block reads as touched
+// now (Match's age ≤ 0); the blocks of a chain are released together.
 
 // heldStamp is the touched stamp of a held entry: later than any index
 // time, so that its age reads as at most zero, it never expires (TTL), and
 // its hot holder set's oldest stamp stays a lower bound.
 const heldStamp = time.Duration(math.MaxInt64)
 
-// Hold records that a request whose chain is hashes was sent to replica r
-// at now and holds its blocks until Release: as Touch, and every block
-// then reads as touched now until the last request holding it is
-// released. A later Touch of a held block keeps it held.
+// Hold records that a request whose chain is hashes holds its blocks on
+// replica r from now until Release: as Touch, and every block then reads
+// as touched now until the last request holding it is released. A later
+// Touch of a held block keeps it held.
 func (x *Index) Hold(r int, hashes []prefix.Hash, now time.Duration) {
 	x.store(r, hashes, now, true)
 }
@@ -61,22 +61,31 @@ func (x *Index) Release(r int, hashes []prefix.Hash, now time.Duration) {
 	}
 }
 
-// Hold records, as Touch does, that the request whose chains were just
-// matched (with sc) was sent to replica r at now, and that it holds its
-// blocks there until Release: its blocks' approximate ages read zero
-// meanwhile (Index.Hold).
+// Hold records, as Touch does, that a request with chains is on replica
+// r at now, and that it holds its blocks there until Release: their
+// approximate ages read zero meanwhile (Index.Hold).
 func (t *Tracker) Hold(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
 	t.touch(r, chains, now, sc, true)
 }
 
 // Release records that a request Hold recorded on replica r with chains
 // ended at now: its blocks age from now on (Index.Release).
-func (t *Tracker) Release(r int, chains []Chain, now time.Duration) {
+func (t *Tracker) Release(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
 	ci := t.chainOf(chains, r)
 	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {
 		return
 	}
-	var sc MatchScratch
-	hashes, _ := t.coarsen(&chains[ci], &sc)
+	hashes, _ := t.coarsen(&chains[ci], sc)
 	t.approx.Release(r, hashes, now)
+}
+
+// ChainFor returns the chain of chains replica r is matched and touched
+// with (the first in text mode, the one of its engine block size in token
+// mode), and false when it has none.
+func (t *Tracker) ChainFor(chains []Chain, r int) (Chain, bool) {
+	ci := t.chainOf(chains, r)
+	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {
+		return Chain{}, false
+	}
+	return chains[ci], true
 }

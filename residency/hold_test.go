@@ -144,7 +144,7 @@ func TestTrackerHold(t *testing.T) {
 		if n, a := tr.Fresh(req, 16, 1, 10, time.Second, 9*time.Second, &sc); n != 10 || a != 0 {
 			t.Errorf("precise %v: held Fresh %d at %v, want 10 at 0s", cfg.Precise, n, a)
 		}
-		tr.Release(1, req, 5*time.Second)
+		tr.Release(1, req, 5*time.Second, &sc)
 		if _, age = match(tr, req, 9*time.Second, 2); age[1] != 4*time.Second {
 			t.Errorf("precise %v: released age %v, want 4s", cfg.Precise, age[1])
 		}
