@@ -26,7 +26,18 @@ type Capacity struct {
 	// Levels are the attainments searched for, 0..1, highest first.
 	Levels   []float64        `json:"levels"`
 	Policies []PolicyCapacity `json:"policies"`
+	// Requests is the run's length; SteadyRequests the length a run
+	// needs to reach a steady state at the highest load that decided a
+	// capacity (sim's steadyRequests states the rule): a search whose
+	// Requests fall short measured its highest capacities on a fleet
+	// still filling up.
+	Requests       int `json:"requests"`
+	SteadyRequests int `json:"steady_requests"`
 }
+
+// Short reports whether the run was shorter than a steady state at its
+// highest capacity needs.
+func (c *Capacity) Short() bool { return c.Requests < c.SteadyRequests }
 
 // PolicyCapacity is one policy's capacity.
 type PolicyCapacity struct {
@@ -168,7 +179,18 @@ func WriteCapacityTable(w io.Writer, c *Capacity) error {
 	for _, row := range append([][]string{head}, rows...) {
 		fmt.Fprintln(tw, strings.Join(append(row, ""), "\t"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n.SteadyRequests > 0 {
+		short := ""
+		if n.Short() {
+			short = ": too short, its highest capacities were measured on a fleet still filling up"
+		}
+		_, err := fmt.Fprintf(w, "run length %d requests; a steady state at the highest load that decided a capacity needs %d%s\n", n.Requests, n.SteadyRequests, short)
+		return err
+	}
+	return nil
 }
 
 // capacityRows are the capacity table of a normalized c: a header and one

@@ -67,6 +67,7 @@ func Capacity(cfg Config, cs CapacitySearch) (report.Capacity, error) {
 		}
 		out.Policies = append(out.Policies, pc)
 	}
+	o.steady(&out, cs.Tolerance)
 	return out, nil
 }
 
