@@ -77,7 +77,8 @@ type Attainment struct {
 	Rejected   float64 `json:"rejected"`
 }
 
-// NewAttainment counts samples against slo at load.
+// NewAttainment counts samples against slo at load (a sample with an SLO
+// class against its own bounds).
 func NewAttainment(load float64, samples []Sample, slo SLO) Attainment {
 	slo = slo.orDefault()
 	a := Attainment{Load: load}
@@ -87,7 +88,8 @@ func NewAttainment(load float64, samples []Sample, slo SLO) Attainment {
 			rej++
 			continue
 		}
-		okT, okI := s.TTFT <= slo.TTFT, s.ITL <= slo.ITL
+		b := s.bounds(slo)
+		okT, okI := s.TTFT <= b.TTFT, s.ITL <= b.ITL
 		if !okT {
 			ttft++
 		}

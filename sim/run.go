@@ -407,6 +407,8 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 		Prompt: jb.prompt, Cached: min(max(ev.CachedTokens-f.legComputed, 0), jb.prompt), PredictedCached: max(f.predicted-f.legPredicted, 0),
 		Output: out, Replica: i, OK: true, Reason: f.reason,
 	})
+	s := &r.res.samples[len(r.res.samples)-1]
+	s.Class, s.SLO = classOf(jb)
 	r.progress()
 }
 
