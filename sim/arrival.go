@@ -51,7 +51,7 @@ func (r *runner) dispatch(j int) bool {
 	}
 	r.flights[j] = flight{rep: int32(d.Replica), leg: -1, ticket: tk, predicted: min(d.Matched, jb.prompt), reason: d.Reason}
 	r.live++
-	if r.startLeg(j, d.Transfer, fl, sc) {
+	if !r.store && r.startLeg(j, d.Transfer, fl, sc) {
 		return true
 	}
 	r.start(j, d.Transfer)
