@@ -91,3 +91,52 @@ func TestSLOClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestCapacityOfAClass: a capacity search for one SLO class counts only
+// that class's requests, each against its own bounds: the attainment it
+// reports at a load is the share of the class's requests of a run at
+// that load meeting them; a class no request has is an error.
+func TestCapacityOfAClass(t *testing.T) {
+	preset, err := engine.Preset(engine.DefaultPreset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := trace.Generate("interactive-batch", trace.GenOptions{Seed: 3, Requests: 160})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Workload: w.Name, Requests: w.Requests, Replicas: 2, Preset: preset, Policies: []string{"least-loaded"}}
+	c, err := Capacity(cfg, CapacitySearch{Class: trace.ClassInteractive, Tolerance: 0.2, MaxLoad: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Load = 1
+	o, err := prepare(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := o.classSLO(trace.ClassInteractive)
+	if c.SLO != want {
+		t.Errorf("search SLO %+v, want the interactive class's %+v", c.SLO, want)
+	}
+	a := c.Policies[0].Curve[0]
+	res, err := o.scaled(a.Load).run("least-loaded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, met := 0, 0
+	for _, s := range res.samples {
+		if s.Class == trace.ClassInteractive {
+			n++
+			if s.OK && s.TTFT <= want.TTFT && s.ITL <= want.ITL {
+				met++
+			}
+		}
+	}
+	if n == 0 || a.Met != float64(met)/float64(n) {
+		t.Errorf("attainment at load %g: %g, want %d of %d interactive requests", a.Load, a.Met, met, n)
+	}
+	if _, err := Capacity(cfg, CapacitySearch{Class: "nightly"}); err == nil {
+		t.Error("a class no request has: no error")
+	}
+}

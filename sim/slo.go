@@ -114,3 +114,15 @@ func classOf(jb *job) (string, report.SLO) {
 	}
 	return jb.slo.Class, report.SLO{TTFT: jb.slo.TTFT, ITL: jb.slo.ITL}
 }
+
+// classSLO is the bounds of the first job of class, and whether there is
+// one.
+func (o *outcome) classSLO(class string) (report.SLO, bool) {
+	for i := range o.jobs {
+		if o.jobs[i].slo.Class == class {
+			_, s := classOf(&o.jobs[i])
+			return s, true
+		}
+	}
+	return report.SLO{}, false
+}
