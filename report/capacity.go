@@ -26,7 +26,18 @@ type Capacity struct {
 	// Levels are the attainments searched for, 0..1, highest first.
 	Levels   []float64        `json:"levels"`
 	Policies []PolicyCapacity `json:"policies"`
+	// Requests is the run's length; SteadyRequests the length a run
+	// needs to reach a steady state at the highest load that decided a
+	// capacity (sim's steadyRequests states the rule): a search whose
+	// Requests fall short measured its highest capacities on a fleet
+	// still filling up.
+	Requests       int `json:"requests"`
+	SteadyRequests int `json:"steady_requests"`
 }
+
+// Short reports whether the run was shorter than a steady state at its
+// highest capacity needs.
+func (c *Capacity) Short() bool { return c.Requests < c.SteadyRequests }
 
 // PolicyCapacity is one policy's capacity.
 type PolicyCapacity struct {
@@ -66,7 +77,8 @@ type Attainment struct {
 	Rejected   float64 `json:"rejected"`
 }
 
-// NewAttainment counts samples against slo at load.
+// NewAttainment counts samples against slo at load (a sample with an SLO
+// class against its own bounds).
 func NewAttainment(load float64, samples []Sample, slo SLO) Attainment {
 	slo = slo.orDefault()
 	a := Attainment{Load: load}
@@ -76,7 +88,8 @@ func NewAttainment(load float64, samples []Sample, slo SLO) Attainment {
 			rej++
 			continue
 		}
-		okT, okI := s.TTFT <= slo.TTFT, s.ITL <= slo.ITL
+		b := s.bounds(slo)
+		okT, okI := s.TTFT <= b.TTFT, s.ITL <= b.ITL
 		if !okT {
 			ttft++
 		}
@@ -168,7 +181,18 @@ func WriteCapacityTable(w io.Writer, c *Capacity) error {
 	for _, row := range append([][]string{head}, rows...) {
 		fmt.Fprintln(tw, strings.Join(append(row, ""), "\t"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n.SteadyRequests > 0 {
+		short := ""
+		if n.Short() {
+			short = ": too short, its highest capacities were measured on a fleet still filling up"
+		}
+		_, err := fmt.Fprintf(w, "run length %d requests; a steady state at the highest load that decided a capacity needs %d%s\n", n.Requests, n.SteadyRequests, short)
+		return err
+	}
+	return nil
 }
 
 // capacityRows are the capacity table of a normalized c: a header and one

@@ -12,6 +12,7 @@ package report
 import (
 	"encoding/json"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -50,6 +51,25 @@ type Sample struct {
 	Rejected bool
 	// Reason is the routing decision's reason ("prefix", "least-loaded").
 	Reason string
+	// Class is the request's SLO class and SLO its bounds, which it is
+	// held to instead of the run's; empty and zero: the run's.
+	Class string
+	SLO   SLO
+}
+
+// bounds is the SLO s is held to: its own, when it has a class, else
+// run (already defaulted).
+func (s *Sample) bounds(run SLO) SLO {
+	if s.Class != "" {
+		return s.SLO.orDefault()
+	}
+	return run
+}
+
+// meets reports whether s completed within its bounds.
+func (s *Sample) meets(run SLO) bool {
+	b := s.bounds(run)
+	return s.OK && s.TTFT <= b.TTFT && s.ITL <= b.ITL
 }
 
 // SLO is the service-level objective of goodput.
@@ -157,6 +177,9 @@ type Result struct {
 	Reasons map[string]int `json:"reasons"`
 	// PerReplica counts the requests each replica served.
 	PerReplica []int `json:"per_replica"`
+	// Classes is the attainment of each SLO class, by name; empty when
+	// no request has a class.
+	Classes []ClassResult `json:"classes,omitempty"`
 	// Learned is what the router had learned of each replica by the end
 	// of the run (a simulation's; empty otherwise).
 	Learned []Learned `json:"learned,omitempty"`
@@ -249,6 +272,10 @@ func (r *Run) normalized() Run {
 		}
 		for _, f := range []*float64{&p.HitRate, &p.PredictedHitRate, &p.PooledPct, &p.Throughput, &p.Goodput, &p.SLOMet, &p.MaxLoad, &p.MeanLoad} {
 			*f = round6(*f)
+		}
+		p.Classes = slices.Clone(p.Classes)
+		for k := range p.Classes {
+			p.Classes[k].SLOMet = round6(p.Classes[k].SLOMet)
 		}
 		if p.Reasons == nil {
 			p.Reasons = map[string]int{}

@@ -62,7 +62,7 @@ func Summarize(samples []Sample, opt Options) Result {
 		res.CachedTokens += int64(s.Cached)
 		res.OutputTokens += int64(s.Output)
 		predicted += int64(s.PredictedCached)
-		if s.TTFT <= slo.TTFT && s.ITL <= slo.ITL {
+		if s.meets(slo) {
 			met++
 		}
 	}
@@ -84,6 +84,7 @@ func Summarize(samples []Sample, opt Options) Result {
 			res.PerReplica[s.Replica]++
 		}
 	}
+	res.Classes = classResults(samples)
 	res.MaxLoad, res.MeanLoad, res.PeakLoad = balance(samples, replicas, start, end)
 	res.Series.TTFT = cdf(ttft, or(opt.CDFPoints, 200))
 	res.Series.Bucket, res.Series.Load = loadSeries(samples, replicas, start, end, or(opt.Buckets, 120))

@@ -66,7 +66,16 @@ func WriteTable(w io.Writer, run *Run) error {
 			return err
 		}
 	}
-	return writeAligned(w, append([][]string{tableHeader()}, tableRows(&r, "-")...))
+	if err := writeAligned(w, append([][]string{tableHeader()}, tableRows(&r, "-")...)); err != nil {
+		return err
+	}
+	if rows := classRows(&r); rows != nil {
+		if _, err := fmt.Fprintln(w); err != nil {
+			return err
+		}
+		return writeAligned(w, rows)
+	}
+	return nil
 }
 
 // writeAligned writes rows as columns two spaces apart, each indented by

@@ -4,7 +4,10 @@ package route
 // requests in flight as counted by the router itself (Replica.InFlight,
 // always fresh); ties go to the lowest tieKey of Request.Hash. Source:
 // KubeAI's default load balancing strategy LeastLoad
-// (internal/loadbalancer, kubeai v0.x), docs/peers.md baseline "least-loaded".
+// (internal/loadbalancer/balance_least_load.go, getAddrLeastLoad, at
+// substratusai/kubeai commit a23c497: the endpoint with the fewest
+// requests in flight, ties to the first in its map's order), docs/peers.md
+// baseline "least-loaded".
 type LeastLoaded struct{}
 
 // Pick chooses the minimum InFlight.

@@ -19,7 +19,10 @@ import "time"
 // × Rates.Scale); T_transfer is the missing tokens over the slower of the
 // two replicas' links (Rates.TransferPerMTokens) after what either still
 // carries (Replica.LinkWait). Without a transfer path (no
-// TransferPerMTokens) it is Mooncake.
+// TransferPerMTokens) it is Mooncake. The pull reads Mooncake Store,
+// the cluster's pooled DRAM (the paper's §3–§4), which costs no
+// replica's compute: the simulator runs it as an import with no prefill
+// leg on the holder (sim/legs.go, pooledStore).
 type MooncakeGlobal struct {
 	// Threshold is kvcache_balancing_threshold: the longest prefix
 	// elsewhere must exceed the instance's own this many times for it to

@@ -51,7 +51,7 @@ func (r *runner) dispatch(j int) bool {
 	}
 	r.flights[j] = flight{rep: int32(d.Replica), leg: -1, ticket: tk, predicted: min(d.Matched, jb.prompt), reason: d.Reason}
 	r.live++
-	if r.startLeg(j, d.Transfer, fl, sc) {
+	if !r.store && r.startLeg(j, d.Transfer, fl, sc) {
 		return true
 	}
 	r.start(j, d.Transfer)
@@ -64,7 +64,15 @@ func (r *runner) request(j int) {
 	r.chains[0].Tokens, r.chains[0].Hashes = r.cfg.Preset.BlockSize, jb.hashes
 	r.freq = fleet.Request{ID: jb.id, Hash: jb.hash, Model: jb.model, Session: jb.session,
 		Tokens: jb.prompt, MaxTokens: jb.output, PrefixKey: jb.prefixKey, Chains: r.chains[:], TTFT: true,
-		SLO: route.SLO{TTFT: r.cfg.SLO.TTFT, ITL: r.cfg.SLO.ITL}}
+		SLO: r.sloOf(jb)}
+}
+
+// sloOf is job jb's SLO: its class's, else the run's.
+func (r *runner) sloOf(jb *job) route.SLO {
+	if jb.slo.Class != "" {
+		return jb.slo
+	}
+	return route.SLO{TTFT: r.cfg.SLO.TTFT, ITL: r.cfg.SLO.ITL}
 }
 
 // start hands job j, routed and charged (r.flights[j]), to its replica's
@@ -118,6 +126,7 @@ func (r *runner) importFrom(t route.Transfer, er *engine.Request, jb *job, dst i
 func (r *runner) reject(j, i int, reason string, cause int) {
 	jb := &r.jobs[j]
 	s := report.Sample{At: jb.at, Prompt: jb.prompt, Replica: i, Reason: reason, Rejected: cause == rejectPolicy}
+	s.Class, s.SLO = classOf(jb)
 	if cause == rejectKilled {
 		s.E2E = r.now - jb.at
 	}

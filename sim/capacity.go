@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -35,6 +36,10 @@ type CapacitySearch struct {
 	Tolerance float64
 	// MaxLoad is the highest load tried; zero means DefaultMaxLoad.
 	MaxLoad float64
+	// Class, if set, counts only the requests of that SLO class
+	// (trace.Request.SLO) toward the levels: the capacity at which the
+	// class meets its own SLO, whatever the others' fate.
+	Class string
 	// Progress, if set, is called after every run with the policy and
 	// the load it ran at.
 	Progress func(policy string, load float64)
@@ -57,9 +62,16 @@ func Capacity(cfg Config, cs CapacitySearch) (report.Capacity, error) {
 	if err != nil {
 		return report.Capacity{}, err
 	}
-	slo := report.SLO(o.cfg.SLO)
+	slo, ok := report.SLO(o.cfg.SLO), false
 	out := report.Capacity{Title: "kvrouter capacity: " + o.cfg.Workload, Params: o.params(), SLO: slo,
 		KneeRate: o.knee, OwnRate: o.own, Tolerance: cs.Tolerance, Levels: cs.Levels}
+	if cs.Class != "" {
+		if slo, ok = o.classSLO(cs.Class); !ok {
+			return report.Capacity{}, fmt.Errorf("sim: no request of SLO class %q in %s", cs.Class, o.cfg.Workload)
+		}
+		out.SLO = slo
+		out.Params = append(out.Params, report.Param{Name: "slo_class", Value: cs.Class})
+	}
 	for _, name := range o.cfg.Policies {
 		pc, err := o.capacity(name, cs, slo)
 		if err != nil {
@@ -67,6 +79,7 @@ func Capacity(cfg Config, cs CapacitySearch) (report.Capacity, error) {
 		}
 		out.Policies = append(out.Policies, pc)
 	}
+	o.steady(&out, cs.Tolerance)
 	return out, nil
 }
 
@@ -166,7 +179,7 @@ func (o *outcome) capacity(name string, cs CapacitySearch, slo report.SLO) (repo
 		if err != nil {
 			return report.Attainment{}
 		}
-		a := report.NewAttainment(load, res.samples, slo)
+		a := report.NewAttainment(load, classSamples(res.samples, cs.Class), slo)
 		runs[k] = a
 		if cs.Progress != nil {
 			cs.Progress(name, load)
@@ -195,6 +208,21 @@ func (o *outcome) capacity(name string, cs CapacitySearch, slo report.SLO) (repo
 	slices.SortFunc(pc.Curve, func(a, b report.Attainment) int { return cmpFloat(a.Load, b.Load) })
 	pc.Binding = report.Binding(pc.Curve, cs.Levels[0])
 	return pc, nil
+}
+
+// classSamples is the samples of class, or all of them when class is
+// empty.
+func classSamples(samples []report.Sample, class string) []report.Sample {
+	if class == "" {
+		return samples
+	}
+	var out []report.Sample
+	for _, s := range samples {
+		if s.Class == class {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // scaled is o at another load: o's jobs, prepared at load 1 (arrivals

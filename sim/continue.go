@@ -31,12 +31,12 @@ import (
 // (proxy.DefaultRetries; its --retries).
 const maxResumes = 2
 
-// harvest ends every request of the engine of replica i at now, as a
-// dying replica's requests end, and returns what each had generated, by
-// job; a request the engine finished by now (its last iteration ended
-// then) is handed on as finished.
-func (r *runner) harvest(i int) map[int]engine.Event {
-	rp := &r.reps[i]
+// harvest ends every request of eng, the engine of replica i, which
+// died at now, and returns what each had generated, by job; a request
+// the engine finished by now (its last iteration ended then) is handed
+// on as finished, and a prefill leg finished then hands its request to
+// its decode replica, which, its source being dead, computes the prompt.
+func (r *runner) harvest(i int, eng *engine.Engine) map[int]engine.Event {
 	var ids []string
 	for j := range r.flights {
 		if f := &r.flights[j]; f.active && f.leg < 0 && int(f.rep) == i {
@@ -44,9 +44,9 @@ func (r *runner) harvest(i int) map[int]engine.Event {
 		}
 	}
 	for _, id := range ids {
-		rp.eng.Cancel(r.now, id)
+		eng.Cancel(r.now, id)
 	}
-	evs, _ := rp.eng.Step(r.now)
+	evs, _ := eng.Step(r.now)
 	done := map[int]engine.Event{}
 	for k := range evs {
 		ev := &evs[k]

@@ -68,8 +68,9 @@ func (r *runner) kill(i int) {
 		return
 	}
 	rp := &r.reps[i]
-	cut := r.harvest(i)
+	eng := rp.eng
 	rp.alive, rp.eng, rp.wake = false, nil, -1
+	cut := r.harvest(i, eng)
 	r.each(func(f *fleet.Fleet) { f.SetHealthy(rp.id, false) })
 	r.trace(Step{Kind: StepDown, Replica: i})
 	for j := range r.flights {

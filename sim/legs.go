@@ -16,6 +16,24 @@ import (
 // time to first token runs from its arrival, through both. A source that
 // is gone, or refuses the leg, leaves the prompt to the decode replica.
 
+// pooledStore reports whether policy p emulates a system whose transfers
+// read a pooled KV store, which costs no replica's compute: Mooncake's
+// global scheduler (route.MooncakeGlobal), whose conductor has the
+// prefill instance pull the prefix from Mooncake Store, the cluster's
+// pooled DRAM, over RDMA (Qin et al., FAST 2025, §3–§4). Its transfer
+// then runs as an import (importFrom) without a leg: the blocks the
+// holder it names still caches (those the store was given when they
+// were computed) cross the holder's and the reader's links, and no
+// engine computes anything for them. Every other transfer runs as the
+// live router runs it, as vLLM's two legs.
+func pooledStore(p route.Policy) bool {
+	switch p.(type) {
+	case route.MooncakeGlobal, *route.MooncakeGlobal:
+		return true
+	}
+	return false
+}
+
 // legSuffix makes a leg's engine request id from its request's.
 const legSuffix = "#prefill"
 
@@ -41,6 +59,7 @@ func (r *runner) startLeg(j int, t route.Transfer, fl *fleet.Fleet, sc *fleet.Sc
 	f.legTicket, _ = fl.Acquire(w.id, fleet.LegClaim(jb.prompt, cached), at(r.now))
 	f.leg, f.active = int32(t.From), true
 	f.legPredicted = max(jb.prompt-t.Cached, 0)
+	r.res.legs++
 	r.byID[id] = int32(j)
 	if w.wake < 0 || !w.eng.Busy() {
 		r.step(t.From)

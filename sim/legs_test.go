@@ -66,3 +66,33 @@ func TestDisaggregatedFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestMooncakeGlobalReadsTheStore: on multi-tenant-context with links
+// between replicas, mooncake-global's transfers come from Mooncake's
+// pooled store: the engines import blocks (transfers) and no holder runs
+// a prefill leg for them, while kv-aware's imports run as the live
+// router's two legs.
+func TestMooncakeGlobalReadsTheStore(t *testing.T) {
+	preset, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const replicas = 4
+	w, err := trace.Generate("multi-tenant-context", trace.GenOptions{Seed: 1, Requests: 300, FleetKVTokens: FleetKVTokens(preset, replicas)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := simulate(Config{Requests: w.Requests, Replicas: replicas, Load: 1.2, Preset: preset, InterconnectGBps: 50,
+		Policies: []string{"mooncake-global", "kv-aware"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mg, kv := o.runs[0], o.runs[1]
+	t.Logf("mooncake-global: %d transfers, %d legs; kv-aware: %d transfers, %d legs", mg.transfers, mg.legs, kv.transfers, kv.legs)
+	if mg.transfers == 0 || mg.legs != 0 {
+		t.Errorf("mooncake-global: %d transfers, %d legs; want transfers and no leg", mg.transfers, mg.legs)
+	}
+	if kv.legs == 0 {
+		t.Errorf("kv-aware: no leg; want its imports run as legs on the holder")
+	}
+}

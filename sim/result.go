@@ -18,6 +18,8 @@ type result struct {
 	// and their size.
 	transfers     int
 	transferBytes int64
+	// legs counts the prefill legs run (legs.go).
+	legs int
 	// learned is what the (first) router learned of each replica by the
 	// end (report.Result.Learned).
 	learned []report.Learned

@@ -98,6 +98,9 @@ type runner struct {
 	ereq   []engine.Request
 
 	rs routers // the routers beyond fl (Config.Routers > 1)
+	// store says the policy's transfers read a pooled KV store rather
+	// than run a leg on the holder (pooledStore).
+	store bool
 
 	res result
 	err error
@@ -133,6 +136,7 @@ func newRunner(cfg *Config, jobs []job, name string) (*runner, error) {
 	}
 	r.fl = fl
 	r.res.noIndex = fl.Index() == route.NoIndex
+	r.store = pooledStore(p)
 	if err := r.addRouters(fc); err != nil {
 		return nil, fmt.Errorf("policy %s: %w", name, err)
 	}
@@ -407,6 +411,8 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 		Prompt: jb.prompt, Cached: min(max(ev.CachedTokens-f.legComputed, 0), jb.prompt), PredictedCached: max(f.predicted-f.legPredicted, 0),
 		Output: out, Replica: i, OK: true, Reason: f.reason,
 	})
+	s := &r.res.samples[len(r.res.samples)-1]
+	s.Class, s.SLO = classOf(jb)
 	r.progress()
 }
 

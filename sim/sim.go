@@ -282,6 +282,7 @@ func prepare(cfg Config) (*outcome, error) {
 	bs := cfg.Preset.BlockSize
 	jobs := makeJobs(cfg.Requests, bs, cfg.Seed, cfg.Models)
 	cfg.SLO = cfg.SLO.derive(jobs, &cfg.Preset)
+	classSLOs(jobs, &cfg.Preset)
 	own, knee := ownRate(jobs), fullRate(jobs, &cfg.Preset, cfg.Replicas, cfg.SLO)
 	rate := cfg.Load * knee
 	if cfg.Load == 0 {

@@ -1,11 +1,13 @@
 package sim
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/report"
 )
 
 // sloFactor is the slack of the derived goodput SLO: a request meets it
@@ -77,4 +79,50 @@ func decodeIteration(c *engine.Config, context int) time.Duration {
 func idlePrefill(c *engine.Config, p int) time.Duration {
 	chunks := (p + c.MaxBatchedTokens - 1) / c.MaxBatchedTokens
 	return time.Duration(prefillCompute(c, float64(p))) + time.Duration(chunks)*c.StepOverhead
+}
+
+// classSLOs fills the zero bounds of the jobs that carry an SLO class
+// (trace.Request.SLO) with their class's derived SLO: derive over the
+// class's own jobs, so that a class of short prompts gets a tight TTFT
+// and one of long prompts a loose one, by the same rule as the run's.
+func classSLOs(jobs []job, c *engine.Config) {
+	byClass := map[string][]job{}
+	for i := range jobs {
+		if cl := jobs[i].slo.Class; cl != "" {
+			byClass[cl] = append(byClass[cl], jobs[i])
+		}
+	}
+	derived := map[string]SLO{}
+	for cl, js := range byClass {
+		derived[cl] = SLO{}.derive(js, c)
+	}
+	for i := range jobs {
+		s := &jobs[i].slo
+		if s.Class == "" {
+			continue
+		}
+		d := derived[s.Class]
+		s.TTFT, s.ITL = cmp.Or(s.TTFT, d.TTFT), cmp.Or(s.ITL, d.ITL)
+	}
+}
+
+// classOf is job jb's SLO class and bounds as a sample reports them;
+// empty and zero for a job held to the run's SLO.
+func classOf(jb *job) (string, report.SLO) {
+	if jb.slo.Class == "" {
+		return "", report.SLO{}
+	}
+	return jb.slo.Class, report.SLO{TTFT: jb.slo.TTFT, ITL: jb.slo.ITL}
+}
+
+// classSLO is the bounds of the first job of class, and whether there is
+// one.
+func (o *outcome) classSLO(class string) (report.SLO, bool) {
+	for i := range o.jobs {
+		if o.jobs[i].slo.Class == class {
+			_, s := classOf(&o.jobs[i])
+			return s, true
+		}
+	}
+	return report.SLO{}, false
 }

@@ -32,6 +32,9 @@ type job struct {
 	session   string // the session id, empty for none
 	model     string // the model requested (modelName)
 	prefixKey uint64
+	// slo is the request's own SLO class (trace.Request.SLO), its zero
+	// bounds derived for the class (classSLOs); no Class: the run's SLO.
+	slo route.SLO
 }
 
 // modelName names the i-th model of a fleet of several (Config.Models).
@@ -96,6 +99,7 @@ func makeJobs(reqs []trace.Request, blockSize int, seed uint64, models int) []jo
 		j.hash = route.Mix64(xxhash.Sum64String(r.ID) ^ seed*0x9e3779b97f4a7c15)
 		j.session = r.Session
 		j.prefixKey = r.PrefixKey(prefixKeyTokens)
+		j.slo = r.SLO
 	}
 	return jobs
 }

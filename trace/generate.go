@@ -49,7 +49,7 @@ type GenOptions struct {
 func Names() []string {
 	return []string{
 		"mooncake-conversation", "shared-prefix", "multi-tenant-context",
-		"multi-turn-chat", "agentic", "unique", "hot-prefix", "document-qa", "failure",
+		"multi-turn-chat", "agentic", "unique", "hot-prefix", "document-qa", "interactive-batch", "failure",
 		"azure-conv", "azure-code",
 	}
 }
@@ -77,6 +77,8 @@ func Generate(name string, opt GenOptions) (*Workload, error) {
 		reqs = hotPrefix(opt)
 	case "document-qa":
 		reqs = documentQA(opt)
+	case "interactive-batch":
+		reqs = interactiveBatch(opt)
 	case "failure":
 		return failure(opt)
 	default:

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // maxLine is the longest Mooncake line accepted, in bytes (the real trace's
@@ -29,6 +31,13 @@ type mooncakeLine struct {
 	BlockSize    int      `json:"block_size"`
 	Session      string   `json:"session"`
 	Estimated    bool     `json:"tokens_estimated"`
+	// SLOClass, SLOTTFTMs and SLOITLMs are the request's own SLO class
+	// and bounds (a kvrouter extension, as record writes a request's
+	// X-SLO-TTFT-Ms / X-SLO-TPOT-Ms): absent bounds of a class are
+	// derived.
+	SLOClass  string   `json:"slo_class"`
+	SLOTTFTMs *float64 `json:"slo_ttft_ms"`
+	SLOITLMs  *float64 `json:"slo_itl_ms"`
 }
 
 // Bounds of a recording's fields.
@@ -36,6 +45,8 @@ const (
 	maxBlockSize     = 1 << 16
 	maxPromptTokens  = 1 << 30
 	maxSessionBytes  = 256
+	maxClassBytes    = 64
+	maxSLOMs         = 1e9 // about 11 days
 	maxStartUnixMs   = 1 << 50
 	tailSegmentFlag  = 1 << 63
 	tailSegmentShift = 40
@@ -48,6 +59,9 @@ const (
 // holding the remainder input_length − 512×(n−1). Requests are named
 // "mc-<line number>". Blank lines are skipped; on a malformed line the
 // sequence yields an error naming the line and stops.
+//
+// A line may carry its request's own SLO class (Request.SLO): slo_class,
+// slo_ttft_ms and slo_itl_ms, each optional.
 //
 // It also reads kvrouter recordings (kvrouter serve --record), whose lines
 // add block_size, the tokens per hash id, and session, the request's
@@ -131,6 +145,10 @@ func (c *mooncakeClock) parse(b []byte, line int) (Request, error) {
 	case len(m.Session) > maxSessionBytes:
 		return Request{}, fmt.Errorf("session longer than %d bytes", maxSessionBytes)
 	}
+	slo, err := m.slo()
+	if err != nil {
+		return Request{}, err
+	}
 	if s := m.StartUnixMs; s != nil {
 		if !c.started {
 			c.started, c.origin = true, *s
@@ -150,7 +168,44 @@ func (c *mooncakeClock) parse(b []byte, line int) (Request, error) {
 		Segments: segs,
 		Prompt:   prompt,
 		Output:   m.OutputLength,
+		SLO:      slo,
 	}, nil
+}
+
+// slo is the line's SLO class. Bounds without a class name make one
+// named for them ("1000ms/50ms"), so that requests asking for the same
+// bounds are reported together.
+func (m *mooncakeLine) slo() (route.SLO, error) {
+	var s route.SLO
+	for _, b := range []struct {
+		name string
+		ms   *float64
+		to   *time.Duration
+	}{{"slo_ttft_ms", m.SLOTTFTMs, &s.TTFT}, {"slo_itl_ms", m.SLOITLMs, &s.ITL}} {
+		if b.ms == nil {
+			continue
+		}
+		if !(*b.ms > 0 && *b.ms <= maxSLOMs) {
+			return s, fmt.Errorf("%s %v: want above 0 to %g", b.name, *b.ms, float64(maxSLOMs))
+		}
+		*b.to = time.Duration(*b.ms * float64(time.Millisecond))
+	}
+	if len(m.SLOClass) > maxClassBytes {
+		return s, fmt.Errorf("slo_class longer than %d bytes", maxClassBytes)
+	}
+	s.Class = m.SLOClass
+	if s.Class == "" && (s.TTFT > 0 || s.ITL > 0) {
+		s.Class = fmt.Sprintf("%s/%s", bound(s.TTFT), bound(s.ITL))
+	}
+	return s, nil
+}
+
+// bound writes an SLO bound of a class name, "derived" when zero.
+func bound(d time.Duration) string {
+	if d == 0 {
+		return "derived"
+	}
+	return d.String()
 }
 
 // segments turns a line's hash ids into the prompt's segments (see

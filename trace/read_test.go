@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -88,6 +90,8 @@ func TestReadErrors(t *testing.T) {
 		{"azure bad time", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,5,4\nyesterday,5,4\n", true, 1, "line 3: parsing time"},
 		{"azure short row", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,5\n", true, 0, "wrong number of fields"},
 		{"empty mooncake", "", false, 0, ""},
+		{"mooncake zero slo", `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0], "slo_ttft_ms": 0}`, false, 0, "slo_ttft_ms 0: want above 0"},
+		{"mooncake huge slo", `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0], "slo_itl_ms": 1e12}`, false, 0, "slo_itl_ms 1e+12"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,4 +231,30 @@ func BenchmarkMooncake(b *testing.B) {
 		}
 		b.ReportMetric(float64(blocks), "blocks/op")
 	})
+}
+
+// TestReadSLOClass: a line's slo_class, slo_ttft_ms and slo_itl_ms become
+// the request's SLO; bounds without a class name one for them, a class
+// without bounds leaves them to the simulator, and a line without any
+// has none.
+func TestReadSLOClass(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0], "slo_class": "chat", "slo_ttft_ms": 500, "slo_itl_ms": 40.5}
+{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1], "slo_ttft_ms": 1000}
+{"timestamp": 2, "input_length": 10, "output_length": 1, "hash_ids": [2], "slo_class": "batch"}
+{"timestamp": 3, "input_length": 10, "output_length": 1, "hash_ids": [3]}`
+	reqs, err := Collect(ReadMooncake(strings.NewReader(in)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []route.SLO{
+		{Class: "chat", TTFT: 500 * time.Millisecond, ITL: 40500 * time.Microsecond},
+		{Class: "1s/derived", TTFT: time.Second},
+		{Class: "batch"},
+		{},
+	}
+	for i, r := range reqs {
+		if r.SLO != want[i] {
+			t.Errorf("line %d: SLO %+v, want %+v", i+1, r.SLO, want[i])
+		}
+	}
 }

@@ -15,6 +15,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // Request is one request of a workload.
@@ -36,6 +38,11 @@ type Request struct {
 	// Output is the number of tokens to generate (the trace's output
 	// length); at least 1 for generated workloads, as read for traces.
 	Output int
+	// SLO is the request's own SLO class: Class names it (empty: the
+	// request has none and is held to the run's SLO), and a zero bound
+	// is derived by the simulator from the requests of its class as the
+	// run's SLO is from all (sim/slo.go).
+	SLO route.SLO `json:",omitzero"`
 }
 
 // Segment is a run of prompt tokens with one identity. Two segments with the

@@ -16,6 +16,7 @@ const (
 	streamUnique
 	streamHot
 	streamDocs
+	streamClasses
 )
 
 // sharedPrefix: Groups (64) × PerGroup (16) prompts, each a 2,048-token

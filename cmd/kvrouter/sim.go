@@ -80,6 +80,9 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	mode := fs.String("mode", sim.ModeApproximate, "index of kv-aware: approximate or precise")
 	sloTTFT := fs.Duration("slo-ttft", 0, "goodput SLO: time to first token (0: 5× the uncached prefill of the workload's median prompt on an idle replica)")
 	sloITL := fs.Duration("slo-itl", 0, "goodput SLO: mean inter-token latency (0: 5× one decode step of a batch of one at the median prompt)")
+	sloList := fs.String("slo", "", "goodput SLOs as TTFT/ITL pairs, comma-separated (1s/50ms,2s/100ms), or derived (as --slo-ttft and --slo-itl 0 give it); several need --capacity, which then searches under each; empty: --slo-ttft and --slo-itl")
+	sloClass := fs.String("slo-class", "", "with --capacity: count only the requests of this SLO class (interactive-batch's interactive or batch, a trace's slo_class) toward the levels, each held to its class's SLO")
+	seeds := fs.Int("seeds", 1, "with --capacity: search with each of this many seeds from --seed on (each generating the workload and breaking ties anew) and report every policy's median capacity and its range, and "+route.Default+"'s ratio to the best other's")
 	interconnect := fs.Float64("interconnect-gbps", 0, "let replicas import KV from each other over links of this many GB/s each way (policies that can order transfers do: kv-aware, mooncake-global); 0: no transfers")
 	prefillReplicas := fs.String("prefill-replicas", "0", "make the fleet disaggregated: this many of --replicas are prefill workers, the rest decode, and KV transfers are on (at --interconnect-gbps, else the preset's); 0: aggregated. Several, comma-separated (0,4,8), run every split of the same fleet at the same arrival rate side by side, each row named for its split; with --capacity, each split's capacity is searched")
 	cpuBlocks := fs.Int("cpu-kv-blocks", 0, "give every replica a CPU offload tier of this many KV blocks (see kvrouter engine -h); 0: none")
@@ -97,6 +100,18 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	if err != nil {
 		return err
 	}
+	slos := []sim.SLO{{TTFT: *sloTTFT, ITL: *sloITL}}
+	if *sloList != "" {
+		if isSet(fs, "slo-ttft") || isSet(fs, "slo-itl") {
+			return errors.New("--slo replaces --slo-ttft and --slo-itl: give one or the other")
+		}
+		if slos, err = parseSLOs(*sloList); err != nil {
+			return err
+		}
+	}
+	if *seeds < 1 {
+		return fmt.Errorf("--seeds %d: want at least 1", *seeds)
+	}
 	splits, err := parseSplits(*prefillReplicas, *replicas)
 	if err != nil {
 		return err
@@ -113,14 +128,23 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	base := sim.Config{
 		Replicas: *replicas, Models: *models, PresetName: *preset, Preset: cfg, Policies: policyNames(*policies, splits[0] > 0),
 		Seed: *seed, ScrapeInterval: *scrape, KVEventDelay: *kvDelay, Mode: *mode,
-		SLO: sim.SLO{TTFT: *sloTTFT, ITL: *sloITL}, Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect, PrefillReplicas: splits[0],
+		SLO: slos[0], Admission: adm, Cancel: ctx.Done(), InterconnectGBps: *interconnect, PrefillReplicas: splits[0],
 		Routers: *routers, SyncInterval: *syncInterval, Assign: *assign, EndStreams: !*streamContinue,
 	}
 	base.RateScale = *rateScale
-	search := sim.CapacitySearch{Tolerance: *tolerance}
+	search := sim.CapacitySearch{Tolerance: *tolerance, Class: *sloClass}
 	board := isSet(fs, "load") && len(ws)*len(loads) > 1
 	if *capacity && !board {
-		return runCapacity(base, ws, splits, *policies, search, stdout, stderr, *htmlOut, *asJSON)
+		y := yardstick{seeds: seedList(*seed, *seeds), slos: slos, workloads: func(s uint64) ([]*trace.Workload, error) {
+			if s == *seed {
+				return ws, nil
+			}
+			return simWorkloads(*workload, *traceFile, *traceFormat, s, *requests, sim.FleetKVTokens(cfg, *replicas), stderr)
+		}}
+		return runCapacity(base, y, splits, *policies, search, stdout, stderr, *htmlOut, *asJSON)
+	}
+	if *seeds > 1 || len(slos) > 1 {
+		return errors.New("--seeds and several --slo pairs take --capacity without a leaderboard (several workloads or loads with --load)")
 	}
 	if *capacity && len(splits) > 1 {
 		return errors.New("--capacity with a leaderboard takes one --prefill-replicas count; alone, it searches every split")
