@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"sync"
 	"testing"
 	"time"
 )
@@ -254,5 +255,34 @@ func TestLLMDPredictedPickAllocatesNothing(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { r.Hash++; p.Pick(r, s) }); n != 0 {
 		t.Errorf("pairs: got %v allocs per Pick, want 0", n)
+	}
+}
+
+// TestLLMDPredictedConcurrent: the proxy's request goroutines observe
+// while others pick (run it with -race); every observation is held.
+func TestLLMDPredictedConcurrent(t *testing.T) {
+	p := &LLMDPredicted{}
+	snap := Snapshot{Replicas: []Replica{waiting("a", 1, 2), waiting("b", 3, 1)}}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for k := range 200 {
+				p.Observe(Observation{Features: Features{Tokens: 100 + k, Serve: Load{Waiting: g}},
+					TTFT: time.Duration(10+k) * time.Millisecond, TPOT: 5 * time.Millisecond, At: time.Duration(k) * 100 * time.Millisecond})
+			}
+		})
+	}
+	for g := range 2 {
+		wg.Go(func() {
+			for k := range 200 {
+				if d := p.Pick(slo(uint64(g*1000+k), 300, 50), &snap); d.Replica < 0 {
+					t.Errorf("pick %d: no replica", k)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if p.t.held != 800 {
+		t.Errorf("held %d samples, want 800", p.t.held)
 	}
 }
