@@ -158,10 +158,11 @@ func (p *LLMDPredicted) Pick(r *Request, s *Snapshot) Decision {
 
 // pick is the aggregated pipeline over s's healthy replicas.
 func (p *LLMDPredicted) pick(r *Request, s *Snapshot, m *latencyModel) Decision {
-	v := candidates{p: p, m: m, r: r, s: s, bs: blockSize(s), ttftSLO: ms(r.SLO.TTFT), tpotSLO: ms(r.SLO.ITL)}
-	if !v.any() {
+	if healthy(s) == 0 {
 		return rejected(r)
 	}
+	v := candidates{p: p, m: m, r: r, s: s, bs: blockSize(s), ttftSLO: ms(r.SLO.TTFT), tpotSLO: ms(r.SLO.ITL)}
+	defer estimates.Put(v.estimateAll())
 	v.strict = v.gate(orFraction(p.StrictAffinity, 0.99), stageHealthy)
 	v.tier = v.tierOf()
 	v.loose = v.gate(orFraction(p.LooseAffinity, 0.80), stageTier)

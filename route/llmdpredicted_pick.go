@@ -2,19 +2,19 @@ package route
 
 import (
 	"math"
+	"sync"
 	"time"
 )
 
-// candidates is one aggregated Pick of LLMDPredicted in progress: the
-// gates it has decided so far. A candidate's estimate is recomputed at
-// each pass (a few dozen multiplications) rather than kept, so that a
-// Pick allocates nothing.
+// candidates is one aggregated Pick of LLMDPredicted in progress: every
+// replica's estimate, and the gates it has decided so far.
 type candidates struct {
-	p  *LLMDPredicted
-	m  *latencyModel
-	r  *Request
-	s  *Snapshot
-	bs int
+	est []estimate // per replica; from estimates
+	p   *LLMDPredicted
+	m   *latencyModel
+	r   *Request
+	s   *Snapshot
+	bs  int
 	// ttftSLO and tpotSLO are the request's bounds in ms, 0 for none.
 	ttftSLO, tpotSLO float64
 	// strict and loose are the affinity gates' thresholds, 0 when the gate
@@ -40,6 +40,28 @@ type estimate struct {
 	ttftRoom, tpotRoom float64 // SLO − predicted
 	prefix             float64 // the prefix score, 0..1
 	idle               bool    // no request of the router's in flight
+	healthy            bool    // a candidate
+}
+
+// estimates keeps candidates' estimate slices between Picks, so that a
+// Pick allocates nothing.
+var estimates = sync.Pool{New: func() any { return new([]estimate) }}
+
+// estimateAll fills v.est from estimates; release puts it back.
+func (v *candidates) estimateAll() *[]estimate {
+	buf := estimates.Get().(*[]estimate)
+	if n := len(v.s.Replicas); cap(*buf) < n {
+		*buf = make([]estimate, n)
+	}
+	v.est = (*buf)[:len(v.s.Replicas)]
+	for i := range v.s.Replicas {
+		v.est[i] = estimate{}
+		if v.s.Replicas[i].Healthy {
+			v.est[i] = v.estimate(i)
+		}
+	}
+	*buf = v.est
+	return buf
 }
 
 // meets says both headrooms are non-negative (llm-d's positive tier).
@@ -48,7 +70,7 @@ func (e *estimate) meets() bool { return e.ttftRoom >= 0 && e.tpotRoom >= 0 }
 // estimate predicts replica i.
 func (v *candidates) estimate(i int) estimate {
 	rp := &v.s.Replicas[i]
-	e := estimate{prefix: ratioOf(v.r, i), idle: rp.InFlight == 0}
+	e := estimate{prefix: ratioOf(v.r, i), idle: rp.InFlight == 0, healthy: true}
 	f := Features{Tokens: v.r.Tokens, Cached: e.prefix, Serve: loadOf(rp, v.bs)}
 	x, y := ttftX(&f), tpotX(&f)
 	e.ttft, e.tpot = v.m.ttft.predict(&x), v.m.tpot.predict(&y)
@@ -68,18 +90,11 @@ func (v *candidates) keeps(e *estimate, stage int) bool {
 	return true
 }
 
-// any says some replica is healthy.
-func (v *candidates) any() bool { return healthy(v.s) > 0 }
-
 // each calls fn with every healthy replica kept at stage and its estimate.
 func (v *candidates) each(stage int, fn func(i int, e estimate)) {
-	for i := range v.s.Replicas {
-		if !v.s.Replicas[i].Healthy {
-			continue
-		}
-		e := v.estimate(i)
-		if v.keeps(&e, stage) {
-			fn(i, e)
+	for i := range v.est {
+		if e := &v.est[i]; e.healthy && v.keeps(e, stage) {
+			fn(i, *e)
 		}
 	}
 }
@@ -218,7 +233,7 @@ func (v *candidates) choose() Decision {
 	}
 	d := c.decision(reason, matchOf(v.r, c.best)*v.bs)
 	if d.Replica >= 0 && !v.r.SLO.IsZero() {
-		e := v.estimate(d.Replica)
+		e := &v.est[d.Replica]
 		d.Miss = v.m.miss(v.r.SLO, e.ttft, e.tpot)
 	}
 	return d
