@@ -144,7 +144,8 @@ func (p *LLMDPredicted) Features(r *Request, s *Snapshot, d Decision) Features {
 }
 
 // Pick routes r: by headroom pairs on a fleet with prefill workers and
-// an SLO, else by the aggregated pipeline (llmdPredictedPick).
+// an SLO, else by the aggregated pipeline (pick; on a fleet with prefill
+// workers, as both of PD's profiles).
 func (p *LLMDPredicted) Pick(r *Request, s *Snapshot) Decision {
 	m := p.t.current()
 	if !slices.ContainsFunc(s.Replicas, func(rp Replica) bool { return rp.Prefills }) {
