@@ -20,11 +20,12 @@ import (
 // scheduling/filter/sloheadroomtier, scheduling/filter/prefixcacheaffinity,
 // requestcontrol/dataproducer/predictedlatency) and the training
 // sidecar's settings in config/charts/routerlib/values.yaml; the
-// predictor is llm-d-latency-predictor's Bayesian-ridge model (its
-// docs/architecture.md; the chart's default is XGBoost, see
-// docs/peers.md). The P/D pair rule is llm-d-inference-scheduler's
-// pd-slo-pair-optimizer (pkg/plugins/scorer/pd_slo_pair_optimizer.go and
-// pd_slo_helpers.go at 0302f0fb); GIE issue #1923 proposed the design.
+// predictor is llm-d/llm-d-latency-predictor's Bayesian-ridge model type
+// (training/training_server.py at 04e44cd8; the chart's default type is
+// XGBoost, see docs/peers.md). The P/D pair rule is
+// llm-d/llm-d-inference-scheduler's pd-slo-pair-optimizer
+// (pkg/plugins/scorer/pd_slo_pair_optimizer.go at 0302f0fb,
+// pd_slo_helpers.go at 032f6178); GIE issue #1923 proposed the design.
 //
 // A Pick, on the candidates (healthy replicas):
 //
@@ -50,16 +51,17 @@ import (
 //     candidates that meet the SLO;
 //  6. pick at random in proportion to the scores (A-Res).
 //
-// Until the predictor has a model, llm-d's scorer falls back to a
-// composite of free KV, relative queue and prefix score (equal weights);
-// the gates still apply. On a fleet with prefill workers, a request with
+// Until its first fit the predictor is llm-d's default model, 10 ms for
+// every TTFT and TPOT, so the scores tie and the draw is uniform (the
+// gates still apply); llm-d's scorer has a composite fallback for a
+// predictor that does not answer, which an in-process one always does.
+// On a fleet with prefill workers, a request with
 // an SLO takes the pair (prefill worker, decode replica) by
 // TTFTWeight × TTFT headroom + TPOTWeight × TPOT headroom against the SLO
 // × PairBuffer, predicted TTFT being the pair's plus PairOverhead, from
 // those meeting both at random in proportion to that blend minus its
 // least plus 1 ms (with probability Explore from those that do not);
-// without an SLO, or before a model, the decode replica and the prefill
-// worker are each picked as above (llm-d's P/D profiles), the prompt
+// without an SLO the decode replica and the prefill worker are each picked as above (llm-d's P/D profiles), the prompt
 // always prefilling remotely (the prefix-based decider's threshold 0).
 //
 // Emulation: llm-d's random draws are hashes of Request.Hash, so runs
@@ -93,12 +95,11 @@ type LLMDPredicted struct {
 	// means 5 ms.
 	PairBuffer   float64
 	PairOverhead time.Duration
-	// RetrainEvery, MinSamples, MinFreshSamples and BucketSamples set the
-	// trainer: refit every RetrainEvery of observation time once
-	// MinSamples are held (MinFreshSamples for the first model), at most
-	// BucketSamples per bucket; zero means 10 s, 100, 10 and 500.
-	RetrainEvery                               time.Duration
-	MinSamples, MinFreshSamples, BucketSamples int
+	// RetrainEvery, MinSamples and BucketSamples set the trainer: refit
+	// every RetrainEvery of observation time once MinSamples are held,
+	// at most BucketSamples per bucket; zero means 10 s, 10 and 500.
+	RetrainEvery              time.Duration
+	MinSamples, BucketSamples int
 
 	t trainer
 }
@@ -124,7 +125,6 @@ func (p *LLMDPredicted) Observe(o Observation) {
 	p.t.observe(&o, trainerConfig{
 		every:         orDuration(p.RetrainEvery, defaultRetrainEvery),
 		minSamples:    orInt(p.MinSamples, defaultMinSamples),
-		minFresh:      orInt(p.MinFreshSamples, defaultMinFreshSamples),
 		bucketSamples: orInt(p.BucketSamples, defaultBucketSamples),
 	})
 }
@@ -144,13 +144,14 @@ func (p *LLMDPredicted) Features(r *Request, s *Snapshot, d Decision) Features {
 }
 
 // Pick routes r: by headroom pairs on a fleet with prefill workers and
-// an SLO, else by the aggregated pipeline (llmdPredictedPick).
+// an SLO, else by the aggregated pipeline (pick; on a fleet with prefill
+// workers, as both of PD's profiles).
 func (p *LLMDPredicted) Pick(r *Request, s *Snapshot) Decision {
-	m := p.t.model.Load()
+	m := p.t.current()
 	if !slices.ContainsFunc(s.Replicas, func(rp Replica) bool { return rp.Prefills }) {
 		return p.pick(r, s, m)
 	}
-	if m == nil || r.SLO.IsZero() {
+	if r.SLO.IsZero() {
 		return PD{Decode: llmdStage{p}, Prefill: llmdStage{p}}.Pick(r, s)
 	}
 	return p.pickPair(r, s, m)
@@ -158,10 +159,11 @@ func (p *LLMDPredicted) Pick(r *Request, s *Snapshot) Decision {
 
 // pick is the aggregated pipeline over s's healthy replicas.
 func (p *LLMDPredicted) pick(r *Request, s *Snapshot, m *latencyModel) Decision {
-	v := candidates{p: p, m: m, r: r, s: s, bs: blockSize(s), ttftSLO: ms(r.SLO.TTFT), tpotSLO: ms(r.SLO.ITL)}
-	if !v.any() {
+	if healthy(s) == 0 {
 		return rejected(r)
 	}
+	v := candidates{p: p, m: m, r: r, s: s, bs: blockSize(s), ttftSLO: ms(r.SLO.TTFT), tpotSLO: ms(r.SLO.ITL)}
+	defer estimates.Put(v.estimateAll())
 	v.strict = v.gate(orFraction(p.StrictAffinity, 0.99), stageHealthy)
 	v.tier = v.tierOf()
 	v.loose = v.gate(orFraction(p.LooseAffinity, 0.80), stageTier)
@@ -175,7 +177,7 @@ type llmdStage struct{ p *LLMDPredicted }
 
 // Pick runs the pipeline with the current model.
 func (l llmdStage) Pick(r *Request, s *Snapshot) Decision {
-	return l.p.pick(r, s, l.p.t.model.Load())
+	return l.p.pick(r, s, l.p.t.current())
 }
 
 // miss is the predicted chance that a request of SLO slo misses it, its

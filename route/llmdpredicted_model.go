@@ -8,43 +8,50 @@ import (
 )
 
 // The latency predictor of LLMDPredicted: llm-d's training and prediction
-// sidecars (llm-d-latency-predictor, the Bayesian-ridge model type) run
-// in process. Samples are kept in a stratified sliding window: one
-// bucket per (queue, KV usage, prefix score) class, each holding its
-// latest samples and, when full, replacing one drawn from the sample
-// count's hash (llm-d drops a random one). Every RetrainEvery of the
-// samples' own clock, once MinSamples are held (MinFreshSamples for the
-// first model), two linear models are refitted over the whole window by
-// ridge regression on standardised features, and published as an
-// immutable value that Pick reads without a lock.
+// sidecars (llm-d/llm-d-latency-predictor at 04e44cd8,
+// training/training_server.py, its Bayesian-ridge model type) run in
+// process. Until its first fit it is the training server's default
+// model, fitted on one sample of 10 ms: every TTFT and TPOT is 10 ms.
+// Samples are kept in a stratified sliding window: one bucket per
+// (queue, KV usage, prefix score) class, each holding its latest
+// BucketSamples. Every RetrainEvery of the samples' own clock, once
+// MinSamples are held, two linear models are refitted over the whole
+// window by ridge regression on standardised features, and published as
+// an immutable value that Pick reads without a lock.
 //
 //	TTFT (ms) = b + w·[kv, tokens, waiting, in flight, cached, (1−cached)×tokens, prefill tokens in flight,
-//	                   leg, leg×decode kv, leg×decode waiting, leg×decode in flight]
-//	TPOT (ms) = b + w·[kv, tokens, waiting, in flight, decode tokens in flight]
+//	                   decode tokens in flight, queued, leg, leg×decode kv, leg×decode waiting, leg×decode in flight]
+//	TPOT (ms) = b + w·[kv, tokens, waiting, in flight, prefill tokens in flight, decode tokens in flight, queued]
 //
-// The load columns of TTFT are those of the replica that prefills (the
-// prefill worker for a leg), those of TPOT the decoding replica's. A
-// linear model is a sum, so for a leg it is llm-d's P/D predictors'
-// prefill TTFT plus decode TTFT in one fit.
+// queued is 1 when the replica has requests waiting (the training
+// server's is_queued). The load columns of TTFT are those of the replica
+// that prefills (the prefill worker for a leg), those of TPOT the
+// decoding replica's. A linear model is a sum, so for a leg it is llm-d's
+// P/D predictors' prefill TTFT plus decode TTFT in one fit.
 
 // Feature counts of the two models; maxFeatures is the larger.
 const (
-	ttftFeatures = 11
-	tpotFeatures = 5
+	ttftFeatures = 13
+	tpotFeatures = 7
 	maxFeatures  = ttftFeatures
 )
 
-// Defaults of the trainer, llm-d-router's Helm chart values for the
-// training sidecar (config/charts/routerlib/values.yaml):
-// LATENCY_RETRAINING_INTERVAL_SEC 10, LATENCY_MIN_SAMPLES_FOR_RETRAIN 100,
+// Defaults of the trainer: llm-d-router's Helm chart values for the
+// training sidecar (config/charts/routerlib/values.yaml),
+// LATENCY_RETRAINING_INTERVAL_SEC 10 and
 // LATENCY_MAX_TRAINING_DATA_SIZE_PER_BUCKET 500; and the training
-// server's own LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH 10.
+// server's LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH, 10, which replaces the
+// chart's 100 for good when the server starts without a saved model, as
+// a router's starts.
 const (
-	defaultRetrainEvery    = 10 * time.Second
-	defaultMinSamples      = 100
-	defaultMinFreshSamples = 10
-	defaultBucketSamples   = 500
+	defaultRetrainEvery  = 10 * time.Second
+	defaultMinSamples    = 10
+	defaultBucketSamples = 500
 )
+
+// untrainedMS is the training server's default model's prediction of
+// TTFT and of TPOT, in ms.
+const untrainedMS = 10
 
 // Buckets of the window: the training server's queue classes {0, 1–2,
 // 3–5, 6–10, 11+}, KV usage in steps of 5%, prefix score in quartiles.
@@ -84,6 +91,9 @@ func (l *linear) predict(x *[maxFeatures]float64) float64 {
 // latencyModel is the published pair of models.
 type latencyModel struct{ ttft, tpot linear }
 
+// untrained is the model before the first fit; it is never modified.
+var untrained = latencyModel{ttft: linear{b: untrainedMS, n: 1}, tpot: linear{b: untrainedMS, n: 1}}
+
 // ttftX and tpotX are f's feature vectors.
 func ttftX(f *Features) (x [maxFeatures]float64) {
 	p := &f.Serve
@@ -92,16 +102,25 @@ func ttftX(f *Features) (x [maxFeatures]float64) {
 	}
 	tokens := float64(f.Tokens)
 	x = [maxFeatures]float64{p.KVUsage, tokens, float64(p.Waiting), float64(p.InFlight), f.Cached,
-		(1 - f.Cached) * tokens, float64(p.PrefillTokens)}
+		(1 - f.Cached) * tokens, float64(p.PrefillTokens), float64(p.DecodeTokens), isQueued(p)}
 	if f.Leg {
-		x[7], x[8], x[9], x[10] = 1, f.Serve.KVUsage, float64(f.Serve.Waiting), float64(f.Serve.InFlight)
+		x[9], x[10], x[11], x[12] = 1, f.Serve.KVUsage, float64(f.Serve.Waiting), float64(f.Serve.InFlight)
 	}
 	return x
 }
 
 func tpotX(f *Features) [maxFeatures]float64 {
 	s := &f.Serve
-	return [maxFeatures]float64{s.KVUsage, float64(f.Tokens), float64(s.Waiting), float64(s.InFlight), float64(s.DecodeTokens)}
+	return [maxFeatures]float64{s.KVUsage, float64(f.Tokens), float64(s.Waiting), float64(s.InFlight),
+		float64(s.PrefillTokens), float64(s.DecodeTokens), isQueued(s)}
+}
+
+// isQueued is 1 when l has requests waiting, else 0.
+func isQueued(l *Load) float64 {
+	if l.Waiting > 0 {
+		return 1
+	}
+	return 0
 }
 
 // sample is one observation in the window, its latencies in ms (zero:
@@ -117,20 +136,29 @@ type sample struct {
 type trainer struct {
 	mu      sync.Mutex
 	buckets [bucketCount][]sample
+	next    [bucketCount]int32 // each full bucket's oldest sample
 	held    int
-	taken   uint64
 	fitAt   time.Duration
 	model   atomic.Pointer[latencyModel]
 }
 
-// trainerConfig is when the trainer refits and how much it keeps.
-type trainerConfig struct {
-	every                time.Duration
-	minSamples, minFresh int
-	bucketSamples        int
+// current is the published model, or the untrained one.
+func (t *trainer) current() *latencyModel {
+	if m := t.model.Load(); m != nil {
+		return m
+	}
+	return &untrained
 }
 
-// observe adds o to the window and refits when due.
+// trainerConfig is when the trainer refits and how much it keeps.
+type trainerConfig struct {
+	every         time.Duration
+	minSamples    int
+	bucketSamples int
+}
+
+// observe adds o to the window and refits when due: RetrainEvery after
+// the last fit (or the start), with MinSamples held.
 func (t *trainer) observe(o *Observation, c trainerConfig) {
 	if o.TTFT <= 0 && o.TPOT <= 0 {
 		return
@@ -139,29 +167,30 @@ func (t *trainer) observe(o *Observation, c trainerConfig) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.addLocked(s, c.bucketSamples)
-	fitted := t.model.Load() != nil
-	if !fitted && t.held >= c.minFresh || fitted && t.held >= c.minSamples && o.At-t.fitAt >= c.every {
-		t.fitAt = o.At
-		m := &latencyModel{}
-		m.ttft = t.fitLocked(ttftFeatures, func(s *sample) ([maxFeatures]float64, float64) { return ttftX(&s.f), s.ttft })
-		m.tpot = t.fitLocked(tpotFeatures, func(s *sample) ([maxFeatures]float64, float64) { return tpotX(&s.f), s.tpot })
-		t.model.Store(m)
+	if t.held < c.minSamples || o.At-t.fitAt < c.every {
+		return
 	}
+	t.fitAt = o.At
+	m := &latencyModel{}
+	m.ttft = t.fitLocked(ttftFeatures, func(s *sample) ([maxFeatures]float64, float64) { return ttftX(&s.f), s.ttft })
+	m.tpot = t.fitLocked(tpotFeatures, func(s *sample) ([maxFeatures]float64, float64) { return tpotX(&s.f), s.tpot })
+	t.model.Store(m)
 }
 
 // ms is d in milliseconds; zero or less is 0.
 func ms(d time.Duration) float64 { return max(float64(d)/1e6, 0) }
 
-// addLocked puts s in its bucket, replacing a drawn one when it is full.
+// addLocked puts s in its bucket, in place of the oldest when it is full.
 func (t *trainer) addLocked(s sample, capacity int) {
-	b := &t.buckets[bucketOf(&s.f)]
-	t.taken++
+	k := bucketOf(&s.f)
+	b := &t.buckets[k]
 	if len(*b) < capacity {
 		*b = append(*b, s)
 		t.held++
 		return
 	}
-	(*b)[Mix64(t.taken)%uint64(capacity)] = s
+	(*b)[t.next[k]] = s
+	t.next[k] = int32((int(t.next[k]) + 1) % len(*b))
 }
 
 // bucketOf is the window bucket of f: its prefilling replica's queue

@@ -2,19 +2,19 @@ package route
 
 import (
 	"math"
+	"sync"
 	"time"
 )
 
-// candidates is one aggregated Pick of LLMDPredicted in progress: the
-// gates it has decided so far. A candidate's estimate is recomputed at
-// each pass (a few dozen multiplications) rather than kept, so that a
-// Pick allocates nothing.
+// candidates is one aggregated Pick of LLMDPredicted in progress: every
+// replica's estimate, and the gates it has decided so far.
 type candidates struct {
-	p  *LLMDPredicted
-	m  *latencyModel // nil: no model yet
-	r  *Request
-	s  *Snapshot
-	bs int
+	est []estimate // per replica; from estimates
+	p   *LLMDPredicted
+	m   *latencyModel
+	r   *Request
+	s   *Snapshot
+	bs  int
 	// ttftSLO and tpotSLO are the request's bounds in ms, 0 for none.
 	ttftSLO, tpotSLO float64
 	// strict and loose are the affinity gates' thresholds, 0 when the gate
@@ -34,12 +34,34 @@ const (
 	stageBucket
 )
 
-// estimate is one candidate's prediction, in ms: zero without a model.
+// estimate is one candidate's prediction, in ms.
 type estimate struct {
 	ttft, tpot         float64
 	ttftRoom, tpotRoom float64 // SLO − predicted
 	prefix             float64 // the prefix score, 0..1
 	idle               bool    // no request of the router's in flight
+	healthy            bool    // a candidate
+}
+
+// estimates keeps candidates' estimate slices between Picks, so that a
+// Pick allocates nothing.
+var estimates = sync.Pool{New: func() any { return new([]estimate) }}
+
+// estimateAll fills v.est from estimates; release puts it back.
+func (v *candidates) estimateAll() *[]estimate {
+	buf := estimates.Get().(*[]estimate)
+	if n := len(v.s.Replicas); cap(*buf) < n {
+		*buf = make([]estimate, n)
+	}
+	v.est = (*buf)[:len(v.s.Replicas)]
+	for i := range v.s.Replicas {
+		v.est[i] = estimate{}
+		if v.s.Replicas[i].Healthy {
+			v.est[i] = v.estimate(i)
+		}
+	}
+	*buf = v.est
+	return buf
 }
 
 // meets says both headrooms are non-negative (llm-d's positive tier).
@@ -48,13 +70,11 @@ func (e *estimate) meets() bool { return e.ttftRoom >= 0 && e.tpotRoom >= 0 }
 // estimate predicts replica i.
 func (v *candidates) estimate(i int) estimate {
 	rp := &v.s.Replicas[i]
-	e := estimate{prefix: ratioOf(v.r, i), idle: rp.InFlight == 0}
-	if v.m != nil {
-		f := Features{Tokens: v.r.Tokens, Cached: e.prefix, Serve: loadOf(rp, v.bs)}
-		x, y := ttftX(&f), tpotX(&f)
-		e.ttft, e.tpot = v.m.ttft.predict(&x), v.m.tpot.predict(&y)
-		e.ttftRoom, e.tpotRoom = v.ttftSLO-e.ttft, v.tpotSLO-e.tpot
-	}
+	e := estimate{prefix: ratioOf(v.r, i), idle: rp.InFlight == 0, healthy: true}
+	f := Features{Tokens: v.r.Tokens, Cached: e.prefix, Serve: loadOf(rp, v.bs)}
+	x, y := ttftX(&f), tpotX(&f)
+	e.ttft, e.tpot = v.m.ttft.predict(&x), v.m.tpot.predict(&y)
+	e.ttftRoom, e.tpotRoom = v.ttftSLO-e.ttft, v.tpotSLO-e.tpot
 	return e
 }
 
@@ -70,18 +90,11 @@ func (v *candidates) keeps(e *estimate, stage int) bool {
 	return true
 }
 
-// any says some replica is healthy.
-func (v *candidates) any() bool { return healthy(v.s) > 0 }
-
 // each calls fn with every healthy replica kept at stage and its estimate.
 func (v *candidates) each(stage int, fn func(i int, e estimate)) {
-	for i := range v.s.Replicas {
-		if !v.s.Replicas[i].Healthy {
-			continue
-		}
-		e := v.estimate(i)
-		if v.keeps(&e, stage) {
-			fn(i, e)
+	for i := range v.est {
+		if e := &v.est[i]; e.healthy && v.keeps(e, stage) {
+			fn(i, *e)
 		}
 	}
 }
@@ -90,7 +103,7 @@ func (v *candidates) each(stage int, fn func(i int, e estimate)) {
 // candidates kept at stage: threshold if it keeps only the sticky ones,
 // 0 if it keeps all (no sticky candidate, a single candidate, or the
 // best sticky predicted over MaxStickyPenalty slower than the best
-// other; without a model no candidate has a TTFT and the gate holds).
+// other).
 func (v *candidates) gate(threshold float64, stage int) float64 {
 	if threshold <= 0 {
 		return 0
@@ -99,15 +112,11 @@ func (v *candidates) gate(threshold float64, stage int) float64 {
 	bestSticky, bestOther := math.MaxFloat64, math.MaxFloat64
 	v.each(stage, func(_ int, e estimate) {
 		n++
-		ttft := math.MaxFloat64
-		if v.m != nil {
-			ttft = e.ttft
-		}
 		if e.prefix >= threshold {
 			sticky++
-			bestSticky = min(bestSticky, ttft)
+			bestSticky = min(bestSticky, e.ttft)
 		} else {
-			bestOther = min(bestOther, ttft)
+			bestOther = min(bestOther, e.ttft)
 		}
 	})
 	penalty := ms(orDuration(v.p.MaxStickyPenalty, 5*time.Second))
@@ -139,11 +148,8 @@ func (t tier) keeps(e *estimate) bool {
 // tierOf is the slo-headroom-tier-filter over the candidates the strict
 // gate kept: the tier that meets both SLOs when both tiers have
 // candidates, or with probability Explore the other; all when one tier
-// is empty or there is no model.
+// is empty.
 func (v *candidates) tierOf() tier {
-	if v.m == nil {
-		return tierAll
-	}
 	meets, misses := 0, 0
 	v.each(stageStrict, func(_ int, e estimate) {
 		if e.meets() {
@@ -165,8 +171,7 @@ func (v *candidates) tierOf() tier {
 type bucket uint8
 
 const (
-	bucketAll   bucket = iota // no model: the composite score
-	bucketMeets               // meets both SLOs
+	bucketMeets bucket = iota // meets both SLOs
 	bucketIdle                // misses, no request in flight
 	bucketTPOT                // misses TPOT only
 	bucketTTFT                // misses TTFT only
@@ -194,9 +199,6 @@ func (b bucket) keeps(e *estimate) bool {
 // idle; else the first non-empty of TPOT-only, TTFT-only and both
 // misses.
 func (v *candidates) bucketOf() bucket {
-	if v.m == nil {
-		return bucketAll
-	}
 	var n [bucketBoth + 1]int
 	v.each(stageLoose, func(_ int, e estimate) {
 		for _, b := range [...]bucket{bucketMeets, bucketIdle, bucketTPOT, bucketTTFT, bucketBoth} {
@@ -217,39 +219,29 @@ func (v *candidates) bucketOf() bucket {
 }
 
 // choose scores the bucket and draws from it in proportion to the
-// scores (A-Res: the least −ln(U)/score, U from the request's hash; a
-// candidate scored 0 only when all are).
+// scores (A-Res: the least −ln(U)/score, U from the request's hash).
 func (v *candidates) choose() Decision {
 	sc := v.scoring()
 	c := newChooser(v.r, len(v.s.Replicas))
 	v.each(stageBucket, func(i int, e estimate) {
-		key := math.MaxFloat64
-		if w := sc.score(v, i, &e); w > 0 {
-			key = -math.Log(unit(tieKey(v.r.Hash, i))) / w
-		}
+		key := -math.Log(unit(tieKey(v.r.Hash, i))) / sc.score(&e)
 		c.offer(i, key, matchOf(v.r, i)*v.bs)
 	})
 	reason := ReasonNoHeadroom
-	switch v.bucket {
-	case bucketAll:
-		reason = ReasonScore
-	case bucketMeets:
+	if v.bucket == bucketMeets {
 		reason = ReasonHeadroom
 	}
 	d := c.decision(reason, matchOf(v.r, c.best)*v.bs)
-	if d.Replica >= 0 && v.m != nil && !v.r.SLO.IsZero() {
-		e := v.estimate(d.Replica)
+	if d.Replica >= 0 && !v.r.SLO.IsZero() {
+		e := &v.est[d.Replica]
 		d.Miss = v.m.miss(v.r.SLO, e.ttft, e.tpot)
 	}
 	return d
 }
 
 // scoring is what the bucket's score needs of the whole bucket: the
-// latency scorer's ranges of |headroom| (TTFT, TPOT) and blend weights,
-// or without a model its composite fallback's longest queue.
+// ranges of |headroom| (TTFT, TPOT) and the blend weights.
 type scoring struct {
-	composite   bool
-	maxQ        int
 	lo, hi      [2]float64
 	alpha, beta float64
 	most        bool
@@ -257,11 +249,6 @@ type scoring struct {
 
 // scoring measures the bucket.
 func (v *candidates) scoring() scoring {
-	if v.m == nil {
-		sc := scoring{composite: true}
-		v.each(stageBucket, func(i int, _ estimate) { sc.maxQ = max(sc.maxQ, v.s.Replicas[i].Waiting) })
-		return sc
-	}
 	sc := scoring{lo: [2]float64{math.MaxFloat64, math.MaxFloat64}, hi: [2]float64{-math.MaxFloat64, -math.MaxFloat64}}
 	v.each(stageBucket, func(_ int, e estimate) {
 		for k, h := range [2]float64{math.Abs(e.ttftRoom), math.Abs(e.tpotRoom)} {
@@ -282,20 +269,10 @@ func (v *candidates) scoring() scoring {
 // flat says dimension k (0 TTFT, 1 TPOT) has no range over the bucket.
 func (sc *scoring) flat(k int) bool { return sc.hi[k]-sc.lo[k] <= 1e-9 }
 
-// score is candidate i's score, 0..1.01: the composite of free KV, queue
-// relative to the longest and prefix score (equal weights, in
-// hundredths); or 1 − the blend of its |headroom|s normalised over the
-// bucket ("least"; the blend itself for Most), in hundredths plus one.
-func (sc *scoring) score(v *candidates, i int, e *estimate) float64 {
-	if sc.composite {
-		rp := &v.s.Replicas[i]
-		queue := 1.0
-		if sc.maxQ > 0 {
-			queue = float64(sc.maxQ-rp.Waiting) / float64(sc.maxQ)
-		}
-		free := 1 - min(max(rp.KVUsage, 0), 1)
-		return math.Round(100*(free+queue+e.prefix)/3) / 100
-	}
+// score is a candidate's score, 0.01..1.01: 1 − the blend of its
+// |headroom|s normalised over the bucket ("least"; the blend itself for
+// Most), in hundredths plus one.
+func (sc *scoring) score(e *estimate) float64 {
 	blend := 0.0
 	for k, h := range [2]float64{math.Abs(e.ttftRoom), math.Abs(e.tpotRoom)} {
 		norm := 0.5
