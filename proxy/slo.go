@@ -51,9 +51,9 @@ const (
 // a request whose miss costs as much as its refusal.
 const MissThreshold = 0.5
 
-// DefaultClass is the class of a request whose SLO is the fleet's own
-// (SLOs.TTFT, SLOs.ITL), whatever its headers say: the class label of
-// kvrouter_slo_requests_total.
+// DefaultClass names the class of a request whose SLO is the fleet's own
+// (SLOs.TTFT, SLOs.ITL; route.SLO.Class empty), whatever its headers say,
+// in metrics' class label, decision records and the access log.
 const DefaultClass = "default"
 
 // Bounds of SLOs.Classes: each class is a label value of /metrics.
@@ -223,7 +223,8 @@ func (k *Keys) checkClasses(classes SLOClasses) error {
 // sloState is a call's SLO: what it asked for, what the router did when
 // no replica was predicted to meet it, and how the response fared.
 type sloState struct {
-	// slo is the request's SLO as resolved (sloOf); c.freq.SLO is the
+	// slo is the request's SLO as resolved (setSLO; Class empty for
+	// the fleet's default); c.freq.SLO is the
 	// same but while the request waits in the queue, when its TTFT is
 	// what remains of the bound.
 	slo route.SLO
@@ -267,7 +268,7 @@ const (
 // kvrouter_errors_total{code="invalid_slo_header"}).
 func (c *call) setSLO(w http.ResponseWriter, r *http.Request) bool {
 	s := c.rt.cfg.SLO
-	c.slo = route.SLO{TTFT: s.TTFT, ITL: s.ITL, Class: DefaultClass}
+	c.slo = route.SLO{TTFT: s.TTFT, ITL: s.ITL}
 	if k, _ := r.Context().Value(keyNameKey{}).(keyInfo); k.class != "" {
 		c.slo = s.Classes[k.class]
 	}
@@ -290,6 +291,14 @@ func (c *call) setSLO(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// class is the call's class as metrics and records name it.
+func (c *call) class() string {
+	if c.slo.Class == "" {
+		return DefaultClass
+	}
+	return c.slo.Class
+}
+
 // unattainable reports whether the call's decision took a replica that
 // it predicts misses the request's SLO at least as likely as not.
 func (c *call) unattainable() bool {
@@ -305,18 +314,18 @@ func (c *call) admitSLO(w http.ResponseWriter, t0 time.Time) (time.Time, bool) {
 	mode := c.rt.cfg.SLO.mode()
 	if mode == SLOAdmitRoute {
 		c.sloAction = sloRouted
-		c.rt.sm.unattainable.WithLabelValues(c.slo.Class, sloRouted).Inc()
+		c.rt.sm.unattainable.WithLabelValues(c.class(), sloRouted).Inc()
 		return t0, true
 	}
 	c.ticket.Done(c.rt.now(), fleet.NoUsage, nil) // not the replica's fault
 	c.ticket = nil
 	if mode == SLOAdmitReject || c.priority < 0 {
 		c.sloAction = sloRejected
-		c.rt.sm.unattainable.WithLabelValues(c.slo.Class, sloRejected).Inc()
+		c.rt.sm.unattainable.WithLabelValues(c.class(), sloRejected).Inc()
 		return time.Time{}, c.rejectSLO(w)
 	}
 	c.sloAction = sloQueued
-	c.rt.sm.unattainable.WithLabelValues(c.slo.Class, sloQueued).Inc()
+	c.rt.sm.unattainable.WithLabelValues(c.class(), sloQueued).Inc()
 	t0, ok := c.queue(c.ctx, w, c.priority)
 	c.freq.SLO = c.slo
 	return t0, ok
@@ -425,7 +434,7 @@ func newSLOMetrics(reg prometheus.Registerer) (*sloMetrics, error) {
 // observeSLO counts a judged call in kvrouter_slo_requests_total.
 func (rt *Router) observeSLO(c *call) {
 	if c.sloOutcome != "" {
-		rt.sm.requests.WithLabelValues(c.slo.Class, c.sloOutcome).Inc()
+		rt.sm.requests.WithLabelValues(c.class(), c.sloOutcome).Inc()
 	}
 }
 
@@ -434,7 +443,7 @@ func (c *call) fillSLO(rec *view.Decision) {
 	if c.slo.IsZero() {
 		return
 	}
-	rec.SLOClass, rec.SLOTTFTMS, rec.SLOITLMS = c.slo.Class, ms(c.slo.TTFT), ms(c.slo.ITL)
+	rec.SLOClass, rec.SLOTTFTMS, rec.SLOITLMS = c.class(), ms(c.slo.TTFT), ms(c.slo.ITL)
 	rec.PredictedMiss, rec.SLOAdmission, rec.SLOOutcome, rec.ITLMS = c.dec.Miss, c.sloAction, c.sloOutcome, ms(c.itl)
 }
 
@@ -448,7 +457,7 @@ func (c *call) appendSLO(a []slog.Attr) []slog.Attr {
 	if c.slo.IsZero() {
 		return a
 	}
-	a = append(a, slog.String("slo_class", c.slo.Class), slog.Float64("slo_ttft_ms", ms(c.slo.TTFT)), slog.Float64("slo_itl_ms", ms(c.slo.ITL)))
+	a = append(a, slog.String("slo_class", c.class()), slog.Float64("slo_ttft_ms", ms(c.slo.TTFT)), slog.Float64("slo_itl_ms", ms(c.slo.ITL)))
 	if c.sloAction != "" {
 		a = append(a, slog.String("slo_admission", c.sloAction))
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -52,13 +53,19 @@ func (p *sloPolicy) saw() []route.SLO {
 // config changed by mod; one server carries the API and /metrics.
 func sloRouter(t *testing.T, p route.Policy, mod func(*Config), backends ...string) (*Router, string) {
 	t.Helper()
+	return sloRouterLog(t, p, testLogger(t), mod, backends...)
+}
+
+// sloRouterLog is sloRouter logging to log.
+func sloRouterLog(t *testing.T, p route.Policy, log *slog.Logger, mod func(*Config), backends ...string) (*Router, string) {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	for _, b := range backends {
 		cfg.Backends = append(cfg.Backends, Backend{URL: b})
 	}
 	mod(&cfg)
-	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: testLogger(t), Policy: p})
+	rt, err := New(cfg, Deps{Registry: prometheus.NewRegistry(), Logger: log, Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,13 +116,13 @@ func TestSLOReachesDecision(t *testing.T) {
 		want route.SLO
 	}{
 		{"fleet default", []string{"Authorization", "Bearer sk-plain"},
-			route.SLO{TTFT: 2 * time.Second, ITL: 100 * time.Millisecond, Class: DefaultClass}},
+			route.SLO{TTFT: 2 * time.Second, ITL: 100 * time.Millisecond}},
 		{"key class", []string{"Authorization", "Bearer sk-int"},
 			route.SLO{TTFT: 500 * time.Millisecond, ITL: 50 * time.Millisecond, Class: "interactive"}},
 		{"header over class", []string{"Authorization", "Bearer sk-int", "x-slo-ttft-ms", "300"},
 			route.SLO{TTFT: 300 * time.Millisecond, ITL: 50 * time.Millisecond, Class: "interactive"}},
 		{"header over default", []string{"Authorization", "Bearer sk-plain", "X-SLO-TPOT-Ms", "20", "X-SLO-TTFT-Ms", "7000"},
-			route.SLO{TTFT: 7 * time.Second, ITL: 20 * time.Millisecond, Class: DefaultClass}},
+			route.SLO{TTFT: 7 * time.Second, ITL: 20 * time.Millisecond}},
 	}
 	judged := map[string]float64{}
 	for i, tt := range tests {
@@ -130,6 +137,9 @@ func TestSLOReachesDecision(t *testing.T) {
 			}
 			d := rt.Decisions(1)[0]
 			got := route.SLO{TTFT: time.Duration(d.SLOTTFTMS * 1e6), ITL: time.Duration(d.SLOITLMS * 1e6), Class: d.SLOClass}
+			if got.Class == DefaultClass { // the record names the fleet's default
+				got.Class = ""
+			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("the decision record (-want +got):\n%s", diff)
 			}
@@ -203,7 +213,8 @@ func checkRecordedSLOs(t *testing.T, path string, want2, want4 route.SLO) {
 func TestSLOReject429(t *testing.T) {
 	tap := newTap(t, startEmulator(t))
 	p := &sloPolicy{}
-	rt, url := sloRouter(t, p, func(c *Config) { c.SLO.Admission = SLOAdmitReject }, tap.URL())
+	var log syncBuffer
+	rt, url := sloRouterLog(t, p, slog.New(slog.NewJSONHandler(&log, nil)), func(c *Config) { c.SLO.Admission = SLOAdmitReject }, tap.URL())
 	p.miss.Store(500) // exactly MissThreshold
 	resp, body := do(t, "POST", url+"/v1/chat/completions", sloChat(1), HeaderSLOTTFT, "250")
 	if resp.StatusCode != http.StatusTooManyRequests || errorCode(body) != codeSLOUnattainable {
@@ -240,6 +251,23 @@ func TestSLOReject429(t *testing.T) {
 	p.miss.Store(499) // below the threshold: routed
 	if resp, body := do(t, "POST", url+"/v1/chat/completions", sloChat(2), HeaderSLOTTFT, "250"); resp.StatusCode != http.StatusOK {
 		t.Errorf("a request predicted to meet its SLO: status %d %s, want 200", resp.StatusCode, body)
+	}
+	var lines []map[string]any // the access lines
+	for _, l := range jsonLines(t, log.String()) {
+		if l["msg"] == "request" {
+			lines = append(lines, l)
+		}
+	}
+	for i, want := range []map[string]any{
+		{"slo_class": DefaultClass, "slo_ttft_ms": 250.0, "slo_itl_ms": 0.0, "slo_admission": sloRejected, "error": codeSLOUnattainable},
+		{"slo_class": DefaultClass, "slo_ttft_ms": 250.0, "slo_outcome": lines[len(lines)-1]["slo_outcome"]},
+	} {
+		got := lines[len(lines)-2+i]
+		for k, v := range want {
+			if got[k] != v || v == nil {
+				t.Errorf("access line %d: %s = %v, want %v", i+1, k, got[k], v)
+			}
+		}
 	}
 	p.miss.Store(900) // no SLO: nothing to miss, whatever the prediction
 	if resp, body := do(t, "POST", url+"/v1/chat/completions", sloChat(3)); resp.StatusCode != http.StatusOK {
@@ -421,7 +449,7 @@ func TestSLOPicker(t *testing.T) {
 		t.Fatalf("no pick: %d %s", w.Code, w.Body)
 	}
 	pk.Done(true, fleet.NoUsage)
-	want := route.SLO{TTFT: 300 * time.Millisecond, ITL: 40 * time.Millisecond, Class: DefaultClass}
+	want := route.SLO{TTFT: 300 * time.Millisecond, ITL: 40 * time.Millisecond}
 	if diff := cmp.Diff(want, p.saw()[0]); diff != "" {
 		t.Errorf("the policy saw (-want +got):\n%s", diff)
 	}

@@ -64,8 +64,8 @@ type Entry struct {
 	Outcome string
 	// SLOTTFT and SLOITL are the request's SLO bounds on its time to
 	// first token and its mean inter-token latency (0: none), and
-	// SLOClass its class (proxy.DefaultClass for the fleet's own; ""
-	// when it had no SLO): written as slo_ttft_ms, slo_itl_ms (in
+	// SLOClass its class ("" for the fleet's default, as route.SLO.Class):
+	// written as slo_ttft_ms, slo_itl_ms (in
 	// milliseconds) and slo_class.
 	SLOTTFT, SLOITL time.Duration
 	SLOClass        string
