@@ -81,6 +81,23 @@ func (s *Server) Kill() {
 	s.cmd = nil
 }
 
+// Stop stops the process with SIGSTOP: it keeps its connections and
+// answers nothing until Continue (a stalled Redis).
+func (s *Server) Stop() { s.signal(syscall.SIGSTOP) }
+
+// Continue resumes a process Stop stopped (SIGCONT).
+func (s *Server) Continue() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("redis-server is not running")
+	}
+	if err := syscall.Kill(s.cmd.Process.Pid, sig); err != nil {
+		s.t.Fatalf("signal redis-server: %v", err)
+	}
+}
+
 // Restart starts the server again, empty, on the same port.
 func (s *Server) Restart() {
 	s.t.Helper()
