@@ -225,3 +225,20 @@ func TestStalledRedis(t *testing.T) {
 		return ok && got.Replica == p.Replica
 	})
 }
+
+// TestRedisACLUser: a Redis whose default user may only PING, and an ACL
+// user kvrouter with a password: a router with the user and password in
+// its URL shares state, one without them does not reach it.
+func TestRedisACLUser(t *testing.T) {
+	rs := redisserver.Start(t, "--user", "default", "on", "nopass", "-@all", "+ping",
+		"--user", "kvrouter", "on", ">s3cret-pass", "~kvrouter:*", "&*", "+@all")
+	withUser := newSyncer(t, "redis://kvrouter:s3cret-pass@"+rs.Addr, "a", newFleet(t))
+	anonymous := newSyncer(t, rs.URL(), "b", newFleet(t))
+	run(t, withUser)
+	run(t, anonymous)
+	wait.For(t, "the ACL user's rounds reach Redis", withUser.Up)
+	wait.For(t, "the anonymous router's rounds fail", func() bool { return anonymous.m.errors.get() > 0 })
+	if anonymous.Up() {
+		t.Error("a router without the ACL user's password is up")
+	}
+}

@@ -432,6 +432,9 @@ func (c *call) pick(w http.ResponseWriter) bool {
 			return false
 		}
 	}
+	if c.ticket == nil && c.dec.Reason == route.ReasonNoHealthy && w != nil {
+		t0 = c.holdForReplica(t0) // panic.go
+	}
 	if c.ticket == nil {
 		if w != nil {
 			writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica can take the request")
@@ -442,6 +445,7 @@ func (c *call) pick(w http.ResponseWriter) bool {
 		return false
 	}
 	c.replica, c.sent = c.dec.Replica, t0
+	c.countPanic()
 	c.writeSession()
 	c.index = rt.st.fleet.IndexMode(c.replica)
 	rt.m.decide.Observe(c.decide.Seconds())

@@ -20,14 +20,17 @@ import (
 type Server struct {
 	t    testing.TB
 	bin  string
-	Addr string // host:port
+	Addr string   // host:port
+	args []string // more redis-server options
 	cmd  *exec.Cmd
 }
 
-// Start starts a redis-server on a free loopback port. Without the binary
+// Start starts a redis-server on a free loopback port, with args as more
+// options (e.g. an ACL user; PING must stay allowed to the default user,
+// which Start's readiness check uses). Without the binary
 // the test skips, except in CI ($CI set), where it fails: .ci/run installs
 // Debian's redis-server.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -42,7 +45,7 @@ func Start(t testing.TB) *Server {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s := &Server{t: t, bin: bin, Addr: addr}
+	s := &Server{t: t, bin: bin, Addr: addr, args: args}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -56,8 +59,8 @@ func (s *Server) start() {
 	s.t.Helper()
 	_, port, _ := net.SplitHostPort(s.Addr)
 	dir := s.t.TempDir()
-	s.cmd = exec.Command(s.bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"), "--loglevel", "warning")
+	s.cmd = exec.Command(s.bin, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"), "--loglevel", "warning"}, s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
