@@ -43,14 +43,17 @@ const maxModelsBody = 1 << 20
 // connections answers fast and so looks idle, and would draw traffic until
 // passive checks added up. Ejecting an unhealthy or unknown id does
 // nothing.
+// A replica in panic mode's set (ejected by probes alone) is ejected
+// again, for the refused connection, and leaves the set.
 func (c *Checker) Eject(id, reason string) {
 	t := c.target(id)
 	if t == nil {
 		return
 	}
+	defer c.reconcile()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.healthy.Load() {
+	if t.healthy.Load() || t.kind == KindProbe {
 		c.ejectLocked(t, KindConnect, reason, time.Now())
 	}
 }
@@ -67,6 +70,7 @@ func (c *Checker) ejectLocked(t *target, kind, reason string, now time.Time) {
 		d = c.ejectBase() << shift
 	}
 	t.until = now.Add(d)
+	t.kind = kind
 	reason = fmt.Sprintf("%s; out for %v", reason, d)
 	c.setLocked(t, false, reason)
 	if c.OnEject != nil {
@@ -78,7 +82,7 @@ func (c *Checker) ejectLocked(t *target, kind, reason string, now time.Time) {
 // forgiven); t.mu is held.
 func (c *Checker) admitLocked(t *target, reason string) {
 	t.window = window.Sums{}
-	t.consec, t.held = 0, ""
+	t.consec, t.held, t.overruled = 0, "", false
 	t.admitted = time.Now()
 	c.setLocked(t, true, reason)
 }
@@ -88,8 +92,9 @@ func (c *Checker) admitLocked(t *target, reason string) {
 // healthy replica learns the models it serves once; an ejected one whose
 // ejection time is over is re-admitted if it lists the expected models.
 func (c *Checker) succeeded(ctx context.Context, t *target, answer string, listing []byte) {
+	defer c.reconcile()
 	t.mu.Lock()
-	t.probeFails = 0
+	t.probeFails, t.overruled = 0, false
 	want := c.expectLocked(t)
 	healthy := t.healthy.Load()
 	learn := healthy && !t.learned && len(want) == 0

@@ -71,12 +71,16 @@ type Outlier struct {
 	// stay in service for its ejection count to reset. Zero means
 	// DefaultEjectMax.
 	EjectMax time.Duration `yaml:"eject-max"`
+	// PanicThreshold is the fraction of healthy replicas, 0..1, below
+	// which the replicas ejected by probes alone are routed to anyway
+	// (panic.go). Zero means DefaultPanicThreshold; negative, never.
+	PanicThreshold float64 `yaml:"panic-threshold"`
 }
 
 // DefaultOutlier returns the outlier detection that zero values stand
 // for.
 func DefaultOutlier() Outlier {
-	return Outlier{Consecutive: DefaultConsecutive, EjectBase: DefaultEjectBase, EjectMax: DefaultEjectMax}
+	return Outlier{Consecutive: DefaultConsecutive, EjectBase: DefaultEjectBase, EjectMax: DefaultEjectMax, PanicThreshold: DefaultPanicThreshold}
 }
 
 // Validate reports the settings that are negative.
@@ -90,6 +94,9 @@ func (o Outlier) Validate() error {
 	}
 	if o.EjectMax < 0 {
 		errs = append(errs, fmt.Errorf("eject-max: must not be negative, got %d", int64(o.EjectMax)))
+	}
+	if o.PanicThreshold > 1 {
+		errs = append(errs, fmt.Errorf("panic-threshold: must be at most 1, got %v", o.PanicThreshold))
 	}
 	return errors.Join(errs...)
 }
@@ -138,13 +145,21 @@ type Checker struct {
 	// (its /v1/models does not list the expected models, or cannot be
 	// read); once per distinct reason in a row.
 	OnHold func(id, reason string)
-	// OnChange, if set, is called on every transition, with the replica's
-	// lock held (so calls for one replica are ordered): it must not call
-	// back into the Checker for the same replica. It is OnTransition
-	// without the reason.
-	OnChange func(id string, healthy bool)
-	// OnTransition, if set, is called on every transition like OnChange
-	// (after it, under the same lock), with the reason for it, such as
+	// OnChange, if set, is called when a replica turns routable or not
+	// (Routable: healthy, or in panic mode's set), with the replica's lock
+	// held (so calls for one replica are ordered): it must not call back
+	// into the Checker for the same replica.
+	OnChange func(id string, routable bool)
+	// OnPanic, if set, is called when panic mode starts (on) or ends,
+	// with the healthy replicas and all of them; with no replica's lock
+	// held.
+	OnPanic func(on bool, healthy, total int)
+	// OnOverrule, if set, is called under the replica's lock when failed
+	// probes would have ejected a replica whose requests succeed (it is
+	// kept), once per run of failed probes, with the reason.
+	OnOverrule func(id, reason string)
+	// OnTransition, if set, is called on every transition of Healthy
+	// (under the replica's lock), with the reason for it, such as
 	// "probe http://h/health: status 503 Service Unavailable (2 consecutive
 	// failures)" or "passive: 5 of 6 requests failed in 10s".
 	OnTransition func(id string, healthy bool, reason string)
@@ -155,6 +170,9 @@ type Checker struct {
 	OnFallback func(id, note string)
 
 	targets poll.Group[*target]
+	panic   atomic.Bool // in panic mode (panic.go)
+	dirty   atomic.Bool // a transition since the last reconcile
+	pmu     sync.Mutex  // serializes reconcile
 }
 
 // Status is one replica's health as the Checker sees it.
@@ -196,18 +214,30 @@ type target struct {
 	models     []string  // the models it listed at its first successful probe
 	learned    bool      // models is settled (listed, or no listing to be had)
 	held       string    // the last reason it was kept out, for OnHold
+	kind       string    // the kind of its last ejection
+	routable   bool      // what OnChange last said (initially true)
+	overruled  bool      // requests outvoted the current run of failed probes
+	lastOK     time.Time // when a request to it last succeeded
 }
 
 // Add starts tracking id, initially healthy; adding a present id does
 // nothing.
 func (c *Checker) Add(id string) {
-	t := &target{id: id}
+	t := &target{id: id, routable: true}
 	t.healthy.Store(true)
-	c.targets.Add(id, t)
+	if c.targets.Add(id, t) {
+		c.dirty.Store(true)
+		c.reconcile()
+	}
 }
 
 // Remove stops tracking id; Healthy reports false for it afterwards.
-func (c *Checker) Remove(id string) { c.targets.Remove(id) }
+func (c *Checker) Remove(id string) {
+	if _, ok := c.targets.Remove(id); ok {
+		c.dirty.Store(true)
+		c.reconcile()
+	}
+}
 
 // Healthy reports whether id may get traffic; false for an unknown id.
 func (c *Checker) Healthy(id string) bool {
@@ -245,6 +275,7 @@ func (c *Checker) report(id string, failed bool) {
 		return
 	}
 	now := time.Now()
+	defer c.reconcile()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var f int64
@@ -254,19 +285,31 @@ func (c *Checker) report(id string, failed bool) {
 	t.window.Add(now, c.window(), f, 1)
 	if !failed {
 		t.consec = 0
+		t.lastOK = now
 		return
 	}
 	t.consec++
 	if !t.healthy.Load() {
+		c.failedInPanicLocked(t, now)
 		return
 	}
+	if reason, ok := c.passiveVerdictLocked(t, now); ok {
+		c.ejectLocked(t, KindPassive, reason, now)
+	}
+}
+
+// passiveVerdictLocked reports whether t's reported outcomes eject it, and
+// why: failures in Window past the count and ratio, or in a row; t.mu is
+// held.
+func (c *Checker) passiveVerdictLocked(t *target, now time.Time) (string, bool) {
 	fails, total := t.window.Sum(now, c.window())
 	switch {
 	case fails >= int64(c.passiveFailures()) && float64(fails) >= c.failureRatio()*float64(total):
-		c.ejectLocked(t, KindPassive, fmt.Sprintf("passive: %d of %d requests failed in %v", fails, total, c.window()), now)
+		return fmt.Sprintf("passive: %d of %d requests failed in %v", fails, total, c.window()), true
 	case t.consec >= c.consecutive():
-		c.ejectLocked(t, KindPassive, fmt.Sprintf("passive: %d requests in a row failed", t.consec), now)
+		return fmt.Sprintf("passive: %d requests in a row failed", t.consec), true
 	}
+	return "", false
 }
 
 // Run probes every replica until ctx is done, then waits for the loops to
@@ -288,9 +331,8 @@ func (c *Checker) target(id string) *target {
 func (c *Checker) setLocked(t *target, healthy bool, reason string) {
 	t.healthy.Store(healthy)
 	t.reason, t.since = reason, time.Now()
-	if c.OnChange != nil {
-		c.OnChange(t.id, healthy)
-	}
+	c.dirty.Store(true)
+	c.publishLocked(t)
 	if c.OnTransition != nil {
 		c.OnTransition(t.id, healthy, reason)
 	}

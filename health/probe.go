@@ -98,23 +98,28 @@ func (c *Checker) fallBack(t *target, path, note string) {
 	}
 }
 
-// failed applies one failed probe: Failures in a row eject t.
+// failed applies one failed probe: Failures in a row eject t, unless its
+// requests outvote them (panic.go).
 func (c *Checker) failed(t *target, err error) {
+	defer c.reconcile()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.probeFails++
-	if t.probeFails >= c.failures() && t.healthy.Load() {
-		c.ejectLocked(t, KindProbe, fmt.Sprintf("%v (%s)", err, consecutive(t.probeFails)), time.Now())
+	now := time.Now()
+	if t.probeFails < c.failures() || !t.healthy.Load() || c.overruleLocked(t, err, now) {
+		return
 	}
+	c.ejectLocked(t, probeKind(err), fmt.Sprintf("%v (%s)", err, consecutive(t.probeFails)), now)
 }
 
 // answered applies an answer from a replica without probe routes (which
 // can list no models): it is up, and returns once its ejection time is
 // over.
 func (c *Checker) answered(t *target, note string) {
+	defer c.reconcile()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.probeFails = 0
+	t.probeFails, t.overruled = 0, false
 	if !t.healthy.Load() && !time.Now().Before(t.until) {
 		c.admitLocked(t, note)
 	}
@@ -131,6 +136,7 @@ func consecutive(n int) string {
 // reinstate returns t to service once its ejection time is over, when it
 // has no probe route that could.
 func (c *Checker) reinstate(t *target) {
+	defer c.reconcile()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.healthy.Load() || time.Now().Before(t.until) {

@@ -34,12 +34,21 @@
 // bindings and blocks enter the fleet. A router starting reads the stream
 // from its start, so it learns the bindings of the last StreamLen rounds.
 //
-// Two things do not wait for a round: a session's binding, written to
-// its own key as the decision is made and read by any router before it
-// decides on that session (sessions.go: read-your-writes across routers,
-// each read bounded by ReadTimeout), and the membership the admin API
+// Two things do not wait for a round: a session's binding, queued for
+// its own key as the decision is made (written by a writer goroutine, in
+// order, a pipeline at a time) and read by any router before it decides
+// on that session (sessions.go: read-your-writes across routers, the read
+// and the caller's wait for the write each bounded by ReadTimeout), and
+// the membership the admin API
 // changes (members.go: a hash every round checks the version of, applied
 // through Config.ApplyMembers; a router starting loads it).
+//
+// # Sealed values
+//
+// With Settings.KeyFile every value written (load, stream entry, member,
+// binding) is sealed with an HMAC of its key, its writer and itself, and
+// every value read is checked, after its size, before it is decoded
+// (seal.go); what fails is ignored and counted by kind.
 //
 // # Staleness
 //
@@ -56,9 +65,10 @@
 //
 // # Without Redis
 //
-// Nothing on the request path waits on Redis: the Syncer does every I/O,
-// each command bounded by Timeout, and the fleet reads its peers' load
-// through an atomically swapped view. When Redis is down or slow, a round
+// The request path waits on Redis only for a session's binding, at most
+// ReadTimeout to read it and as long for its write: the Syncer does every
+// other I/O, each command bounded by Timeout, and the fleet reads its
+// peers' load through an atomically swapped view. When Redis is down or slow, a round
 // fails: kvrouter_shared_state_up goes to 0 (logged once), the router
 // routes on its own view (after TTL without a successful round the peers'
 // load is dropped, as theirs drops this router's), its deltas wait,

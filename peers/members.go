@@ -83,7 +83,7 @@ func (s *Syncer) writeMembers(ctx context.Context, ms []Member) error {
 		if err != nil {
 			return err
 		}
-		vals = append(vals, m.URL, b)
+		vals = append(vals, m.URL, s.seal.seal(s.keys.member(m.URL), s.cfg.Router, string(b)))
 	}
 	pipe := s.client.TxPipeline()
 	pipe.HSet(ctx, s.keys.members(), vals...)
@@ -131,18 +131,41 @@ func (s *Syncer) syncMembers(ctx context.Context, version string) error {
 		return err
 	}
 	ms := make([]Member, 0, min(len(raw), MaxMembers))
-	for _, v := range raw {
-		var m Member
-		if len(ms) == MaxMembers || len(v) > maxMemberBytes || json.Unmarshal([]byte(v), &m) != nil || m.URL == "" {
-			s.m.decodeErrors.Inc()
-			continue
+	for url, v := range raw {
+		if m, ok := s.openMember(url, v); ok && len(ms) < MaxMembers {
+			ms = append(ms, m)
 		}
-		ms = append(ms, m)
 	}
 	s.applied = version
 	s.retry = s.cfg.ApplyMembers(ms) != nil
 	return nil
 }
 
-// maxMemberBytes is the largest member entry decoded.
+// openMember checks and decodes the members entry v of backend url,
+// counting an entry too large, unsealed or malformed, or one that names
+// another backend than its field.
+func (s *Syncer) openMember(url, v string) (Member, bool) {
+	var m Member
+	if len(url) > maxMemberBytes || len(v) > maxMemberBytes {
+		s.m.decodeErrors.Inc()
+		return m, false
+	}
+	payload, _, ok := s.seal.open(s.keys.member(url), v)
+	if !ok {
+		s.m.reject(KindMember)
+		return m, false
+	}
+	if json.Unmarshal([]byte(payload), &m) != nil || m.URL != url {
+		s.m.decodeErrors.Inc()
+		return m, false
+	}
+	return m, true
+}
+
+// member is what backend url's entry in the members hash is sealed under:
+// the hash's key and the field, so that an entry moved to another field
+// does not check.
+func (k keys) member(url string) string { return k.members() + "\x00" + url }
+
+// maxMemberBytes is the largest member entry (and backend URL) decoded.
 const maxMemberBytes = 64 << 10

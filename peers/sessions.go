@@ -44,11 +44,11 @@ func newSessionMetrics(reg prometheus.Registerer) (*sessionMetrics, error) {
 	m := &sessionMetrics{
 		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_shared_session_reads_total",
-			Help: "Reads of a session binding from Redis on the request path, before deciding a request with a session, by result: hit, miss, timeout (past --shared-read-timeout), error.",
+			Help: "Reads of a session binding from Redis on the request path, before deciding a request with a session, by result: hit, miss, timeout (past --shared-read-timeout), error (unreadable or not sealed with --redis-key-file's secret).",
 		}, []string{"result"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_shared_session_writes_total",
-			Help: "Session bindings written to Redis as they were made, by result: ok, error.",
+			Help: "Session bindings written to Redis as they were made, off the request path, by result: ok, error, dropped (more queued than the writer keeps).",
 		}, []string{"result"}),
 		read: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvrouter_shared_session_read_seconds",
@@ -59,8 +59,9 @@ func newSessionMetrics(reg prometheus.Registerer) (*sessionMetrics, error) {
 	for _, r := range []string{"hit", "miss", "timeout", "error"} {
 		m.reads.WithLabelValues(r)
 	}
-	m.writes.WithLabelValues("ok")
-	m.writes.WithLabelValues("error")
+	for _, r := range []string{"ok", "error", "dropped"} {
+		m.writes.WithLabelValues(r)
+	}
 	if reg == nil {
 		return m, nil
 	}
@@ -81,15 +82,17 @@ func (s *Syncer) ReadSession(ctx context.Context, key string) (fleet.PeerSession
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
 	defer cancel()
 	start := time.Now()
-	v, err := s.fast.Get(ctx, s.keys.session(key)).Result()
+	k := s.keys.session(key)
+	v, err := s.fast.GetRange(ctx, k, 0, maxSessionBytes).Result()
 	s.sm.read.Observe(time.Since(start).Seconds())
 	switch {
+	case err == nil && v == "": // GETRANGE answers "" for a missing key
+		s.sm.reads.WithLabelValues("miss").Inc()
 	case err == nil:
-		if p, ok := parseSession(v); ok {
+		if p, ok := s.openSession(k, v); ok {
 			s.sm.reads.WithLabelValues("hit").Inc()
 			return p, true
 		}
-		s.m.decodeErrors.Inc()
 		s.sm.reads.WithLabelValues("error").Inc()
 	case errors.Is(err, redis.Nil):
 		s.sm.reads.WithLabelValues("miss").Inc()
@@ -101,25 +104,126 @@ func (s *Syncer) ReadSession(ctx context.Context, key string) (fleet.PeerSession
 	return fleet.PeerSession{}, false
 }
 
-// WriteSession writes session key's binding p, expiring after ttl, in the
-// background, and returns a channel closed when the write is done (or
-// failed, counted in kvrouter_shared_session_writes_total): the caller
-// waits for it before its answer ends. The write is bounded by
-// Config.Timeout.
+// Bounds of the session writer.
+const (
+	// maxQueuedWrites is the most bindings waiting for the writer; past
+	// it a binding is not written (the stream still carries it a round
+	// later), counted as result "dropped".
+	maxQueuedWrites = 4096
+	// maxWriteBatch is the most bindings one pipeline writes.
+	maxWriteBatch = 256
+)
+
+// sessionWrite is one binding waiting for the writer.
+type sessionWrite struct {
+	key, value string
+	ttl        time.Duration
+	done       chan struct{}
+}
+
+// WriteSession queues session key's binding p, expiring after ttl, for
+// the writer (writeSessions, off the request path), and returns a channel
+// closed once it is written, failed (bounded by Config.Timeout) or was
+// dropped (more than maxQueuedWrites waiting), each counted in
+// kvrouter_shared_session_writes_total. A caller that wants the next turn
+// at another router to find the binding waits for it, but no longer than
+// WriteWait.
 func (s *Syncer) WriteSession(key string, p fleet.PeerSession, ttl time.Duration) <-chan struct{} {
-	done := make(chan struct{})
-	v := formatSession(p)
-	go func() {
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
-		defer cancel()
-		result := "ok"
-		if err := s.fast.Set(ctx, s.keys.session(key), v, ttl).Err(); err != nil {
-			result = "error"
+	k := s.keys.session(key)
+	w := sessionWrite{key: k, value: s.seal.seal(k, s.cfg.Router, formatSession(p)), ttl: ttl, done: make(chan struct{})}
+	select {
+	case s.writes <- w:
+	default:
+		s.sm.writes.WithLabelValues("dropped").Inc()
+		close(w.done)
+	}
+	return w.done
+}
+
+// WriteWait is the longest a request should wait for its binding's write
+// (Settings.ReadTimeout, the bound of the read too): the write goes on
+// after it, off the request path.
+func (s *Syncer) WriteWait() time.Duration { return s.cfg.ReadTimeout }
+
+// writeSessions writes the queued bindings, in order, a pipeline at a
+// time, until ctx is done; the bindings still queued then are dropped.
+func (s *Syncer) writeSessions(ctx context.Context) {
+	batch := make([]sessionWrite, 0, maxWriteBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			s.dropQueued()
+			return
+		case w := <-s.writes:
+			batch = append(batch[:0], w)
+		}
+	fill:
+		for len(batch) < maxWriteBatch {
+			select {
+			case w := <-s.writes:
+				batch = append(batch, w)
+			default:
+				break fill
+			}
+		}
+		s.writeBatch(ctx, batch)
+	}
+}
+
+// writeBatch writes batch in one pipeline bounded by Config.Timeout.
+func (s *Syncer) writeBatch(ctx context.Context, batch []sessionWrite) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	pipe := s.fast.Pipeline()
+	for _, w := range batch {
+		pipe.Set(ctx, w.key, w.value, w.ttl)
+	}
+	cmds, _ := pipe.Exec(ctx)
+	for i, w := range batch {
+		result := "error"
+		if i < len(cmds) && cmds[i].Err() == nil {
+			result = "ok"
 		}
 		s.sm.writes.WithLabelValues(result).Inc()
-	}()
-	return done
+		close(w.done)
+	}
+}
+
+// dropQueued releases the bindings still queued when the writer stops.
+func (s *Syncer) dropQueued() {
+	for {
+		select {
+		case w := <-s.writes:
+			s.sm.writes.WithLabelValues("dropped").Inc()
+			close(w.done)
+		default:
+			return
+		}
+	}
+}
+
+// maxSessionBytes is the most of a binding's value read: its time, blocks
+// and tail (60 bytes at most), a router id (128) and a replica URL, with
+// the seal's 72 bytes and a second router id.
+const maxSessionBytes = 4 << 10
+
+// openSession checks and parses the value v of session key k, counting a
+// value too large, unsealed or malformed.
+func (s *Syncer) openSession(k, v string) (fleet.PeerSession, bool) {
+	if len(v) > maxSessionBytes {
+		s.m.decodeErrors.Inc()
+		return fleet.PeerSession{}, false
+	}
+	payload, _, ok := s.seal.open(k, v)
+	if !ok {
+		s.m.reject(KindSession)
+		return fleet.PeerSession{}, false
+	}
+	p, ok := parseSession(payload)
+	if !ok {
+		s.m.decodeErrors.Inc()
+	}
+	return p, ok
 }
 
 // formatSession is a binding's value in Redis: the bind time in Unix
@@ -138,7 +242,7 @@ func parseSession(v string) (fleet.PeerSession, bool) {
 	if len(f) == 4 && !strings.Contains(f[3], " ") {
 		f = []string{f[0], f[1], f[2], "-", f[3]}
 	}
-	if len(v) > maxMemberBytes || len(f) != 5 || f[3] == "" || f[4] == "" {
+	if len(v) > maxSessionBytes || len(f) != 5 || f[3] == "" || f[4] == "" {
 		return fleet.PeerSession{}, false
 	}
 	at, err1 := strconv.ParseInt(f[0], 10, 64)

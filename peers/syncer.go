@@ -51,8 +51,13 @@ type Settings struct {
 	// Router names this router among its peers; empty means a random id.
 	Router string `yaml:"router-id"`
 	// ReadTimeout bounds a request's read of its session's binding before
-	// the decision (sessions.go); zero means DefaultReadTimeout.
+	// the decision, and its wait for the binding's write before its answer
+	// ends (sessions.go); zero means DefaultReadTimeout.
 	ReadTimeout time.Duration `yaml:"shared-read-timeout"`
+	// KeyFile names a file holding the secret every router of the fleet
+	// seals its shared values with (seal.go); empty means values are
+	// neither sealed nor checked (a warning at start).
+	KeyFile string `yaml:"redis-key-file"`
 }
 
 // Config describes a Syncer.
@@ -92,6 +97,8 @@ type Syncer struct {
 	m      *metrics
 	sm     *sessionMetrics
 	keys   keys
+	seal   sealer
+	writes chan sessionWrite // bindings for writeSessions
 
 	up      atomic.Bool
 	peers   atomic.Int64
@@ -168,7 +175,15 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 	opts.DisableIdentity = true
 	opts.Protocol = 2
 	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	s := &Syncer{cfg: cfg, f: f, log: cfg.Logger, keys: keysOf(cfg.Prefix), lastID: "0"}
+	s := &Syncer{cfg: cfg, f: f, log: cfg.Logger, keys: keysOf(cfg.Prefix), lastID: "0",
+		writes: make(chan sessionWrite, maxQueuedWrites)}
+	if cfg.KeyFile != "" {
+		if s.seal.key, err = readKeyFile(cfg.KeyFile); err != nil {
+			return nil, fmt.Errorf("peers: %w", err)
+		}
+	} else {
+		s.log.Warn("shared state is unauthenticated: whoever can write Redis can add backends to every router; set --redis-key-file", "redis", opts.Addr)
+	}
 	if s.m, err = newMetrics(cfg.Registry, s); err != nil {
 		return nil, err
 	}
@@ -203,6 +218,9 @@ func (s *Syncer) Peers() int { return int(s.peers.Load()) }
 func (s *Syncer) Run(ctx context.Context) error {
 	defer s.client.Close()
 	defer s.fast.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.writeSessions(ctx) })
 	s.lastOK = s.cfg.Now()
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
@@ -301,7 +319,8 @@ func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, st
 	}
 	deltas := len(s.pending.Sessions)+len(s.pending.Touches) > 0
 	pipe := s.client.Pipeline()
-	pipe.Set(ctx, s.keys.load(s.cfg.Router), load, s.cfg.TTL)
+	lk := s.keys.load(s.cfg.Router)
+	pipe.Set(ctx, lk, s.seal.seal(lk, s.cfg.Router, string(load)), s.cfg.TTL)
 	pipe.SAdd(ctx, s.keys.routers, s.cfg.Router)
 	var xadd *redis.StringCmd
 	if deltas {
@@ -310,7 +329,7 @@ func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, st
 			return nil, "", err
 		}
 		xadd = pipe.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.events, MaxLen: s.cfg.StreamLen, Approx: true,
-			Values: []any{"r", s.cfg.Router, "d", d}})
+			Values: []any{"r", s.cfg.Router, "d", s.seal.seal(s.keys.events, s.cfg.Router, string(d))}})
 	}
 	members := pipe.SMembers(ctx, s.keys.routers)
 	xr := pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{s.keys.events, s.lastID}, Count: readCount, Block: -1})
@@ -344,14 +363,33 @@ func (s *Syncer) readStream(xr *redis.XStreamSliceCmd) []fleet.Share {
 			}
 			d, _ := msg.Values["d"].(string)
 			var sh fleet.Share
-			if err := decode(d, &sh); err != nil {
-				s.m.decodeErrors.Inc()
+			if !s.openShare(KindEvent, s.keys.events, d, &sh) {
 				continue
 			}
 			out = append(out, sh)
 		}
 	}
 	return out
+}
+
+// openShare checks and decodes the share v read under key k, counting a
+// value too large, unsealed (kind) or malformed; it reports whether sh
+// holds it.
+func (s *Syncer) openShare(kind, k, v string, sh *fleet.Share) bool {
+	if len(v) > MaxShareBytes {
+		s.m.decodeErrors.Inc()
+		return false
+	}
+	payload, _, ok := s.seal.open(k, v)
+	if !ok {
+		s.m.reject(kind)
+		return false
+	}
+	if err := decode(payload, sh); err != nil {
+		s.m.decodeErrors.Inc()
+		return false
+	}
+	return true
 }
 
 // readLoads reads the load of every router in members but this one, and
@@ -367,25 +405,28 @@ func (s *Syncer) readLoads(ctx context.Context, members []string) ([]fleet.Share
 		s.peers.Store(0)
 		return nil, nil
 	}
+	// GETRANGE, not MGET: at most MaxShareBytes+1 bytes of each key are
+	// read ("" for a key that expired).
 	ks := make([]string, len(others))
+	cmds := make([]*redis.StringCmd, len(others))
+	pipe := s.client.Pipeline()
 	for i, m := range others {
 		ks[i] = s.keys.load(m)
+		cmds[i] = pipe.GetRange(ctx, ks[i], 0, MaxShareBytes)
 	}
-	vals, err := s.client.MGet(ctx, ks...).Result()
-	if err != nil {
+	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	var out []fleet.Share
 	var gone []any
-	for i, v := range vals {
-		str, ok := v.(string)
-		if !ok {
+	for i, c := range cmds {
+		str := c.Val()
+		if str == "" {
 			gone = append(gone, others[i])
 			continue
 		}
 		var sh fleet.Share
-		if err := decode(str, &sh); err != nil {
-			s.m.decodeErrors.Inc()
+		if !s.openShare(KindLoad, ks[i], str, &sh) {
 			continue
 		}
 		sh.Sessions, sh.Touches = nil, nil // loads only: deltas come by the stream

@@ -105,6 +105,17 @@ func (g *Group[T]) Get(id string) (T, bool) {
 	return e.v, true
 }
 
+// Values returns every target's value, in no particular order.
+func (g *Group[T]) Values() []T {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]T, 0, len(g.targets))
+	for _, e := range g.targets {
+		out = append(out, e.v)
+	}
+	return out
+}
+
 // Run runs loops for every target, and for every target added meanwhile,
 // until ctx is done; then it waits for all the loops to return and returns
 // ctx's error. It returns ErrRunning at once if the group is already

@@ -437,6 +437,9 @@ func (c *call) pick(w http.ResponseWriter) bool {
 			return false
 		}
 	}
+	if c.ticket == nil && c.dec.Reason == route.ReasonNoHealthy && w != nil {
+		t0 = c.holdForReplica(t0) // panic.go
+	}
 	if w != nil && c.rec == 0 && c.unattainable() {
 		var ok bool
 		if t0, ok = c.admitSLO(w, t0); !ok {
@@ -453,6 +456,7 @@ func (c *call) pick(w http.ResponseWriter) bool {
 		return false
 	}
 	c.replica, c.sent = c.dec.Replica, t0
+	c.countPanic()
 	c.writeSession()
 	c.index = rt.st.fleet.IndexMode(c.replica)
 	rt.m.decide.Observe(c.decide.Seconds())

@@ -46,6 +46,7 @@ type metrics struct {
 	ejections  *prometheus.CounterVec // replica, kind
 	readmitted *prometheus.CounterVec // replica
 	stallHolds prometheus.Counter     // attempts held on an ejected replica: no other in service
+	health     healthMetrics          // panic mode, outvoted probes, requests held (panic.go)
 }
 
 // latencyBuckets span 1 ms to ~65 s.
@@ -148,6 +149,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 
 	if err := m.registerOutcomes(reg); err != nil {
+		return nil, err
+	}
+	if err := m.registerHealth(reg); err != nil {
 		return nil, err
 	}
 

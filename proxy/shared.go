@@ -36,13 +36,14 @@ func (c *call) readSession() {
 }
 
 // writeSession writes the session's binding to the call's replica to
-// Redis, in the background: done before the answer ends (waitSession).
+// Redis, in the background (a retry's after the first attempt's: the
+// syncer's writer keeps their order), waited for, bounded, before the
+// answer ends (waitSession).
 func (c *call) writeSession() {
 	rt := c.rt
 	if rt.shared == nil || c.session == "" || c.replica < 0 {
 		return
 	}
-	c.waitSession() // a retry's: one write in flight at a time
 	var chain []prefix.Hash
 	if len(c.freq.Chains) > 0 {
 		chain = c.freq.Chains[0].Hashes
@@ -51,13 +52,22 @@ func (c *call) writeSession() {
 	c.published = rt.shared.WriteSession(fleet.SessionKey(c.session), p, rt.cfg.SessionTTL)
 }
 
-// waitSession waits for the binding's write (bounded by the syncer's
-// timeout, which the write itself has).
+// waitSession waits for the binding's write, so that the session's next
+// turn finds it at any router, but no longer than the syncer's WriteWait
+// (--shared-read-timeout): with Redis slow or stalled, the write goes on
+// off the request path (bounded by the syncer's timeout) and the next turn
+// may reach a router that does not know the binding yet.
 func (c *call) waitSession() {
-	if c.published != nil {
-		<-c.published
-		c.published = nil
+	if c.published == nil {
+		return
 	}
+	t := time.NewTimer(c.rt.shared.WriteWait())
+	defer t.Stop()
+	select {
+	case <-c.published:
+	case <-t.C:
+	}
+	c.published = nil
 }
 
 // shareMember writes an admin change of backend id (op: add, drain,

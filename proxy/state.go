@@ -48,8 +48,8 @@ type state struct {
 	// the replica: the attempts waiting on it for an answer or a first
 	// token give up then rather than at their timeout.
 	hung []atomic.Pointer[chan struct{}]
-	// back is closed (and replaced) when a replica returns to service:
-	// retries held because none was in service pick again then.
+	// back is closed (and replaced) when a replica becomes routable:
+	// requests and retries held because none was pick again then.
 	back atomic.Pointer[chan struct{}]
 }
 
@@ -115,7 +115,9 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		Path:         cfg.HealthPath,
 		Outlier:      cfg.Outlier,
 		Models:       st.declared,
-		OnChange:     st.fleet.SetHealthy,
+		OnChange:     st.onRoutable,
+		OnPanic:      st.onPanic,
+		OnOverrule:   st.onOverrule,
 		OnTransition: st.onHealth,
 		OnFallback:   st.onHealthFallback,
 		OnEject:      st.onEject,
@@ -204,8 +206,6 @@ func (st *state) onScrapeError(id string, err error) { st.fleet.SetBlockSize(id,
 func (st *state) onHealth(id string, healthy bool, reason string) {
 	if healthy {
 		st.log.Info("replica up", "replica", id, "reason", reason)
-		ch := make(chan struct{})
-		close(*st.back.Swap(&ch))
 	} else {
 		st.log.Warn("replica down", "replica", id, "reason", reason)
 	}
@@ -232,10 +232,11 @@ func (st *state) onEject(id string, e health.Ejection) {
 	}
 }
 
-// otherHealthy reports whether a replica other than i is in service.
+// otherHealthy reports whether a replica other than i is in service on
+// evidence (not only routable in panic mode).
 func (st *state) otherHealthy(i int) bool {
-	for j := range st.bes.list() {
-		if j != i && st.healthy(j) {
+	for j, be := range st.bes.list() {
+		if j != i && st.healthy(j) && st.health.Healthy(be.cfg.URL) {
 			return true
 		}
 	}

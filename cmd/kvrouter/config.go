@@ -143,12 +143,16 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.IntVar(&cfg.Outlier.Consecutive, "eject-consecutive", cfg.Outlier.Consecutive, "failed requests in a row that eject a replica")
 	fs.DurationVar(&cfg.Outlier.EjectBase, "eject-base", cfg.Outlier.EjectBase, "first ejection's duration, doubled for each ejection in a row")
 	fs.DurationVar(&cfg.Outlier.EjectMax, "eject-max", cfg.Outlier.EjectMax, "longest ejection; also the time in service that resets the doubling")
-	fs.StringVar(&cfg.Peers.URL, "redis", cfg.Peers.URL, "Redis URL through which several routers share sessions, in-flight load and routed blocks, redis://host:port[/db] (empty: this router decides alone)")
+	fs.Float64Var(&cfg.Outlier.PanicThreshold, "panic-threshold", cfg.Outlier.PanicThreshold,
+		"fraction of replicas in service below which those ejected by failed probes alone, whose requests have not failed since, get traffic again (panic mode, Envoy's healthy_panic_threshold; negative: never)")
+	fs.StringVar(&cfg.Peers.URL, "redis", cfg.Peers.URL, "Redis URL through which several routers share sessions, in-flight load and routed blocks, redis://[user:password@]host:port[/db], or rediss:// for TLS (empty: this router decides alone)")
 	fs.DurationVar(&cfg.Peers.Interval, "sync-interval", cfg.Peers.Interval, "how often the shared state is published to and read from --redis (0: 50ms)")
 	fs.DurationVar(&cfg.Peers.TTL, "shared-ttl", cfg.Peers.TTL, "how long a router's load counts after its last publication to --redis (0: 20 sync intervals, at least 1s)")
 	fs.StringVar(&cfg.Peers.Router, "router-id", cfg.Peers.Router, "this router's name among its peers on --redis (empty: random)")
 	fs.DurationVar(&cfg.Peers.ReadTimeout, "shared-read-timeout", cfg.Peers.ReadTimeout,
-		"longest a request with a session waits for --redis to read its binding before deciding (0: 5ms)")
+		"longest a request with a session waits for --redis to read its binding before deciding, and for its binding's write before its answer ends (the write goes on in the background) (0: 5ms)")
+	fs.StringVar(&cfg.Peers.KeyFile, "redis-key-file", cfg.Peers.KeyFile,
+		"file holding the secret (at least 16 bytes, e.g. openssl rand -hex 32) with which every router on --redis signs what it writes there and checks what it reads; values that fail are ignored (empty: shared state unauthenticated, warned at start)")
 	return bl
 }
 

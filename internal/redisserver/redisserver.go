@@ -20,14 +20,17 @@ import (
 type Server struct {
 	t    testing.TB
 	bin  string
-	Addr string // host:port
+	Addr string   // host:port
+	args []string // more redis-server options
 	cmd  *exec.Cmd
 }
 
-// Start starts a redis-server on a free loopback port. Without the binary
+// Start starts a redis-server on a free loopback port, with args as more
+// options (e.g. an ACL user; PING must stay allowed to the default user,
+// which Start's readiness check uses). Without the binary
 // the test skips, except in CI ($CI set), where it fails: .ci/run installs
 // Debian's redis-server.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -42,7 +45,7 @@ func Start(t testing.TB) *Server {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s := &Server{t: t, bin: bin, Addr: addr}
+	s := &Server{t: t, bin: bin, Addr: addr, args: args}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -56,8 +59,8 @@ func (s *Server) start() {
 	s.t.Helper()
 	_, port, _ := net.SplitHostPort(s.Addr)
 	dir := s.t.TempDir()
-	s.cmd = exec.Command(s.bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"), "--loglevel", "warning")
+	s.cmd = exec.Command(s.bin, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"), "--loglevel", "warning"}, s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -79,6 +82,23 @@ func (s *Server) Kill() {
 	s.cmd.Process.Signal(syscall.SIGKILL)
 	s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Stop stops the process with SIGSTOP: it keeps its connections and
+// answers nothing until Continue (a stalled Redis).
+func (s *Server) Stop() { s.signal(syscall.SIGSTOP) }
+
+// Continue resumes a process Stop stopped (SIGCONT).
+func (s *Server) Continue() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("redis-server is not running")
+	}
+	if err := syscall.Kill(s.cmd.Process.Pid, sig); err != nil {
+		s.t.Fatalf("signal redis-server: %v", err)
+	}
 }
 
 // Restart starts the server again, empty, on the same port.
