@@ -46,6 +46,8 @@ type metrics struct {
 	ejections  *prometheus.CounterVec // replica, kind
 	readmitted *prometheus.CounterVec // replica
 	stallHolds prometheus.Counter     // attempts held on an ejected replica: no other in service
+
+	guardMetrics // guardmetrics.go
 }
 
 // latencyBuckets span 1 ms to ~65 s.
@@ -148,6 +150,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 
 	if err := m.registerOutcomes(reg); err != nil {
+		return nil, err
+	}
+	if err := m.registerGuards(reg); err != nil {
 		return nil, err
 	}
 
