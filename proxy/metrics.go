@@ -53,7 +53,7 @@ type metrics struct {
 // latencyBuckets span 1 ms to ~65 s.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, budget *BodyBudget) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_requests_total",
@@ -152,7 +152,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err := m.registerOutcomes(reg); err != nil {
 		return nil, err
 	}
-	if err := m.registerGuards(reg); err != nil {
+	if err := m.registerGuards(reg, budget); err != nil {
 		return nil, err
 	}
 
