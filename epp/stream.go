@@ -35,7 +35,8 @@ type stream struct {
 	header   http.Header
 	subset   []string // endpoints Envoy allows; nil: any
 	body     []byte
-	started  bool // the request headers arrived
+	held     int64 // bytes the body took from the budget (budget.go)
+	started  bool  // the request headers arrived
 	pick     *proxy.Pick
 	status   int  // the upstream's response status
 	gotFirst bool // the first response body bytes arrived
@@ -83,6 +84,7 @@ func (st *stream) run() error {
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	defer func() { st.pick.Done(st.complete, st.usage.usage()) }()
+	defer st.giveBody()
 	s.readers.Go(st.read)
 	ctx := st.srv.Context()
 	timer := time.NewTimer(s.cfg.BodyTimeout)
@@ -194,6 +196,9 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 	if h.GetEndOfStream() {
 		return st.route(false)
 	}
+	if ok, err := st.takeDeclared(); !ok {
+		return err
+	}
 	switch st.reqMode {
 	case Buffered:
 		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}})
@@ -211,9 +216,11 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	if !st.started || st.pick != nil {
 		return st.protocolError("request body out of order")
 	}
-	limit := st.s.cfg.MaxBodyBytes
-	if int64(len(st.body))+int64(len(b.GetBody())) > limit {
-		return st.fail(http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("request body is larger than %d bytes", limit))
+	if int64(len(st.body))+int64(len(b.GetBody())) > st.s.cfg.MaxBodyBytes {
+		return st.tooLarge()
+	}
+	if ok, err := st.takeChunk(len(b.GetBody())); !ok {
+		return err
 	}
 	st.body = append(st.body, b.GetBody()...)
 	switch {
@@ -225,6 +232,11 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 	}
 	// BUFFERED: the whole body, trailers perhaps to follow.
 	return st.route(true)
+}
+
+// tooLarge answers 413 request_too_large.
+func (st *stream) tooLarge() error {
+	return st.fail(http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("request body is larger than %d bytes", st.s.cfg.MaxBodyBytes))
 }
 
 // requestTrailers ends a body that trailers end, and lets them through.

@@ -66,6 +66,20 @@ func openStream(t *testing.T, url string, n int) (replica string, finish func() 
 	}
 }
 
+// streamOn opens streams of 150 tokens until one is served by replica,
+// reading the others to their end, and returns that one's finish (as
+// openStream's).
+func streamOn(t *testing.T, url, replica string) (finish func() bool) {
+	t.Helper()
+	for {
+		rep, finish := openStream(t, url, 150)
+		if rep == replica {
+			return finish
+		}
+		finish()
+	}
+}
+
 // spread sends n short requests and counts them per replica.
 func spread(t *testing.T, url string, n int) map[string]int {
 	t.Helper()
@@ -100,15 +114,7 @@ func TestAdminBackendsLifecycle(t *testing.T) {
 
 	// Drain b with a stream in flight on it: no new request reaches b,
 	// the stream finishes.
-	var onB func() bool
-	for onB == nil {
-		rep, finish := openStream(t, url, 150)
-		if rep == b {
-			onB = finish
-		} else {
-			finish()
-		}
-	}
+	onB := streamOn(t, url, b)
 	if resp, body := do(t, "POST", admin+pathDrain, fmt.Sprintf(`{"url": %q}`, b)); resp.StatusCode != 200 || !strings.Contains(body, `"draining"`) {
 		t.Fatalf("drain: %d %s", resp.StatusCode, body)
 	}

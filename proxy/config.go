@@ -62,6 +62,11 @@ type Config struct {
 	fleet.Sessions `yaml:",inline"`
 	// MaxBodyBytes caps a request body, in bytes; larger ones get 413.
 	MaxBodyBytes int64 `yaml:"max-body-bytes"`
+	// MaxBodyBytesTotal bounds the request bodies held in memory
+	// together, bytes; a request past it gets 503 before its body is read.
+	// Zero means DefaultBodyBudget (a 16th of the memory limit, at most 32
+	// times MaxBodyBytes).
+	MaxBodyBytesTotal int64 `yaml:"max-body-bytes-total"`
 	// ChunkChars is the text-mode prefix block size, in characters.
 	ChunkChars int `yaml:"chunk-chars"`
 	// ScrapeInterval is how often each replica's /metrics is read.

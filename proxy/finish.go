@@ -56,6 +56,7 @@ func (c *call) finish(ctx context.Context) {
 	if r := rt.rec.on.Load(); r != nil && c.freq.ID != "" {
 		c.recordTrace(r)
 	}
+	c.giveBody()
 	rt.observe(c)
 	rt.observeSLO(c)
 	rt.logAccess(c)
@@ -125,6 +126,7 @@ func (rt *Router) recycle(c *call) {
 		return
 	}
 	b := c.bufs
-	b.owner, b.tap.Body, b.tap.OnFirst = nil, nil, nil
+	b.borrow(nil) // emptied now: a buffer past keepBytes is not kept in the pool
+	b.tap.Body, b.tap.OnFirst = nil, nil
 	rt.pool.Put(b)
 }

@@ -107,6 +107,8 @@ type call struct {
 	// (Pick.Served); empty: none reported.
 	served string
 
+	bodyHeld int64 // bytes the body took from the router's budget (budget.go)
+
 	// Outcome, set by finish.
 	outcome string
 	usage   fleet.Usage // the engine's, fields -1 when not reported
@@ -285,13 +287,19 @@ func (c *call) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 		c.tooLarge(w, limit)
 		return nil, false
 	}
+	in := c.takeBody(w, r) // budget.go
+	if in == nil {
+		return nil, false
+	}
 	var err error
-	c.body, err = readGrowing(http.MaxBytesReader(w, r.Body, limit), c.body[:0], r.ContentLength)
+	c.body, err = readGrowing(http.MaxBytesReader(w, io.NopCloser(in), limit), c.body[:0], r.ContentLength)
 	if err == nil {
 		return c.body, true
 	}
 	var tooBig *http.MaxBytesError
 	switch {
+	case errors.Is(err, errBodyBudget):
+		c.overBudget(w)
 	case errors.As(err, &tooBig):
 		c.tooLarge(w, tooBig.Limit)
 	case errors.Is(err, os.ErrDeadlineExceeded):

@@ -28,6 +28,9 @@ func (c *Config) validateLimits() []error {
 			errs = append(errs, fmt.Errorf("%s: must not be negative, got %d", v.name, v.v))
 		}
 	}
+	if t := c.MaxBodyBytesTotal; t < 0 || t > 0 && t < c.MaxBodyBytes {
+		errs = append(errs, fmt.Errorf("max-body-bytes-total: want 0 (a share of the memory) or at least max-body-bytes (%d), got %d", c.MaxBodyBytes, t))
+	}
 	for _, v := range []struct {
 		name string
 		v    time.Duration

@@ -47,12 +47,14 @@ type metrics struct {
 	readmitted *prometheus.CounterVec // replica
 	stallHolds prometheus.Counter     // attempts held on an ejected replica: no other in service
 	health     healthMetrics          // panic mode, outvoted probes, requests held (panic.go)
+
+	guardMetrics // guardmetrics.go
 }
 
 // latencyBuckets span 1 ms to ~65 s.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, budget *BodyBudget) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_requests_total",
@@ -154,6 +156,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err := m.registerHealth(reg); err != nil {
 		return nil, err
 	}
+	if err := m.registerGuards(reg, budget); err != nil {
+		return nil, err
+	}
 
 	// Limits (issue 13).
 	m.headerRejected = prometheus.NewCounter(prometheus.CounterOpts{
@@ -206,15 +211,11 @@ func (fc *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 func (fc *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	var s route.Snapshot
 	fc.fl.Snapshot(&s, fc.now(), 0)
-	for _, r := range s.Replicas {
-		h := 0.0
-		if r.Healthy {
-			h = 1
-		}
-		own := r.InFlight - int(fc.fl.PeerLoad(r.ID).InFlight) // the snapshot counts the peers' too (--redis)
-		ch <- prometheus.MustNewConstMetric(fc.inflight, prometheus.GaugeValue, float64(own), r.ID)
-		ch <- prometheus.MustNewConstMetric(fc.healthy, prometheus.GaugeValue, h, r.ID)
-		ch <- prometheus.MustNewConstMetric(fc.idxBlock, prometheus.GaugeValue, float64(r.IndexBlocks), r.ID)
+	// One series per replica id, removed twins folded in (metricseries.go).
+	for _, r := range replicaSeries(fc.fl.Members(), s.Replicas, nil) {
+		ch <- prometheus.MustNewConstMetric(fc.inflight, prometheus.GaugeValue, float64(r.inflight), r.id)
+		ch <- prometheus.MustNewConstMetric(fc.healthy, prometheus.GaugeValue, b01(r.healthy), r.id)
+		ch <- prometheus.MustNewConstMetric(fc.idxBlock, prometheus.GaugeValue, float64(r.blocks), r.id)
 	}
 	ch <- prometheus.MustNewConstMetric(fc.sessions, prometheus.GaugeValue, float64(fc.fl.Sessions()))
 	ch <- prometheus.MustNewConstMetric(fc.evicted, prometheus.CounterValue, float64(fc.fl.SessionsEvicted()))

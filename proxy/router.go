@@ -93,6 +93,9 @@ type Router struct {
 
 	// dash is the dashboard, its history sampled while Run runs.
 	dash *dashboard.Handler
+
+	// budget bounds the request bodies held together (budget.go).
+	budget *BodyBudget
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -142,7 +145,8 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if g, ok := reg.(prometheus.Gatherer); ok && rt.gatherer == nil {
 		rt.gatherer = g
 	}
-	m, err := newMetrics(reg)
+	rt.budget = newBudget(&cfg)
+	m, err := newMetrics(reg, rt.budget)
 	if err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}

@@ -83,6 +83,11 @@ func (c *call) try(req *http.Request) (*http.Response, error) {
 		a.stop()
 		return nil, c.counted(a.fault(err))
 	}
+	if bad := c.judgeType(resp); bad != nil { // judge.go
+		drain(resp)
+		a.stop()
+		return nil, c.invalid(bad)
+	}
 	switch {
 	case resp.StatusCode == http.StatusOK && c.routed && isSSE(resp):
 		s := newStream(c, req, a, resp.Body)
@@ -90,10 +95,18 @@ func (c *call) try(req *http.Request) (*http.Response, error) {
 			s.Close()
 			return nil, c.counted(err)
 		}
+		if bad := judgeStream(s); bad != nil {
+			s.Close()
+			return nil, c.invalid(bad)
+		}
 		resp.Body = s
 	case resp.StatusCode == http.StatusOK && c.routed && rt.cfg.RetryBufferBytes > 0:
 		if err := readWhole(resp, a, rt.cfg.RetryBufferBytes); err != nil {
 			return nil, c.counted(err)
+		}
+		if bad := judgeJSON(resp); bad != nil {
+			resp.Body.Close()
+			return nil, c.invalid(bad)
 		}
 	default:
 		a.streaming()
@@ -124,6 +137,10 @@ func (c *call) answer(req *http.Request, resp *http.Response, err error) (*http.
 	if timeoutKind(err) != "" {
 		c.rt.m.errors.WithLabelValues(codeUpstreamTimeout).Inc()
 		return timeoutResponse(req, err), nil
+	}
+	if isInvalid(err) {
+		c.rt.m.errors.WithLabelValues(codeUpstreamInvalid).Inc()
+		return upstreamResponse(req, http.StatusBadGateway, codeUpstreamInvalid, "no replica gave a valid answer: "+err.Error()), nil
 	}
 	return resp, err
 }

@@ -1,15 +1,12 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -287,15 +284,5 @@ func readWhole(resp *http.Response, a *attempt, limit int64) error {
 // timeoutResponse is the OpenAI-shaped 504 the router answers when the
 // last replica tried timed out before anything reached the client.
 func timeoutResponse(req *http.Request, err error) *http.Response {
-	var e apiError
-	e.Error.Message, e.Error.Type, e.Error.Code = "no replica answered in time: "+err.Error(), errUpstream, codeUpstreamTimeout
-	b, _ := json.Marshal(&e)
-	b = append(b, '\n')
-	h := http.Header{}
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	return &http.Response{
-		Status: "504 Gateway Timeout", StatusCode: http.StatusGatewayTimeout, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b)), Request: req,
-	}
+	return upstreamResponse(req, http.StatusGatewayTimeout, codeUpstreamTimeout, "no replica answered in time: "+err.Error())
 }

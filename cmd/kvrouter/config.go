@@ -58,6 +58,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(&cfg.SessionHeader, "session-header", cfg.SessionHeader, "request header carrying the session id")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "how long an idle session stays bound to its replica")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body accepted, bytes")
+	fs.Int64Var(&cfg.MaxBodyBytesTotal, "max-body-bytes-total", cfg.MaxBodyBytesTotal, "bound of the request bodies held in memory together, bytes; past it a request gets 503 with Retry-After before its body is read (0: a 16th of the memory limit, cgroup or physical, at most 32 times --max-body-bytes)")
 	fs.IntVar(&cfg.ChunkChars, "chunk-chars", cfg.ChunkChars, "prefix block size in characters (text mode)")
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", cfg.HealthInterval, "how often each replica's /health is probed")
