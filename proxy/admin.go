@@ -73,7 +73,8 @@ func handle(mux *http.ServeMux, method, path string, h http.HandlerFunc, count f
 
 // AdminHandler returns the admin surface: the dashboard at /ui (package
 // dashboard; /ui redirects to /ui/), /debug/decisions, /metrics, /livez,
-// /readyz and the admin API's backend routes (backends.go); any other path is a JSON 404. With Config.AdminAPIKeys
+// /readyz, the admin API's backend routes (backends.go) and, with Config.Pprof,
+// /debug/pprof/ (pprof.go); any other path is a JSON 404. With Config.AdminAPIKeys
 // every path but the probes asks for a key.
 func (rt *Router) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -86,6 +87,7 @@ func (rt *Router) AdminHandler() http.Handler {
 	}
 	rt.routeBackends(mux, count)
 	rt.routeRecord(mux, count)
+	rt.routePprof(mux, count)
 	mux.Handle("/ui/", rt.dash)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		count(codeUnknownURL)

@@ -171,6 +171,9 @@ type Config struct {
 	// to every client; false, the default, sends them only to clients
 	// whose API key says "headers=on" (clientheaders.go).
 	ClientHeaders bool `yaml:"client-headers"`
+	// Pprof serves Go's runtime profiles at /debug/pprof/ on the admin
+	// surface (pprof.go); false, the default, serves none.
+	Pprof bool `yaml:"pprof"`
 
 	// Record writes every completed request to a trace file the simulator
 	// reads (package record; recording.go); its Path empty means none.

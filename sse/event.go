@@ -26,16 +26,23 @@ var (
 )
 
 // NextEventEnd returns where the first event of b ends (just past its
-// blank line: "\n\n", or "\n\r\n" for CRLF line ends), or -1.
+// blank line: "\n\n", or "\n\r\n" for CRLF line ends), or -1. It reads b
+// once, up to that end: each line end is looked at for a blank line after
+// it.
 func NextEventEnd(b []byte) int {
-	i, j := bytes.Index(b, EventEnd), bytes.Index(b, []byte("\n\r\n"))
-	switch {
-	case i < 0 && j < 0:
-		return -1
-	case j < 0 || i >= 0 && i < j:
-		return i + 2
+	for off := 0; ; off++ {
+		i := bytes.IndexByte(b[off:], '\n')
+		if i < 0 {
+			return -1
+		}
+		off += i
+		switch {
+		case off+1 < len(b) && b[off+1] == '\n':
+			return off + 2
+		case off+2 < len(b) && b[off+1] == '\r' && b[off+2] == '\n':
+			return off + 3
+		}
 	}
-	return j + 3
 }
 
 // Closed reports whether stream bytes ending in tail end an event.
@@ -58,33 +65,46 @@ func dataSpan(ev []byte) (start, end int) {
 		if i := bytes.IndexByte(line, '\n'); i >= 0 {
 			line, next = line[:i], off+i+1
 		}
-		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			t := bytes.TrimLeft(d, " \t\r")
-			start = off + len(line) - len(t)
-			return start, start + len(bytes.TrimRight(t, " \t\r"))
+		if bytes.HasPrefix(line, []byte("data:")) {
+			start, end = off+len("data:"), off+len(line)
+			for start < end && isLineSpace(ev[start]) {
+				start++
+			}
+			for end > start && isLineSpace(ev[end-1]) {
+				end--
+			}
+			return start, end
 		}
 		off = next
 	}
 	return 0, 0
 }
 
+// isLineSpace reports whether c is trimmed from a data line's payload.
+func isLineSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' }
+
 // finished reports whether an event has a "finish_reason" that is not
 // null (a string): a choice came to its end.
 func finished(ev []byte) bool {
-	for {
-		i := bytes.Index(ev, finishReasonKey)
+	for off := 0; ; {
+		i := bytes.Index(ev[off:], finishReasonKey)
 		if i < 0 {
 			return false
 		}
-		ev = ev[i+len(finishReasonKey):]
-		j := 0
-		for j < len(ev) && (ev[j] == ' ' || ev[j] == ':' || ev[j] == '\t') {
-			j++
-		}
-		if j < len(ev) && ev[j] == '"' {
+		off += i + len(finishReasonKey)
+		if stringNext(ev, off) {
 			return true
 		}
 	}
+}
+
+// stringNext reports whether a string starts at b[j] past spaces, tabs and
+// colons: the value of a key that ends at j.
+func stringNext(b []byte, j int) bool {
+	for j < len(b) && (b[j] == ' ' || b[j] == ':' || b[j] == '\t') {
+		j++
+	}
+	return j < len(b) && b[j] == '"'
 }
 
 // nullUsage finds, in an event whose first data line is a JSON object

@@ -29,17 +29,25 @@ func StringField(dst, data, key []byte) (out []byte, ok bool) {
 		if i < 0 {
 			return dst, false
 		}
-		j := skipSpace(data, off+i+len(key))
-		off = j
-		if j >= len(data) || data[j] != ':' {
-			continue
+		off += i + len(key)
+		if q := stringAfter(data, off); q >= 0 {
+			return appendUnquoted(dst, data[q+1:])
 		}
-		j = skipSpace(data, j+1)
-		if j >= len(data) || data[j] != '"' {
-			continue
-		}
-		return appendUnquoted(dst, data[j+1:])
 	}
+}
+
+// stringAfter returns where, in data, the value of the member whose key
+// ends at j opens its quote, or -1 when no colon and string follow.
+func stringAfter(data []byte, j int) int {
+	j = skipSpace(data, j)
+	if j >= len(data) || data[j] != ':' {
+		return -1
+	}
+	j = skipSpace(data, j+1)
+	if j >= len(data) || data[j] != '"' {
+		return -1
+	}
+	return j
 }
 
 // HasValue reports whether data has a member key whose value is neither
@@ -50,25 +58,35 @@ func HasValue(data, key []byte) bool {
 		if i < 0 {
 			return false
 		}
-		j := skipSpace(data, off+i+len(key))
-		off = j
-		if j >= len(data) || data[j] != ':' {
-			continue
-		}
-		v := data[skipSpace(data, j+1):]
-		for _, empty := range [...]string{"null", "false", `""`, "[]"} {
-			if bytes.HasPrefix(v, []byte(empty)) {
-				v = nil
-				break
-			}
-		}
-		if len(v) > 0 && v[0] != '}' && v[0] != ',' {
-			if v[0] == '[' && bytes.HasPrefix(bytes.TrimLeft(v[1:], " \t\r\n"), []byte("]")) {
-				continue
-			}
+		off += i + len(key)
+		if valueAfter(data, off) {
 			return true
 		}
 	}
+}
+
+// valueAfter reports whether the member of data whose key ends at j has a
+// value that is neither null, false, an empty string nor an empty array.
+func valueAfter(data []byte, j int) bool {
+	j = skipSpace(data, j)
+	if j >= len(data) || data[j] != ':' {
+		return false
+	}
+	v := data[skipSpace(data, j+1):]
+	for _, empty := range [...]string{"null", "false", `""`, "[]"} {
+		if bytes.HasPrefix(v, []byte(empty)) {
+			return false
+		}
+	}
+	if len(v) == 0 || v[0] == '}' || v[0] == ',' {
+		return false
+	}
+	if v[0] != '[' {
+		return true
+	}
+	k := skipSpace(v, 1)
+	return k >= len(v) || v[k] != ']'
+
 }
 
 func skipSpace(b []byte, i int) int {

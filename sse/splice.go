@@ -165,31 +165,35 @@ func (s *Splice) Event(ev []byte) {
 }
 
 // scan reads a committed event of the first replica without decoding it
-// whole: its text, whether it ends the stream, whether it makes the stream
-// impossible to continue (reasoning, tool calls). vLLM sends one such
-// event per token.
+// whole, in one pass (facts): its text, whether it ends the stream,
+// whether it makes the stream impossible to continue (reasoning, tool
+// calls). vLLM sends one such event per token.
 func (s *Splice) scan(ev, data []byte) {
+	f := scan(ev)
 	switch {
 	case bytes.HasPrefix(data, errorKey):
 		s.Ended = true
-	case HasValue(data, reasoningKey) || HasValue(data, reasonKey):
+	case f.reasoning:
 		s.Stuck = "the reply has reasoning content"
-	case HasValue(data, toolCallsKey):
+	case f.toolCalls:
 		s.Stuck = "the reply has tool calls"
 	}
-	key := textKey
+	q, has := f.text, f.hasText
 	if s.Chat {
-		key = contentKey
+		q, has = f.content, f.hasContent
 	}
 	n := len(s.Text)
-	text, ok := StringField(s.Text, data, key)
-	if !ok && bytes.Contains(data, key) && !bytes.Contains(data, emptyChoices) {
+	text, ok := s.Text, false
+	if q >= 0 {
+		text, ok = appendUnquoted(s.Text, ev[q+1:f.de])
+	}
+	if !ok && has && !f.emptyChoices {
 		s.Stuck = "an event could not be read"
 	}
 	if s.Text = text; len(text) > n {
 		s.Tokens++
 	}
-	s.Ended = s.Ended || finished(ev)
+	s.Ended = s.Ended || f.finished
 	s.emit(ev)
 }
 

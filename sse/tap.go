@@ -242,19 +242,24 @@ func (t *Tap) frame(from int) {
 
 // observe notes whether an event ends the stream, reads the usage of one
 // that carries it and reports whether the event is usage only (no
-// choices).
+// choices). It reads the event in one pass (facts) and decodes only one
+// that has "prompt_tokens": engines send the usage in the last chunks
+// (the usage-only chunk after the finish, or the finish chunk), so the
+// other chunks are scanned, never decoded.
 func (t *Tap) observe(ev []byte) bool {
-	if !t.Ended && (bytes.Equal(Data(ev), doneData) || finished(ev)) {
+	f := scan(ev)
+	data := ev[f.ds:f.de]
+	if !t.Ended && (bytes.Equal(data, doneData) || f.finished) {
 		t.Ended = true
 	}
-	if !t.Ended && bytes.HasPrefix(Data(ev), errorKey) {
+	if !t.Ended && bytes.HasPrefix(data, errorKey) {
 		t.Ended, t.ErrEvent = true, true
 	}
-	if !bytes.Contains(ev, promptTokensKey) {
+	if !f.usage {
 		return false
 	}
 	var b usageBody
-	if json.Unmarshal(Data(ev), &b) != nil || b.Usage == nil {
+	if json.Unmarshal(data, &b) != nil || b.Usage == nil {
 		return false
 	}
 	t.Usage, t.HasUsage, t.Model, t.ResponseID = *b.Usage, true, b.Model, b.ID

@@ -99,6 +99,8 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 		"show session ids and user values verbatim in /debug/decisions and the dashboard (default: a keyed hash)")
 	fs.BoolVar(&cfg.ClientHeaders, "client-headers", cfg.ClientHeaders,
 		"send the X-Kvrouter-Replica and X-Kvrouter-Decision response headers (replica URL, cost terms) to every client; default: only to API keys with headers=on")
+	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof,
+		"serve Go's runtime profiles (CPU, heap, goroutines, trace) at /debug/pprof/ on --admin-listen, behind --admin-api-keys")
 
 	recordFlags(fs, &cfg.Record)
 
