@@ -61,27 +61,39 @@ func (x *Index) Release(r int, hashes []prefix.Hash, now time.Duration) {
 	}
 }
 
-// Hold records, as Touch does, that a request with chains is on replica
-// r at now, and that it holds its blocks there until Release: their
-// approximate ages read zero meanwhile (Index.Hold).
+// Hold records that a request with chains holds its blocks on replica r
+// from now until Release: in its approximate share (which a replica whose
+// precise stream is not trusted is matched against), their ages read
+// zero meanwhile (Index.Hold). The just-routed overlay and the feed are
+// Touch's.
 func (t *Tracker) Hold(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
-	t.touch(r, chains, now, sc, true)
+	if hashes := t.approxHashes(chains, r, sc); hashes != nil {
+		t.approx.Hold(r, hashes, now)
+	}
 }
 
 // Release records that a request Hold recorded on replica r with chains
 // ended at now: its blocks age from now on (Index.Release).
 func (t *Tracker) Release(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
-	ci := t.chainOf(chains, r)
-	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {
-		return
+	if hashes := t.approxHashes(chains, r, sc); hashes != nil {
+		t.approx.Release(r, hashes, now)
 	}
-	hashes, _ := t.coarsen(&chains[ci], sc)
-	t.approx.Release(r, hashes, now)
+}
+
+// approxHashes returns the approximate index's hashes of replica r's
+// chain of chains, nil when it has none (or no index is kept).
+func (t *Tracker) approxHashes(chains []Chain, r int, sc *MatchScratch) []prefix.Hash {
+	c, ok := t.ChainFor(chains, r)
+	if !ok {
+		return nil
+	}
+	hashes, _ := t.coarsen(&c, sc)
+	return hashes
 }
 
 // ChainFor returns the chain of chains replica r is matched and touched
 // with (the first in text mode, the one of its engine block size in token
-// mode), and false when it has none.
+// mode), and false when it has none (or no index is kept).
 func (t *Tracker) ChainFor(chains []Chain, r int) (Chain, bool) {
 	ci := t.chainOf(chains, r)
 	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {

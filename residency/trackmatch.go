@@ -230,22 +230,13 @@ func (t *Tracker) MatchOffloaded(chains []Chain, now time.Duration, unit int, ou
 // overlay; when r's precise index lacked some of them, the feed is told
 // to expect events for r.
 func (t *Tracker) Touch(r int, chains []Chain, now time.Duration, sc *MatchScratch) {
-	t.touch(r, chains, now, sc, false)
-}
-
-// touch is Touch, and Hold when hold.
-func (t *Tracker) touch(r int, chains []Chain, now time.Duration, sc *MatchScratch, hold bool) {
 	ci := t.chainOf(chains, r)
 	if t.approx == nil || ci < 0 || len(chains[ci].Hashes) == 0 {
 		return
 	}
 	c := &chains[ci]
 	hashes, _ := t.coarsen(c, sc)
-	if hold {
-		t.approx.Hold(r, hashes, now)
-	} else {
-		t.approx.Touch(r, hashes, now)
-	}
+	t.approx.Touch(r, hashes, now)
 	if t.precise == nil || !t.Live(r) {
 		return
 	}
