@@ -28,7 +28,7 @@ type Capacity struct {
 	Policies []PolicyCapacity `json:"policies"`
 	// Requests is the run's length; SteadyRequests the length a run
 	// needs to reach a steady state at the highest load that decided a
-	// capacity (sim's steadyRequests states the rule): a search whose
+	// capacity (sim/steady.go states the rule): a search whose
 	// Requests fall short measured its highest capacities on a fleet
 	// still filling up.
 	Requests       int `json:"requests"`

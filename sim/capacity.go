@@ -72,14 +72,16 @@ func Capacity(cfg Config, cs CapacitySearch) (report.Capacity, error) {
 		out.SLO = slo
 		out.Params = append(out.Params, report.Param{Name: "slo_class", Value: cs.Class})
 	}
+	var tops []deciding
 	for _, name := range o.cfg.Policies {
-		pc, err := o.capacity(name, cs, slo)
+		pc, top, err := o.capacity(name, cs, slo)
 		if err != nil {
 			return report.Capacity{}, err
 		}
 		out.Policies = append(out.Policies, pc)
+		tops = append(tops, top)
 	}
-	o.steady(&out, cs.Tolerance)
+	o.steady(&out, tops)
 	return out, nil
 }
 
@@ -164,10 +166,12 @@ func (g grid) highest(pass func(k int) bool) (k int, capped bool) {
 	return lo, false
 }
 
-// capacity searches one policy's capacity at every level of cs.
-func (o *outcome) capacity(name string, cs CapacitySearch, slo report.SLO) (report.PolicyCapacity, error) {
+// capacity searches one policy's capacity at every level of cs, and
+// returns it with the run that decided its highest (steady.go).
+func (o *outcome) capacity(name string, cs CapacitySearch, slo report.SLO) (report.PolicyCapacity, deciding, error) {
 	g := newGrid(cs.Tolerance, cs.MaxLoad)
 	runs := map[int]report.Attainment{}
+	walls := map[int]time.Duration{} // each run's mean time in the fleet
 	var err error
 	attain := func(k int) report.Attainment {
 		if a, ok := runs[k]; ok || err != nil {
@@ -180,17 +184,25 @@ func (o *outcome) capacity(name string, cs CapacitySearch, slo report.SLO) (repo
 			return report.Attainment{}
 		}
 		a := report.NewAttainment(load, classSamples(res.samples, cs.Class), slo)
-		runs[k] = a
+		runs[k], walls[k] = a, meanE2E(res.samples)
 		if cs.Progress != nil {
 			cs.Progress(name, load)
 		}
 		return a
 	}
 	pc := report.PolicyCapacity{Policy: name}
+	var top deciding
 	for _, level := range cs.Levels {
 		k, capped := g.highest(func(k int) bool { return attain(k).Met >= level })
 		if err != nil {
-			return pc, err
+			return pc, top, err
+		}
+		kd := k + 1 // the failing run above the capacity, which the search ran
+		if capped {
+			kd = k
+		}
+		if l := g.load(kd); l > top.load {
+			top = deciding{load: l, w: walls[kd]}
 		}
 		lc := report.LevelCapacity{Level: level, Capped: capped}
 		if k >= g.lo {
@@ -207,7 +219,7 @@ func (o *outcome) capacity(name string, cs CapacitySearch, slo report.SLO) (repo
 	}
 	slices.SortFunc(pc.Curve, func(a, b report.Attainment) int { return cmpFloat(a.Load, b.Load) })
 	pc.Binding = report.Binding(pc.Curve, cs.Levels[0])
-	return pc, nil
+	return pc, top, nil
 }
 
 // classSamples is the samples of class, or all of them when class is

@@ -19,9 +19,10 @@ import (
 //
 // Either way the router releases the dead replica's ticket as failed
 // and decides again, through the same fleet.Decide with the same request
-// and the dead replica excluded, and sends the request straight to the
-// replica chosen: a continuation carries no KV transfer (the proxy strips
-// it: untransferred). No replica able to take it (a rejection or a full
+// and the dead replica excluded. A retry runs as a new request does, a
+// transfer the decision orders included (proxy/transfer.go: a new
+// prefill leg); a continuation goes straight to the replica chosen and
+// carries no KV transfer (the proxy strips it: untransferred). No replica able to take it (a rejection or a full
 // fleet) ends it with an error, as the router's repick does. The client
 // saw its first token once: the sample's TTFT is the first replica's,
 // its output every token of both, its ITL their mean gap.
@@ -109,5 +110,12 @@ func (r *runner) resume(j, failed int) {
 		return
 	}
 	f.rep, f.ticket, f.reason, f.predicted = int32(d.Replica), tk, d.Reason, min(d.Matched, jb.prompt)
-	r.start(j, route.Transfer{})
+	if f.sent > 0 {
+		r.start(j, route.Transfer{})
+		return
+	}
+	if !r.store && r.startLeg(j, d.Transfer, fl, sc) {
+		return
+	}
+	r.start(j, d.Transfer)
 }

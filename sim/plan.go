@@ -122,7 +122,7 @@ func (fs *fleetSearch) plan(name string, rate float64) (report.PolicyPlan, error
 			fs.ps.Progress(policy, fmt.Sprintf("@ %.3g×", load*fs.base.knee/rate))
 		}
 	}
-	pc, err := fs.base.capacity(name, cs, fs.slo)
+	pc, _, err := fs.base.capacity(name, cs, fs.slo)
 	if err != nil {
 		return report.PolicyPlan{}, err
 	}

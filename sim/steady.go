@@ -13,45 +13,45 @@ import (
 // A run starts on an empty fleet: the requests arriving during the first
 // turnover (the time one request spends in the system, W) find queues
 // shorter than those of the steady state, and meet the SLO more often.
-// They are a share 1/n of a run of n turnovers, so they raise the share
+// They are a share 1/n of a run of n turnovers, so they lower the share
 // missing the SLO by at most 1/n of it: at n = 10 the measured misses are
-// within 10% of the steady state's (0.1 points at the 99% point), below
-// the gap between adjacent loads of the search's grid.
+// within 10% of the steady state's (0.1 points at the 99% point).
 const steadyTurnovers = 10
 
-// steadyRequests is the run length the steady state needs at load: by
-// Little's law a fleet receiving λ = load × knee requests per second
-// holds λW of them, and n turnovers take n·λ·W requests. W is bounded by
-// the SLO itself for the requests that meet it (as nearly all do at a
-// capacity): TTFT + (mean output − 1) × ITL.
-func (o *outcome) steadyRequests(load float64) int {
-	if len(o.jobs) == 0 || o.knee <= 0 {
+// deciding is the run of a search that decided a capacity at the highest
+// load: the first load above a capacity, which failed its level (or the
+// capacity itself when it was still met at the ceiling), with W, the
+// mean time its requests spent in the fleet (arrival to end; zero for a
+// rejection).
+type deciding struct {
+	load float64
+	w    time.Duration
+}
+
+// meanE2E is the mean time in the fleet of samples.
+func meanE2E(samples []report.Sample) time.Duration {
+	if len(samples) == 0 {
 		return 0
 	}
-	out := 0
-	for i := range o.jobs {
-		out += o.jobs[i].output
+	var sum time.Duration
+	for i := range samples {
+		sum += samples[i].E2E
 	}
-	mean := float64(out) / float64(len(o.jobs))
-	w := o.cfg.SLO.TTFT + time.Duration((mean-1)*float64(o.cfg.SLO.ITL))
-	return int(math.Ceil(steadyTurnovers * load * o.knee * w.Seconds()))
+	return sum / time.Duration(len(samples))
+}
+
+// steadyRequests is the run length a steady state needs at d: by
+// Little's law a fleet receiving λ = load × knee requests per second
+// holds λW of them, and n turnovers take n·λ·W requests.
+func (o *outcome) steadyRequests(d deciding) int {
+	return int(math.Ceil(steadyTurnovers * d.load * o.knee * d.w.Seconds()))
 }
 
 // steady sets c's run length and the length a steady state needs at the
-// highest load that decided a capacity: the first load above the highest
-// capacity found (the search's grid step above it), or the highest
-// capacity itself when it was capped.
-func (o *outcome) steady(c *report.Capacity, tol float64) {
+// highest load that decided a capacity, of tops, each policy's.
+func (o *outcome) steady(c *report.Capacity, tops []deciding) {
 	c.Requests = len(o.jobs)
-	top := 0.0
-	for _, p := range c.Policies {
-		for _, l := range p.At {
-			next := l.Load * (1 + tol)
-			if l.Capped {
-				next = l.Load
-			}
-			top = max(top, next)
-		}
+	for _, d := range tops {
+		c.SteadyRequests = max(c.SteadyRequests, o.steadyRequests(d))
 	}
-	c.SteadyRequests = o.steadyRequests(top)
 }
