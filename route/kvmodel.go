@@ -128,7 +128,7 @@ func (q *kvRequest) loading(rp *Replica, i int, rt *Rates, cached float64) (tier
 // GPU and cached ones cached when the prefill starts: more than local
 // when imp brings them, in imp.Time before it, or its CPU tier does, in
 // load.
-func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load float64, imp Transfer) (Cost, float64) {
+func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load float64, imp Transfer) (k Cost, total float64) {
 	fresh := isFresh(rp, q.p.StaleAfter)
 	uncached := q.tokens - cached
 	compute := q.compute0 // this prefill's compute
@@ -190,8 +190,8 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	}
 	memory := (q.memory(rp, rt, fresh, q.tokens-local) + q.displaced(rt, own)) * rt.Scale
 	future := q.future(rp, i, rt) - q.shared(rt, max(own, cached))
-	total := ttftWeight*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
-	k := Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
+	total = ttftWeight*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
+	k = Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
 		Decode: ns(decode), Others: ns(others), Memory: ns(memory), Future: ns(future),
 		Total: ns(total), Import: imp, Load: ns(load)}
 	if q.slo.on() {

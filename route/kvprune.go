@@ -137,7 +137,7 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 		// never negative).
 		grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 		own := q.out * (rt.stepNS(q.meanBatch, q.lowContext(batch, context)) + grow) * rt.DecodeScale
-		cost, _ := q.ownMisses(rt, wait+prefill, own)
+		cost, _ := q.ownMisses(&rp.Rates, wait+prefill, own)
 		total += cost
 	}
 	return total

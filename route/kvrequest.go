@@ -271,7 +271,6 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 	}
 	q.rt.Horizon, q.rt.TierHorizon, q.rt.Scale, q.rt.DecodeScale, q.rt.HitScale = raw.Horizon, raw.TierHorizon, 1, 1, 1
 	q.rt.Displaced, q.rt.TransferPerMTokens, q.rt.LoadPerMTokens = raw.Displaced, raw.TransferPerMTokens, raw.LoadPerMTokens
-	q.rt.Spread, q.rt.DecodeSpread = raw.Spread, raw.DecodeSpread
 	if raw.HitScale > 0 {
 		q.rt.HitScale = raw.HitScale
 	}
