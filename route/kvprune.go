@@ -124,7 +124,7 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 		// prefill with the sessions after this one (shared).
 		compute, iters = q.computeDeep, 1
 	}
-	fresh := isFresh(rp, q.p.StaleAfter)
+	fresh := isFresh(rp, kvStaleAfter)
 	batch, context := q.batch(rp, fresh)
 	queued := queuedTokens(rp, fresh, q.tokens)
 	wait := rt.queueNS(queued, rt.stepNS(batch, context), rt.DecodeScale)
@@ -159,7 +159,7 @@ var screens = sync.Pool{New: func() any { return new(screen) }}
 // summary is s's Summary when it carries one kept for p, or sc's own
 // filled from s.
 func (sc *screen) summary(p KVAware, s *Snapshot) *Summary {
-	stale := p.withDefaults().StaleAfter
+	stale := kvStaleAfter
 	if m := s.Summary; m != nil && m.staleAfter == stale && m.Len() == len(s.Replicas) {
 		return m
 	}
