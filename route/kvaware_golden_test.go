@@ -301,7 +301,7 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 				continue
 			}
 			_, total := q.price(&s.Replicas[i], i)
-			lb := q.bound(&s.Replicas[i], i)
+			lb := q.bound(&s.Replicas[i], i, math.Inf(1))
 			if !le(lb, total) {
 				t.Fatalf("case %d: candidate %d bound %g above its total %g", c, i, lb, total)
 			}
