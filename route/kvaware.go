@@ -38,19 +38,10 @@ import "time"
 // skip the candidates that cannot win, leaving the decision unchanged.
 //
 // Unhealthy replicas are never candidates; none healthy → Replica −1 with
-// ReasonNoHealthy. Scraped metrics with !Scraped or LoadAge > StaleAfter
+// ReasonNoHealthy. Scraped metrics with !Scraped or LoadAge > kvStaleAfter
 // are ignored: only the router's own counts are used. Ties go to the
 // pinned replica, then to the lowest tieKey of Request.Hash.
 type KVAware struct {
-	// StaleAfter is the age beyond which scraped engine metrics are ignored;
-	// zero means 1 s (ten default scrape intervals).
-	StaleAfter time.Duration
-	// HighWater is the KV usage fraction, 0..1, above which the memory term
-	// starts; zero means 0.9.
-	HighWater float64
-	// MeanOutput is the expected output length in tokens when
-	// Request.MaxTokens is zero; zero means 256.
-	MeanOutput int
 	// Precise asks the caller for a KV-event index; false means approximate.
 	Precise bool
 }
@@ -58,26 +49,25 @@ type KVAware struct {
 // Needs asks for a residency index, approximate unless Precise, and a
 // Summary of the snapshots.
 func (p KVAware) Needs() Needs {
-	n := Needs{Index: Approximate, Calibrate: true, Summarize: true, StaleAfter: p.withDefaults().StaleAfter}
+	n := Needs{Index: Approximate, Calibrate: true, Summarize: true, StaleAfter: kvStaleAfter}
 	if p.Precise {
 		n.Index = Precise
 	}
 	return n
 }
 
-// withDefaults fills p's zero fields.
-func (p KVAware) withDefaults() KVAware {
-	if p.StaleAfter <= 0 {
-		p.StaleAfter = time.Second
-	}
-	if p.HighWater <= 0 || p.HighWater >= 1 {
-		p.HighWater = 0.9
-	}
-	if p.MeanOutput <= 0 {
-		p.MeanOutput = 256
-	}
-	return p
-}
+// kv-aware's settings, which configuration does not reach.
+const (
+	// kvStaleAfter is the age beyond which kv-aware ignores scraped
+	// engine metrics: ten default scrape intervals.
+	kvStaleAfter = time.Second
+	// kvHighWater is the KV usage fraction above which the memory term
+	// starts.
+	kvHighWater = 0.9
+	// kvMeanOutput is the expected output length, in tokens, of a request
+	// that does not say it (Request.MaxTokens zero).
+	kvMeanOutput = 256
+)
 
 // Pick prices every healthy replica with price and keeps the cheapest. Up
 // to kvPruneAbove replicas every candidate is priced in full; above, a

@@ -70,9 +70,9 @@ func over(pred, logBound, sigma float64) float64 {
 	return 1 / (1 + expNeg(z))
 }
 
-// spreads is rt's learned spreads, or PriorSpread where one is unknown.
-func spreads(rt *Rates) (prefill, decode float64) {
-	prefill, decode = rt.Spread, rt.DecodeSpread
+// spreads is raw's learned spreads, or PriorSpread where one is unknown.
+func spreads(raw *Rates) (prefill, decode float64) {
+	prefill, decode = raw.Spread, raw.DecodeSpread
 	if !(prefill > 0) {
 		prefill = PriorSpread
 	}
@@ -114,12 +114,12 @@ type kvStall struct {
 // placement that costs less in the sum but pushes requests over their
 // bound loses to one that keeps them under.
 func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvStall) (cost, miss float64) {
-	cost, miss = q.ownMisses(rt, ttft, decode)
+	cost, miss = q.ownMisses(&rp.Rates, ttft, decode)
 	s := &q.slo
 	if s.itl <= 0 || st.batch+st.joiners <= 0 {
 		return cost, miss
 	}
-	_, sI := spreads(rt)
+	_, sI := spreads(&rp.Rates)
 	n := q.harmonic(rp, st.batch)
 	before := st.step + st.queued/n
 	after := before + st.grow + st.compute/n
@@ -132,9 +132,11 @@ func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvS
 
 // ownMisses is the request's own expected misses, in ns of Total, and
 // its probability of a miss, for a predicted time to first token ttft
-// and a decode of decode ns (misses).
-func (q *kvRequest) ownMisses(rt *Rates, ttft, decode float64) (cost, miss float64) {
-	sT, sI := spreads(rt)
+// and a decode of decode ns on a replica of Rates raw (misses). The
+// spreads are read from the replica's own Rates: the cache of rates
+// leaves them out, as they matter only to a request with an SLO.
+func (q *kvRequest) ownMisses(raw *Rates, ttft, decode float64) (cost, miss float64) {
+	sT, sI := spreads(raw)
 	s := &q.slo
 	pT, pI := 0.0, 0.0
 	if s.ttft > 0 {

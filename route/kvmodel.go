@@ -128,8 +128,8 @@ func (q *kvRequest) loading(rp *Replica, i int, rt *Rates, cached float64) (tier
 // GPU and cached ones cached when the prefill starts: more than local
 // when imp brings them, in imp.Time before it, or its CPU tier does, in
 // load.
-func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load float64, imp Transfer) (Cost, float64) {
-	fresh := isFresh(rp, q.p.StaleAfter)
+func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load float64, imp Transfer) (k Cost, total float64) {
+	fresh := isFresh(rp, kvStaleAfter)
 	uncached := q.tokens - cached
 	compute := q.compute0 // this prefill's compute
 	if cached > 0 {
@@ -190,8 +190,8 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 	}
 	memory := (q.memory(rp, rt, fresh, q.tokens-local) + q.displaced(rt, own)) * rt.Scale
 	future := q.future(rp, i, rt) - q.shared(rt, max(own, cached))
-	total := ttftWeight*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
-	k := Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
+	total = ttftWeight*(wait+float64(imp.Time)+load+prefill) + decode + others + memory + future
+	k = Cost{Replica: i, Matched: int(cached), Wait: ns(wait), Prefill: ns(prefill),
 		Decode: ns(decode), Others: ns(others), Memory: ns(memory), Future: ns(future),
 		Total: ns(total), Import: imp, Load: ns(load)}
 	if q.slo.on() {
@@ -235,15 +235,15 @@ func (q *kvRequest) room(rp *Replica, fresh bool, batch, need, step float64) flo
 
 // harmonic is the harmonic mean output, in tokens, of replica rp's batch
 // of sequences: the router's requests that said their output length at
-// theirs (Replica.InvOutput), the others at MeanOutput.
+// theirs (Replica.InvOutput), the others at kvMeanOutput.
 func (q *kvRequest) harmonic(rp *Replica, batch float64) float64 {
 	told := float64(min(rp.Outputs, int(batch)))
-	inv := (batch - told) / float64(q.p.MeanOutput)
+	inv := (batch - told) / float64(kvMeanOutput)
 	if told > 0 && rp.InvOutput > 0 {
 		inv += rp.InvOutput * told / float64(rp.Outputs)
 	}
 	if inv <= 0 {
-		return float64(q.p.MeanOutput)
+		return float64(kvMeanOutput)
 	}
 	return batch / inv
 }
@@ -335,19 +335,19 @@ func (q *kvRequest) stalled(rp *Replica, batch float64) float64 {
 // request could have skipped (a prefix another replica caches) costs
 // most where the queue is long: near capacity, every request behind it
 // pays for it. λ is the fleet's per-replica arrival rate by Little's law:
-// the mean batch over the time a sequence stays in it, MeanOutput
+// the mean batch over the time a sequence stays in it, kvMeanOutput
 // iterations of the mean batch.
 func (q *kvRequest) behind(rt *Rates, wait, prefill float64) float64 {
 	return q.arrivals / rt.DecodeScale * prefill * (wait + prefill/2)
 }
 
 // memory is the unscaled cost of KV pressure: the blocks the request
-// takes (uncached prompt and output), pushing usage above HighWater,
+// takes (uncached prompt and output), pushing usage above kvHighWater,
 // evict cached prefixes others would reuse, and above capacity a running
 // sequence is preempted and recomputed. Usage is in blocks, or the
 // engine's fraction when the capacity is unknown.
 func (q *kvRequest) memory(rp *Replica, rt *Rates, fresh bool, uncached float64) float64 {
-	hw, bs := q.p.HighWater, float64(q.bs)
+	hw, bs := kvHighWater, float64(q.bs)
 	need := (uncached + q.out) / bs
 	capacity, after := float64(rp.CacheBlocks), 0.0
 	if capacity <= 0 {

@@ -112,8 +112,9 @@ func (q *kvRequest) lowContext(batch, context float64) float64 {
 // load's time and memory only add; a new session's later turns add, and
 // the share of its copy they take back is at most the prefill of the
 // holders' prefix, which the deepest match leaves out), so a candidate
-// whose bound exceeds a priced one's Total cannot win.
-func (q *kvRequest) bound(rp *Replica, i int) float64 {
+// whose bound exceeds a priced one's Total cannot win. Past above, the
+// bound already prunes, and the misses are left out.
+func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 	rt := q.rates(&rp.Rates)
 	compute, iters := q.compute0, q.iters0
 	switch {
@@ -124,20 +125,20 @@ func (q *kvRequest) bound(rp *Replica, i int) float64 {
 		// prefill with the sessions after this one (shared).
 		compute, iters = q.computeDeep, 1
 	}
-	fresh := isFresh(rp, q.p.StaleAfter)
+	fresh := isFresh(rp, kvStaleAfter)
 	batch, context := q.batch(rp, fresh)
 	queued := queuedTokens(rp, fresh, q.tokens)
 	wait := rt.queueNS(queued, rt.stepNS(batch, context), rt.DecodeScale)
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
 	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
 	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
-	if q.slo.on() {
+	if q.slo.on() && total <= above {
 		// The request's own misses at these floors of its time to first
 		// token and of its decode (over is increasing; the others' are
 		// never negative).
 		grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 		own := q.out * (rt.stepNS(q.meanBatch, q.lowContext(batch, context)) + grow) * rt.DecodeScale
-		cost, _ := q.ownMisses(rt, wait+prefill, own)
+		cost, _ := q.ownMisses(&rp.Rates, wait+prefill, own)
 		total += cost
 	}
 	return total
@@ -159,7 +160,7 @@ var screens = sync.Pool{New: func() any { return new(screen) }}
 // summary is s's Summary when it carries one kept for p, or sc's own
 // filled from s.
 func (sc *screen) summary(p KVAware, s *Snapshot) *Summary {
-	stale := p.withDefaults().StaleAfter
+	stale := kvStaleAfter
 	if m := s.Summary; m != nil && m.staleAfter == stale && m.Len() == len(s.Replicas) {
 		return m
 	}
@@ -314,7 +315,7 @@ func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 			continue
 		case i == first:
 			c.record(firstCost)
-		case i != pinned && q.bound(&rs[i], i) > above:
+		case i != pinned && q.bound(&rs[i], i, above) > above:
 			continue
 		default:
 			c.price(q, i)

@@ -42,7 +42,7 @@ type kvRequest struct {
 	// context per running sequence (lifeContext).
 	persist, perSeq float64
 	// decodeLen is the request's decode in units of τ, the time a
-	// sequence stays in a batch (MeanOutput iterations): out/MeanOutput.
+	// sequence stays in a batch (kvMeanOutput iterations): out/kvMeanOutput.
 	decodeLen float64
 	// src is the healthy replica that can send KV (TransferPerMTokens > 0)
 	// with the most expected cached tokens, srcCached, computed (Settled);
@@ -86,10 +86,9 @@ type kvRequest struct {
 // hits[:0] (which must hold len(s.Replicas); nil: the hits are not
 // collected).
 func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) kvRequest {
-	p = p.withDefaults()
 	out := r.MaxTokens
 	if out <= 0 {
-		out = p.MeanOutput
+		out = kvMeanOutput
 	}
 	tokens := float64(max(r.Tokens, 0))
 	q := kvRequest{p: p, r: r, bs: blockSize(s), tokens: tokens, out: float64(out), ctx: tokens + float64(out)/2,
@@ -113,7 +112,7 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	if r.Session != 0 && r.FutureTurns > 0 && r.Pinned < 0 {
 		q.turns, q.fresh, q.holders = r.FutureTurns, q.freshest(matches), holders
 	}
-	q.decodeLen = q.out / float64(p.MeanOutput)
+	q.decodeLen = q.out / float64(kvMeanOutput)
 	if !r.SLO.IsZero() {
 		q.slo = newSLO(r.SLO, q.out)
 	}
@@ -160,7 +159,7 @@ type kvLeg struct {
 // none, as a prefill worker), and a seat's wait when all are taken.
 func (q *kvRequest) legAt(rp *Replica, i int, cached, rate float64) kvLeg {
 	rt := q.rates(&rp.Rates)
-	fresh := isFresh(rp, q.p.StaleAfter)
+	fresh := isFresh(rp, kvStaleAfter)
 	batch, context := q.batch(rp, fresh)
 	if rp.Role == RolePrefill {
 		batch, context = 0, 0 // its sequences are legs in its queue, none decodes
@@ -271,7 +270,6 @@ func (q *kvRequest) rates(raw *Rates) *Rates {
 	}
 	q.rt.Horizon, q.rt.TierHorizon, q.rt.Scale, q.rt.DecodeScale, q.rt.HitScale = raw.Horizon, raw.TierHorizon, 1, 1, 1
 	q.rt.Displaced, q.rt.TransferPerMTokens, q.rt.LoadPerMTokens = raw.Displaced, raw.TransferPerMTokens, raw.LoadPerMTokens
-	q.rt.Spread, q.rt.DecodeSpread = raw.Spread, raw.DecodeSpread
 	if raw.HitScale > 0 {
 		q.rt.HitScale = raw.HitScale
 	}
@@ -301,7 +299,7 @@ func (q *kvRequest) setRates(raw *Rates) {
 	q.raw, q.rt, q.haveRates = *raw, raw.WithDefaults(), true
 	q.compute0 = q.rt.prefillNS(q.tokens, 0)
 	meanStep := q.rt.stepNS(q.meanBatch, q.meanContext)
-	q.arrivals = q.meanBatch / (float64(q.p.MeanOutput) * meanStep)
+	q.arrivals = q.meanBatch / (float64(kvMeanOutput) * meanStep)
 	q.setBounds()
 }
 

@@ -81,10 +81,13 @@ type summaryRow struct {
 func nanoInv(x float64) int64 { return int64(math.Round(x * 1e9)) }
 
 // NewSummary returns an empty Summary for a policy that ignores scraped
-// metrics older than staleAfter (KVAware.StaleAfter; zero means its
-// default).
+// metrics older than staleAfter (kv-aware's Needs.StaleAfter; zero means
+// kv-aware's).
 func NewSummary(staleAfter time.Duration) *Summary {
-	return &Summary{staleAfter: KVAware{StaleAfter: staleAfter}.withDefaults().StaleAfter}
+	if staleAfter <= 0 {
+		staleAfter = kvStaleAfter
+	}
+	return &Summary{staleAfter: staleAfter}
 }
 
 // Reset sizes m for n replicas, none summarised yet: Update each before
