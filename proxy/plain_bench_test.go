@@ -113,9 +113,10 @@ func processCPU(b *testing.B) time.Duration {
 // kvrouter. A round's CPU is the process's (getrusage RUSAGE_SELF, user
 // and system) across it. The direct rounds cost what the client and the
 // upstream cost for the same requests and bytes, so a proxy's CPU per
-// request is its rounds' CPU per request less the direct rounds'. The
-// machine's other load does not enter CPU time; it enters only as noise
-// (caches, frequency). b.N is the requests per target. Every goroutine
+// request is its rounds' CPU per request less the direct rounds'. Other
+// work on the machine is not counted, but makes every request dearer
+// (cache misses, context switches) for all three targets alike, so
+// compare ratios within one run. b.N is the requests per target. Every goroutine
 // carries the profiler label role (client, upstream, plain, kvrouter), so
 // that a -cpuprofile of it shows one proxy alone
 // (go tool pprof -tagfocus=role=kvrouter):
