@@ -30,6 +30,10 @@ type facts struct {
 	emptyChoices bool
 }
 
+// keyStart are the bytes that follow the opening quote of a key scan
+// looks for.
+var keyStart = [256]bool{'c': true, 't': true, 'r': true, 'f': true, 'p': true}
+
 // scan reads ev once for its facts.
 func scan(ev []byte) facts {
 	f := facts{content: -1, text: -1}
@@ -38,14 +42,11 @@ func scan(ev []byte) facts {
 	// from*: where the next occurrence of a key counts from.
 	var fromContent, fromText, fromTools, fromReasoning, fromReason, fromFinish int
 	for off := 0; off+1 < len(ev); off++ {
-		i := bytes.IndexByte(ev[off:], '"')
-		if i < 0 {
-			break
+		if ev[off] != '"' || !keyStart[ev[off+1]] {
+			continue
 		}
-		off += i
 		inData := off >= f.ds && off < f.de
 		switch {
-		case off+1 == len(ev):
 		case ev[off+1] == 'c' && inData:
 			if off >= fromContent && bytes.HasPrefix(data[off:], contentKey) {
 				f.hasContent, fromContent = true, off+len(contentKey)

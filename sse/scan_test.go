@@ -153,3 +153,17 @@ func refHasValue(data, key []byte) bool {
 		}
 	}
 }
+
+// BenchmarkScan reads one chunk as vLLM streams it (a token's content,
+// "usage": null):
+//
+//	go test -run='^$' -bench=Scan -benchmem ./sse
+func BenchmarkScan(b *testing.B) {
+	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":" tok5"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n")
+	b.SetBytes(int64(len(ev)))
+	for b.Loop() {
+		if f := scan(ev); f.content < 0 || f.finished {
+			b.Fatal("misread")
+		}
+	}
+}

@@ -3,6 +3,7 @@ package sse
 import (
 	"bytes"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -86,10 +87,15 @@ func TestTap(t *testing.T) {
 	}
 }
 
-// TestTapEventPerRead checks that SSE comes out one whole event per Read,
-// so that ReverseProxy's flush after each write flushes whole events.
+// TestTapEventPerRead checks that SSE comes out in whole events, in the
+// batches the upstream's reads returned them in: one Read per upstream
+// read (so ReverseProxy makes one write and one flush of it), never a
+// partial event.
 func TestTapEventPerRead(t *testing.T) {
-	tp := &Tap{Body: io.NopCloser(strings.NewReader(chunk1 + chunk2 + done)), SSE: true}
+	// The upstream's reads return chunk1 and chunk2 together, then half
+	// of the [DONE] event, then its rest.
+	reads := []string{chunk1 + chunk2, done[:5], done[5:]}
+	tp := &Tap{Body: io.NopCloser(&batches{reads: reads}), SSE: true}
 	buf := make([]byte, 64<<10)
 	var got []string
 	for {
@@ -104,16 +110,23 @@ func TestTapEventPerRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The reader hands all three at once; they come out as one read of
-	// whole events (never a partial one).
-	if s := strings.Join(got, ""); s != chunk1+chunk2+done {
-		t.Fatalf("got %q", s)
+	if want := []string{chunk1 + chunk2, done}; !slices.Equal(got, want) {
+		t.Fatalf("reads %q, want %q", got, want)
 	}
-	for _, g := range got {
-		if !strings.HasSuffix(g, "\n\n") {
-			t.Errorf("read %q does not end an event", g)
-		}
+}
+
+// batches is a reader whose Reads return reads one by one.
+type batches struct{ reads []string }
+
+func (b *batches) Read(p []byte) (int, error) {
+	if len(b.reads) == 0 {
+		return 0, io.EOF
 	}
+	n := copy(p, b.reads[0])
+	if b.reads[0] = b.reads[0][n:]; b.reads[0] == "" {
+		b.reads = b.reads[1:]
+	}
+	return n, nil
 }
 
 // FuzzTap: whatever the upstream sends, the tap never panics, hands out
