@@ -251,6 +251,14 @@ func TestRecordAdminAPI(t *testing.T) {
 	if err := os.Mkdir("sub", 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Planted in the directory: a link to a file the router may write,
+	// and a FIFO, whose open would block the admin API.
+	if err := os.Symlink(filepath.Join(dir, "precious"), "link.jsonl"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo("fifo.jsonl", 0o600); err != nil {
+		t.Fatal(err)
+	}
 	rt, url, admin := serveLimited(t, nil, urls(reps)...)
 	t.Cleanup(func() { rt.StopRecording() })
 	for _, c := range []struct {
@@ -263,6 +271,10 @@ func TestRecordAdminAPI(t *testing.T) {
 		{"POST", `{"path":1}`, 400, "invalid_body"},
 		{"POST", `{"path":"rec.jsonl","sample_rate":2}`, 400, "record-sample-rate"},
 		{"POST", `{"path":"sub"}`, 400, "record_failed"}, // a directory
+		{"POST", `{"path":"link.jsonl"}`, 400, "symbolic link"},
+		{"POST", `{"path":"fifo.jsonl"}`, 400, "not a regular file"},
+		{"POST", `{"path":"rec.jsonl","max_bytes":1}`, 400, "record-max-bytes"},
+		{"POST", `{"path":"rec.jsonl","backups":100000000}`, 400, "record-backups"},
 		// A path, not a file name: no socket creates or renames files
 		// outside the recordings' directory.
 		{"POST", `{"path":"` + filepath.Join(dir, "rec.jsonl") + `"}`, 400, "must be a file name"},
@@ -280,6 +292,9 @@ func TestRecordAdminAPI(t *testing.T) {
 		if resp, body := do(t, c.method, admin+pathRecord, c.body); resp.StatusCode != c.status || !strings.Contains(body, c.want) {
 			t.Errorf("%s %s: %d %s; want %d with %s", c.method, c.body, resp.StatusCode, body, c.status, c.want)
 		}
+	}
+	if _, err := os.Lstat("precious"); !os.IsNotExist(err) {
+		t.Errorf("the link's target: %v, want it never created", err)
 	}
 	do(t, "POST", url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi there"}],"max_tokens":2}`)
 	if resp, body := do(t, "DELETE", admin+pathRecord, ""); resp.StatusCode != 200 || !strings.Contains(body, `"written":1`) || !strings.Contains(body, `"recording":false`) {
