@@ -16,18 +16,28 @@ import (
 // returns the stream and a cancel that ends it.
 func openBody(t *testing.T, f *fixture, length, n int) (extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc) {
 	t.Helper()
+	var hdrs []string
+	if length > 0 {
+		hdrs = []string{"content-length", strconv.Itoa(length)}
+	}
+	return openRequest(t, f, make([]byte, n), false, hdrs...)
+}
+
+// openRequest opens a stream and sends a chat completion's request
+// headers (with headers, key and value pairs) and body, ending the
+// request when end is set; it returns the stream and a cancel that ends
+// it.
+func openRequest(t *testing.T, f *fixture, body []byte, end bool, headers ...string) (extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	s, err := f.client.Process(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hdrs := []string{":method", "POST", ":path", "/v1/chat/completions", "content-type", "application/json"}
-	if length > 0 {
-		hdrs = append(hdrs, "content-length", strconv.Itoa(length))
-	}
+	hdrs := append([]string{":method", "POST", ":path", "/v1/chat/completions", "content-type", "application/json"}, headers...)
 	send(t, s, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headerMap(hdrs...)}}})
-	send(t, s, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: make([]byte, n)}}})
+	send(t, s, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: end}}})
 	return s, cancel
 }
 

@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_epp_errors_total",
-			Help: "Streams the endpoint picker ended itself, by code: request_too_large, body_timeout, idle_timeout, invalid_path, unsupported_body_mode, protocol_error.",
+			Help: "Streams the endpoint picker ended itself, by code: request_too_large, body_budget_exhausted, body_timeout, ttft_timeout (no response within --ttft-timeout of the routing), idle_timeout, invalid_path, unsupported_body_mode, protocol_error.",
 		}, []string{"code"}),
 	}
 	m.served = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -35,8 +36,10 @@ type stream struct {
 	header   http.Header
 	subset   []string // endpoints Envoy allows; nil: any
 	body     []byte
-	held     int64 // bytes the body took from the budget (budget.go)
-	started  bool  // the request headers arrived
+	held     int64           // bytes the body took from the budget (budget.go)
+	ctx      context.Context // the request's, with its API key (limits.go); nil: the stream's
+	dropAuth bool            // Envoy must drop the Authorization header (limits.go)
+	started  bool            // the request headers arrived
 	pick     *proxy.Pick
 	status   int  // the upstream's response status
 	gotFirst bool // the first response body bytes arrived
@@ -77,8 +80,9 @@ func (st *stream) read() {
 var errDone = errors.New("stream done")
 
 // run serves the stream until it ends. The request body must be complete
-// within BodyTimeout of the start; once routed, the stream may be idle
-// for IdleTimeout at most.
+// within BodyTimeout of the start; once routed, the stream may be silent
+// for the router's TTFT timeout at most until the response headers, then
+// for IdleTimeout (silence, limits.go).
 func (st *stream) run() error {
 	s := st.s
 	s.m.streams.Inc()
@@ -105,16 +109,18 @@ func (st *stream) run() error {
 			if err != nil {
 				return err
 			}
-			if st.pick != nil { // once routed, every message restarts the idle timer
-				timer.Reset(s.cfg.IdleTimeout) // Go ≥ 1.23 timers: no stale tick survives Reset
+			if st.pick != nil { // once routed, every message restarts the silence timer
+				d, _ := st.silence()
+				timer.Reset(d) // Go ≥ 1.23 timers: no stale tick survives Reset
 			}
 		case <-timer.C:
 			if st.pick == nil {
 				st.fail(http.StatusRequestTimeout, "body_timeout", fmt.Sprintf("request body not received within %s", s.cfg.BodyTimeout))
 				return nil
 			}
-			s.m.errors.WithLabelValues("idle_timeout").Inc()
-			return status.Errorf(codes.DeadlineExceeded, "stream idle for %s", s.cfg.IdleTimeout)
+			d, code := st.silence()
+			s.m.errors.WithLabelValues(code).Inc()
+			return status.Errorf(codes.DeadlineExceeded, "stream silent for %s (%s)", d, code)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -193,6 +199,9 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 		}
 	}
 	st.subset = subsetOf(req, st.s.cfg.Namespace)
+	if ok, err := st.authenticate(); !ok {
+		return err
+	}
 	if h.GetEndOfStream() {
 		return st.route(false)
 	}
@@ -327,7 +336,7 @@ func (st *stream) request() (*http.Request, error) {
 		method = http.MethodGet
 	}
 	r := &http.Request{Method: method, URL: u, Header: st.header, Host: st.header.Get("Host")}
-	return r.WithContext(st.srv.Context()), nil
+	return r.WithContext(st.context()), nil
 }
 
 // destination sets the picked endpoint's header, replacing any the client
@@ -337,7 +346,11 @@ func (st *stream) destination(endpoint string, withLength bool) *extprocv3.Heade
 	if withLength {
 		set = append(set, setHeader("content-length", strconv.Itoa(len(st.body))))
 	}
-	return &extprocv3.HeaderMutation{SetHeaders: set}
+	mut := &extprocv3.HeaderMutation{SetHeaders: set}
+	if st.dropAuth {
+		mut.RemoveHeaders = []string{"authorization"}
+	}
+	return mut
 }
 
 // served reads the endpoint the data plane says served the request

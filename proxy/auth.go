@@ -188,9 +188,16 @@ type gate struct {
 
 // ServeHTTP implements http.Handler.
 func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if g.keys == nil || isProbe(r.URL.Path) {
+	if r, ok := g.admit(w, r); ok {
 		g.next.ServeHTTP(w, r)
-		return
+	}
+}
+
+// admit checks r's key: it returns r carrying its key's keyInfo, or
+// answers w and returns false.
+func (g *gate) admit(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if g.keys == nil || isProbe(r.URL.Path) {
+		return r, true
 	}
 	key := presented(r, g.basic)
 	i := -1
@@ -199,13 +206,13 @@ func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if i < 0 {
 		g.reject(w, key == "")
-		return
+		return nil, false
 	}
 	if g.strip {
 		r.Header.Del("Authorization")
 	}
 	info := keyInfo{name: g.keys.names[i], priority: g.keys.prios[i], headers: g.keys.headers[i], class: g.keys.classes[i]}
-	g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyNameKey{}, info)))
+	return r.WithContext(context.WithValue(r.Context(), keyNameKey{}, info)), true
 }
 
 func (g *gate) reject(w http.ResponseWriter, missing bool) {

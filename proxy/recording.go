@@ -177,12 +177,16 @@ func (rt *Router) serveStartRecording(w http.ResponseWriter, r *http.Request) {
 			fail(http.StatusBadRequest, codeBadBody, `body must be a JSON object such as {"path": "recording.jsonl", "sample_rate": 0.1}: `+err.Error())
 			return
 		}
+		where := rt.recordDir()
+		if where == "." {
+			where = "the router's working directory"
+		}
 		if b.Path != "" && !fileName(b.Path) {
-			where := rt.recordDir()
-			if where == "." {
-				where = "the router's working directory"
-			}
 			fail(http.StatusBadRequest, codeBadBody, `"path" must be a file name, without a directory: the recording goes in `+where)
+			return
+		}
+		if b.KeyFile != nil && !rt.keyFileAllowed(*b.KeyFile) {
+			fail(http.StatusBadRequest, codeBadBody, `"key_file" must be a file name, without a directory, read in `+where+" (or --record-key-file as given)")
 			return
 		}
 		b.apply(&cfg, rt.recordDir())
@@ -214,6 +218,14 @@ func (rt *Router) recordDir() string {
 	return filepath.Dir(rt.cfg.Record.Path)
 }
 
+// keyFileAllowed reports whether the admin API may name name as the
+// recording's key file: a file name in the recordings' directory, as
+// "path" is, or the configured --record-key-file itself; any other path
+// (/proc/self/environ) could read whatever the router may read.
+func (rt *Router) keyFileAllowed(name string) bool {
+	return fileName(name) || name != "" && name == rt.cfg.Record.KeyFile
+}
+
 // fileName reports whether name is a plain file name: no directory, not
 // "." or "..".
 func fileName(name string) bool {
@@ -234,7 +246,7 @@ func (b *recordBody) apply(cfg *record.Config, dir string) {
 	if b.Backups != nil {
 		cfg.Backups = *b.Backups
 	}
-	if b.KeyFile != nil {
-		cfg.KeyFile = *b.KeyFile
+	if b.KeyFile != nil && *b.KeyFile != cfg.KeyFile {
+		cfg.KeyFile = filepath.Join(dir, *b.KeyFile) // a file name (keyFileAllowed)
 	}
 }

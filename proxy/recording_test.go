@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,6 +251,14 @@ func TestRecordAdminAPI(t *testing.T) {
 	if err := os.Mkdir("sub", 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Planted in the directory: a link to a file the router may write,
+	// and a FIFO, whose open would block the admin API.
+	if err := os.Symlink(filepath.Join(dir, "precious"), "link.jsonl"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo("fifo.jsonl", 0o600); err != nil {
+		t.Fatal(err)
+	}
 	rt, url, admin := serveLimited(t, nil, urls(reps)...)
 	t.Cleanup(func() { rt.StopRecording() })
 	for _, c := range []struct {
@@ -262,12 +271,20 @@ func TestRecordAdminAPI(t *testing.T) {
 		{"POST", `{"path":1}`, 400, "invalid_body"},
 		{"POST", `{"path":"rec.jsonl","sample_rate":2}`, 400, "record-sample-rate"},
 		{"POST", `{"path":"sub"}`, 400, "record_failed"}, // a directory
+		{"POST", `{"path":"link.jsonl"}`, 400, "symbolic link"},
+		{"POST", `{"path":"fifo.jsonl"}`, 400, "not a regular file"},
+		{"POST", `{"path":"rec.jsonl","max_bytes":1}`, 400, "record-max-bytes"},
+		{"POST", `{"path":"rec.jsonl","backups":100000000}`, 400, "record-backups"},
 		// A path, not a file name: no socket creates or renames files
 		// outside the recordings' directory.
 		{"POST", `{"path":"` + filepath.Join(dir, "rec.jsonl") + `"}`, 400, "must be a file name"},
 		{"POST", `{"path":"../rec.jsonl"}`, 400, "must be a file name"},
 		{"POST", `{"path":".."}`, 400, "must be a file name"},
-		{"POST", `{"path":"rec.jsonl","key_file":"/dev/zero"}`, 400, "longer than"},
+		// The key file is confined as the recording is.
+		{"POST", `{"path":"rec.jsonl","key_file":"/dev/zero"}`, 400, "must be a file name"},
+		{"POST", `{"path":"rec.jsonl","key_file":"/proc/self/environ"}`, 400, "must be a file name"},
+		{"POST", `{"path":"rec.jsonl","key_file":"../key"}`, 400, "must be a file name"},
+		{"POST", `{"path":"rec.jsonl","key_file":"nokey"}`, 400, "record_failed"}, // read in the directory: absent there
 		{"POST", `{"path":"rec.jsonl","sample_rate":1}`, 201, `"recording":true`},
 		{"POST", `{"path":"rec.jsonl"}`, 409, "stop it first"},
 		{"GET", "", 200, `"path":"rec.jsonl"`},
@@ -275,6 +292,9 @@ func TestRecordAdminAPI(t *testing.T) {
 		if resp, body := do(t, c.method, admin+pathRecord, c.body); resp.StatusCode != c.status || !strings.Contains(body, c.want) {
 			t.Errorf("%s %s: %d %s; want %d with %s", c.method, c.body, resp.StatusCode, body, c.status, c.want)
 		}
+	}
+	if _, err := os.Lstat("precious"); !os.IsNotExist(err) {
+		t.Errorf("the link's target: %v, want it never created", err)
 	}
 	do(t, "POST", url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi there"}],"max_tokens":2}`)
 	if resp, body := do(t, "DELETE", admin+pathRecord, ""); resp.StatusCode != 200 || !strings.Contains(body, `"written":1`) || !strings.Contains(body, `"recording":false`) {
@@ -303,15 +323,25 @@ func TestRecordAdminAPIDirectory(t *testing.T) {
 	}
 }
 
-// TestRecordingFullDisk: a recording on a full disk (/dev/full) costs the
-// requests nothing: each is answered, and what was lost is in /metrics.
-func TestRecordingFullDisk(t *testing.T) {
-	if _, err := os.Stat("/dev/full"); err != nil {
-		t.Skip("no /dev/full")
-	}
+// TestRecordingUnwritable: a recording whose file cannot be opened any
+// more (its path turned into a FIFO, found at a reopen on SIGHUP) costs
+// the requests nothing: each is answered, the reopen does not block, and
+// what was lost is in /metrics.
+func TestRecordingUnwritable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rec.jsonl")
 	reps := replicas(t, 1, 0.01)
-	rt, url, admin := serveLimited(t, func(c *Config) { c.Record.Path = "/dev/full" }, urls(reps)...)
+	rt, url, admin := serveLimited(t, func(c *Config) { c.Record.Path = path }, urls(reps)...)
 	t.Cleanup(func() { rt.StopRecording() })
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Skipf("mkfifo: %v", err)
+	}
+	rt.ReopenRecording()
+	wait.For(t, "the failed reopen counted", func() bool {
+		return metricValue(t, admin, "kvrouter_record_errors_total", "op", "open") > 0
+	})
 	for i := range 5 {
 		if resp, body := do(t, "POST", url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":2}`); resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
@@ -320,10 +350,10 @@ func TestRecordingFullDisk(t *testing.T) {
 	wait.For(t, "the lost requests counted", func() bool {
 		return metricValue(t, admin, "kvrouter_record_dropped_total", "reason", "write_error") == 5
 	})
-	if v := metricValue(t, admin, "kvrouter_record_errors_total", "op", "write"); v == 0 {
-		t.Error("kvrouter_record_errors_total{op=write} 0 on a full disk")
-	}
 	if v := metricValue(t, admin, "kvrouter_record_lines_total"); v != 0 {
-		t.Errorf("kvrouter_record_lines_total %v on a full disk", v)
+		t.Errorf("kvrouter_record_lines_total %v with no file to write", v)
+	}
+	if st := rt.RecordStatus(); !strings.Contains(st.LastErr, "not a regular file") {
+		t.Errorf("last error %q, want it to say not a regular file", st.LastErr)
 	}
 }

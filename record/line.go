@@ -118,7 +118,7 @@ const maxKeyFileBytes = 4096
 // trimmed, are the secret. It must hold at least 16 bytes, and the file at
 // most maxKeyFileBytes.
 func ReadKeyFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openRegular(path, os.O_RDONLY, 0) // file.go
 	if err != nil {
 		return nil, fmt.Errorf("record key: %w", err)
 	}

@@ -190,8 +190,8 @@ func TestSampleBySession(t *testing.T) {
 func TestRotation(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rec.jsonl")
-	r, m := start(t, Config{Path: path, MaxBytes: 400, Backups: 2, Queue: 1})
-	for i := range 40 {
+	r, m := start(t, Config{Path: path, MaxBytes: MinMaxBytes, Backups: 2, Queue: 1})
+	for i := range 160 {
 		r.Add(entry(i*10, "s", uint64(i)))
 		wait.For(t, "the line written", func() bool { return r.Status().Written > int64(i) })
 	}
@@ -205,8 +205,8 @@ func TestRotation(t *testing.T) {
 	}
 	for _, p := range names {
 		b, _ := os.ReadFile(p)
-		if len(b) > 400 || !bytes.HasPrefix(b, []byte(`{"start_unix_ms":`)) {
-			t.Errorf("%s: %d bytes, starting %.20q: want at most 400, starting with start_unix_ms", p, len(b), b)
+		if len(b) > MinMaxBytes || !bytes.HasPrefix(b, []byte(`{"start_unix_ms":`)) {
+			t.Errorf("%s: %d bytes, starting %.20q: want at most %d, starting with start_unix_ms", p, len(b), b, MinMaxBytes)
 		}
 	}
 	paths, err := trace.Expand(path + "*")
@@ -229,40 +229,6 @@ func value(c prometheus.Counter) float64 {
 	var m dto.Metric
 	c.Write(&m)
 	return m.GetCounter().GetValue()
-}
-
-// TestFullDisk: on /dev/full every write fails: an error in the log, the
-// failures and the lost requests counted, and Add still returns at once.
-func TestFullDisk(t *testing.T) {
-	if _, err := os.Stat("/dev/full"); err != nil {
-		t.Skip("no /dev/full")
-	}
-	var log bytes.Buffer
-	m, _ := NewMetrics(prometheus.NewRegistry())
-	r, err := Start(Config{Path: "/dev/full"}, m, slog.New(slog.NewTextHandler(&log, nil)), epoch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10 {
-		r.Add(entry(i, "s", 1, 2))
-	}
-	r.Stop()
-	st := r.Status()
-	if st.Written != 0 || st.Dropped != 10 || st.Errors == 0 || !strings.Contains(st.LastErr, "no space") {
-		t.Errorf("status %+v: want 0 written, 10 dropped, errors, the last one no space", st)
-	}
-	if got := value(m.dropped.WithLabelValues("write_error")); got != 10 {
-		t.Errorf("kvrouter_record_dropped_total{reason=write_error} %v, want 10", got)
-	}
-	if got := value(m.errors.WithLabelValues("write")); got == 0 {
-		t.Error("kvrouter_record_errors_total{op=write} 0")
-	}
-	if !strings.Contains(log.String(), "level=ERROR") || !strings.Contains(log.String(), "no space") {
-		t.Errorf("log %q: want an error saying no space", log.String())
-	}
-	if n := strings.Count(log.String(), "level=ERROR"); n != 1 {
-		t.Errorf("%d error lines, want 1 per failure spell", n)
-	}
 }
 
 // TestQueueFull: a writer that cannot keep up costs Add nothing: past the

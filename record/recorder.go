@@ -16,6 +16,19 @@ const (
 	DefaultQueue    = 4096
 )
 
+// Bounds of Config.
+const (
+	// MinMaxBytes is the smallest rotation size, a page: a recording line
+	// is a few hundred bytes, so a file takes tens of lines before it is
+	// rotated (a size of 1 rotated on every line).
+	MinMaxBytes = 4 << 10
+	// MaxMaxBytes is the largest: 1 TiB, past any disk a router writes.
+	MaxMaxBytes = 1 << 40
+	// MaxBackups bounds the files kept: a rotation renames each of them,
+	// so it costs at most 100 renames (100,000,000 stalled the writer).
+	MaxBackups = 100
+)
+
 // maxBatch is how many queued entries one write takes.
 const maxBatch = 256
 
@@ -47,11 +60,11 @@ type Config struct {
 // Validate checks the bounds of c.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MaxBytes < 0 {
-		errs = append(errs, fmt.Errorf("record-max-bytes: must not be negative, got %d", c.MaxBytes))
+	if c.MaxBytes != 0 && (c.MaxBytes < MinMaxBytes || c.MaxBytes > MaxMaxBytes) {
+		errs = append(errs, fmt.Errorf("record-max-bytes: want 0 (%d) or %d..%d, got %d", DefaultMaxBytes, MinMaxBytes, int64(MaxMaxBytes), c.MaxBytes))
 	}
-	if c.Backups < 0 {
-		errs = append(errs, fmt.Errorf("record-backups: must not be negative, got %d", c.Backups))
+	if c.Backups < 0 || c.Backups > MaxBackups {
+		errs = append(errs, fmt.Errorf("record-backups: want 0 (%d) up to %d, got %d", DefaultBackups, MaxBackups, c.Backups))
 	}
 	if !(c.SampleRate >= 0 && c.SampleRate <= 1) {
 		errs = append(errs, fmt.Errorf("record-sample-rate: want 0..1, got %v", c.SampleRate))

@@ -203,7 +203,7 @@ nearest real name. How to use these settings is in [operations.md](operations.md
 	fmt.Fprintln(w, "| flag | default | description |")
 	fmt.Fprintln(w, "|---|---|---|")
 	fmt.Fprintf(w, "| `--body-mode` | `full-duplex` | %s |\n", cell("the ext_proc filter's request_body_mode when Envoy does not send its protocol_config: full-duplex (FULL_DUPLEX_STREAMED) or buffered"))
-	fmt.Fprintf(w, "| `--epp-idle-timeout` | `%s` | %s |\n", kvepp.DefaultIdleTimeout, cell("the longest a routed request's stream may be silent before it is ended"))
+	fmt.Fprintf(w, "| `--epp-idle-timeout` | `%s` | %s |\n", kvepp.DefaultIdleTimeout, cell("the longest a routed request's stream may be silent once its response started before it is ended (before the response headers: --ttft-timeout)"))
 	fmt.Fprintf(w, "| `--fallbacks` | `0` | %s |\n", cell("endpoints named after the picked one in x-gateway-destination-endpoint (GIE's list, primary first), for a data plane that tries them in order when it cannot reach the first; 0: none, as an Envoy ORIGINAL_DST cluster reading the header takes one address"))
 	fmt.Fprintf(w, "| `--pool-name` | | %s |\n", cell("the InferencePool (inference.networking.k8s.io/v1) whose ready pods are the backends, at its target ports, watched in the Kubernetes API (--kube-api, or in-cluster); instead of --discover and --backend"))
 	fmt.Fprintf(w, "| `--pool-namespace` | | %s |\n", cell("the InferencePool's namespace (empty: the pod's own)"))

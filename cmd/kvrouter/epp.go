@@ -146,7 +146,8 @@ var eppHelp = help{
 		"the Kubernetes API), --leader-elect and --lease-name (only the Lease's holder\n" +
 		"reports ready), --fallbacks (default 0), --body-mode full-duplex|buffered (the\n" +
 		"ext_proc filter's request_body_mode when Envoy does not say; default full-duplex)\n" +
-		"and --epp-idle-timeout (the longest a routed request's stream may be silent;\n" +
+		"and --epp-idle-timeout (the longest a routed request's stream may be silent once\n" +
+		"its response started; before, --ttft-timeout;\n" +
 		"default " + epp.DefaultIdleTimeout.String() + ").",
 	examples: []string{
 		"kvrouter epp --pool-name vllm --pool-namespace llm --leader-elect",
