@@ -234,11 +234,18 @@ func TestRedisACLUser(t *testing.T) {
 		"--user", "kvrouter", "on", ">s3cret-pass", "~kvrouter:*", "&*", "+@all")
 	withUser := newSyncer(t, "redis://kvrouter:s3cret-pass@"+rs.Addr, "a", newFleet(t))
 	anonymous := newSyncer(t, rs.URL(), "b", newFleet(t))
-	run(t, withUser)
-	run(t, anonymous)
-	wait.For(t, "the ACL user's rounds reach Redis", withUser.Up)
-	wait.For(t, "the anonymous router's rounds fail", func() bool { return anonymous.m.errors.get() > 0 })
-	if anonymous.Up() {
-		t.Error("a router without the ACL user's password is up")
+	admitted(t, withUser, anonymous)
+}
+
+// admitted runs both syncers and checks that ok's rounds reach Redis while
+// refused's fail.
+func admitted(t *testing.T, ok, refused *Syncer) {
+	t.Helper()
+	run(t, ok)
+	run(t, refused)
+	wait.For(t, "the admitted router's rounds reach Redis", ok.Up)
+	wait.For(t, "the refused router's rounds fail", func() bool { return refused.m.errors.get() > 0 })
+	if refused.Up() {
+		t.Error("the refused router is up")
 	}
 }
