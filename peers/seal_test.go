@@ -23,12 +23,12 @@ import (
 // unsealed value is refused with a secret and taken without one, as is a
 // sealed one (its seal unchecked).
 func TestSeal(t *testing.T) {
-	s := sealer{key: []byte("0123456789abcdef0123")}
+	s := sealer{keys: [][]byte{[]byte("0123456789abcdef0123")}}
 	v := s.seal("kvrouter:load:a", "a", `{"router":"a"}`)
 	if p, w, ok := s.open("kvrouter:load:a", v); !ok || p != `{"router":"a"}` || w != "a" {
 		t.Fatalf("open(seal) = %q, %q, %v", p, w, ok)
 	}
-	other := sealer{key: []byte("another secret of 20")}
+	other := sealer{keys: [][]byte{[]byte("another secret of 20")}}
 	forged := []struct{ name, key, v string }{
 		{"other key", "kvrouter:load:b", v},
 		{"other writer", "kvrouter:load:a", strings.Replace(v, " a ", " b ", 1)},
@@ -43,6 +43,15 @@ func TestSeal(t *testing.T) {
 			t.Errorf("%s: opened as %q, want refused", f.name, p)
 		}
 	}
+	// Rotation: a router with the new secret first and the old second
+	// opens what one with the old alone sealed, and seals with the new.
+	rotating := sealer{keys: [][]byte{other.keys[0], s.keys[0]}}
+	if p, _, ok := rotating.open("kvrouter:load:a", v); !ok || p != `{"router":"a"}` {
+		t.Errorf("rotating: open(old seal) = %q, %v; want the payload", p, ok)
+	}
+	if _, _, ok := other.open("k", rotating.seal("k", "a", "x")); !ok {
+		t.Error("rotating: its seal does not open with the new secret")
+	}
 	var none sealer
 	for _, in := range []string{v, `{"router":"a"}`} {
 		if p, _, ok := none.open("kvrouter:load:a", in); !ok || p != `{"router":"a"}` {
@@ -54,8 +63,9 @@ func TestSeal(t *testing.T) {
 	}
 }
 
-// TestReadKeyFile: a secret shorter than MinKeyBytes, a directory and a
-// missing file are refused; surrounding white space is not the secret's.
+// TestReadKeyFile: a file holds secrets one a line; one shorter than
+// MinKeyBytes, none at all, a directory and a missing file are refused;
+// surrounding white space is not the secret's.
 func TestReadKeyFile(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {
@@ -65,11 +75,11 @@ func TestReadKeyFile(t *testing.T) {
 		}
 		return p
 	}
-	key, err := readKeyFile(write("ok", "  0123456789abcdef0123\n"))
-	if err != nil || string(key) != "0123456789abcdef0123" {
-		t.Errorf("got %q, %v; want the secret", key, err)
+	keys, err := readKeyFile(write("ok", "  0123456789abcdef0123\n\n  the next secret, second\n"))
+	if err != nil || len(keys) != 2 || string(keys[0]) != "0123456789abcdef0123" || string(keys[1]) != "the next secret, second" {
+		t.Errorf("got %q, %v; want the two secrets", keys, err)
 	}
-	for _, p := range []string{write("short", "short\n"), dir, filepath.Join(dir, "missing"), write("big", strings.Repeat("k", maxKeyFileBytes+1))} {
+	for _, p := range []string{write("short", "short\n"), write("blank", "\n \n"), write("second short", "0123456789abcdef0123\nshort\n"), dir, filepath.Join(dir, "missing"), write("big", strings.Repeat("k", maxKeyFileBytes+1))} {
 		if _, err := readKeyFile(p); err == nil {
 			t.Errorf("readKeyFile(%s) accepted", p)
 		}

@@ -186,7 +186,7 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 	s := &Syncer{cfg: cfg, f: f, log: cfg.Logger, keys: keysOf(cfg.Prefix), lastID: "0",
 		writes: make(chan sessionWrite, maxQueuedWrites)}
 	if cfg.KeyFile != "" {
-		if s.seal.key, err = readKeyFile(cfg.KeyFile); err != nil {
+		if s.seal.keys, err = readKeyFile(cfg.KeyFile); err != nil {
 			return nil, fmt.Errorf("peers: %w", err)
 		}
 	} else {
