@@ -360,7 +360,9 @@ func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, st
 		xadd = pipe.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.events, MaxLen: s.cfg.StreamLen, Approx: true,
 			Values: []any{"r", s.cfg.Router, "d", s.seal.seal(s.keys.events, s.cfg.Router, string(d))}})
 	}
-	members := pipe.SMembers(ctx, s.keys.routers)
+	// SRANDMEMBER with a count: every member when there are at most
+	// MaxRouters, else MaxRouters of them, never an unbounded reply.
+	members := pipe.SRandMemberN(ctx, s.keys.routers, MaxRouters)
 	xr := pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{s.keys.events, s.lastID}, Count: readCount, Block: -1})
 	version := pipe.Get(ctx, s.keys.membersVersion())
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
