@@ -20,6 +20,13 @@
 // that answers 500 to every request while its /health says 200 therefore
 // comes back for a moment after 1 s, 2 s, 4 s ... 30 s instead of flapping.
 //
+// Requests outvote probes, and a fleet is never emptied by probes alone
+// (panic.go): failed probes do not eject a replica whose requests have
+// just succeeded, and while fewer than PanicThreshold of the replicas are
+// healthy, those ejected by probes alone are routable again (Envoy's
+// healthy_panic_threshold). OnChange reports routability; Healthy the
+// evidence.
+//
 // Probes GET Path (default /health). Many OpenAI-compatible servers have no
 // such route: when it answers 404 or 405 the replica is probed at
 // /v1/models instead, and when that answers 404 or 405 too it is not

@@ -26,10 +26,12 @@
 //   - XADD {prefix}:events MAXLEN ~ StreamLen, when it bound sessions or
 //     routed blocks since its previous round: those deltas, once (a round
 //     that fails keeps them, bounded, for the next);
-//   - SMEMBERS {prefix}:routers and XREAD COUNT 256 {prefix}:events from the
+//   - SRANDMEMBER {prefix}:routers MaxRouters (all of them, up to that
+//     many) and XREAD COUNT 256 {prefix}:events from the
 //     last entry it read (not blocking);
 //
-// then MGETs the other routers' load keys (SREMming routers whose key has
+// then reads the other routers' load keys, each with GETRANGE up to
+// MaxShareBytes (SREMming routers whose key has
 // expired) and merges: the peers' load replaces the previous round's, their
 // bindings and blocks enter the fleet. A router starting reads the stream
 // from its start, so it learns the bindings of the last StreamLen rounds.

@@ -31,6 +31,9 @@ const (
 // MaxMembers is the most entries a round reads from the members hash.
 const MaxMembers = 4096
 
+// scanCount is how many members hash entries one HSCAN asks for.
+const scanCount = 256
+
 // Member is one backend as the routers share it.
 type Member struct {
 	// URL is the backend's base URL, its id.
@@ -126,15 +129,25 @@ func (s *Syncer) syncMembers(ctx context.Context, version string) error {
 	if s.cfg.ApplyMembers == nil || (version == s.applied && !s.retry) {
 		return nil
 	}
-	raw, err := s.client.HGetAll(ctx, s.keys.members()).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return err
-	}
-	ms := make([]Member, 0, min(len(raw), MaxMembers))
-	for url, v := range raw {
-		if m, ok := s.openMember(url, v); ok && len(ms) < MaxMembers {
-			ms = append(ms, m)
+	var ms []Member
+	for cursor := uint64(0); ; {
+		kv, next, err := s.client.HScan(ctx, s.keys.members(), cursor, "", scanCount).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
 		}
+		for i := 0; i+1 < len(kv) && len(ms) < MaxMembers; i += 2 {
+			if m, ok := s.openMember(kv[i], kv[i+1]); ok {
+				ms = append(ms, m)
+			}
+		}
+		if next == 0 {
+			break
+		}
+		if len(ms) == MaxMembers {
+			s.m.decodeErrors.Inc() // more entries than MaxMembers: the rest unread
+			break
+		}
+		cursor = next
 	}
 	s.applied = version
 	s.retry = s.cfg.ApplyMembers(ms) != nil

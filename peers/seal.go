@@ -11,7 +11,7 @@ import (
 	"strings"
 )
 
-// Signed shared state. Whoever can write Redis could otherwise steer every
+// Sealed shared state. Whoever can write Redis could otherwise steer every
 // router: add any URL as a backend (a members entry and a version bump),
 // bind sessions to it, or fake load. With a shared secret (Settings.KeyFile)
 // every value a router writes is sealed, "kvrs1 MAC WRITER PAYLOAD", where
@@ -50,16 +50,19 @@ const (
 	maxKeyFileBytes = 4 << 10
 )
 
-// sealer seals and opens shared values; a zero sealer (no key) writes
-// bare payloads and reads both forms unchecked.
-type sealer struct{ key []byte }
+// sealer seals and opens shared values with the secrets of the key file:
+// the first seals, any opens (a secret is rotated by adding the new one
+// second on every router, then moving it first, then removing the old).
+// A zero sealer (no key) writes bare payloads and reads both forms
+// unchecked.
+type sealer struct{ keys [][]byte }
 
 // seal returns the value to store under key for payload written by writer.
 func (s sealer) seal(key, writer, payload string) string {
-	if s.key == nil {
+	if s.keys == nil {
 		return payload
 	}
-	return sealTag + hex.EncodeToString(s.mac(key, writer, payload)) + " " + writer + " " + payload
+	return sealTag + hex.EncodeToString(mac(s.keys[0], key, writer, payload)) + " " + writer + " " + payload
 }
 
 // open returns the payload of v read under key and its writer ("" when v
@@ -68,27 +71,32 @@ func (s sealer) seal(key, writer, payload string) string {
 func (s sealer) open(key, v string) (payload, writer string, ok bool) {
 	rest, sealed := strings.CutPrefix(v, sealTag)
 	if !sealed {
-		return v, "", s.key == nil
+		return v, "", s.keys == nil
 	}
-	mac, rest, ok1 := strings.Cut(rest, " ")
+	sum, rest, ok1 := strings.Cut(rest, " ")
 	writer, payload, ok2 := strings.Cut(rest, " ")
 	if !ok1 || !ok2 {
 		return "", "", false
 	}
-	if s.key == nil {
+	if s.keys == nil {
 		return payload, writer, true
 	}
-	got, err := hex.DecodeString(mac)
-	if err != nil || !hmac.Equal(got, s.mac(key, writer, payload)) {
+	got, err := hex.DecodeString(sum)
+	if err != nil {
 		return "", "", false
 	}
-	return payload, writer, true
+	for _, k := range s.keys {
+		if hmac.Equal(got, mac(k, key, writer, payload)) {
+			return payload, writer, true
+		}
+	}
+	return "", "", false
 }
 
-// mac is HMAC-SHA256 over key, writer and payload, each preceded by its
-// length.
-func (s sealer) mac(key, writer, payload string) []byte {
-	h := hmac.New(sha256.New, s.key)
+// mac is HMAC-SHA256 under secret over key, writer and payload, each
+// preceded by its length.
+func mac(secret []byte, key, writer, payload string) []byte {
+	h := hmac.New(sha256.New, secret)
 	var n [binary.MaxVarintLen64]byte
 	for _, part := range []string{key, writer, payload} {
 		h.Write(binary.AppendUvarint(n[:0], uint64(len(part))))
@@ -97,10 +105,10 @@ func (s sealer) mac(key, writer, payload string) []byte {
 	return h.Sum(nil)
 }
 
-// readKeyFile returns the secret in path: its contents less surrounding
-// white space, at least MinKeyBytes, from a regular file of at most
-// maxKeyFileBytes.
-func readKeyFile(path string) ([]byte, error) {
+// readKeyFile returns the secrets in path, one a line (less surrounding
+// white space; blank lines skipped), each at least MinKeyBytes, from a
+// regular file of at most maxKeyFileBytes.
+func readKeyFile(path string) ([][]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("redis key file: %w", err)
@@ -120,9 +128,19 @@ func readKeyFile(path string) ([]byte, error) {
 	if len(b) > maxKeyFileBytes {
 		return nil, fmt.Errorf("redis key file %s: larger than %d bytes", path, maxKeyFileBytes)
 	}
-	key := []byte(strings.TrimSpace(string(b)))
-	if len(key) < MinKeyBytes {
-		return nil, fmt.Errorf("redis key file %s: %d bytes, want at least %d (e.g. openssl rand -hex 32)", path, len(key), MinKeyBytes)
+	var keys [][]byte
+	for i, line := range strings.Split(string(b), "\n") {
+		key := strings.TrimSpace(line)
+		if key == "" {
+			continue
+		}
+		if len(key) < MinKeyBytes {
+			return nil, fmt.Errorf("redis key file %s, line %d: %d bytes, want at least %d (e.g. openssl rand -hex 32)", path, i+1, len(key), MinKeyBytes)
+		}
+		keys = append(keys, []byte(key))
 	}
-	return key, nil
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("redis key file %s: no secret", path)
+	}
+	return keys, nil
 }

@@ -3,11 +3,13 @@ package peers
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +60,9 @@ type Settings struct {
 	// seals its shared values with (seal.go); empty means values are
 	// neither sealed nor checked (a warning at start).
 	KeyFile string `yaml:"redis-key-file"`
+	// CAFile names a PEM file of the certificate authorities a rediss://
+	// server is verified against; empty means the system's.
+	CAFile string `yaml:"redis-ca"`
 }
 
 // Config describes a Syncer.
@@ -168,6 +173,9 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := trustCA(opts, cfg.CAFile); err != nil {
+		return nil, err
+	}
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = cfg.Timeout, cfg.Timeout, cfg.Timeout
 	opts.MaxRetries = -1 // the next round is the retry
 	opts.PoolSize, opts.MinIdleConns = 2, 0
@@ -178,7 +186,7 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 	s := &Syncer{cfg: cfg, f: f, log: cfg.Logger, keys: keysOf(cfg.Prefix), lastID: "0",
 		writes: make(chan sessionWrite, maxQueuedWrites)}
 	if cfg.KeyFile != "" {
-		if s.seal.key, err = readKeyFile(cfg.KeyFile); err != nil {
+		if s.seal.keys, err = readKeyFile(cfg.KeyFile); err != nil {
 			return nil, fmt.Errorf("peers: %w", err)
 		}
 	} else {
@@ -196,6 +204,27 @@ func New(cfg Config, f *fleet.Fleet) (*Syncer, error) {
 	s.fast = redis.NewClient(&fast)
 	f.SharePeers(0)
 	return s, nil
+}
+
+// trustCA makes opts verify its TLS server against the authorities in
+// caFile (none: the system's).
+func trustCA(opts *redis.Options, caFile string) error {
+	if caFile == "" {
+		return nil
+	}
+	if opts.TLSConfig == nil {
+		return errors.New("peers: redis CA file given, but the Redis URL is not rediss:// (TLS)")
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return fmt.Errorf("peers: redis CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("peers: redis CA file %s: no PEM certificate", caFile)
+	}
+	opts.TLSConfig.RootCAs = pool
+	return nil
 }
 
 // Router returns the router's id.
@@ -331,7 +360,9 @@ func (s *Syncer) exchange(ctx context.Context, now time.Time) ([]fleet.Share, st
 		xadd = pipe.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.events, MaxLen: s.cfg.StreamLen, Approx: true,
 			Values: []any{"r", s.cfg.Router, "d", s.seal.seal(s.keys.events, s.cfg.Router, string(d))}})
 	}
-	members := pipe.SMembers(ctx, s.keys.routers)
+	// SRANDMEMBER with a count: every member when there are at most
+	// MaxRouters, else MaxRouters of them, never an unbounded reply.
+	members := pipe.SRandMemberN(ctx, s.keys.routers, MaxRouters)
 	xr := pipe.XRead(ctx, &redis.XReadArgs{Streams: []string{s.keys.events, s.lastID}, Count: readCount, Block: -1})
 	version := pipe.Get(ctx, s.keys.membersVersion())
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {

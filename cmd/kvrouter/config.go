@@ -154,8 +154,9 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.StringVar(&cfg.Peers.Router, "router-id", cfg.Peers.Router, "this router's name among its peers on --redis (empty: random)")
 	fs.DurationVar(&cfg.Peers.ReadTimeout, "shared-read-timeout", cfg.Peers.ReadTimeout,
 		"longest a request with a session waits for --redis to read its binding before deciding, and for its binding's write before its answer ends (the write goes on in the background) (0: 5ms)")
+	fs.StringVar(&cfg.Peers.CAFile, "redis-ca", cfg.Peers.CAFile, "PEM certificate authorities a rediss:// --redis server is verified against (empty: the system's)")
 	fs.StringVar(&cfg.Peers.KeyFile, "redis-key-file", cfg.Peers.KeyFile,
-		"file holding the secret (at least 16 bytes, e.g. openssl rand -hex 32) with which every router on --redis signs what it writes there and checks what it reads; values that fail are ignored (empty: shared state unauthenticated, warned at start)")
+		"file holding the secret (at least 16 bytes, e.g. openssl rand -hex 32) with which every router on --redis signs what it writes there and checks what it reads; values that fail are ignored (empty: shared state unauthenticated, warned at start); one secret a line: the first signs, any checks (to rotate)")
 	return bl
 }
 
