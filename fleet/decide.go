@@ -106,7 +106,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	if len(r.Chains) > 0 && snap.BlockSize > 0 {
 		blocks = len(r.Chains[0].Hashes) * r.Chains[0].Tokens / snap.BlockSize
 	}
-	pinned, turns := f.pin(r.Session, firstChain(r.Chains), snap, now)
+	pinned, turns, seen := f.pinPending(r.Session, firstChain(r.Chains), snap, now)
 	snap.Seqs = f.averageSeqs(snap)
 	sc.Request = route.Request{
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
@@ -122,6 +122,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 		d.Replica, d.Reason = -1, route.ReasonUnattainable
 		return d, nil
 	}
+	f.countTurn(seen)
 	return d, f.commit(r, d, now, sc)
 }
 

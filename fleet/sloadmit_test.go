@@ -27,10 +27,10 @@ func (*missPolicy) Needs() route.Needs { return route.Needs{Index: route.Approxi
 
 // TestSLOAdmission: with Admission.SLO queue or reject, a decision whose
 // Miss reaches MissThreshold for a request with an SLO commits nothing
-// (no load, no session binding, no residency touch) and answers
-// ReasonUnattainable with the policy's Miss; below the threshold, without
-// an SLO, or Admitted, it commits. With route it commits and the decision
-// is Unattainable.
+// (no load, no session binding, no residency touch, no turn counted) and
+// answers ReasonUnattainable with the policy's Miss; below the
+// threshold, without an SLO, or Admitted, it commits. With route it
+// commits and the decision is Unattainable.
 func TestSLOAdmission(t *testing.T) {
 	chains := []residency.Chain{{Tokens: 16, Hashes: []prefix.Hash{1, 2, 3, 4}}}
 	slo := route.SLO{TTFT: time.Second}
@@ -42,7 +42,11 @@ func TestSLOAdmission(t *testing.T) {
 		req := func(id string) *Request {
 			return &Request{ID: id, Tokens: 64, Session: "s", Chains: chains, SLO: slo}
 		}
+		tally := f.turns
 		d, tk := f.Decide(req("1"), nil, t0, &sc)
+		if f.turns != tally {
+			t.Errorf("%s: refused decision counted in the turn tally: %+v, was %+v", mode, f.turns, tally)
+		}
 		if tk != nil || d.Replica != -1 || d.Reason != route.ReasonUnattainable || d.Miss != MissThreshold {
 			t.Fatalf("%s: %+v, ticket %v; want no ticket, replica -1, %q, miss %v", mode, d, tk, route.ReasonUnattainable, MissThreshold)
 		}
