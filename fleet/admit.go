@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"container/heap"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -38,12 +39,81 @@ type Admission struct {
 	// QueueTimeout is the longest a request waits in the queue before it
 	// is rejected; zero means DefaultQueueTimeout.
 	QueueTimeout time.Duration `yaml:"queue-timeout"`
+	// SLO is what Decide does with a request whose SLO the policy's
+	// choice is predicted to miss at least as likely as not
+	// (Unattainable): SLORoute commits it as any other; SLOQueue and
+	// SLOReject commit nothing and answer route.ReasonUnattainable, the
+	// caller holding it in its Queue (decided again against what remains
+	// of its TTFT bound, Remaining) or rejecting it. Empty means SLORoute.
+	// kvrouter serve sets it from --slo-admission, kvrouter sim from its
+	// own flag of that name.
+	SLO string `yaml:"-"`
 }
 
-// Validate reports a negative setting.
+// SLO admission modes (Admission.SLO).
+const (
+	SLORoute  = "route"
+	SLOQueue  = "queue"
+	SLOReject = "reject"
+)
+
+// MissThreshold is the predicted miss probability (route.Decision.Miss) at
+// or above which no replica is predicted to meet a request's SLO: the
+// policy's best replica is at least as likely to miss it as to meet it.
+// 0.5 is the point where routing the request is a worse bet than not, for
+// a request whose miss costs as much as its refusal.
+const MissThreshold = 0.5
+
+// Unattainable reports whether decision d, for r, predicts that r misses
+// its SLO at least as likely as not (MissThreshold); never for a request
+// without an SLO.
+func Unattainable(r *Request, d *route.Decision) bool {
+	return !r.SLO.IsZero() && d.Miss >= MissThreshold
+}
+
+// refuses reports whether Decide holds back decision d for r, committing
+// nothing: d is Unattainable, SLO is queue or reject, and r is not
+// already admitted.
+func (a *Admission) refuses(r *Request, d *route.Decision) bool {
+	return (a.SLO == SLOQueue || a.SLO == SLOReject) && !r.Admitted && Unattainable(r, d)
+}
+
+// Remaining is slo as a request that arrived waited ago is decided again
+// against: its TTFT bound is what remains of it, at least a nanosecond
+// (a zero bound is none).
+func Remaining(slo route.SLO, waited time.Duration) route.SLO {
+	if slo.TTFT > 0 {
+		slo.TTFT = max(slo.TTFT-waited, 1)
+	}
+	return slo
+}
+
+// Patience is how long a request queued at waited after its arrival may
+// stay queued: the queue's Timeout and, queued for its SLO (forSLO), no
+// longer than what remains of its TTFT bound, after which no wait can
+// meet it.
+func (a *Admission) Patience(slo route.SLO, forSLO bool, waited time.Duration) time.Duration {
+	d := a.Timeout()
+	if forSLO && slo.TTFT > 0 {
+		d = min(d, max(slo.TTFT-waited, 0))
+	}
+	return d
+}
+
+// Validate reports a negative setting, an unknown SLO mode, or SLOQueue
+// without the queue (MaxWait zero).
 func (a Admission) Validate() error {
 	if a.MaxWait < 0 || a.MaxQueue < 0 || a.QueueTimeout < 0 || a.MeanOutput < 0 || a.StaleAfter < 0 {
 		return fmt.Errorf("max-wait, max-queue, queue-timeout: must not be negative, got %s, %d, %s", a.MaxWait, a.MaxQueue, a.QueueTimeout)
+	}
+	switch a.SLO {
+	case "", SLORoute, SLOReject:
+	case SLOQueue:
+		if a.MaxWait <= 0 {
+			return errors.New("slo-admission queue: needs the router's queue (max-wait above 0)")
+		}
+	default:
+		return fmt.Errorf("slo-admission %q: want route, queue or reject", a.SLO)
 	}
 	return nil
 }

@@ -31,6 +31,10 @@ type Request struct {
 	Chains []residency.Chain
 	// SLO is the request's latency targets (route.Request.SLO).
 	SLO route.SLO
+	// Admitted says the request was admitted already (a retry or a
+	// continuation after its replica failed): Decide routes it whatever
+	// its SLO's predicted miss (Admission.SLO).
+	Admitted bool
 	// TTFT says the time to first token will be observed (a streamed
 	// response), so that it can calibrate the chosen replica's rates, and
 	// so will the inter-token latency (Claim.Streamed).
@@ -64,7 +68,10 @@ type Scratch struct {
 // ticket is nil when the policy rejected the request (Decision.Replica
 // −1), or admission control found the fleet saturated for it (Reason
 // route.ReasonSaturated: the caller queues it or rejects it; see
-// Admission).
+// Admission), or the policy's choice is predicted to miss r's SLO and
+// Admission.SLO says queue or reject (Reason route.ReasonUnattainable,
+// Replica −1, the policy's Miss, Matched and Costs kept), before anything
+// is committed.
 func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (route.Decision, *Ticket) {
 	unit := f.tr.Unit(r.Chains)
 	snap := &sc.Snapshot
@@ -99,7 +106,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	if len(r.Chains) > 0 && snap.BlockSize > 0 {
 		blocks = len(r.Chains[0].Hashes) * r.Chains[0].Tokens / snap.BlockSize
 	}
-	pinned, turns := f.pin(r.Session, firstChain(r.Chains), snap, now)
+	pinned, turns, seen := f.pinPending(r.Session, firstChain(r.Chains), snap, now)
 	snap.Seqs = f.averageSeqs(snap)
 	sc.Request = route.Request{
 		ID: r.ID, Hash: r.Hash, Seq: f.seq.Add(1) - 1,
@@ -111,6 +118,11 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 	if d.Replica < 0 || d.Replica >= n {
 		return d, nil
 	}
+	if f.cfg.Admission.refuses(r, &d) {
+		d.Replica, d.Reason = -1, route.ReasonUnattainable
+		return d, nil
+	}
+	f.countTurn(seen)
 	return d, f.commit(r, d, now, sc)
 }
 

@@ -202,8 +202,19 @@ func (f *Fleet) bind(sessionID string, r *replica, now time.Time, chain []prefix
 // request, whose first chain is chain, in the fleet's turnTally and
 // returns the requests expected to follow it (route.Request.FutureTurns).
 func (f *Fleet) pin(sessionID string, chain []prefix.Hash, s *route.Snapshot, now time.Time) (int, float64) {
+	i, turns, seen := f.pinPending(sessionID, chain, s, now)
+	f.countTurn(seen)
+	return i, turns
+}
+
+// pinPending is pin without counting the request in the turnTally: it
+// returns the requests expected to follow it as if it were counted, and
+// what counting it adds (countTurn), which commit does once the
+// decision is committed, so that a decision admission refuses counts
+// nothing.
+func (f *Fleet) pinPending(sessionID string, chain []prefix.Hash, s *route.Snapshot, now time.Time) (int, float64, turnSeen) {
 	if sessionID == "" {
-		return -1, 0
+		return -1, 0, turnNone
 	}
 	key := SessionKey(sessionID)
 	f.smu.Lock()
@@ -214,17 +225,40 @@ func (f *Fleet) pin(sessionID string, chain []prefix.Hash, s *route.Snapshot, no
 		ok = false
 	}
 	if !ok {
-		return -1, f.turns.next(false)
+		return -1, f.turns.peek(false), turnNew
 	}
 	extends, known := ss.extends(chain)
-	turns := f.turns.expected()
+	turns, seen := f.turns.expected(), turnNone
 	if known {
-		turns = f.turns.next(extends)
+		turns, seen = f.turns.peek(extends), turnNew
+		if extends {
+			seen = turnExtends
+		}
 	}
 	if i := ss.r.index; i >= 0 && i < len(s.Replicas) && s.Replicas[i].Healthy {
-		return i, turns
+		return i, turns, seen
 	}
-	return -1, turns
+	return -1, turns, seen
+}
+
+// turnSeen is what a request adds to the turnTally: nothing, a request,
+// or a request that extended its session's last prompt.
+type turnSeen uint8
+
+const (
+	turnNone turnSeen = iota
+	turnNew
+	turnExtends
+)
+
+// countTurn counts what pinPending saw of a committed request.
+func (f *Fleet) countTurn(seen turnSeen) {
+	if seen == turnNone {
+		return
+	}
+	f.smu.Lock()
+	f.turns.next(seen == turnExtends)
+	f.smu.Unlock()
 }
 
 // turnTally estimates how many requests follow a request with a session
@@ -254,6 +288,9 @@ func (t *turnTally) next(extended bool) float64 {
 	}
 	return t.expected()
 }
+
+// peek is what next would return, counting nothing.
+func (t turnTally) peek(extended bool) float64 { return t.next(extended) }
 
 // expected is the requests expected to follow one, e/(n − e).
 func (t *turnTally) expected() float64 {

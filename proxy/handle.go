@@ -435,9 +435,12 @@ func (c *call) route(w http.ResponseWriter) bool {
 // pick lets the fleet decide over a fresh snapshot (excluding replicas
 // that already failed this request): the policy picks, the fleet commits
 // the choice (load, session binding, residency) and the decision is
-// recorded.
+// recorded. The fleet applies --slo-admission (fleet.Admission.SLO): a
+// request it refuses for its predicted SLO miss is queued or answered
+// 429 here.
 func (c *call) pick(w http.ResponseWriter) bool {
 	rt := c.rt
+	c.freq.Admitted = c.rec != 0 // a retry: its first decision admitted it
 	t0 := c.decideNow()
 	if c.ticket == nil && c.dec.Reason == route.ReasonSaturated && w != nil {
 		var ok bool
@@ -448,12 +451,13 @@ func (c *call) pick(w http.ResponseWriter) bool {
 	if c.ticket == nil && c.dec.Reason == route.ReasonNoHealthy && w != nil {
 		t0 = c.holdForReplica(t0) // panic.go
 	}
-	if w != nil && c.rec == 0 && c.unattainable() {
+	if c.ticket == nil && c.dec.Reason == route.ReasonUnattainable && w != nil {
 		var ok bool
-		if t0, ok = c.admitSLO(w, t0); !ok {
+		if t0, ok = c.admitSLO(w); !ok {
 			return false
 		}
 	}
+	c.routedSLO()
 	if c.ticket == nil {
 		if w != nil {
 			writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica can take the request")

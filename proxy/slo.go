@@ -32,24 +32,19 @@ const (
 const maxSLOMs = 3_600_000
 
 // SLO admission modes (SLOs.Admission): what happens to a request whose
-// decision predicts it misses its SLO (Unattainable).
+// decision predicts it misses its SLO (fleet.Unattainable). The fleet
+// decides (fleet.Admission.SLO), as it does in the simulator; the router
+// holds or answers the requests it refuses.
 const (
 	// SLOAdmitRoute routes it anyway, to the replica the policy chose.
-	SLOAdmitRoute = "route"
+	SLOAdmitRoute = fleet.SLORoute
 	// SLOAdmitQueue holds it in the router's admission queue (admit.go)
 	// until a decision predicts it meets its SLO, or 429 once its TTFT
 	// bound (or --queue-timeout) has passed.
-	SLOAdmitQueue = "queue"
+	SLOAdmitQueue = fleet.SLOQueue
 	// SLOAdmitReject answers 429 with Retry-After at once.
-	SLOAdmitReject = "reject"
+	SLOAdmitReject = fleet.SLOReject
 )
-
-// MissThreshold is the predicted miss probability (route.Decision.Miss) at
-// or above which no replica is predicted to meet a request's SLO: the
-// policy's best replica is at least as likely to miss it as to meet it.
-// 0.5 is the point where routing the request is a worse bet than not, for
-// a request whose miss costs as much as its refusal.
-const MissThreshold = 0.5
 
 // DefaultClass names the class of a request whose SLO is the fleet's own
 // (SLOs.TTFT, SLOs.ITL; route.SLO.Class empty), whatever its headers say,
@@ -90,14 +85,8 @@ func (s *SLOs) Validate(adm fleet.Admission) error {
 	if s.TTFT < 0 || s.ITL < 0 {
 		errs = append(errs, fmt.Errorf("slo-ttft, slo-itl: must not be negative, got %s, %s", s.TTFT, s.ITL))
 	}
-	switch s.Admission {
-	case "", SLOAdmitRoute, SLOAdmitReject:
-	case SLOAdmitQueue:
-		if adm.MaxWait <= 0 {
-			errs = append(errs, errors.New("slo-admission queue: needs the router's queue (max-wait above 0)"))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("slo-admission %q: want route, queue or reject", s.Admission))
+	if err := (fleet.Admission{MaxWait: adm.MaxWait, SLO: s.Admission}).Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -108,6 +97,14 @@ func (s *SLOs) mode() string {
 		return SLOAdmitRoute
 	}
 	return s.Admission
+}
+
+// fleetAdmission is the fleet's admission control: the router's queue
+// settings and the SLO admission mode, which the fleet applies in Decide.
+func (c *Config) fleetAdmission() fleet.Admission {
+	a := c.Admission
+	a.SLO = c.SLO.mode()
+	return a
 }
 
 // SLOClasses are client classes' SLOs by name, each route.SLO's Class its
@@ -299,27 +296,22 @@ func (c *call) class() string {
 	return c.slo.Class
 }
 
-// unattainable reports whether the call's decision took a replica that
-// it predicts misses the request's SLO at least as likely as not.
-func (c *call) unattainable() bool {
-	return c.ticket != nil && !c.freq.SLO.IsZero() && c.dec.Miss >= MissThreshold
-}
-
-// admitSLO acts on a first decision that predicts a miss (unattainable),
-// as SLOs.Admission says: routes it anyway, queues it, or answers 429
-// with Retry-After. A request refused or queued gives its replica's load
-// back first. It returns the time of the decision that took the request,
-// and false when it answered the client (or the client left).
-func (c *call) admitSLO(w http.ResponseWriter, t0 time.Time) (time.Time, bool) {
-	mode := c.rt.cfg.SLO.mode()
-	if mode == SLOAdmitRoute {
+// routedSLO counts a first decision that the fleet committed although it
+// predicts a miss of the request's SLO (--slo-admission route).
+func (c *call) routedSLO() {
+	if c.ticket != nil && !c.freq.Admitted && fleet.Unattainable(&c.freq, &c.dec) {
 		c.sloAction = sloRouted
 		c.rt.sm.unattainable.WithLabelValues(c.class(), sloRouted).Inc()
-		return t0, true
 	}
-	c.ticket.Done(c.rt.now(), fleet.NoUsage, nil) // not the replica's fault
-	c.ticket = nil
-	if mode == SLOAdmitReject || c.priority < 0 {
+}
+
+// admitSLO acts on a first decision the fleet refused for its predicted
+// SLO miss (route.ReasonUnattainable): it answers 429 with Retry-After
+// (--slo-admission reject, or a sheddable request), or queues it. It
+// returns the time of the decision that took the request, and false when
+// it answered the client (or the client left).
+func (c *call) admitSLO(w http.ResponseWriter) (time.Time, bool) {
+	if c.rt.cfg.SLO.mode() == SLOAdmitReject || c.priority < 0 {
 		c.sloAction = sloRejected
 		c.rt.sm.unattainable.WithLabelValues(c.class(), sloRejected).Inc()
 		return time.Time{}, c.rejectSLO(w)
@@ -339,15 +331,10 @@ func (c *call) rejectSLO(w http.ResponseWriter) bool {
 	return c.tooMany(w, codeSLOUnattainable, msg, c.retryAfter(c.slo.TTFT))
 }
 
-// queueTimeout is how long the call may wait in the queue: the queue's
-// timeout, and for a request queued for its SLO no longer than what
-// remains of its TTFT bound, after which no wait can meet it.
+// queueTimeout is how long the call may wait in the queue
+// (fleet.Admission.Patience).
 func (c *call) queueTimeout(a *admission) time.Duration {
-	d := a.cfg.Timeout()
-	if c.sloAction == sloQueued && c.slo.TTFT > 0 {
-		d = min(d, max(c.slo.TTFT-c.rt.now().Sub(c.start), 0))
-	}
-	return d
+	return a.cfg.Patience(c.slo, c.sloAction == sloQueued, c.rt.now().Sub(c.start))
 }
 
 // queueExpired answers a request whose time in the queue ran out.
@@ -359,25 +346,25 @@ func (c *call) queueExpired(w http.ResponseWriter, a *admission) bool {
 }
 
 // redecideSLO readies a queued call's next decision: its TTFT bound is
-// what remains of it (at least a nanosecond: a zero bound is none).
+// what remains of it (fleet.Remaining).
 func (c *call) redecideSLO() {
-	if c.sloAction == sloQueued && c.slo.TTFT > 0 {
-		c.freq.SLO.TTFT = max(c.slo.TTFT-c.rt.now().Sub(c.start), 1)
+	if c.sloAction == sloQueued {
+		c.freq.SLO = fleet.Remaining(c.slo, c.rt.now().Sub(c.start))
 	}
 }
 
-// admitted reports whether a queued call's last decision takes it: a
-// replica took it (and, queued for its SLO, is predicted to meet it), or
-// no replica is healthy (answered 503 by pick). A replica taken but
-// predicted to miss gets its load back.
+// admitted reports whether a queued call's last decision ends its wait: a
+// replica took it, no replica is healthy (answered 503 by pick), or,
+// queued while the fleet was saturated, the fleet refused it for its SLO
+// (pick's admitSLO takes it from there).
 func (c *call) admitted() bool {
-	if c.ticket == nil {
-		return c.dec.Reason != route.ReasonSaturated
-	}
-	if c.sloAction == sloQueued && c.unattainable() {
-		c.ticket.Done(c.rt.now(), fleet.NoUsage, nil)
-		c.ticket = nil
+	switch {
+	case c.ticket != nil:
+		return true
+	case c.dec.Reason == route.ReasonSaturated:
 		return false
+	case c.dec.Reason == route.ReasonUnattainable:
+		return c.sloAction != sloQueued
 	}
 	return true
 }

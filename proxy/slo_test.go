@@ -205,10 +205,10 @@ func checkRecordedSLOs(t *testing.T, path string, want2, want4 route.SLO) {
 }
 
 // TestSLOReject429: with --slo-admission reject, a request whose decision
-// predicts a miss at least as likely as not (MissThreshold) gets 429
+// predicts a miss at least as likely as not (fleet.MissThreshold) gets 429
 // slo_unattainable in OpenAI's shape with Retry-After, never reaches the
-// replica, gives back the load its decision took, and is counted; one
-// predicted to meet its SLO goes through. With route, the same request is
+// replica, takes no load (the fleet refused it before committing), and
+// is counted; one predicted to meet its SLO goes through. With route, the same request is
 // routed anyway and its record says so.
 func TestSLOReject429(t *testing.T) {
 	tap := newTap(t, startEmulator(t))

@@ -97,7 +97,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		CacheBlocks: cacheBlocks,
 		Sessions:    cfg.Sessions,
 		Start:       start,
-		Admission:   cfg.Admission,
+		Admission:   cfg.fleetAdmission(),
 		OnRelease:   onRelease,
 	})
 	if err != nil {

@@ -16,6 +16,11 @@ type ClassResult struct {
 	// 0..1, that completed within the class's bounds.
 	Requests int     `json:"requests"`
 	SLOMet   float64 `json:"slo_met"`
+	// Rejected counts the class's requests the router refused (its queue
+	// full or timed out, or no replica predicted to meet their SLO);
+	// SLOQueued those it held in its queue for their SLO.
+	Rejected  int `json:"rejected,omitempty"`
+	SLOQueued int `json:"slo_queued,omitempty"`
 }
 
 // classResults is the attainment of every SLO class of samples, by
@@ -35,6 +40,12 @@ func classResults(samples []Sample) []ClassResult {
 			out = append(out, ClassResult{Class: s.Class, SLO: s.SLO})
 		}
 		out[k].Requests++
+		if s.Rejected {
+			out[k].Rejected++
+		}
+		if s.SLOQueued {
+			out[k].SLOQueued++
+		}
 		if s.meets(SLO{}) {
 			out[k].SLOMet++
 		}
@@ -72,11 +83,21 @@ func classRows(r *Run) [][]string {
 		for _, c := range classes {
 			cell := "-"
 			if k := slices.IndexFunc(p.Classes, func(x ClassResult) bool { return x.Class == c.Class }); k >= 0 {
-				cell = fmt.Sprintf("%.1f%%", 100*p.Classes[k].SLOMet)
+				cell = classCell(&p.Classes[k])
 			}
 			row = append(row, cell)
 		}
 		rows = append(rows, row)
 	}
 	return rows
+}
+
+// classCell is a class's cell of classRows: the share meeting its SLO,
+// and how many the router rejected or queued for their SLO, if any.
+func classCell(c *ClassResult) string {
+	cell := fmt.Sprintf("%.1f%%", 100*c.SLOMet)
+	if c.Rejected > 0 || c.SLOQueued > 0 {
+		cell += fmt.Sprintf(" (%d rejected, %d queued)", c.Rejected, c.SLOQueued)
+	}
+	return cell
 }

@@ -55,6 +55,10 @@ type Sample struct {
 	// held to instead of the run's; empty and zero: the run's.
 	Class string
 	SLO   SLO
+	// SLOQueued is true when the router held the request in its queue
+	// because no replica was predicted to meet its SLO (--slo-admission
+	// queue), whatever came of it.
+	SLOQueued bool
 }
 
 // bounds is the SLO s is held to: its own, when it has a class, else
@@ -180,6 +184,10 @@ type Result struct {
 	// Classes is the attainment of each SLO class, by name; empty when
 	// no request has a class.
 	Classes []ClassResult `json:"classes,omitempty"`
+	// SLOQueued counts the requests held in the router's queue because no
+	// replica was predicted to meet their SLO (Sample.SLOQueued); those
+	// it rejected for it are Rejected, with reason "slo-unattainable".
+	SLOQueued int `json:"slo_queued,omitempty"`
 	// Learned is what the router had learned of each replica by the end
 	// of the run (a simulation's; empty otherwise).
 	Learned []Learned `json:"learned,omitempty"`

@@ -44,6 +44,9 @@ func Summarize(samples []Sample, opt Options) Result {
 		if s.Reason != "" {
 			res.Reasons[s.Reason]++
 		}
+		if s.SLOQueued {
+			res.SLOQueued++
+		}
 		switch {
 		case s.OK:
 			res.Completed++

@@ -7,6 +7,12 @@ import "time"
 // it is held in the router's queue, or rejected, rather than routed.
 const ReasonSaturated = "saturated"
 
+// ReasonUnattainable is the reason of a request that the policy's best
+// replica is predicted to miss the SLO of at least as likely as not, and
+// that admission (package fleet's Admission.SLO) queues or rejects
+// rather than routes.
+const ReasonUnattainable = "slo-unattainable"
+
 // Backlog is how long a request of tokens prompt tokens sent to rp now
 // would wait before its prefill starts, whatever the policy: the prefill
 // queued ahead of it, and, when every seat (MaxSeqs) is taken, the wait

@@ -31,10 +31,12 @@ func (r *runner) onArrival(j int) {
 
 // dispatch routes job j through the fleet and hands it to the chosen
 // engine; admission control may queue it instead (enqueue). It reports
-// false when the fleet was saturated for it.
+// false when the fleet was saturated for it, or refused it for its SLO
+// under --slo-admission queue.
 func (r *runner) dispatch(j int) bool {
 	jb := &r.jobs[j]
 	r.request(j)
+	r.remainingSLO(j)
 	fl, sc, k := r.router(j)
 	r.readSession(j, k, fl)
 	d, tk := fl.Decide(&r.freq, nil, at(r.now), sc)
@@ -44,6 +46,9 @@ func (r *runner) dispatch(j int) bool {
 	r.traceArrival(j, d)
 	if tk == nil && d.Reason == route.ReasonSaturated {
 		return false
+	}
+	if tk == nil && d.Reason == route.ReasonUnattainable {
+		return r.holdForSLO(j)
 	}
 	if tk == nil {
 		r.reject(j, -1, d.Reason, rejectPolicy)
@@ -127,6 +132,7 @@ func (r *runner) reject(j, i int, reason string, cause int) {
 	jb := &r.jobs[j]
 	s := report.Sample{At: jb.at, Prompt: jb.prompt, Replica: i, Reason: reason, Rejected: cause == rejectPolicy}
 	s.Class, s.SLO = classOf(jb)
+	s.SLOQueued = r.queuedForSLO(j)
 	if cause == rejectKilled {
 		s.E2E = r.now - jb.at
 	}

@@ -97,6 +97,7 @@ func (r *runner) cut(j, i int, ev engine.Event) {
 func (r *runner) resume(j, failed int) {
 	jb, f := &r.jobs[j], &r.flights[j]
 	r.request(j)
+	r.freq.Admitted = true // admitted on its first decision, as a live retry
 	fl, sc, k := r.router(j)
 	r.readSession(j, k, fl)
 	d, tk := fl.Decide(&r.freq, []int{failed}, at(r.now), sc)

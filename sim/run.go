@@ -85,6 +85,9 @@ type runner struct {
 	// released says a ticket freed load since the queue was last tried.
 	wait     *fleet.Queue[int32]
 	released bool
+	// sloQueued marks the jobs the fleet refused for their SLO and the
+	// queue held (admit.go); nil until one is.
+	sloQueued []bool
 
 	kvq   []kvEvent // delayed KV events, FIFO (due times are monotonic)
 	kvq0  int
@@ -413,6 +416,7 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 	})
 	s := &r.res.samples[len(r.res.samples)-1]
 	s.Class, s.SLO = classOf(jb)
+	s.SLOQueued = r.queuedForSLO(int(j))
 	r.progress()
 }
 

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/proxy"
 	"github.com/kvrouter/kvrouter/route"
 )
@@ -167,7 +168,7 @@ func sloFlags(fs *flag.FlagSet, s *proxy.SLOs) {
 	fs.DurationVar(&s.TTFT, "slo-ttft", s.TTFT, "the fleet's default SLO bound on time to first token, for requests whose API key has no class and that send no "+proxy.HeaderSLOTTFT+" header (0: none)")
 	fs.DurationVar(&s.ITL, "slo-itl", s.ITL, "the fleet's default SLO bound on the mean time between output tokens (header "+proxy.HeaderSLOTPOT+" per request; 0: none)")
 	fs.Var(&s.Classes, "slo-classes", "client classes' SLOs, NAME=TTFT/ITL comma-separated (e.g. interactive=500ms/50ms,batch=30s/0; 0: no bound), which an API key takes with class=NAME")
-	fs.StringVar(&s.Admission, "slo-admission", s.Admission, "what happens to a request no replica is predicted to meet the SLO of (predicted miss >= "+strconv.FormatFloat(proxy.MissThreshold, 'g', -1, 64)+"): route (anyway), queue (in the router's queue until a replica is predicted to meet it; 429 once its TTFT bound passes) or reject (429 slo_unattainable with Retry-After)")
+	fs.StringVar(&s.Admission, "slo-admission", s.Admission, "what happens to a request no replica is predicted to meet the SLO of (predicted miss >= "+strconv.FormatFloat(fleet.MissThreshold, 'g', -1, 64)+"): route (anyway), queue (in the router's queue until a replica is predicted to meet it; 429 once its TTFT bound passes) or reject (429 slo_unattainable with Retry-After)")
 }
 
 // pathList is the --pass-through flag: comma-separated paths, replacing

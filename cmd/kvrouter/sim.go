@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,7 +94,11 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	streamContinue := fs.Bool("stream-continue", true, "continue a request whose replica dies after its first token on another replica, as the live router does (false: it ends with an error); before its first token it is retried either way")
 	adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout}
 	admissionFlags(fs, &adm.MaxWait, &adm.MaxQueue, &adm.QueueTimeout)
+	fs.StringVar(&adm.SLO, "slo-admission", fleet.SLORoute, "what the router does with a request no replica is predicted to meet the SLO of (predicted miss >= "+strconv.FormatFloat(fleet.MissThreshold, 'g', -1, 64)+"), as kvrouter serve's flag: route (anyway), queue (in the router's queue, decided again until a replica is predicted to meet it; rejected once its TTFT bound passes) or reject (counted as rejected: a miss in attainment)")
 	if err := parseFlags(fs, args, simHelp, stderr); err != nil {
+		return err
+	}
+	if err := adm.Validate(); err != nil {
 		return err
 	}
 	loads, err := parseLoads(*load)
