@@ -69,7 +69,7 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 			Candidates: []view.Candidate{
 				{Replica: "http://10.0.0.1:8000", WaitMS: 50, PrefillMS: 10, TotalMS: 120},
 				{Replica: "http://10.0.0.2:8000", WaitMS: 1, PrefillMS: 10, DecodeMS: 3.24, OthersMS: 0.24, TotalMS: 25.48},
-				{Replica: "http://10.0.0.3:8000", WaitMS: 0, ImportMS: 4, PrefillMS: 10, MemoryMS: 100, PinBonusMS: 30, TotalMS: 98},
+				{Replica: "http://10.0.0.3:8000", WaitMS: 0, ImportMS: 4, PrefillMS: 10, MemoryMS: 100, MissesMS: 30, Miss: 0.25, TotalMS: 158},
 			},
 			PrunedCandidates: 919, PredictedCached: 0, ActualCached: -1, PromptTokens: -1, Outcome: "in-flight",
 		}}, (*ds)...)
@@ -91,7 +91,7 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	// The chosen candidate's Total is written out as its sum, the TTFT
 	// weight on screen, at decimals where the terms as written add up.
 	arith := within(t, ctx, 5*time.Second, "arithmetic", chromedp.Evaluate[string](text(`tr.costs div.arith`)))
-	if want := "http://10.0.0.2:8000: 2 × (1.00 + 0.00 + 0.00 + 10.00) + 3.24 + 0.24 + 0.00 + 0.00 = 25.48 ms"; arith != want {
+	if want := "http://10.0.0.2:8000: 2 × (1.00 + 0.00 + 0.00 + 10.00) + 3.24 + 0.24 + 0.00 + 0.00 + 0.00 = 25.48 ms"; arith != want {
 		t.Errorf("arithmetic %q, want %q", arith, want)
 	}
 	if !addsUp(t, arith) {
@@ -100,9 +100,9 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	if f := within(t, ctx, 5*time.Second, "formula", chromedp.Evaluate[string](text(`tr.costs div.formula`))); !strings.HasPrefix(f, "Total = 2 × (Wait + Import + Load + Prefill)") {
 		t.Errorf("formula %q", f)
 	}
-	pinned := within(t, ctx, 5*time.Second, "pinned row", chromedp.Evaluate[string](`document.querySelectorAll('tr.costs table.inner tbody tr')[2].title`))
-	if want := "http://10.0.0.3:8000: 2 × (0.0 + 4.0 + 0.0 + 10.0) + 0.0 + 0.0 + 100.0 + 0.0 − 30.0 = 98.0 ms"; pinned != want || !addsUp(t, pinned) {
-		t.Errorf("pinned candidate's arithmetic %q, want %q", pinned, want)
+	missing := within(t, ctx, 5*time.Second, "missing row", chromedp.Evaluate[string](`document.querySelectorAll('tr.costs table.inner tbody tr')[2].title`))
+	if want := "http://10.0.0.3:8000: 2 × (0.0 + 4.0 + 0.0 + 10.0) + 0.0 + 0.0 + 100.0 + 0.0 + 30.0 = 158.0 ms"; missing != want || !addsUp(t, missing) {
+		t.Errorf("the arithmetic of a candidate with misses %q, want %q", missing, want)
 	}
 	// The row stays open across refreshes (every 100 ms): staying open
 	// through three is the behaviour under test.
@@ -115,12 +115,12 @@ func TestBrowserShowsAndUpdates(t *testing.T) {
 	}
 }
 
-// addsUp parses "name: w × (a + b + c + d) + e + f + g + h [− bonus] = T ms"
+// addsUp parses "name: w × (a + b + c + d) + e + f + g + h + i = T ms"
 // and reports whether the terms as written, rounded to the decimals they
 // are written with, make T as written.
 func addsUp(t *testing.T, s string) bool {
 	t.Helper()
-	m := regexp.MustCompile(`: ([0-9.]+) × \(([^)]*)\) \+ (.*?)(?: − ([0-9.]+))? = ([0-9.]+) ms$`).FindStringSubmatch(s)
+	m := regexp.MustCompile(`: ([0-9.]+) × \(([^)]*)\) \+ (.*?) = ([0-9.]+) ms$`).FindStringSubmatch(s)
 	if m == nil {
 		t.Errorf("arithmetic %q not in the expected form", s)
 		return false
@@ -139,11 +139,8 @@ func addsUp(t *testing.T, s string) bool {
 		return total
 	}
 	got := num(m[1])*sum(m[2]) + sum(m[3])
-	if m[4] != "" {
-		got -= num(m[4])
-	}
-	dp := len(m[5]) - strings.Index(m[5], ".") - 1
-	return strconv.FormatFloat(got, 'f', dp, 64) == m[5]
+	dp := len(m[4]) - strings.Index(m[4], ".") - 1
+	return strconv.FormatFloat(got, 'f', dp, 64) == m[4]
 }
 
 // TestBrowserReportsScriptErrors checks the console check itself: a page

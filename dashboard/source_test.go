@@ -52,7 +52,7 @@ func sample() *literal {
 					Running: 3, Waiting: 1, KVUsage: 0.42, Scraped: true, LoadAge: 250 * time.Millisecond,
 					CacheBlocks: 4096, IndexBlocks: 1700, Sessions: 3,
 					Completed: 40, Failed: 1, PredictedCached: 30000, ActualCached: 28000, PromptTokens: 40000,
-					Scale: 1.1, DecodeScale: 1.3, Horizon: 90 * time.Second,
+					Scale: 1.1, DecodeScale: 1.3, Spread: 0.22, DecodeSpread: 0.25, Horizon: 90 * time.Second,
 					Events: &view.Events{Connected: true, LastEvent: 20 * time.Millisecond, Gaps: 1, Replays: 1},
 				},
 				{

@@ -70,6 +70,8 @@ type replicaJSON struct {
 	HitActual       *float64    `json:"hit_rate_actual"`
 	Scale           float64     `json:"scale"`
 	DecodeScale     float64     `json:"decode_scale"`
+	Spread          float64     `json:"spread"`
+	DecodeSpread    float64     `json:"decode_spread"`
 	HorizonMS       float64     `json:"horizon_ms"`
 	TierHorizonMS   float64     `json:"tier_horizon_ms,omitempty"`
 	Displaced       float64     `json:"displaced"`
@@ -136,7 +138,7 @@ func replicaOf(r view.Replica) replicaJSON {
 		HitPredicted: ratio(r.PredictedCached, r.PromptTokens),
 		HitActual:    ratio(r.ActualCached, r.PromptTokens),
 		MaxSeqs:      r.MaxSeqs, MaxSeqsSource: r.MaxSeqsSource,
-		Scale: r.Scale, DecodeScale: r.DecodeScale, HorizonMS: ms(r.Horizon), TierHorizonMS: ms(r.TierHorizon), Displaced: r.Displaced,
+		Scale: r.Scale, DecodeScale: r.DecodeScale, Spread: r.Spread, DecodeSpread: r.DecodeSpread, HorizonMS: ms(r.Horizon), TierHorizonMS: ms(r.TierHorizon), Displaced: r.Displaced,
 	}
 	for _, m := range r.Models {
 		out.Models = append(out.Models, modelJSON{ID: m.ID, Parent: m.Parent})

@@ -31,7 +31,7 @@ type Admission struct {
 	MeanOutput int `yaml:"-"`
 	// StaleAfter is the age beyond which an engine's scraped load no
 	// longer counts in Backlog; zero means DefaultBacklogStale (2 s, twice
-	// kv-aware's KVAware.StaleAfter default).
+	// the age past which kv-aware ignores it, route's kvStaleAfter).
 	StaleAfter time.Duration `yaml:"-"`
 	// MaxQueue is how many requests the caller's Queue holds; zero means
 	// DefaultMaxQueue.

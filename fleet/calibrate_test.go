@@ -67,7 +67,8 @@ func TestCalibratorTracksChange(t *testing.T) {
 // TestTicketCalibrates: a streamed request of a policy whose costs predict
 // TTFT calibrates its replica's scale from the time between the decision
 // and the first token; a request whose TTFT is not observed does not, and
-// the uncalibrated replicas take the calibrated ones' mean (priorScale).
+// the uncalibrated replicas take the calibrated ones' mean scale and
+// their spread (calTotals.prior), not the wider route.PriorSpread.
 func TestTicketCalibrates(t *testing.T) {
 	f := newFleet(t, Config{Policy: route.KVAware{}})
 	var sc Scratch
@@ -92,6 +93,9 @@ func TestTicketCalibrates(t *testing.T) {
 	for i, r := range s.Replicas {
 		if math.Abs(r.Rates.Scale-want) > 1e-3 {
 			t.Errorf("replica %d: Scale %v, want %v (calibrated, or the calibrated mean)", i, r.Rates.Scale, want)
+		}
+		if sp := s.Replicas[0].Rates.Spread; !(sp > 0 && sp < route.PriorSpread) || r.Rates.Spread != sp {
+			t.Errorf("replica %d: Spread %v, replica 0's %v: want replica 0's, learned below the prior %v", i, r.Rates.Spread, sp, route.PriorSpread)
 		}
 	}
 	// The next streamed request is priced at the learned scale: its

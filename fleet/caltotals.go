@@ -26,21 +26,33 @@ import (
 // replica would otherwise inflate the spread and stop the pooling of all
 // the others.
 //
-// mu guards the sums; mean and count are what snapshots read.
+// The spreads of the replicas' prediction errors (Calibrator.Spread) are
+// pooled alike, for the first use: an uncalibrated replica's spread is
+// the prior's (route.PriorSpread, a factor 4 for two sigmas), three times
+// what a calibrated one learns within a window, so its miss probability
+// well under a bound is many times theirs and kv-aware would keep
+// requests off it for being unknown, not for being slow. Replicas of one
+// fleet run one model on like engines, so what the others' errors show is
+// the better guess; the prior stands until one replica has learned.
+//
+// mu guards the sums; mean, spread and count are what snapshots read.
 type calTotals struct {
-	mu    sync.Mutex
-	sum   float64       // log scales
-	sum2  float64       // their squares
-	vars  float64       // their estimates' variances (finite ones)
-	n     int           // replicas counted
-	nv    int           // of them, with a finite variance
-	mean  atomic.Uint64 // float64 bits of exp(sum/n)
-	count atomic.Int64  // n
+	mu      sync.Mutex
+	sum     float64       // log scales
+	sum2    float64       // their squares
+	vars    float64       // their estimates' variances (finite ones)
+	spread2 float64       // their spreads' squares
+	n       int           // replicas counted
+	nv      int           // of them, with a finite variance
+	mean    atomic.Uint64 // float64 bits of exp(sum/n)
+	spread  atomic.Uint64 // float64 bits of √(spread2/n)
+	count   atomic.Int64  // n
 }
 
 // share is one replica's contribution to a calTotals.
 type share struct {
 	log, v float64 // log of the scale counted, and its variance
+	sp2    float64 // the square of its spread
 	in     bool    // counted
 }
 
@@ -55,22 +67,23 @@ const outlierZ = 4
 // returns c's scale shrunk towards the fleet's (1 for nil c).
 func (s *share) set(t *calTotals, c *Calibrator) float64 {
 	calibrated := c != nil && c.Observations() > 0
-	l, v := 0.0, math.Inf(1)
+	l, v, sp := 0.0, math.Inf(1), 0.0
 	if calibrated {
-		l, v = math.Log(c.Scale()), c.Variance()
+		l, v, sp = math.Log(c.Scale()), c.Variance(), c.Spread()
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s.in {
-		t.add(s.log, s.v, -1)
+		t.add(s.log, s.v, s.sp2, -1)
 	}
 	outlier := calibrated && t.outlier(l, v)
 	if calibrated && !outlier {
-		t.add(l, v, 1)
+		t.add(l, v, sp*sp, 1)
 	}
-	s.log, s.v, s.in = l, v, calibrated && !outlier
+	s.log, s.v, s.sp2, s.in = l, v, sp*sp, calibrated && !outlier
 	if t.n > 0 {
 		t.mean.Store(math.Float64bits(math.Exp(t.sum / float64(t.n))))
+		t.spread.Store(math.Float64bits(math.Sqrt(max(t.spread2, 0) / float64(t.n))))
 	}
 	t.count.Store(int64(t.n))
 	switch {
@@ -103,19 +116,20 @@ func (t *calTotals) outlier(l, v float64) bool {
 	return d*d > limit*limit*(tau2+v+(tau2+noise)/n)
 }
 
-// add counts (sign 1) or uncounts (−1) log scale l of variance v; t.mu
-// is held.
-func (t *calTotals) add(l, v float64, sign int) {
+// add counts (sign 1) or uncounts (−1) log scale l of variance v and
+// squared spread sp2; t.mu is held.
+func (t *calTotals) add(l, v, sp2 float64, sign int) {
 	f := float64(sign)
 	t.sum += f * l
 	t.sum2 += f * l * l
+	t.spread2 += f * sp2
 	t.n += sign
 	if !math.IsInf(v, 1) {
 		t.vars += f * v
 		t.nv += sign
 	}
 	if t.n == 0 { // no rounding left behind
-		t.sum, t.sum2, t.vars, t.nv = 0, 0, 0, 0
+		t.sum, t.sum2, t.vars, t.spread2, t.nv = 0, 0, 0, 0, 0
 	}
 }
 
@@ -141,12 +155,12 @@ func (t *calTotals) shrink(l, v float64) float64 {
 	return m + tau2/(tau2+v)*(l-m)
 }
 
-// prior returns the scale uncalibrated replicas of a fleet of total take:
-// the calibrated ones' geometric mean, or zero when none or all are
-// calibrated (nothing to give).
-func (c *calTotals) prior(total int) float64 {
+// prior returns the scale and the spread uncalibrated replicas of a fleet
+// of total take: the calibrated ones' geometric mean and root mean square
+// spread, or zeros when none or all are calibrated (nothing to give).
+func (c *calTotals) prior(total int) (scale, spread float64) {
 	if n := c.count.Load(); n == 0 || n >= int64(total) {
-		return 0
+		return 0, 0
 	}
-	return math.Float64frombits(c.mean.Load())
+	return math.Float64frombits(c.mean.Load()), math.Float64frombits(c.spread.Load())
 }

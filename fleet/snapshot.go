@@ -14,8 +14,10 @@ import (
 // goroutine allocates nothing in steady state). LoadAge is now minus the
 // last scrape's time; IndexBlocks is what the tracker attributes to each
 // replica. A replica with no TTFT observation yet gets the geometric mean
-// of the others' learned scales as its Scale (priorScale), and one with no
-// inter-token latency observation the same of DecodeScale; Seqs is the
+// of the others' learned scales as its Scale and the root mean square of
+// their spreads as its Spread (calTotals.prior), and one with no
+// inter-token latency observation the same of DecodeScale and
+// DecodeSpread; Seqs is the
 // fleet's average as of its last decision. Every replica is written
 // afresh; Decide instead keeps its Scratch's snapshot and rewrites only
 // what changed since (see snapCache).
@@ -329,42 +331,45 @@ func (p *published) uncal() uint8 {
 	return u
 }
 
-// priors are the scales a replica that has not learned its own takes
-// (priorScale); zero where there is none.
-type priors struct{ scale, decode float64 }
+// priors are the scales and spreads a replica that has not learned its
+// own takes (calTotals.prior); zero where there is none.
+type priors struct{ scale, decode, spread, decodeSpread float64 }
 
 // priors returns the priors of a fleet of n replicas.
 func (f *Fleet) priors(n int) priors {
-	return priors{scale: f.cal.prior(n), decode: f.dcal.prior(n)}
+	var pr priors
+	pr.scale, pr.spread = f.cal.prior(n)
+	pr.decode, pr.decodeSpread = f.dcal.prior(n)
+	return pr
 }
 
 // moved says which of pr differ from old.
 func (pr priors) moved(old priors) uint8 {
 	var m uint8
-	if pr.scale != old.scale {
+	if pr.scale != old.scale || pr.spread != old.spread {
 		m |= uncalScale
 	}
-	if pr.decode != old.decode {
+	if pr.decode != old.decode || pr.decodeSpread != old.decodeSpread {
 		m |= uncalDecode
 	}
 	return m
 }
 
-// apply sets the scales of rt that uncal says are not learned to the
+// apply sets the scales (and their spreads) of rt that uncal says are not learned to the
 // priors, and reports false when one of them has no prior (rt then keeps
 // the replica's own, which apply does not know).
 func (pr priors) apply(rt *route.Rates, uncal uint8) bool {
 	ok := true
 	if uncal&uncalScale != 0 {
 		if pr.scale > 0 {
-			rt.Scale = pr.scale
+			rt.Scale, rt.Spread = pr.scale, pr.spread
 		} else {
 			ok = false
 		}
 	}
 	if uncal&uncalDecode != 0 {
 		if pr.decode > 0 {
-			rt.DecodeScale = pr.decode
+			rt.DecodeScale, rt.DecodeSpread = pr.decode, pr.decodeSpread
 		} else {
 			ok = false
 		}

@@ -41,6 +41,8 @@ func (f *Fleet) View(now time.Time) view.Fleet {
 			PredictedCached: r.predictedCached.Load(),
 			Scale:           p.Rates.Scale,
 			DecodeScale:     p.Rates.DecodeScale,
+			Spread:          p.Rates.Spread,
+			DecodeSpread:    p.Rates.DecodeSpread,
 			Horizon:         p.Rates.Horizon,
 			TierHorizon:     p.Rates.TierHorizon,
 			Displaced:       p.Rates.Displaced,

@@ -15,21 +15,16 @@ import (
 func ms(d time.Duration) float64 { return view.MS(d) }
 
 // appendCandidates converts a decision's cost terms, naming replicas by
-// URL; weight is the policy's route.TTFTWeight.
-func appendCandidates(out []view.Candidate, costs []route.Cost, bes *backendSet, weight float64) []view.Candidate {
+// URL.
+func appendCandidates(out []view.Candidate, costs []route.Cost, bes *backendSet) []view.Candidate {
 	for _, c := range costs {
 		name := bes.at(c.Replica).cfg.URL
 		v := view.Candidate{
 			Replica: name, Matched: c.Matched,
 			WaitMS: ms(c.Wait), PrefillMS: ms(c.Prefill), DecodeMS: ms(c.Decode),
 			OthersMS: ms(c.Others), MemoryMS: ms(c.Memory), FutureMS: ms(c.Future),
-			ImportMS: ms(c.Import.Time), LoadMS: ms(c.Load), TotalMS: ms(c.Total), Score: c.Score,
-		}
-		// The terms are rounded to nanoseconds one by one: a bonus below a
-		// microsecond is that rounding, not a bonus.
-		sum := weight*(c.Wait+c.Import.Time+c.Load+c.Prefill).Seconds() + (c.Decode + c.Others + c.Memory + c.Future).Seconds()
-		if bonus := time.Duration(sum*1e9) - c.Total; bonus > time.Microsecond {
-			v.PinBonusMS = ms(bonus)
+			ImportMS: ms(c.Import.Time), LoadMS: ms(c.Load), MissesMS: ms(c.Misses), Miss: c.Miss,
+			TotalMS: ms(c.Total), Score: c.Score,
 		}
 		out = append(out, v)
 	}
@@ -145,7 +140,7 @@ func (r *ring) last(n int) []view.Decision {
 		if out[k].SessionSource != SessionFromContent { // the router's own key shows nothing a client sent
 			out[k].Session = shownID(r.idKey, out[k].Session)
 		}
-		out[k].Candidates = appendCandidates(make([]view.Candidate, 0, len(r.costs[i])), r.costs[i], r.bes, r.weight)
+		out[k].Candidates = appendCandidates(make([]view.Candidate, 0, len(r.costs[i])), r.costs[i], r.bes)
 		if len(out[k].Candidates) > 0 && out[k].Candidates[0].Score == 0 {
 			out[k].TTFTWeight = r.weight
 		}

@@ -154,7 +154,7 @@ func TestSnapshotIndexBlocks(t *testing.T) {
 
 // TestRecordTotalAddsUp: every kv-aware candidate in a decision record
 // adds up, TTFTWeight·(Wait + Import + Load + Prefill) + Decode + Others
-// + Memory + Future − PinBonus, to its Total (the dashboard writes out that
+// + Memory + Future + Misses, to its Total (the dashboard writes out that
 // sum), with the record's weight kv-aware's 2.
 func TestRecordTotalAddsUp(t *testing.T) {
 	rt := unservedRouter(t, "kv-aware", 8)
@@ -169,8 +169,8 @@ func TestRecordTotalAddsUp(t *testing.T) {
 			t.Fatalf("record %s: weight %v, %d candidates; want 2 and some", rec.ID, rec.TTFTWeight, len(rec.Candidates))
 		}
 		for _, c := range rec.Candidates {
-			sum := rec.TTFTWeight*(c.WaitMS+c.ImportMS+c.LoadMS+c.PrefillMS) + c.DecodeMS + c.OthersMS + c.MemoryMS + c.FutureMS - c.PinBonusMS
-			if math.Abs(sum-c.TotalMS) > 1e-3 || c.PinBonusMS < 0 {
+			sum := rec.TTFTWeight*(c.WaitMS+c.ImportMS+c.LoadMS+c.PrefillMS) + c.DecodeMS + c.OthersMS + c.MemoryMS + c.FutureMS + c.MissesMS
+			if math.Abs(sum-c.TotalMS) > 1e-3 || c.MissesMS < 0 || c.Miss < 0 || c.Miss > 1 {
 				t.Errorf("record %s, %s: terms add up to %.6f ms, total %.6f ms (%+v)", rec.ID, c.Replica, sum, c.TotalMS, c)
 			}
 		}

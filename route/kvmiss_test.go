@@ -10,8 +10,8 @@ import (
 // snapshots and checks its terms. On an idle replica only the request's
 // own misses count: with bounds at twice its predicted time to first
 // token and half its predicted inter-token latency, and the prior spread
-// ln 2, z = ∓1.702·ln 2/ln 2, so each side misses with the logistic's
-// 1/(1 + e^{±1.702}). On a decoding replica the others' term is the
+// ln 2, z = ∓ln 2/ln 2 = ∓1, so each side misses with the normal's
+// Φ(∓1). On a decoding replica the others' term is the
 // batch and half the joiners, times the rise of their chance of missing
 // the ITL bound, times their miss price.
 func TestKVAwareMissProbabilityExact(t *testing.T) {
@@ -27,7 +27,7 @@ func TestKVAwareMissProbabilityExact(t *testing.T) {
 	r.Costs = r.Costs[:0]
 	d := KVAware{}.Pick(r, idle)
 	k := d.Costs[0]
-	pT, pI := 1/(1+math.Exp(1.702)), 1/(1+math.Exp(-1.702)) // 0.1542, 0.8458
+	pT, pI := 0.15865525393145707, 0.8413447460685429 // Φ(−1), Φ(1)
 	want := 1 - (1-pT)*(1-pI)
 	if math.Abs(k.Miss-want) > 1e-6 || d.Miss != k.Miss {
 		t.Errorf("own miss: Cost.Miss %.9f, Decision.Miss %.9f, want %.9f", k.Miss, d.Miss, want)
@@ -50,7 +50,7 @@ func TestKVAwareMissProbabilityExact(t *testing.T) {
 	r.Costs = r.Costs[:0]
 	k = KVAware{}.Pick(r, busy).Costs[0]
 	sT, sI := 0.3, 0.2
-	own := 1 - (1-logistic(float64(k.Wait+k.Prefill), float64(r.SLO.TTFT), sT))*(1-logistic(float64(k.Decode)/out, float64(r.SLO.ITL), sI))
+	own := 1 - (1-normal(float64(k.Wait+k.Prefill), float64(r.SLO.TTFT), sT))*(1-normal(float64(k.Decode)/out, float64(r.SLO.ITL), sI))
 	if math.Abs(k.Miss-own) > 1e-6 {
 		t.Errorf("busy: own miss %.9f, want %.9f", k.Miss, own)
 	}
@@ -59,7 +59,7 @@ func TestKVAwareMissProbabilityExact(t *testing.T) {
 	after := step + grow + rt.prefillNS(1024, 0)/n
 	arrivals := 10 / (256 * step) // λ: the mean batch over MeanOutput steps of it
 	joiners := arrivals * float64(k.Prefill)
-	pushed := logistic(after, float64(r.SLO.ITL), sI) - logistic(step, float64(r.SLO.ITL), sI)
+	pushed := normal(after, float64(r.SLO.ITL), sI) - normal(step, float64(r.SLO.ITL), sI)
 	others := (10 + joiners/2) * pushed * (2*float64(r.SLO.TTFT) + n*float64(r.SLO.ITL))
 	if pushed <= 0.05 {
 		t.Fatalf("setup: the placement should push the batch over its bound, rise %v", pushed)
@@ -70,10 +70,10 @@ func TestKVAwareMissProbabilityExact(t *testing.T) {
 	}
 }
 
-// logistic is Φ(ln(x/bound)/sigma) by the logistic of resident, computed
-// apart from the code under test.
-func logistic(x, bound, sigma float64) float64 {
-	return 1 / (1 + math.Exp(-1.702*math.Log(x/bound)/sigma))
+// normal is Φ(ln(x/bound)/sigma), the standard normal's distribution
+// function by math.Erf, computed apart from the code under test.
+func normal(x, bound, sigma float64) float64 {
+	return (1 + math.Erf(math.Log(x/bound)/sigma/math.Sqrt2)) / 2
 }
 
 // TestKVAwareMissRefusesWhatTheSumTakes: a long prompt, and two replicas.

@@ -153,12 +153,15 @@ type Candidate struct {
 	// replica's own CPU tier; both part of its time to first token.
 	ImportMS float64 `json:"import_ms"`
 	LoadMS   float64 `json:"load_ms"`
-	// PinBonusMS is what the policy took off the sum of the terms for the
-	// session's pinned replica (kv-aware's PinBonus, down to a Total of
-	// 0): TotalMS = TTFTWeight·(WaitMS + ImportMS + LoadMS + PrefillMS) +
-	// DecodeMS + OthersMS + MemoryMS + FutureMS − PinBonusMS.
-	PinBonusMS float64 `json:"pin_bonus_ms,omitempty"`
-	TotalMS    float64 `json:"total_ms"`
+	// MissesMS is the price of the SLO misses the placement is expected
+	// to cause, the request's own and its replica's others' (route.Cost's
+	// Misses; 0 without an SLO), and Miss the probability that the request
+	// itself misses its SLO there (route.Cost's Miss, 0..1): TotalMS =
+	// TTFTWeight·(WaitMS + ImportMS + LoadMS + PrefillMS) + DecodeMS +
+	// OthersMS + MemoryMS + FutureMS + MissesMS.
+	MissesMS float64 `json:"misses_ms"`
+	Miss     float64 `json:"miss"`
+	TotalMS  float64 `json:"total_ms"`
 	// Score is what a policy that ranks by a score rather than a time
 	// minimised (its time terms are then zero); absent for kv-aware.
 	Score float64 `json:"score,omitempty"`

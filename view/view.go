@@ -85,6 +85,12 @@ type Replica struct {
 	// requests asked for again (route.Rates.Displaced).
 	Scale, DecodeScale, Displaced float64
 	Horizon                       time.Duration
+	// Spread and DecodeSpread are the spreads of the TTFT and
+	// inter-token latency predictions' errors that kv-aware's miss
+	// probabilities take (route.Rates.Spread, DecodeSpread): learned, or
+	// the fleet's for a replica not yet observed; zero: the prior,
+	// route.PriorSpread.
+	Spread, DecodeSpread float64
 	// TierHorizon is the eviction horizon of the replica's CPU tier
 	// (route.Rates.TierHorizon); zero without one.
 	TierHorizon time.Duration

@@ -182,7 +182,7 @@ function costs(d) {
       el("th", { class: "num" }, "Load ms"), el("th", { class: "num" }, "Prefill ms"),
       el("th", { class: "num" }, "Decode ms"), el("th", { class: "num" }, "Others ms"),
       el("th", { class: "num" }, "Memory ms"), el("th", { class: "num" }, "Future ms"),
-      el("th", { class: "num" }, "Pin bonus ms"), el("th", { class: "num" }, "Total ms"))),
+      el("th", { class: "num" }, "Misses ms"), el("th", { class: "num" }, "P(miss)"), el("th", { class: "num" }, "Total ms"))),
     el("tbody", {}, d.candidates.map((c) =>
       el("tr", { class: c.replica === d.replica ? "chosen" : null, title: arithmetic(d, c) },
         el("td", { class: "id" }, c.replica), el("td", { class: "num" }, int(c.matched_tokens)),
@@ -190,12 +190,12 @@ function costs(d) {
         el("td", { class: "num" }, costMS(c.load_ms)), el("td", { class: "num" }, costMS(c.prefill_ms)),
         el("td", { class: "num" }, costMS(c.decode_ms)), el("td", { class: "num" }, costMS(c.others_ms)),
         el("td", { class: "num" }, costMS(c.memory_ms)), el("td", { class: "num" }, costMS(c.future_ms)),
-        el("td", { class: "num" }, c.pin_bonus_ms ? "−" + costMS(c.pin_bonus_ms) : costMS(0)),
+        el("td", { class: "num" }, costMS(c.misses_ms || 0)), el("td", { class: "num" }, (c.miss || 0).toFixed(3)),
         el("td", { class: "num" }, c.score !== undefined && !c.total_ms ? `score ${c.score}` : costMS(c.total_ms))))));
   const parts = [table];
   const w = d.ttft_weight;
   if (w) {
-    parts.push(el("div", { class: "formula" }, `Total = ${w} × (Wait + Import + Load + Prefill) + Decode + Others + Memory + Future − Pin bonus` +
+    parts.push(el("div", { class: "formula" }, `Total = ${w} × (Wait + Import + Load + Prefill) + Decode + Others + Memory + Future + Misses` +
       (w > 1 ? `: the time to first token counts ${w} times, as part of the time to the first and to the last token` : "")));
     const chosen = d.candidates.find((c) => c.replica === d.replica);
     if (chosen) parts.push(el("div", { class: "arith" }, arithmetic(d, chosen)));
@@ -212,17 +212,15 @@ function arithmetic(d, c) {
   const w = d.ttft_weight;
   if (!w) return null;
   const ttft = [c.wait_ms, c.import_ms || 0, c.load_ms || 0, c.prefill_ms];
-  const rest = [c.decode_ms, c.others_ms, c.memory_ms, c.future_ms];
-  const bonus = c.pin_bonus_ms || 0;
+  const rest = [c.decode_ms, c.others_ms, c.memory_ms, c.future_ms, c.misses_ms || 0];
   let dp = 1;
   for (; dp < 6; dp++) {
     const r = (v) => Number(v.toFixed(dp));
-    const sum = w * ttft.map(r).reduce((a, b) => a + b) + rest.map(r).reduce((a, b) => a + b) - r(bonus);
+    const sum = w * ttft.map(r).reduce((a, b) => a + b) + rest.map(r).reduce((a, b) => a + b);
     if (sum.toFixed(dp) === c.total_ms.toFixed(dp)) break;
   }
   const f = (v) => v.toFixed(dp);
-  return `${c.replica}: ${w} × (${ttft.map(f).join(" + ")}) + ${rest.map(f).join(" + ")}` +
-    (bonus ? ` − ${f(bonus)}` : "") + ` = ${f(c.total_ms)} ms`;
+  return `${c.replica}: ${w} × (${ttft.map(f).join(" + ")}) + ${rest.map(f).join(" + ")} = ${f(c.total_ms)} ms`;
 }
 
 function toggle(id) {
