@@ -51,7 +51,8 @@ func TestAdmissionInSimulator(t *testing.T) {
 
 // TestSLOAdmissionInSimulator: the simulator applies --slo-admission
 // through the fleet as the live router does. On interactive-batch, kv-aware
-// on four replicas at twice the knee: route rejects and queues nothing;
+// on four replicas at four times the knee (where it predicts misses; at
+// twice, it predicts none): route rejects and queues nothing;
 // reject rejects requests, each for "slo-unattainable", counted by class;
 // queue holds requests and rejects only those whose TTFT bound passed in
 // the queue. A repeat of each run gives exactly the same counts.
@@ -67,7 +68,7 @@ func TestSLOAdmissionInSimulator(t *testing.T) {
 	}
 	run := func(mode string) *report.Result {
 		adm := fleet.Admission{MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout, SLO: mode}
-		r, err := Run(Config{Workload: "interactive-batch", Requests: w.Requests, Replicas: 4, Load: 2, Preset: preset,
+		r, err := Run(Config{Workload: "interactive-batch", Requests: w.Requests, Replicas: 4, Load: 4, Preset: preset,
 			Policies: []string{"kv-aware"}, Admission: adm})
 		if err != nil {
 			t.Fatal(err)
