@@ -135,17 +135,23 @@ func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvS
 // spreads are read from the replica's own Rates: the cache of rates
 // leaves them out, as they matter only to a request with an SLO.
 func (q *kvRequest) ownMisses(raw *Rates, ttft, decode float64) (cost, miss float64) {
+	miss = q.ownMiss(raw, ttft, decode, false)
+	return miss * q.slo.price, miss
+}
+
+// ownMiss is the request's probability of a miss (ownMisses), or with
+// low a lower bound of it, from lowOver's tails.
+func (q *kvRequest) ownMiss(raw *Rates, ttft, decode float64, low bool) float64 {
 	sT, sI := spreads(raw)
 	s := &q.slo
 	pT, pI := 0.0, 0.0
 	if s.ttft > 0 {
-		pT = over(ttft, s.logTTFT, sT)
+		pT = tail(ttft, s.logTTFT, sT, low)
 	}
 	if s.itl > 0 {
-		pI = over(decode/q.out, s.logITL, sI)
+		pI = tail(decode/q.out, s.logITL, sI, low)
 	}
-	miss = 1 - (1-pT)*(1-pI)
-	return miss * s.price, miss
+	return 1 - (1-pT)*(1-pI)
 }
 
 // missTerms fills k's miss fields and returns total with the miss term
@@ -156,4 +162,73 @@ func (q *kvRequest) missTerms(rp *Replica, rt *Rates, k *Cost, total, ttft, deco
 	total += cost
 	k.Total = ns(total)
 	return total
+}
+
+// The normal tail at a grid of z, for lowMisses: tailLow[k] is at most
+// Erfc(z)/2 for every z ≤ tailZ0 + k/tailPerZ, Erfc at that grid point
+// lessened by 2⁻³⁰ of itself, far more than math.Erfc's error, so that it
+// stays under over's value at any such z. The grid spans ±6, past which
+// the tail is within 10⁻¹⁷ of 0 or 1; 64 points a unit of z put each
+// within 0.01 of the tail between them (Erfc's slope is at most 2/√π).
+const (
+	tailZ0, tailZ1 = -6.0, 6.0
+	tailPerZ       = 64
+)
+
+// Its one point past tailZ1 is for a z just under it whose index rounds up.
+var tailLow = func() (t [int((tailZ1-tailZ0)*tailPerZ) + 2]float64) {
+	for k := range t {
+		t[k] = math.Erfc(tailZ0+float64(k)/tailPerZ) / 2 * (1 - 0x1p-30)
+	}
+	return t
+}()
+
+// lowOver is a lower bound of over(pred, logBound, sigma) that needs no
+// Erfc: the tail at the grid point of tailLow at or above its z.
+func lowOver(pred, logBound, sigma float64) float64 {
+	if pred <= 0 {
+		return 0
+	}
+	z := (logBound - lowLog(pred)) / (sigma * math.Sqrt2) // at least over's
+	switch {
+	case !(z < tailZ1): // past the grid, or NaN
+		return 0
+	case z <= tailZ0:
+		return tailLow[0]
+	}
+	return tailLow[int((z-tailZ0)*tailPerZ)+1] // a grid point above z
+}
+
+// log2Low[k] is at most log₂(1 + k/64): the logarithm of a mantissa whose
+// first six bits are k, less 10⁻¹², far more than math.Log2's error.
+var log2Low = func() (t [64]float64) {
+	for k := range t {
+		t[k] = math.Log2(1+float64(k)/64) - 1e-12
+	}
+	return t
+}()
+
+// lowLog is a lower bound of ln x, from x's exponent and the first six
+// bits of its mantissa (under 0.023 below ln x), for a normal finite x;
+// math.Log for any other.
+func lowLog(x float64) float64 {
+	if !(x >= 0x1p-1022 && x <= math.MaxFloat64) {
+		return math.Log(x)
+	}
+	b := math.Float64bits(x)
+	return (float64(int(b>>52&0x7ff)-1023) + log2Low[b>>46&63]) * math.Ln2
+}
+
+// tail is over, or with low lowOver.
+func tail(pred, logBound, sigma float64, low bool) float64 {
+	if low {
+		return lowOver(pred, logBound, sigma)
+	}
+	return over(pred, logBound, sigma)
+}
+
+// lowMisses is a lower bound of ownMisses' cost, from lowOver: a
+// candidate that it prices out of a scan (bound), ownMisses would too.
+func (q *kvRequest) lowMisses(raw *Rates, ttft, decode float64) float64 {
+	return q.ownMiss(raw, ttft, decode, true) * q.slo.price
 }
