@@ -191,32 +191,35 @@ func lowOver(pred, logBound, sigma float64) float64 {
 	}
 	z := (logBound - lowLog(pred)) / (sigma * math.Sqrt2) // at least over's
 	switch {
-	case !(z < tailZ1): // past the grid, or NaN
+	case z >= tailZ1:
 		return 0
 	case z <= tailZ0:
 		return tailLow[0]
+	case z != z: // NaN, as over's then is, so that it prunes nothing
+		return z
 	}
 	return tailLow[int((z-tailZ0)*tailPerZ)+1] // a grid point above z
 }
 
-// log2Low[k] is at most log₂(1 + k/64): the logarithm of a mantissa whose
-// first six bits are k, less 10⁻¹², far more than math.Log2's error.
-var log2Low = func() (t [64]float64) {
+// log2Low[k] is at most log₂(1 + k/256): the logarithm of a mantissa
+// whose first eight bits are k, less 10⁻¹², far more than math.Log2's
+// error.
+var log2Low = func() (t [256]float64) {
 	for k := range t {
-		t[k] = math.Log2(1+float64(k)/64) - 1e-12
+		t[k] = math.Log2(1+float64(k)/256) - 1e-12
 	}
 	return t
 }()
 
-// lowLog is a lower bound of ln x, from x's exponent and the first six
-// bits of its mantissa (under 0.023 below ln x), for a normal finite x;
+// lowLog is a lower bound of ln x, from x's exponent and the first eight
+// bits of its mantissa (under 0.004 below ln x), for a normal finite x;
 // math.Log for any other.
 func lowLog(x float64) float64 {
 	if !(x >= 0x1p-1022 && x <= math.MaxFloat64) {
 		return math.Log(x)
 	}
 	b := math.Float64bits(x)
-	return (float64(int(b>>52&0x7ff)-1023) + log2Low[b>>46&63]) * math.Ln2
+	return (float64(int(b>>52&0x7ff)-1023) + log2Low[b>>44&255]) * math.Ln2
 }
 
 // tail is over, or with low lowOver.
