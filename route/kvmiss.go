@@ -135,23 +135,17 @@ func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvS
 // spreads are read from the replica's own Rates: the cache of rates
 // leaves them out, as they matter only to a request with an SLO.
 func (q *kvRequest) ownMisses(raw *Rates, ttft, decode float64) (cost, miss float64) {
-	miss = q.ownMiss(raw, ttft, decode, false)
-	return miss * q.slo.price, miss
-}
-
-// ownMiss is the request's probability of a miss (ownMisses), or with
-// low a lower bound of it, from lowOver's tails.
-func (q *kvRequest) ownMiss(raw *Rates, ttft, decode float64, low bool) float64 {
 	sT, sI := spreads(raw)
 	s := &q.slo
 	pT, pI := 0.0, 0.0
 	if s.ttft > 0 {
-		pT = tail(ttft, s.logTTFT, sT, low)
+		pT = over(ttft, s.logTTFT, sT)
 	}
 	if s.itl > 0 {
-		pI = tail(decode/q.out, s.logITL, sI, low)
+		pI = over(decode/q.out, s.logITL, sI)
 	}
-	return 1 - (1-pT)*(1-pI)
+	miss = 1 - (1-pT)*(1-pI)
+	return miss * s.price, miss
 }
 
 // missTerms fills k's miss fields and returns total with the miss term
@@ -222,16 +216,25 @@ func lowLog(x float64) float64 {
 	return (float64(int(b>>52&0x7ff)-1023) + log2Low[b>>44&255]) * math.Ln2
 }
 
-// tail is over, or with low lowOver.
-func tail(pred, logBound, sigma float64, low bool) float64 {
-	if low {
-		return lowOver(pred, logBound, sigma)
+// lowMisses is a lower bound of total plus ownMisses' cost, from
+// lowOver, and whether it exceeds above: a candidate that it prices out
+// of a scan (bound), ownMisses would too. The time to first token's alone
+// often does, which spares the decode's tail.
+func (q *kvRequest) lowMisses(raw *Rates, total, above, ttft, decode float64) (float64, bool) {
+	sT, sI := spreads(raw)
+	s := &q.slo
+	pT, pI := 0.0, 0.0
+	if s.ttft > 0 {
+		pT = lowOver(ttft, s.logTTFT, sT)
+		// 1 − (1 − pT) is ownMiss's miss at pI = 0, rounded as it rounds
+		// it, so that it stays under ownMiss's at any pI.
+		if low := total + (1-(1-pT))*s.price; low > above {
+			return low, true
+		}
 	}
-	return over(pred, logBound, sigma)
-}
-
-// lowMisses is a lower bound of ownMisses' cost, from lowOver: a
-// candidate that it prices out of a scan (bound), ownMisses would too.
-func (q *kvRequest) lowMisses(raw *Rates, ttft, decode float64) float64 {
-	return q.ownMiss(raw, ttft, decode, true) * q.slo.price
+	if s.itl > 0 {
+		pI = lowOver(decode/q.out, s.logITL, sI)
+	}
+	low := total + (1-(1-pT)*(1-pI))*s.price
+	return low, low > above
 }
