@@ -198,7 +198,8 @@ func lowOver(pred, logBound, sigma float64) float64 {
 // log2Low[k] is at most log₂(1 + k/256): the logarithm of a mantissa
 // whose first eight bits are k, less 10⁻¹², far more than math.Log2's
 // error.
-var log2Low = func() (t [256]float64) {
+// Its entry 256 is log₂ 2's, for lowLog's counterpart highLog.
+var log2Low = func() (t [257]float64) {
 	for k := range t {
 		t[k] = math.Log2(1+float64(k)/256) - 1e-12
 	}
@@ -237,4 +238,44 @@ func (q *kvRequest) lowMisses(raw *Rates, total, above, ttft, decode float64) (f
 	}
 	low := total + (1-(1-pT)*(1-pI))*s.price
 	return low, low > above
+}
+
+// highLog is an upper bound of ln x, as lowLog's lower: the logarithm of
+// the next eight-bit mantissa, plus 10⁻¹².
+func highLog(x float64) float64 {
+	b := math.Float64bits(x)
+	return (float64(int(b>>52&0x7ff)-1023) + log2Low[b>>44&255+1] + 2e-12) * math.Ln2
+}
+
+// highOver is an upper bound of over(pred, logBound, sigma) that needs no
+// Erfc: the tail at the grid point of tailLow below its z (the last
+// below tailZ1 for one past it), raised by more than tailLow lessened it.
+func highOver(pred, logBound, sigma float64) float64 {
+	if !(pred >= 0x1p-1022 && pred <= math.MaxFloat64) {
+		return over(pred, logBound, sigma) // 0, a subnormal, +Inf or NaN
+	}
+	z := (logBound - highLog(pred)) / (sigma * math.Sqrt2) // at most over's
+	x := (z - tailZ0) * tailPerZ
+	switch {
+	case z != z:
+		return z
+	case x < 1:
+		return 1
+	}
+	return tailLow[int(min(x, (tailZ1-tailZ0)*tailPerZ))-1] * (1 + 0x1p-28)
+}
+
+// highMisses is an upper bound of total plus ownMisses' cost, from
+// highOver: a candidate under above by it would be priced (bound) by
+// ownMisses too.
+func (q *kvRequest) highMisses(raw *Rates, total, ttft, decode float64) float64 {
+	sT, sI := spreads(raw)
+	pT, pI := 0.0, 0.0
+	if q.slo.ttft > 0 {
+		pT = highOver(ttft, q.slo.logTTFT, sT)
+	}
+	if q.slo.itl > 0 {
+		pI = highOver(decode/q.out, q.slo.logITL, sI)
+	}
+	return total + (1-(1-pT)*(1-pI))*q.slo.price
 }

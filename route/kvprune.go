@@ -138,8 +138,9 @@ func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 		// never negative).
 		grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 		own := q.out * (rt.stepNS(q.meanBatch, q.lowContext(batch, context)) + grow) * rt.DecodeScale
-		if low, out := q.lowMisses(&rp.Rates, total, above, wait+prefill, own); out {
-			return low // priced out without the tail's Erfc
+		low, out := q.lowMisses(&rp.Rates, total, above, wait+prefill, own)
+		if out || q.highMisses(&rp.Rates, total, wait+prefill, own) <= above {
+			return low // priced out, or in, without the tail's Erfc
 		}
 		cost, _ := q.ownMisses(&rp.Rates, wait+prefill, own)
 		total += cost
