@@ -113,7 +113,11 @@ func (q *kvRequest) lowContext(batch, context float64) float64 {
 // the share of its copy they take back is at most the prefill of the
 // holders' prefix, which the deepest match leaves out), so a candidate
 // whose bound exceeds a priced one's Total cannot win. Past above, the
-// bound already prunes, and the misses are left out.
+// bound already prunes, and the misses are left out. Only whether the
+// bound exceeds above matters to a scan, so the misses' normal tails are
+// taken from a table first (lowMisses, highMisses), and exactly (Erfc)
+// only when the table's bounds of them fall on either side of above: the
+// candidates priced are those the exact tails would price.
 func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 	rt := q.rates(&rp.Rates)
 	compute, iters := q.compute0, q.iters0
