@@ -63,6 +63,11 @@ func newStream(c *call, req *http.Request, a *attempt, rc io.ReadCloser) *stream
 	s.reset()
 	s.c, s.first, s.req, s.a, s.rc = c, req, req, a, rc
 	s.sp.Chat = c.path == "/v1/chat/completions"
+	// The tap is shown each event as it joins the splice's output, so
+	// that it reads the stream in the same pass (sse.Tap.Framed); it
+	// forgets what an earlier attempt showed it.
+	c.tap.Reset(keepBytes)
+	c.tap.Strip, s.sp.Tap = c.strip, &c.tap
 	if !replayable(req) {
 		s.sp.Stuck = "the request body cannot be replayed"
 	}

@@ -157,6 +157,7 @@ type scratch struct {
 	body  []byte
 	inj   []byte // body with include_usage injected
 	xbody []byte // body with kv_transfer_params added
+	whole []byte // a non-streamed answer read whole (readWhole)
 	hs    hashing.Scratch
 	sc    fleet.Scratch // the decision: what the policy saw and chose
 	hdr   []byte
@@ -168,7 +169,7 @@ const keepBytes = 1 << 20
 
 // reset empties the buffers, keeping their capacity up to keepBytes.
 func (s scratch) reset() scratch {
-	s.body, s.inj, s.xbody, s.hdr = keep(s.body), keep(s.inj), keep(s.xbody), s.hdr[:0]
+	s.body, s.inj, s.xbody, s.whole, s.hdr = keep(s.body), keep(s.inj), keep(s.xbody), keep(s.whole), s.hdr[:0]
 	return s
 }
 
@@ -561,6 +562,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
 	c.tap.Body, c.tap.SSE, c.tap.Strip, c.tap.OnFirst, c.tap.Now = resp.Body, sse, c.strip && sse, c.onFirst, rt.now
+	c.tap.Framed = sse && resp.Body == io.ReadCloser(&c.st) // the stream showed the tap its events
 	c.tapped = true
 	resp.Body = &c.tap
 	return nil

@@ -9,6 +9,8 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+
+	"github.com/kvrouter/kvrouter/sse"
 )
 
 // A replica that answers 200 with something other than a completion
@@ -67,15 +69,20 @@ func (c *call) judgeType(resp *http.Response) *invalidError {
 }
 
 // judgeJSON checks that a non-streamed answer read whole (head, as
-// readWhole left it) is a JSON object with a "choices" array. An answer
-// larger than the retry buffer is not judged: its rest has not been read.
-func judgeJSON(resp *http.Response) *invalidError {
+// readWhole left it) is a JSON object with a "choices" array, and gives
+// a valid one's usage to tap in the same pass (sse.Tap.SetUsage). An
+// answer larger than the retry buffer is not judged: its rest has not
+// been read.
+func judgeJSON(resp *http.Response, tap *sse.Tap) *invalidError {
 	b, ok := resp.Body.(*buffered)
 	if !ok || b.rest != nil {
 		return nil
 	}
 	var a struct {
 		Choices choicesArray `json:"choices"`
+		Usage   *sse.Usage   `json:"usage"`
+		Model   string       `json:"model"`
+		ID      string       `json:"id"`
 	}
 	if err := json.Unmarshal(b.head, &a); err != nil {
 		return &invalidError{kind: invalidNoChoices, msg: "the replica answered 200 with a body that is not a JSON object: " + err.Error()}
@@ -83,6 +90,7 @@ func judgeJSON(resp *http.Response) *invalidError {
 	if !a.Choices {
 		return &invalidError{kind: invalidNoChoices, msg: "the replica answered 200 without a \"choices\" array"}
 	}
+	tap.SetUsage(a.Usage, a.Model, a.ID)
 	return nil
 }
 

@@ -101,10 +101,11 @@ func (c *call) try(req *http.Request) (*http.Response, error) {
 		}
 		resp.Body = s
 	case resp.StatusCode == http.StatusOK && c.routed && rt.cfg.RetryBufferBytes > 0:
-		if err := readWhole(resp, a, rt.cfg.RetryBufferBytes); err != nil {
+		var err error
+		if c.whole, err = readWhole(resp, a, rt.cfg.RetryBufferBytes, c.whole[:0]); err != nil {
 			return nil, c.counted(err)
 		}
-		if bad := judgeJSON(resp); bad != nil {
+		if bad := judgeJSON(resp, &c.tap); bad != nil {
 			resp.Body.Close()
 			return nil, c.invalid(bad)
 		}

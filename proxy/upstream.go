@@ -260,16 +260,17 @@ func (b *buffered) Close() error {
 	return nil
 }
 
-// readWhole reads resp's body up to limit bytes, so that a failure while
-// reading it can still be retried. A body larger than limit is read no
-// further: its head and the rest pass through. The attempt ends with the
-// body, or here when all of it was read.
-func readWhole(resp *http.Response, a *attempt, limit int64) error {
+// readWhole reads resp's body up to limit bytes into buf (returned, grown
+// as needed), so that a failure while reading it can still be retried. A
+// body larger than limit is read no further: its head and the rest pass
+// through. The attempt ends with the body, or here when all of it was
+// read.
+func readWhole(resp *http.Response, a *attempt, limit int64, buf []byte) ([]byte, error) {
 	rc := &body{rc: resp.Body, a: a}
-	head, err := io.ReadAll(io.LimitReader(rc, limit+1))
+	head, err := readGrowing(io.LimitReader(rc, limit+1), buf, min(resp.ContentLength, limit))
 	if err != nil {
 		rc.Close()
-		return a.fault(err)
+		return head, a.fault(err)
 	}
 	b := &buffered{head: head, rest: rc}
 	a.answered.Store(true)
@@ -278,7 +279,7 @@ func readWhole(resp *http.Response, a *attempt, limit int64) error {
 		b.rest = nil
 	}
 	resp.Body = b
-	return nil
+	return head, nil
 }
 
 // timeoutResponse is the OpenAI-shaped 504 the router answers when the

@@ -110,10 +110,10 @@ func stringNext(b []byte, j int) bool {
 // nullUsage finds, in an event whose first data line is a JSON object
 // ending in a "usage": null member (where OpenAI and vLLM put it), the bytes
 // to cut to remove that member with its comma: ev[a:b], or a == b when there
-// is none. Only the object's last member is matched: quotes right before
-// the final brace cannot be inside a string.
-func nullUsage(ev []byte) (a, b int) {
-	_, end := dataSpan(ev)
+// is none. end is where the data line's payload ends (dataSpan). Only the
+// object's last member is matched: quotes right before the final brace
+// cannot be inside a string.
+func nullUsage(ev []byte, end int) (a, b int) {
 	if end == 0 || ev[end-1] != '}' {
 		return 0, 0
 	}

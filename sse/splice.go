@@ -22,6 +22,10 @@ type Splice struct {
 	Chat bool
 	// Out are the events ready for the client.
 	Out []byte
+	// Tap, if set, is shown each event as it joins Out (Tap.pass), which
+	// may drop it or cut it when stripping: Out then holds what the
+	// client gets, and a Framed Tap reading it need not read it again.
+	Tap *Tap
 
 	// Committed is set once the current replica delivered a content
 	// event or its end: the client then has its bytes.
@@ -49,6 +53,10 @@ type Splice struct {
 	before      int
 
 	ch chunk // the event being read, reused
+	// f are the facts of the event being read when read, and scanned
+	// says so: Tap is shown them when the event joins Out unchanged.
+	f       facts
+	scanned bool
 }
 
 // Reset empties s for another stream, keeping its buffers' capacity up to
@@ -87,6 +95,22 @@ type chunk struct {
 	Choices []choice        `json:"choices"`
 	Usage   nonNull         `json:"usage"`
 	Error   json.RawMessage `json:"error"`
+	// ID and Created are read until the stream's are known (learnIDs).
+	ID      idString        `json:"id"`
+	Created json.RawMessage `json:"created"`
+}
+
+// idString is a chunk's id: a JSON string, "" for any other value (which
+// does not fail the event's decoding).
+type idString string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (s *idString) UnmarshalJSON(b []byte) error {
+	var v string
+	if json.Unmarshal(b, &v) == nil {
+		*s = idString(v)
+	}
+	return nil
 }
 
 type choice struct {
@@ -98,12 +122,6 @@ type choice struct {
 		ToolCalls nonNull `json:"tool_calls"`
 	} `json:"delta"`
 	FinishReason nonNull `json:"finish_reason"`
-}
-
-// chunkIDs are a chunk's id and created, read until known.
-type chunkIDs struct {
-	ID      string          `json:"id"`
-	Created json.RawMessage `json:"created"`
 }
 
 // nonNull notes whether a JSON value is there and not null (or an empty
@@ -118,6 +136,22 @@ func (n *nonNull) UnmarshalJSON(b []byte) error {
 
 // Event reads one event and passes it on, as the client must see it.
 func (s *Splice) Event(ev []byte) {
+	from := len(s.Out)
+	s.scanned = false
+	s.event(ev)
+	if s.Tap == nil || len(s.Out) == from {
+		return
+	}
+	out := s.Out[from:]
+	if !s.scanned || len(out) != len(ev) {
+		s.f = scan(out)
+	}
+	s.Out = s.Out[:from+s.Tap.pass(out, &s.f)]
+}
+
+// event reads one event and appends to Out what the client must see of
+// it.
+func (s *Splice) event(ev []byte) {
 	data := Data(ev)
 	switch {
 	case bytes.Equal(data, doneData):
@@ -138,7 +172,7 @@ func (s *Splice) Event(ev []byte) {
 		return
 	}
 	ch := &s.ch
-	ch.Choices, ch.Usage, ch.Error = ch.Choices[:0], false, nil
+	ch.Choices, ch.Usage, ch.Error, ch.ID, ch.Created = ch.Choices[:0], false, nil, "", nil
 	if err := json.Unmarshal(data, ch); err != nil {
 		s.Stuck = "an event is not JSON"
 		s.emit(ev)
@@ -149,7 +183,7 @@ func (s *Splice) Event(ev []byte) {
 		return
 	}
 	content := s.choices(ch)
-	s.learnIDs(data)
+	s.learnIDs(ch)
 	if !s.Committed && !content && !s.Ended {
 		if !s.cont {
 			s.Out = append(s.Out, ev...)
@@ -169,7 +203,8 @@ func (s *Splice) Event(ev []byte) {
 // whether it makes the stream impossible to continue (reasoning, tool
 // calls). vLLM sends one such event per token.
 func (s *Splice) scan(ev, data []byte) {
-	f := scan(ev)
+	s.f, s.scanned = scan(ev), true
+	f := &s.f
 	switch {
 	case bytes.HasPrefix(data, errorKey):
 		s.Ended = true
@@ -226,18 +261,14 @@ func (s *Splice) choices(ch *chunk) bool {
 
 // learnIDs keeps the first replica's chunk id and created, and a
 // continuation's own, from the first event that has them.
-func (s *Splice) learnIDs(data []byte) {
-	if (!s.cont && s.ID != "") || (s.cont && s.contID != "") {
-		return
-	}
-	var ids chunkIDs
-	if json.Unmarshal(data, &ids) != nil || ids.ID == "" {
+func (s *Splice) learnIDs(ch *chunk) {
+	if (!s.cont && s.ID != "") || (s.cont && s.contID != "") || ch.ID == "" {
 		return
 	}
 	if s.cont {
-		s.contID, s.contCreated = ids.ID, ids.Created
+		s.contID, s.contCreated = string(ch.ID), ch.Created
 	} else {
-		s.ID, s.Created = ids.ID, ids.Created
+		s.ID, s.Created = string(ch.ID), ch.Created
 	}
 }
 

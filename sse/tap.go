@@ -38,11 +38,32 @@ func (u *Usage) Completion() int {
 // usageBody is a chunk or a whole non-streaming response: the tap reads
 // its usage, whether it has choices, and the response's model and id.
 type usageBody struct {
-	Choices []json.RawMessage `json:"choices"`
-	Usage   *Usage            `json:"usage"`
-	Model   string            `json:"model"`
-	ID      string            `json:"id"`
+	Choices elements `json:"choices"`
+	Usage   *Usage   `json:"usage"`
+	Model   string   `json:"model"`
+	ID      string   `json:"id"`
 }
+
+// elements notes whether a JSON array has elements, without keeping
+// them; null is an empty array, any other value an error.
+type elements bool
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (e *elements) UnmarshalJSON(b []byte) error {
+	switch {
+	case string(b) == "null":
+		*e = false
+	case len(b) > 0 && b[0] == '[':
+		rest := bytes.TrimLeft(b[1:], " \t\r\n")
+		*e = len(rest) > 0 && rest[0] != ']'
+	default:
+		return errNotArray
+	}
+	return nil
+}
+
+// errNotArray is a "choices" member that is not an array.
+var errNotArray = errors.New("choices is not an array")
 
 // maxJSONCopy caps the bytes of a non-streaming response kept to read its
 // usage at the end.
@@ -75,6 +96,12 @@ type Tap struct {
 	OnFirst func(at time.Time)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Framed is set when Body hands out whole events that this Tap has
+	// already been shown (a Splice's Out, with Splice.Tap set to it):
+	// Read then passes Body's bytes on as they come, without framing or
+	// reading them again. A Framed Tap's Strip must be set before the
+	// Splice's first event.
+	Framed bool
 
 	// First is when the first byte arrived; zero before.
 	First time.Time
@@ -100,6 +127,7 @@ type Tap struct {
 	ErrEvent bool
 
 	eof   bool
+	given bool   // JSON: the caller read the usage (SetUsage)
 	buf   []byte // SSE: bytes read and not yet handed out
 	ready int    // SSE: buf[:ready] are whole events ready to hand out
 	copy  []byte // JSON: copy of the body for usage at EOF
@@ -124,6 +152,9 @@ func (t *Tap) Read(p []byte) (int, error) {
 	if !t.SSE {
 		return t.readJSON(p)
 	}
+	if t.Framed && !t.eof {
+		return t.readFramed(p)
+	}
 	for t.ready == 0 {
 		if t.eof {
 			if len(t.buf) == 0 {
@@ -140,6 +171,35 @@ func (t *Tap) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// readFramed passes on what Body hands out, whole events already shown
+// to the Tap; at the end of a stream that did not deliver its end, Read
+// hands out the error event cutStream appends.
+func (t *Tap) readFramed(p []byte) (int, error) {
+	n, err := t.Body.Read(p)
+	if n > 0 {
+		t.firstByte()
+	}
+	if err != nil {
+		t.end(err)
+	}
+	if n > 0 || err == nil {
+		return n, nil
+	}
+	return t.Read(p)
+}
+
+// end notes the error that ended an SSE Body: EOF, or a read error kept
+// in Err. A stream that did not deliver its end is cut.
+func (t *Tap) end(err error) {
+	if err != io.EOF {
+		t.Err = err
+	}
+	t.eof = true
+	if !t.Ended {
+		t.cutStream()
+	}
+}
+
 // fill reads once from the upstream and frames what it can into events.
 func (t *Tap) fill() {
 	if cap(t.buf)-len(t.buf) < 4096 {
@@ -154,15 +214,8 @@ func (t *Tap) fill() {
 		t.buf = t.buf[:start+n]
 		t.frame(start)
 	}
-	if err == nil {
-		return
-	}
-	if err != io.EOF {
-		t.Err = err
-	}
-	t.eof = true
-	if !t.Ended {
-		t.cutStream()
+	if err != nil {
+		t.end(err)
 	}
 }
 
@@ -212,42 +265,50 @@ func appendString(dst []byte, s string) []byte {
 	return append(dst, b...)
 }
 
-// frame moves whole events of buf past ready into the ready region,
-// dropping the usage-only one when stripping. from is where new bytes start.
+// frame moves whole events of buf past ready into the ready region, as
+// pass leaves them. from is where new bytes start.
 func (t *Tap) frame(from int) {
-	scan := max(t.ready, from-2)
+	at := max(t.ready, from-2)
 	for {
-		i := NextEventEnd(t.buf[scan:])
+		i := NextEventEnd(t.buf[at:])
 		if i < 0 {
 			return
 		}
-		end := scan + i
+		end := at + i
 		ev := t.buf[t.ready:end]
-		if t.observe(ev) && t.Strip {
-			t.buf = append(t.buf[:t.ready], t.buf[end:]...)
-			t.Stripped = true
-			scan = t.ready
-			continue
+		f := scan(ev)
+		if n := t.pass(ev, &f); n < len(ev) {
+			t.buf = append(t.buf[:t.ready+n], t.buf[end:]...)
+			end = t.ready + n
 		}
-		if t.Strip {
-			if a, b := nullUsage(ev); a < b {
-				t.buf = append(t.buf[:t.ready+a], t.buf[t.ready+b:]...)
-				end -= b - a
-			}
-		}
-		t.ready = end
-		scan = end
+		t.ready, at = end, end
 	}
+}
+
+// pass observes one whole event the client is to get, ev, whose facts
+// are f, and returns how many of its leading bytes the client gets: all
+// of them, fewer when stripping cut its "usage": null member (the bytes
+// after it moved up), none when stripping dropped it (usage only).
+func (t *Tap) pass(ev []byte, f *facts) int {
+	if t.observe(ev, f) && t.Strip {
+		t.Stripped = true
+		return 0
+	}
+	if t.Strip {
+		if a, b := nullUsage(ev, f.de); a < b {
+			return a + copy(ev[a:], ev[b:])
+		}
+	}
+	return len(ev)
 }
 
 // observe notes whether an event ends the stream, reads the usage of one
 // that carries it and reports whether the event is usage only (no
-// choices). It reads the event in one pass (facts) and decodes only one
-// that has "prompt_tokens": engines send the usage in the last chunks
-// (the usage-only chunk after the finish, or the finish chunk), so the
-// other chunks are scanned, never decoded.
-func (t *Tap) observe(ev []byte) bool {
-	f := scan(ev)
+// choices). It reads the event's facts, found in one pass (scan),
+// and decodes only one that has "prompt_tokens": engines send the usage
+// in the last chunks (the usage-only chunk after the finish, or the
+// finish chunk), so the other chunks are scanned, never decoded.
+func (t *Tap) observe(ev []byte, f *facts) bool {
 	data := ev[f.ds:f.de]
 	if !t.Ended && (bytes.Equal(data, doneData) || f.finished) {
 		t.Ended = true
@@ -263,18 +324,30 @@ func (t *Tap) observe(ev []byte) bool {
 		return false
 	}
 	t.Usage, t.HasUsage, t.Model, t.ResponseID = *b.Usage, true, b.Model, b.ID
-	return len(b.Choices) == 0
+	return !bool(b.Choices)
+}
+
+// SetUsage gives the usage of a JSON body (u nil: it has none) and its
+// model and id, which the caller read from the whole body before the Tap
+// reads it: Read then keeps no copy of the body to read them at its end.
+func (t *Tap) SetUsage(u *Usage, model, id string) {
+	t.given = true
+	if u != nil {
+		t.Usage, t.HasUsage, t.Model, t.ResponseID = *u, true, model, id
+	}
 }
 
 func (t *Tap) readJSON(p []byte) (int, error) {
 	n, err := t.Body.Read(p)
 	if n > 0 {
 		t.firstByte()
-		if len(t.copy)+n <= maxJSONCopy {
+		if !t.given && len(t.copy)+n <= maxJSONCopy {
 			t.copy = append(t.copy, p[:n]...)
 		}
 	}
 	switch {
+	case err == io.EOF && t.given:
+		t.eof = true
 	case err == io.EOF:
 		t.eof = true
 		var b usageBody
