@@ -43,12 +43,12 @@ func (rt *Router) logAccess(c *call) {
 		a = append(a, slog.String("reason", c.dec.Reason), slog.Int("predicted_cached_tokens", c.dec.Matched),
 			slog.String("session", c.sessionSrc))
 	}
-	if c.legs > 0 {
-		a = append(a, slog.String("prefill_replica", rt.name(c.leg.from)), slog.String("prefill_outcome", c.leg.outcome),
-			slog.Float64("prefill_ms", roundMS(ms(c.leg.took))), slog.Int("prefill_legs", c.legs))
+	if pd := c.legRan(); pd != nil {
+		a = append(a, slog.String("prefill_replica", rt.name(pd.leg.from)), slog.String("prefill_outcome", pd.leg.outcome),
+			slog.Float64("prefill_ms", roundMS(ms(pd.leg.took))), slog.Int("prefill_legs", pd.legs))
 	}
-	if c.xfer.Blocks > 0 {
-		a = append(a, slog.Int("transfer_tokens", c.xferTokens))
+	if c.transfer().Blocks > 0 {
+		a = append(a, slog.Int("transfer_tokens", c.pd.xferTokens))
 	}
 	a = appendTokens(a, "prompt_tokens", c.usage.PromptTokens)
 	a = appendTokens(a, "cached_tokens", c.usage.CachedTokens)

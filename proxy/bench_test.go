@@ -142,22 +142,24 @@ func BenchmarkDecide(b *testing.B) {
 			}
 			req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 			prompts := make([]*prefix.Prompt, 256)
+			sessions := make([]string, len(prompts))
 			for k := range prompts {
 				body := fmt.Sprintf(`{"model":"m","max_tokens":64,"messages":[{"role":"system","content":%q},`+
 					`{"role":"user","content":"conversation %d: tell me about item %d"}]}`, system, k, k*7)
+				sessions[k] = fmt.Sprint("s", k)
 				if prompts[k], err = prefix.Parse([]byte(body)); err != nil {
 					b.Fatal(err)
 				}
 			}
 			decide := func(k int) time.Duration {
 				c := rt.newCall(req, true)
-				c.prompt, c.session = prompts[k%len(prompts)], fmt.Sprint("s", k%len(prompts))
+				c.prompt, c.session = prompts[k%len(prompts)], sessions[k%len(prompts)]
 				if !c.route(nil) {
 					b.Fatal("no replica chosen")
 				}
 				c.ticket.Done(rt.now(), fleet.NoUsage, nil)
 				d := c.decide
-				rt.pool.Put(c.bufs)
+				rt.putCall(c)
 				return d
 			}
 			for k := range prompts {

@@ -50,12 +50,12 @@ func (c *call) fill(rec *view.Decision) {
 	if c.replica >= 0 {
 		rec.Replica = rt.name(c.replica)
 	}
-	if c.xfer.Blocks > 0 {
-		rec.Transfer = "from " + rt.name(c.xfer.From)
-		rec.TransferTokens, rec.PredictedTransferMS = c.xferTokens, ms(c.xfer.Time)
+	if x := c.transfer(); x.Blocks > 0 {
+		rec.Transfer = "from " + rt.name(x.From)
+		rec.TransferTokens, rec.PredictedTransferMS = c.pd.xferTokens, ms(x.Time)
 	}
-	if c.legs > 0 {
-		rec.PrefillReplica, rec.PrefillMS, rec.PrefillOutcome, rec.PrefillLegs = rt.name(c.leg.from), ms(c.leg.took), c.leg.outcome, c.legs
+	if pd := c.legRan(); pd != nil {
+		rec.PrefillReplica, rec.PrefillMS, rec.PrefillOutcome, rec.PrefillLegs = rt.name(pd.leg.from), ms(pd.leg.took), pd.leg.outcome, pd.legs
 	}
 	if rec.Index == "" {
 		rec.Index = rt.st.indexMode()

@@ -120,13 +120,20 @@ func (c *call) settle() {
 
 // recycle returns c to the pool unless the upstream transport may still
 // read its body (it had not read it to the end, or a retry replayed it
-// through GetBody): then the garbage collector takes it.
+// through GetBody), or a Pick holds it: then the garbage collector takes
+// it.
 func (rt *Router) recycle(c *call) {
-	if c.rb.r.Size() > 0 && !c.rb.eof.Load() || len(c.failed) > 0 {
+	if c.rb.r.Size() > 0 && !c.rb.eof.Load() || len(c.failed) > 0 || c.picked {
 		return
 	}
+	rt.putCall(c)
+}
+
+// putCall empties c, keeping its buffers, and returns it to the pool.
+func (rt *Router) putCall(c *call) {
 	b := c.bufs
 	b.borrow(nil) // emptied now: a buffer past keepBytes is not kept in the pool
 	b.tap.Body, b.tap.OnFirst = nil, nil
-	rt.pool.Put(b)
+	*c = call{bufs: b} // holds nothing of the request
+	rt.pool.Put(c)
 }

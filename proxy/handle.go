@@ -51,8 +51,8 @@ const (
 // travels in the request context; only the request's own goroutine (the
 // handler, and the ReverseProxy hooks it calls synchronously) touches it.
 // A call is the request's own, as httputil.ReverseProxy keeps its state in
-// locals; its buffers are pooled (bufs), so that routing a request
-// allocates little.
+// locals; calls are pooled with their buffers (bufs, Router.pool), so that
+// routing a request allocates little: finish returns it (recycle).
 type call struct {
 	rt         *Router
 	id         string
@@ -82,30 +82,24 @@ type call struct {
 	index      string          // the chosen replica's residency feed
 	span       trace.Span      // the server span; nil when tracing is off
 	// KV transfers (transfer.go): plain is a routed completion's body
-	// before any kv_transfer_params, what a retry starts from; xfer the
-	// transfer the forwarded body runs (Blocks 0: none), of xferTokens
-	// tokens, with params, the prefill leg's kv_transfer_params; pbody
-	// the prefill legs' body (nil: none built yet), own whether the
-	// client's body has its own params (no legs); legs counts the prefill
-	// legs run, leg is the last; in the client's headers, which the legs
-	// take Authorization and the trace context from.
-	xfer       route.Transfer
-	xferTokens int
-	plain      []byte
-	params     []byte
-	pbody      []byte
-	own        bool
-	legs       int
-	leg        legState
-	in         http.Header
+	// before any kv_transfer_params, what a retry starts from; in the
+	// client's headers, which the legs take Authorization and the trace
+	// context from; pd the state of the prefill legs, made when a
+	// decision first orders one (nil: none did).
+	plain []byte
+	in    http.Header
+	pd    *pdState
 
 	*bufs // borrowed from Router.pool until finish
 
 	sloState // the request's SLO and how it fared (slo.go)
 
 	// served is the endpoint the data plane reported served the request
-	// (Pick.Served); empty: none reported.
+	// (Pick.Served); empty: none reported. picked is set once a Pick
+	// holds the call, which is then not pooled (its methods may run after
+	// Done).
 	served string
+	picked bool
 
 	bodyHeld int64 // bytes the body took from the router's budget (budget.go)
 
@@ -208,11 +202,12 @@ func callFrom(ctx context.Context) *call {
 	return c
 }
 
-// newCall starts a request's call, with buffers from the pool.
+// newCall starts a request's call, from the pool.
 func (rt *Router) newCall(r *http.Request, routed bool) *call {
-	c := &call{
+	c := rt.pool.Get().(*call)
+	*c = call{
 		rt: rt, start: rt.now(), method: r.Method, path: r.URL.Path, replica: -1, routed: routed, usage: fleet.NoUsage,
-		headers: rt.clientHeaders(r.Context()), bufs: rt.pool.Get().(*bufs),
+		headers: rt.clientHeaders(r.Context()), bufs: c.bufs,
 	}
 	c.borrow(c)
 	return c
@@ -252,7 +247,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if body, ok = c.disaggregate(w, c.xbody[:0], body); !ok {
 		return
 	}
-	if c.xfer.Blocks > 0 {
+	if c.transfer().Blocks > 0 {
 		c.xbody = body
 	}
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
@@ -411,8 +406,8 @@ func (c *call) setBody(r *http.Request, body []byte) {
 func (c *call) route(w http.ResponseWriter) bool {
 	rt := c.rt
 	fl := rt.st.fleet
-	seq := rt.seq.Add(1)
-	c.id = rt.idPrefix + strconv.FormatUint(seq, 10)
+	var id [64]byte
+	c.id = string(strconv.AppendUint(append(id[:0], rt.idPrefix...), rt.seq.Add(1), 10))
 	p := c.prompt
 	if !fl.Serves(p.Model) {
 		if w != nil {

@@ -69,6 +69,7 @@ func (rt *Router) Pick(w http.ResponseWriter, r *http.Request, body []byte, subs
 		c.finish(r.Context())
 		return nil
 	}
+	c.picked = true
 	return &Pick{c: c}
 }
 
@@ -81,7 +82,7 @@ func (rt *Router) pickAny(w http.ResponseWriter, c *call, subset []string) *Pick
 	for k := range n {
 		i := (start + k) % n
 		if rt.st.healthy(i) && !contains(out, i) {
-			c.replica, c.sent = i, rt.now()
+			c.replica, c.sent, c.picked = i, rt.now(), true
 			return &Pick{c: c}
 		}
 	}

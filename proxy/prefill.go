@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/route"
 )
 
 // The prefill leg of a disaggregated request, and the release of what
@@ -39,6 +40,42 @@ var (
 	// errNoParams: a prefill leg answered without usable params.
 	errNoParams = errors.New("the prefill leg's answer has no kv_transfer_params")
 )
+
+// pdState is the prefill/decode state of a call whose decision ordered a
+// prefill leg: the transfer the forwarded body runs, xfer (Blocks 0:
+// none), of xferTokens tokens, with params, the prefill leg's
+// kv_transfer_params; pbody the prefill legs' body (nil: none built
+// yet), own whether the client's body has its own params (no legs); legs
+// counts the prefill legs run, leg is the last. Only a call that runs a
+// leg has one (call.pd), so that every other request neither allocates
+// nor carries it.
+type pdState struct {
+	xfer       route.Transfer
+	xferTokens int
+	params     []byte
+	pbody      []byte
+	own        bool
+	legs       int
+	leg        legState
+}
+
+// transfer is the transfer the call's forwarded body runs (Blocks 0:
+// none).
+func (c *call) transfer() route.Transfer {
+	if c.pd == nil {
+		return route.Transfer{}
+	}
+	return c.pd.xfer
+}
+
+// legRan returns the call's prefill-leg state when it ran a leg, else
+// nil.
+func (c *call) legRan() *pdState {
+	if c.pd == nil || c.pd.legs == 0 {
+		return nil
+	}
+	return c.pd
+}
 
 // legState is the last prefill leg of a call: the replica that ran it,
 // how long it took, how it ended (legOK, ...) and the prompt tokens its
@@ -86,19 +123,23 @@ func oneToken(plain, params []byte) ([]byte, error) {
 // the request may run legs: not when its body has its own
 // kv_transfer_params.
 func (c *call) legBody(plain []byte) bool {
-	if c.pbody != nil {
+	if c.pd == nil {
+		c.pd = new(pdState)
+	}
+	pd := c.pd
+	if pd.pbody != nil {
 		return true
 	}
-	if c.own {
+	if pd.own {
 		return false
 	}
 	b, err := oneToken(plain, nullParams)
 	if err != nil {
-		c.own = true
+		pd.own = true
 		c.rt.log.Debug("no kv transfer legs", "id", c.id, "err", err)
 		return false
 	}
-	c.pbody = b
+	pd.pbody = b
 	return true
 }
 
@@ -108,7 +149,7 @@ func (c *call) legBody(plain []byte) bool {
 // recorded.
 func (c *call) prefill(from int) ([]byte, string) {
 	rt := c.rt
-	c.legs++
+	c.pd.legs++
 	start := rt.now()
 	tk := c.chargeLeg(from, start)
 	ctx, cancel := c.legContext()
@@ -117,7 +158,7 @@ func (c *call) prefill(from int) ([]byte, string) {
 	params, prompt, err := c.sendLeg(ctx, from)
 	outcome := legOutcome(ctx, err)
 	end := rt.now()
-	c.leg = legState{from: from, took: end.Sub(start), outcome: outcome, prompt: prompt}
+	c.pd.leg = legState{from: from, took: end.Sub(start), outcome: outcome, prompt: prompt}
 	c.settleLeg(tk, end, err)
 	endLeg(span, outcome, err)
 	c.record()
@@ -127,7 +168,7 @@ func (c *call) prefill(from int) ([]byte, string) {
 // settleLeg releases the last leg's ticket tk at end, feeds its worker's
 // passive health (a refused connection ejects it) and counts the leg.
 func (c *call) settleLeg(tk *fleet.Ticket, end time.Time, err error) {
-	rt, from, outcome := c.rt, c.leg.from, c.leg.outcome
+	rt, from, outcome := c.rt, c.pd.leg.from, c.pd.leg.outcome
 	switch outcome {
 	case legOK:
 		tk.Done(end, fleet.NoUsage, nil)
@@ -185,7 +226,7 @@ func (c *call) legContext() (context.Context, context.CancelFunc) {
 // kv_transfer_params of its answer and the prompt tokens its usage
 // reported.
 func (c *call) sendLeg(ctx context.Context, from int) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.rt.url(from).JoinPath(c.path).String(), bytes.NewReader(c.pbody))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.rt.url(from).JoinPath(c.path).String(), bytes.NewReader(c.pd.pbody))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -269,7 +310,7 @@ func (c *call) startLeg(ctx context.Context, from int) (context.Context, trace.S
 		attribute.String("url.full", u.JoinPath(c.path).String()),
 		attribute.String("kvrouter.replica", c.rt.name(from)),
 		attribute.String("kvrouter.leg", legPrefill),
-		attribute.Int("kvrouter.leg.attempt", c.legs),
+		attribute.Int("kvrouter.leg.attempt", c.pd.legs),
 	))
 }
 
@@ -301,7 +342,7 @@ func endLeg(span trace.Span, outcome string, err error) {
 // which vLLM would then cache as the prompt's.
 func (c *call) release() {
 	rt := c.rt
-	body, err := oneToken(c.plain, c.params)
+	body, err := oneToken(c.plain, c.pd.params)
 	if err != nil {
 		rt.xm.releases.WithLabelValues(releaseFailed).Inc()
 		return

@@ -76,7 +76,7 @@ type Router struct {
 	st         *state
 	adm        *admission // nil: admission control off
 	sm         *sloMetrics
-	pool       sync.Pool // *bufs: the calls' buffers
+	pool       sync.Pool // *call, with its buffers
 	readBufs   readBufs  // stream read buffers
 	now        func() time.Time
 	start      time.Time     // the router's start: time zero of the residency index
@@ -201,7 +201,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		BufferPool:     &bufferPool{},
 		ErrorLog:       slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
-	rt.pool.New = func() any { return newBufs() }
+	rt.pool.New = func() any { return &call{bufs: newBufs()} }
 	if rt.shared, err = rt.newShared(reg); err != nil {
 		return nil, err
 	}

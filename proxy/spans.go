@@ -84,12 +84,12 @@ func (c *call) endSpan() {
 	if c.replica >= 0 {
 		attrs = append(attrs, c.decisionAttrs()...)
 	}
-	if c.xfer.Blocks > 0 {
-		attrs = append(attrs, attribute.String("kvrouter.transfer.from", c.rt.name(c.xfer.From)),
-			attribute.Int("kvrouter.transfer.tokens", c.xferTokens))
+	if x := c.transfer(); x.Blocks > 0 {
+		attrs = append(attrs, attribute.String("kvrouter.transfer.from", c.rt.name(x.From)),
+			attribute.Int("kvrouter.transfer.tokens", c.pd.xferTokens))
 	}
-	if c.legs > 0 {
-		attrs = append(attrs, attribute.Int("kvrouter.prefill.legs", c.legs), attribute.String("kvrouter.prefill.outcome", c.leg.outcome))
+	if pd := c.legRan(); pd != nil {
+		attrs = append(attrs, attribute.Int("kvrouter.prefill.legs", pd.legs), attribute.String("kvrouter.prefill.outcome", pd.leg.outcome))
 	}
 	if u := c.usage; u.PromptTokens >= 0 {
 		attrs = append(attrs, attribute.Int("gen_ai.usage.input_tokens", u.PromptTokens))

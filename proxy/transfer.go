@@ -171,7 +171,7 @@ func (c *call) disaggregate(w http.ResponseWriter, dst, plain []byte) ([]byte, b
 		if from < 0 || !c.legBody(plain) {
 			return plain, true
 		}
-		if c.legs > c.rt.cfg.Retries {
+		if c.pd.legs > c.rt.cfg.Retries {
 			c.fallback(fallbackExhausted, from)
 			return plain, true
 		}
@@ -217,10 +217,11 @@ func (c *call) attach(dst, plain, params []byte, from int) []byte {
 		b = append(b, ',')
 	}
 	b = append(b, plain[i+1:]...)
-	c.xfer, c.xferTokens, c.params = c.dec.Transfer, c.transferred(params, from), params
+	pd := c.pd
+	pd.xfer, pd.xferTokens, pd.params = c.dec.Transfer, c.transferred(params, from), params
 	name, to := rt.name(from), rt.name(c.replica)
 	rt.xm.count.WithLabelValues(name, to).Inc()
-	rt.xm.bytes.WithLabelValues(name, to).Add(float64(int64(c.xferTokens) * rt.xm.perToken))
+	rt.xm.bytes.WithLabelValues(name, to).Add(float64(int64(pd.xferTokens) * rt.xm.perToken))
 	c.record()
 	return b
 }
@@ -247,8 +248,8 @@ func (c *call) transferred(params []byte, from int) int {
 	if bs <= 0 {
 		bs = fleet.DefaultBlockSize
 	}
-	if n > 0 && c.leg.prompt > 0 {
-		return min(n*bs, c.leg.prompt)
+	if n > 0 && c.pd.leg.prompt > 0 {
+		return min(n*bs, c.pd.leg.prompt)
 	}
 	if n > 0 {
 		return n * bs
@@ -270,7 +271,7 @@ func (c *call) transferred(params []byte, from int) int {
 // worker's abort timeout when the decode worker was never reached.
 func (c *call) decodeFailed(req *http.Request, err error) {
 	switch {
-	case err == nil || c.xfer.Blocks <= 0:
+	case err == nil || c.transfer().Blocks <= 0:
 	case req.Context().Err() != nil:
 		c.rt.xm.releases.WithLabelValues(releaseEngine).Inc()
 	case isDialError(err):
@@ -287,11 +288,11 @@ func (c *call) redo(req *http.Request) bool {
 	if c.plain == nil {
 		return true
 	}
-	if c.xfer.Blocks > 0 {
-		c.fallback(fallbackDecodeFailed, c.xfer.From)
+	if x := c.transfer(); x.Blocks > 0 {
+		c.fallback(fallbackDecodeFailed, x.From)
 		c.rt.xm.legs.WithLabelValues(legDecode, "retried").Inc()
 	}
-	c.xfer, c.xferTokens, c.params = route.Transfer{}, 0, nil
+	c.dropTransfer()
 	body, ok := c.disaggregate(nil, nil, c.plain)
 	if !ok {
 		return false
@@ -310,12 +311,19 @@ func (c *call) redo(req *http.Request) bool {
 // its params; nil when the call ordered none. A continuation (another
 // replica after the first token) starts from it: the blocks were read.
 func (c *call) untransferred() []byte {
-	if c.xfer.Blocks <= 0 {
+	if c.transfer().Blocks <= 0 {
 		return nil
 	}
 	c.rt.xm.legs.WithLabelValues(legDecode, "cut").Inc()
-	c.xfer, c.xferTokens, c.params = route.Transfer{}, 0, nil
+	c.dropTransfer()
 	return c.plain
+}
+
+// dropTransfer forgets the transfer the call's body ran, if any.
+func (c *call) dropTransfer() {
+	if c.pd != nil {
+		c.pd.xfer, c.pd.xferTokens, c.pd.params = route.Transfer{}, 0, nil
+	}
 }
 
 // settleDecode counts the decode leg of a call that ran a transfer, by
@@ -323,7 +331,7 @@ func (c *call) untransferred() []byte {
 // answer, from its API before its engine saw the request) never read the
 // blocks: the prefill worker's abort timeout frees them.
 func (c *call) settleDecode() {
-	if c.xfer.Blocks <= 0 {
+	if c.transfer().Blocks <= 0 {
 		return
 	}
 	c.rt.xm.legs.WithLabelValues(legDecode, c.outcome).Inc()
@@ -335,12 +343,13 @@ func (c *call) settleDecode() {
 // appendTransfer appends the X-Kvrouter-Decision part of the call's
 // transfer, if any: "; transfer=from <replica> <predicted>ms".
 func (c *call) appendTransfer(b []byte) []byte {
-	if c.xfer.Blocks <= 0 {
+	x := c.transfer()
+	if x.Blocks <= 0 {
 		return b
 	}
 	b = append(b, "; transfer=from "...)
-	b = append(b, c.rt.name(c.xfer.From)...)
+	b = append(b, c.rt.name(x.From)...)
 	b = append(b, ' ')
-	b = strconv.AppendFloat(b, ms(c.xfer.Time), 'f', 3, 64)
+	b = strconv.AppendFloat(b, ms(x.Time), 'f', 3, 64)
 	return append(b, "ms"...)
 }
