@@ -3,7 +3,9 @@
 // geometry and prefix-cache counters, in vLLM's and SGLang's metric names.
 //
 // Parse is a pure function over the Prometheus text format (parsed with
-// github.com/prometheus/common/expfmt, not string matching). Scraper runs
+// github.com/prometheus/common/expfmt, not string matching), of the lines
+// of the families it reads: the others (an engine's latency histograms,
+// most of a response) are skipped by name, unparsed. Scraper runs
 // one polling loop per replica, with a per-replica offset so loops do not
 // align, and tracks staleness. ListModels reads a replica's model list
 // (GET /v1/models: base models and LoRA adapters), which the Scraper polls
@@ -14,12 +16,15 @@
 package scrape
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -95,14 +100,31 @@ const (
 
 // Parse reads one /metrics response in the Prometheus text format and
 // extracts the load signals of vLLM or SGLang. Metrics it does not know are
-// ignored; an input with none of the known metrics is not an error (the Load
-// is zero). Malformed text is an error.
+// ignored, unparsed: only the lines of the families it reads (kept) are
+// parsed, so that a scrape costs what those few lines cost. An input with
+// none of the known metrics is not an error (the Load is zero). Malformed
+// text in the lines it reads is an error.
 func Parse(r io.Reader) (Load, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	bp := texts.Get().(*[]byte)
+	defer putText(bp)
+	in, err := readAll(r, (*bp)[:0])
+	*bp = in
 	if err != nil {
 		return Load{}, fmt.Errorf("parse metrics: %w", err)
 	}
+	kp := texts.Get().(*[]byte)
+	defer putText(kp)
+	*kp = kept((*kp)[:0], in)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(*kp))
+	if err != nil {
+		return Load{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	return loadOf(fams)
+}
+
+// loadOf extracts the load signals from the parsed families.
+func loadOf(fams map[string]*dto.MetricFamily) (Load, error) {
 	s := make(series, len(known))
 	for _, name := range known {
 		f, ok := fams[name]
@@ -234,4 +256,99 @@ func label(m model.Metric, name string) int {
 		return 0
 	}
 	return n
+}
+
+// knownName holds the families Parse extracts, and with them the
+// suffixes a histogram's or summary's samples take, for kept.
+var knownName = func() map[string]bool {
+	m := make(map[string]bool, 4*len(known))
+	for _, name := range known {
+		for _, suffix := range [...]string{"", "_bucket", "_sum", "_count"} {
+			m[name+suffix] = true
+		}
+	}
+	return m
+}()
+
+// kept appends to dst the lines of text that Parse reads: the samples,
+// HELP and TYPE lines of the known families, and every line whose name it
+// cannot tell without parsing it (a quoted UTF-8 name); the other
+// families' lines and other comments, which the text format ignores, are
+// left out.
+func kept(dst, text []byte) []byte {
+	for len(text) > 0 {
+		line := text
+		if i := bytes.IndexByte(text, '\n'); i >= 0 {
+			line = text[:i+1]
+		}
+		text = text[len(line):]
+		if name, ok := lineName(line); !ok || knownName[string(name)] {
+			dst = append(dst, line...)
+		}
+	}
+	return dst
+}
+
+// lineName returns the metric name a line of the text format is about:
+// a sample's, or a HELP or TYPE comment's. ok is false for a line whose
+// name cannot be read without parsing (a quoted name), which Parse keeps;
+// a blank line and another comment have an empty name, which no known
+// family has.
+func lineName(line []byte) (name []byte, ok bool) {
+	line = bytes.TrimLeft(line, " \t")
+	if len(line) > 0 && line[0] == '#' {
+		rest := bytes.TrimLeft(line[1:], " \t")
+		word := rest[:nameEnd(rest)]
+		if string(word) != "HELP" && string(word) != "TYPE" {
+			return nil, true // a comment: ignored by the format
+		}
+		line = bytes.TrimLeft(rest[len(word):], " \t")
+	}
+	if len(line) > 0 && (line[0] == '"' || line[0] == '{') {
+		return nil, false
+	}
+	return line[:nameEnd(line)], true
+}
+
+// nameEnd returns where the name at the start of b ends: at a brace, a
+// blank or the line's end.
+func nameEnd(b []byte) int {
+	for i, c := range b {
+		switch c {
+		case '{', ' ', '\t', '\n', '\r':
+			return i
+		}
+	}
+	return len(b)
+}
+
+// texts pools the buffers Parse reads a response and its kept lines
+// into; putText drops one past maxPooledText.
+var texts = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledText caps the buffers texts keeps.
+const maxPooledText = 1 << 20
+
+func putText(b *[]byte) {
+	if cap(*b) <= maxPooledText {
+		*b = (*b)[:0]
+		texts.Put(b)
+	}
+}
+
+// readAll appends what r yields to buf until EOF.
+func readAll(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }

@@ -1,12 +1,15 @@
 package scrape
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 func TestParse(t *testing.T) {
@@ -95,15 +98,54 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// BenchmarkParse measures one scrape's parse: of vllm.txt (the families
+// Parse reads, little else) and of emulator.txt (what kvrouter engine
+// serves: mostly latency histograms, which Parse skips unparsed):
+//
+//	go test -run='^$' -bench=Parse -benchmem ./scrape
 func BenchmarkParse(b *testing.B) {
-	data, err := os.ReadFile(filepath.Join("testdata", "vllm.txt"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := Parse(strings.NewReader(string(data))); err != nil {
+	for _, name := range []string{"vllm.txt", "emulator.txt"} {
+		data, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
 			b.Fatal(err)
 		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(bytes.NewReader(data)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
+}
+
+// FuzzParseKept: Parse, which parses only the lines of the families it
+// reads, finds in every input that parses whole the Load that parsing it
+// whole finds.
+func FuzzParseKept(f *testing.F) {
+	for _, name := range []string{"vllm.txt", "vllm-old.txt", "sglang.txt", "sglang-paged.txt", "emulator.txt"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte("# HELP vllm:x_seconds a\n# TYPE vllm:x_seconds histogram\nvllm:x_seconds_bucket{le=\"1\"} 2\nvllm:num_requests_running 3\n  #  TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1\n"))
+	f.Add([]byte("{\"vllm:num_requests_running\"} 4\n# TYPE \"vllm:num_requests_waiting\" gauge\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		whole := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := whole.TextToMetricFamilies(strings.NewReader(string(b)))
+		if err != nil {
+			return
+		}
+		want, werr := loadOf(fams)
+		got, gerr := Parse(strings.NewReader(string(b)))
+		if (gerr != nil) != (werr != nil) {
+			t.Fatalf("Parse error %v, parsing whole %v", gerr, werr)
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("Parse differs from parsing whole (-whole +Parse):\n%s", d)
+		}
+	})
 }
