@@ -295,19 +295,27 @@ func kept(dst, text []byte) []byte {
 // a blank line and another comment have an empty name, which no known
 // family has.
 func lineName(line []byte) (name []byte, ok bool) {
-	line = bytes.TrimLeft(line, " \t")
+	line = skipBlank(line)
 	if len(line) > 0 && line[0] == '#' {
-		rest := bytes.TrimLeft(line[1:], " \t")
+		rest := skipBlank(line[1:])
 		word := rest[:nameEnd(rest)]
 		if string(word) != "HELP" && string(word) != "TYPE" {
 			return nil, true // a comment: ignored by the format
 		}
-		line = bytes.TrimLeft(rest[len(word):], " \t")
+		line = skipBlank(rest[len(word):])
 	}
 	if len(line) > 0 && (line[0] == '"' || line[0] == '{') {
 		return nil, false
 	}
 	return line[:nameEnd(line)], true
+}
+
+// skipBlank returns b without its leading blanks and tabs.
+func skipBlank(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	return b
 }
 
 // nameEnd returns where the name at the start of b ends: at a brace, a
