@@ -44,10 +44,10 @@ type state struct {
 	// m counts ejections; set by New once the metrics exist (nil: not
 	// counted).
 	m *metrics
-	// hung, per slot (maxBackends of them), is closed (and replaced) when failed probes eject
+	// hung, per slot (maxBackends of them), is done (and replaced) when failed probes eject
 	// the replica: the attempts waiting on it for an answer or a first
 	// token give up then rather than at their timeout.
-	hung []atomic.Pointer[chan struct{}]
+	hung []atomic.Pointer[hungSignal]
 	// back is closed (and replaced) when a replica becomes routable:
 	// requests and retries held because none was pick again then.
 	back atomic.Pointer[chan struct{}]
@@ -135,10 +135,9 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 	}
 	back := make(chan struct{})
 	st.back.Store(&back)
-	st.hung = make([]atomic.Pointer[chan struct{}], st.maxBackends)
+	st.hung = make([]atomic.Pointer[hungSignal], st.maxBackends)
 	for i := range st.hung {
-		ch := make(chan struct{})
-		st.hung[i].Store(&ch)
+		st.hung[i].Store(newHungSignal())
 	}
 	for _, be := range st.bes.list() {
 		st.health.Add(be.cfg.URL)
@@ -227,9 +226,21 @@ func (st *state) onEject(id string, e health.Ejection) {
 		return
 	}
 	if i := st.fleet.At(id); i >= 0 && i < len(st.hung) {
-		ch := make(chan struct{})
-		close(*st.hung[i].Swap(&ch))
+		st.hung[i].Swap(newHungSignal()).eject()
 	}
+}
+
+// hungSignal is done when probes next eject a replica: a context, so
+// that an attempt waiting on its replica registers a callback
+// (context.AfterFunc) rather than a goroutine of its own.
+type hungSignal struct {
+	ctx   context.Context
+	eject context.CancelFunc
+}
+
+func newHungSignal() *hungSignal {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &hungSignal{ctx: ctx, eject: cancel}
 }
 
 // otherHealthy reports whether a replica other than i is in service on
@@ -247,8 +258,8 @@ func (st *state) otherHealthy(i int) bool {
 // service.
 func (st *state) backSignal() <-chan struct{} { return *st.back.Load() }
 
-// hungSignal returns the channel closed when probes next eject replica i.
-func (st *state) hungSignal(i int) <-chan struct{} { return *st.hung[i].Load() }
+// hungSignal returns what is done when probes next eject replica i.
+func (st *state) hungSignal(i int) context.Context { return st.hung[i].Load().ctx }
 
 // onHold logs and counts a replica kept out at the end of its ejection.
 func (st *state) onHold(id, reason string) {

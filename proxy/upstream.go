@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -83,6 +84,11 @@ type attempt struct {
 	// answered is set once the first token (or a non-streaming answer's
 	// headers) arrived: a probe ejection no longer cancels the attempt.
 	answered atomic.Bool
+	// mu guards unwatch, which stops the watch on the replica's next
+	// ejection (nil: none), and stopped, set by stop.
+	mu      sync.Mutex
+	unwatch func() bool
+	stopped bool
 }
 
 // newAttempt starts an attempt for c under parent. first bounds the time
@@ -103,37 +109,40 @@ func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt 
 		a.total = time.AfterFunc(max(left, 0), func() { cancel(cause) })
 	}
 	if c.replica >= 0 && c.routed {
-		go a.watch(c.replica)
+		a.watch(c.replica)
 	}
 	return a
 }
 
 // watch cancels the attempt if failed probes eject its replica i before
 // its answer arrived, so that it is retried elsewhere at once instead of
-// at its timeout; it returns when the attempt ends. When no other replica
+// at its timeout, until the attempt ends (stop). When no other replica
 // is in service either (every engine stalled at once: CPU starvation of
 // their host, a paused node), there is nowhere to retry: the attempt is
 // held on its replica, whose answer may still come, until its first-token
-// timeout (TestFleetStall).
+// timeout (TestFleetStall). It waits with a callback on the replica's
+// hung signal, not a goroutine: an attempt costs none until an ejection.
 func (a *attempt) watch(i int) {
 	st := a.rt.st
-	for {
-		select {
-		case <-st.hungSignal(i):
-			if a.answered.Load() {
-				return
-			}
-			if st.otherHealthy(i) {
-				a.cancel(&timeoutError{kind: timeoutProbe})
-				return
-			}
-			// Held: the loop waits for the answer, or for the next
-			// ejection of i (probes readmitted it meanwhile).
-			a.rt.m.stallHolds.Inc()
-		case <-a.ctx.Done():
+	sig := st.hungSignal(i)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopped {
+		return
+	}
+	a.unwatch = context.AfterFunc(sig, func() {
+		if a.answered.Load() || a.ctx.Err() != nil {
 			return
 		}
-	}
+		if st.otherHealthy(i) {
+			a.cancel(&timeoutError{kind: timeoutProbe})
+			return
+		}
+		// Held: wait for the answer, or for the next ejection of i
+		// (probes readmitted it meanwhile).
+		a.rt.m.stallHolds.Inc()
+		a.watch(i)
+	})
 }
 
 // streaming moves the phase timer to the stream-idle timeout: the first
@@ -162,8 +171,14 @@ func (a *attempt) tick() {
 	}
 }
 
-// stop ends the attempt: timers stopped, context cancelled.
+// stop ends the attempt: timers stopped, watch ended, context cancelled.
 func (a *attempt) stop() {
+	a.mu.Lock()
+	a.stopped = true
+	if a.unwatch != nil {
+		a.unwatch()
+	}
+	a.mu.Unlock()
 	if a.phase != nil {
 		a.phase.Stop()
 	}
