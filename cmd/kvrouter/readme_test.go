@@ -577,3 +577,23 @@ func TestReadmeBlocks(t *testing.T) {
 		t.Errorf("serverPorts of serve without admin: got %v", got)
 	}
 }
+
+// TestDocServersInBackground: a server command (kvrouter serve, engine)
+// followed by other commands in its block ends in "&", so that the block
+// pasted into a shell runs as written; TestREADME would run it either
+// way, so only this test sees a missing one. A block marked ci: skip
+// (several hosts, say) is not checked.
+func TestDocServersInBackground(t *testing.T) {
+	for _, file := range docFiles(t) {
+		for _, b := range readmeBlocks(readDoc(t, file)) {
+			if b.skip != "" {
+				continue
+			}
+			for i, c := range b.commands {
+				if isServer(c.text) && i+1 < len(b.commands) && !strings.HasSuffix(strings.TrimSpace(c.text), "&") {
+					t.Errorf("%s:%d: %q runs in the foreground: the block's next commands would wait for it (end it with &)", file, c.line, c.text)
+				}
+			}
+		}
+	}
+}
