@@ -102,9 +102,14 @@ func metadata(namespace, key, endpoint string) *structpb.Struct {
 }
 
 // subsetOf returns the endpoints Envoy allows the picker to choose from
-// (filter metadata namespace+".subset_hint", key SubsetKey: a list of
-// host:port strings), or nil when it sets none. A key present with an
-// empty list allows none.
+// (filter metadata namespace+".subset_hint", key SubsetKey), or nil when
+// it sets none. The value comes in the forms GIE's reference picker
+// accepts: a list of strings (what a control plane writes), one string
+// (what Envoy's header-to-metadata filter makes of a header), and a list
+// element holding several; each is comma-separated, and an entry is
+// "host:port" (that endpoint) or a bare host (every port of that pod).
+// Entries that are not strings are ignored. A key present with no entry
+// allows none.
 func subsetOf(req *extprocv3.ProcessingRequest, namespace string) []string {
 	md := req.GetMetadataContext().GetFilterMetadata()[namespace+".subset_hint"]
 	v, ok := md.GetFields()[SubsetKey]
@@ -112,10 +117,27 @@ func subsetOf(req *extprocv3.ProcessingRequest, namespace string) []string {
 		return nil
 	}
 	out := []string{}
+	if s, ok := v.GetKind().(*structpb.Value_StringValue); ok {
+		return appendEndpoints(out, s.StringValue)
+	}
 	for _, e := range v.GetListValue().GetValues() {
-		if s := e.GetStringValue(); s != "" {
-			out = append(out, s)
-		}
+		out = appendEndpoints(out, e.GetStringValue())
 	}
 	return out
+}
+
+// appendEndpoints appends the comma-separated endpoints of s to dst,
+// spaces trimmed, a bracketed bare IPv6 address ("[fd00::1]") without
+// its brackets.
+func appendEndpoints(dst []string, s string) []string {
+	for e := range strings.SplitSeq(s, ",") {
+		e = strings.TrimSpace(e)
+		if strings.HasPrefix(e, "[") && strings.HasSuffix(e, "]") {
+			e = e[1 : len(e)-1]
+		}
+		if e != "" {
+			dst = append(dst, e)
+		}
+	}
+	return dst
 }

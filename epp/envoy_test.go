@@ -119,6 +119,7 @@ type req struct {
 	headers []string // key, value pairs
 	chunks  [][]byte // the body as Envoy's buffer delivers it
 	subset  []string // the envoy.lb.subset_hint list; nil: none
+	hint    any      // the subset hint's value as given (a string or []any), instead of subset
 	open    bool     // the last chunk does not end the stream (Envoy's buffer cut it)
 	// hold, when set, runs after the picker routed the request and before
 	// the engine is called (to look at the router's load).
@@ -132,6 +133,17 @@ func chat(model, session, content string, stream bool) req {
 	}
 	return req{mode: procv3.ProcessingMode_FULL_DUPLEX_STREAMED, path: "/v1/chat/completions",
 		headers: []string{"x-session-id", session, "content-type", "application/json"}, chunks: [][]byte{[]byte(body)}}
+}
+
+// hintMetadata is the filter metadata of Envoy's subset hint with the
+// value hint (a string or []any).
+func hintMetadata(t *testing.T, hint any) *corev3.Metadata {
+	t.Helper()
+	v, err := structpb.NewStruct(map[string]any{SubsetKey: hint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{DefaultNamespace + ".subset_hint": v}}
 }
 
 // headerMap is an ext_proc header map, with raw values as Envoy sends
@@ -160,16 +172,15 @@ func (f *fixture) do(t *testing.T, r req) exchange {
 			Headers: headerMap(hdrs...), EndOfStream: len(r.chunks) == 0}},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: r.mode, ResponseBodyMode: r.mode},
 	}
-	if r.subset != nil {
+	if r.subset != nil && r.hint == nil {
 		list := make([]any, len(r.subset))
 		for i, e := range r.subset {
 			list[i] = e
 		}
-		v, err := structpb.NewStruct(map[string]any{SubsetKey: list})
-		if err != nil {
-			t.Fatal(err)
-		}
-		first.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{DefaultNamespace + ".subset_hint": v}}
+		r.hint = list
+	}
+	if r.hint != nil {
+		first.MetadataContext = hintMetadata(t, r.hint)
 	}
 	send(t, s, first)
 	if r.mode != procv3.ProcessingMode_FULL_DUPLEX_STREAMED && len(r.chunks) > 0 { // Envoy waits for the headers' answer

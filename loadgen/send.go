@@ -27,9 +27,12 @@ type Message struct {
 // system message and the segments after them alternate user, assistant,
 // user, ... (for multi-turn-chat: every earlier question and answer, then
 // the new question). A request without a session is one user message
-// holding its whole prompt. Either way the text of equal leading segments
-// renders to equal leading messages, so the prefix reuse of the workload
-// reaches the engine.
+// holding its whole prompt. A recording's request (r.Recorded: its segments
+// are blocks of a few tokens, not turns) has its segments after the
+// system message in one user message: a message per block would add the
+// chat template's tokens to every block. Either way the text of equal
+// leading segments renders to equal leading messages, so the prefix
+// reuse of the workload reaches the engine.
 func Messages(r *trace.Request, system int) []Message {
 	if r.Session == "" {
 		return []Message{{Role: "user", Content: string(r.AppendText(nil))}}
@@ -43,6 +46,16 @@ func Messages(r *trace.Request, system int) []Message {
 		sys = trace.AppendSegmentText(sys, s)
 	}
 	out := []Message{{Role: "system", Content: string(sys)}}
+	if r.Recorded {
+		var user []byte
+		for _, s := range r.Segments[system:] {
+			user = trace.AppendSegmentText(user, s)
+		}
+		if len(user) > 0 {
+			out = append(out, Message{Role: "user", Content: string(user)})
+		}
+		return out
+	}
 	for k, s := range r.Segments[system:] {
 		role := "user"
 		if k%2 == 1 {

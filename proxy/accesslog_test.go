@@ -114,6 +114,7 @@ func TestAccessLogJSON(t *testing.T) {
 		{name: "bad json", method: "POST", path: "/v1/chat/completions", body: `{"model":`, status: 400},
 		{name: "unknown model", method: "POST", path: "/v1/chat/completions", body: `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, status: 404},
 		{name: "pass-through", method: "POST", path: "/tokenize", body: `{"model":"m","prompt":"hello there"}`, status: 200},
+		{name: "pass-through again", method: "POST", path: "/tokenize", body: `{"model":"m","prompt":"hello again"}`, status: 200},
 	}
 	for _, s := range reqs {
 		req, _ := http.NewRequest(s.method, srv.URL+s.path, strings.NewReader(s.body))
@@ -147,9 +148,18 @@ func TestAccessLogJSON(t *testing.T) {
 	if len(access) != len(reqs) {
 		t.Fatalf("got %d access lines, want %d:\n%s", len(access), len(reqs), logBuf.String())
 	}
+	ids := map[string]string{}
 	for i, s := range reqs {
 		m := access[i] // the requests were sequential: their lines are in order
 		t.Run(s.name, func(t *testing.T) { checkAccess(t, m, s) })
+		if id, _ := m["id"].(string); id != "" {
+			if other, dup := ids[id]; dup {
+				t.Errorf("%s and %s both logged with id %q: want an id per request", other, s.name, id)
+			}
+			ids[id] = s.name
+		} else if strings.HasPrefix(s.name, "pass-through") {
+			t.Errorf("%s: logged without an id", s.name)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -383,12 +384,16 @@ func DefaultConfig() Config {
 // names; unknown keys are errors. The backends may also be given under
 // "backends" (not both).
 func ReadConfigFile(path string, cfg *Config) error {
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	defer f.Close()
-	dec := yaml.NewDecoder(f)
+	return DecodeConfig(path, data, cfg)
+}
+
+// DecodeConfig is ReadConfigFile of the file path's contents data.
+func DecodeConfig(path string, data []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	var file struct {
 		Config   `yaml:",inline"`

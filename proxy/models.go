@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -185,7 +186,7 @@ func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c.id = "kvr-pass"
+	c.id = rt.idPrefix + "pass-" + strconv.FormatUint(rt.seq.Add(1), 10) // its own, as a completion's
 	if !c.passTo(rt.anyHealthy(nil)) {
 		c.status, c.errCode = http.StatusServiceUnavailable, codeNoHealthy
 		rt.countAPI(codeNoHealthy)

@@ -28,8 +28,8 @@ type Pick struct {
 // /v1/chat/completions or /v1/completions goes through the same steps as
 // serveCompletion up to the choice: parse (the same limits), session,
 // priority, SLO, admission queue (for as long as r's context lasts), the
-// fleet's decision over the replicas whose host:port is in subset (nil:
-// all of them), and the decision record. Any other request gets a
+// fleet's decision over the replicas in subset (host:port, or a bare
+// host for each of its ports; nil: all of them), and the decision record. Any other request gets a
 // healthy replica, round robin, as a pass-through does. When no replica
 // is chosen, Pick answers w as the HTTP router would (status,
 // Retry-After, an OpenAI-style JSON error, counted in
@@ -99,18 +99,24 @@ func (rt *Router) noneInSubset(w http.ResponseWriter, c *call) *Pick {
 	return nil
 }
 
-// outside appends to dst the replicas whose host:port is not in subset;
-// none when subset is nil.
+// outside appends to dst the replicas not in subset; none when subset is
+// nil.
 func (rt *Router) outside(dst []int, subset []string) []int {
 	if subset == nil {
 		return dst
 	}
 	for i := range rt.st.bes.list() {
-		if !slices.Contains(subset, rt.url(i).Host) {
+		if !inSubset(subset, rt.url(i)) {
 			dst = append(dst, i)
 		}
 	}
 	return dst
+}
+
+// inSubset reports whether subset names u: its host:port, or its host
+// alone (every port of that pod, as GIE's endpoint subset allows).
+func inSubset(subset []string, u *url.URL) bool {
+	return slices.Contains(subset, u.Host) || slices.Contains(subset, u.Hostname())
 }
 
 // Replica returns the chosen replica's base URL.
@@ -146,7 +152,7 @@ func (p *Pick) Summary() string {
 // one cannot be reached (the Gateway API Inference Extension's endpoint
 // list: the primary first, then these): the decision's other candidates,
 // cheapest first, then the other replicas by index; only healthy ones,
-// not draining, whose host:port is in subset (nil: any) and that serve
+// not draining, in subset (as in Pick; nil: any) and that serve
 // the request's model (or whose models are not known yet). Call it
 // before Done.
 func (p *Pick) Fallbacks(n int, subset []string) []string {
@@ -163,7 +169,7 @@ func (p *Pick) Fallbacks(n int, subset []string) []string {
 		}
 		tried = append(tried, i)
 		host := rt.url(i).Host
-		if !rt.st.healthy(i) || rt.st.fleet.Draining(rt.name(i)) || subset != nil && !slices.Contains(subset, host) || !rt.serves(i, model) {
+		if !rt.st.healthy(i) || rt.st.fleet.Draining(rt.name(i)) || subset != nil && !inSubset(subset, rt.url(i)) || !rt.serves(i, model) {
 			return
 		}
 		out = append(out, host)

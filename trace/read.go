@@ -169,6 +169,7 @@ func (c *mooncakeClock) parse(b []byte, line int) (Request, error) {
 		Prompt:   prompt,
 		Output:   m.OutputLength,
 		SLO:      slo,
+		Recorded: m.BlockSize > 0,
 	}, nil
 }
 

@@ -43,6 +43,10 @@ type Request struct {
 	// is derived by the simulator from the requests of its class as the
 	// run's SLO is from all (sim/slo.go).
 	SLO route.SLO `json:",omitzero"`
+	// Recorded says the Segments are a recording's blocks (kvrouter serve
+	// --record), not a conversation's turns: a replay sends them as one
+	// message, not one message each.
+	Recorded bool `json:",omitzero"`
 }
 
 // Segment is a run of prompt tokens with one identity. Two segments with the

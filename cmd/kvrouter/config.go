@@ -223,18 +223,35 @@ var serveHelp = help{
 // flags > KVROUTER_* environment > config file > defaults. getenv is
 // os.Getenv outside tests.
 func loadServeConfig(args []string, getenv func(string) string, stderr io.Writer) (proxy.Config, error) {
-	return loadConfig("serve", serveHelp, args, getenv, stderr)
+	return loadConfig("serve", serveHelp, args, getenv, stderr, nil)
+}
+
+// ownFlags are a subcommand's flags beside serve's (epp's), with the same
+// environment variables and config-file keys.
+type ownFlags interface {
+	// bind binds the flags on fs, each set to its default.
+	bind(fs *flag.FlagSet)
+	// apply checks them together once set and applies them to cfg.
+	apply(cfg *proxy.Config) error
 }
 
 // loadConfig is loadServeConfig for the subcommand cmd (serve, or epp,
-// which takes serve's flags), whose -h prints h.
-func loadConfig(cmd string, h help, args []string, getenv func(string) string, stderr io.Writer) (proxy.Config, error) {
+// which takes serve's flags and its own, own), whose -h prints h.
+func loadConfig(cmd string, h help, args []string, getenv func(string) string, stderr io.Writer, own ownFlags) (proxy.Config, error) {
 	// First pass: find --config and which flags were given.
 	scratch := proxy.DefaultConfig()
 	var path string
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	serveFlags(fs, &scratch, &path)
+	var ownNames []string
+	if own != nil {
+		ownFS := flag.NewFlagSet(cmd, flag.ContinueOnError)
+		own.bind(ownFS)
+		ownFS.VisitAll(func(f *flag.Flag) { ownNames = append(ownNames, f.Name) })
+		own.bind(fs)
+		h.own = ownNames
+	}
 	if err := parseFlags(fs, args, h, stderr); err != nil {
 		return proxy.Config{}, err
 	}
@@ -245,16 +262,27 @@ func loadConfig(cmd string, h help, args []string, getenv func(string) string, s
 	}
 
 	cfg := proxy.DefaultConfig()
+	var fromFile map[string]string
 	if path != "" {
-		if err := proxy.ReadConfigFile(path, &cfg); err != nil {
+		var err error
+		if fromFile, err = readConfigFile(path, &cfg, ownNames); err != nil {
 			return proxy.Config{}, err
 		}
 	}
-	// Second pass on the real config: environment, then flags.
-	fs2 := flag.NewFlagSet("serve", flag.ContinueOnError)
+	// Second pass on the real config: the file's own keys, the
+	// environment, then flags.
+	fs2 := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs2.SetOutput(io.Discard)
 	var ignored string
 	bl := serveFlags(fs2, &cfg, &ignored)
+	if own != nil {
+		own.bind(fs2)
+	}
+	for name, v := range fromFile {
+		if err := fs2.Set(name, v); err != nil {
+			return proxy.Config{}, fmt.Errorf("config %s: %s: %q: %w", path, name, v, err)
+		}
+	}
 	var err error
 	fs2.VisitAll(func(f *flag.Flag) {
 		if err != nil || f.Name == "config" || given[f.Name] {
@@ -272,6 +300,11 @@ func loadConfig(cmd string, h help, args []string, getenv func(string) string, s
 	bl.touched = false
 	if err := fs2.Parse(args); err != nil {
 		return proxy.Config{}, err
+	}
+	if own != nil {
+		if err := own.apply(&cfg); err != nil {
+			return proxy.Config{}, err
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return proxy.Config{}, fmt.Errorf("invalid configuration:\n%w", err)

@@ -205,3 +205,29 @@ func TestConfigBackendMappings(t *testing.T) {
 		t.Errorf("flag over file: got %+v, %v; want only http://flag:1", cfg.Backends, err)
 	}
 }
+
+// TestConfigFileKeys: a misspelt top-level key of the --config file is
+// an error naming the key, its line and the nearest real key, not the Go
+// type the YAML decoder names; epp's own keys, taken out of the file
+// before the decoder reads it, leave the other keys' line numbers as
+// they are in its errors.
+func TestConfigFileKeys(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	getenv := func(string) string { return "" }
+	_, err := loadServeConfig([]string{"--config", write("typo.yaml", "backend: [\"http://a:1\"]\npolcy: kv-aware\n")}, getenv, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `line 2: unknown key "polcy" (did you mean policy?)`) || strings.Contains(err.Error(), "struct") {
+		t.Errorf("typo: %v, want the key, its line and policy, no Go type", err)
+	}
+	var ef eppFlags
+	_, err = loadConfig("epp", eppHelp, []string{"--config", write("epp.yaml", "fallbacks: 2\nbackend: [\"http://a:1\"]\nsession-ttl: soon\n")}, getenv, io.Discard, &ef)
+	if err == nil || !strings.Contains(err.Error(), "line 3") {
+		t.Errorf("epp file with a bad value on line 3: %v, want line 3 named", err)
+	}
+}

@@ -27,7 +27,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	kvepp "github.com/kvrouter/kvrouter/epp"
-	"github.com/kvrouter/kvrouter/kube"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -199,19 +198,13 @@ nearest real name. How to use these settings is in [operations.md](operations.md
 
 	fmt.Fprint(w, "\n## kvrouter epp\n\n")
 	fmt.Fprintln(w, "`epp` takes every `serve` flag above (its environment variables and YAML keys too);")
-	fmt.Fprintf(w, "its `--listen` is the gRPC address, `%s` unless given. These are its own:\n\n", DefaultEPPListen)
-	fmt.Fprintln(w, "| flag | default | description |")
-	fmt.Fprintln(w, "|---|---|---|")
-	fmt.Fprintf(w, "| `--body-mode` | `full-duplex` | %s |\n", cell("the ext_proc filter's request_body_mode when Envoy does not send its protocol_config: full-duplex (FULL_DUPLEX_STREAMED) or buffered"))
-	fmt.Fprintf(w, "| `--epp-idle-timeout` | `%s` | %s |\n", kvepp.DefaultIdleTimeout, cell("the longest a routed request's stream may be silent once its response started before it is ended (before the response headers: --ttft-timeout)"))
-	fmt.Fprintf(w, "| `--fallbacks` | `0` | %s |\n", cell("endpoints named after the picked one in x-gateway-destination-endpoint (GIE's list, primary first), for a data plane that tries them in order when it cannot reach the first; 0: none, as an Envoy ORIGINAL_DST cluster reading the header takes one address"))
-	fmt.Fprintf(w, "| `--pool-name` | | %s |\n", cell("the InferencePool (inference.networking.k8s.io/v1) whose ready pods are the backends, at its target ports, watched in the Kubernetes API (--kube-api, or in-cluster); instead of --discover and --backend"))
-	fmt.Fprintf(w, "| `--pool-namespace` | | %s |\n", cell("the InferencePool's namespace (empty: the pod's own)"))
-	fmt.Fprintf(w, "| `--pool-group` | `%s` | %s |\n", kube.PoolGroup, cell("accepted for GIE's picker's command line; only InferencePool v1 is followed"))
-	fmt.Fprintf(w, "| `--leader-elect` | `false` | %s |\n", cell("elect a leader among the picker's replicas over a coordination.k8s.io/v1 Lease: only the leader reports ready (readiness, inference-extension, ext_proc and \"\" health services), followers keep their state warm; GIE's picker's --ha-enable-leader-election is the same"))
-	fmt.Fprintf(w, "| `--lease-name` | `kvrouter-epp-POOL` | %s |\n", cell("the Lease of --leader-elect, in the pool's namespace (kvrouter-epp without a pool); the identity is $POD_NAME (else the host name) with a random suffix"))
-	if sf, ef := flagNames(fss["serve"]), flagNames(fss["epp"]); !slices.Equal(sf, ef) {
-		return fmt.Errorf("epp's flags are no longer serve's: %v against %v", ef, sf)
+	fmt.Fprintf(w, "its `--listen` is the gRPC address, `%s` unless given. These are its own, each a\n", DefaultEPPListen)
+	fmt.Fprint(w, "variable and a top-level key of the `--config` file too:\n\n")
+	serveNames := flagNames(fss["serve"])
+	own := subFlagSet(fss["epp"], func(f *flag.Flag) bool { return !slices.Contains(serveNames, f.Name) })
+	flagRows(w, own, true, flagNames(own))
+	if missing := subFlagSet(fss["serve"], func(f *flag.Flag) bool { return fss["epp"].Lookup(f.Name) == nil }); len(flagNames(missing)) > 0 {
+		return fmt.Errorf("epp lacks serve's flags %v", flagNames(missing))
 	}
 
 	for _, name := range docCommands[2:] {

@@ -15,12 +15,13 @@ import (
 const envPrefix = "KVROUTER_"
 
 // knownEnv lists the KVROUTER_* variables kvrouter reads: one per serve
-// flag (envName), and KVROUTER_QWEN3_DIR, which the tests read.
+// and epp flag (envName), and KVROUTER_QWEN3_DIR, which the tests read.
 func knownEnv() []string {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfg := proxy.DefaultConfig()
 	var path string
 	serveFlags(fs, &cfg, &path)
+	new(eppFlags).bind(fs)
 	known := []string{envPrefix + "QWEN3_DIR"}
 	fs.VisitAll(func(f *flag.Flag) { known = append(known, envName(f.Name)) })
 	slices.Sort(known)
@@ -40,7 +41,7 @@ func (u unknownVar) String() string {
 	if u.suggestion != "" {
 		return w + fmt.Sprintf(" (did you mean %s?)", u.suggestion)
 	}
-	return w + " (each serve flag --name is KVROUTER_NAME, dashes as underscores: see kvrouter serve -h)"
+	return w + " (each serve or epp flag --name is KVROUTER_NAME, dashes as underscores: see kvrouter serve -h, kvrouter epp -h)"
 }
 
 // unknownEnv returns the variables of environ ("NAME=value" entries, as

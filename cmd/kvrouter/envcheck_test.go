@@ -25,7 +25,7 @@ func TestEnvWarnings(t *testing.T) {
 		{"KVROUTER_POLICY=round-robin", nil},
 		{"KVROUTER_POLICY", nil},
 		{"HOME=/root", nil},
-		{"KVROUTER_XYZZY=1", []string{"unknown environment variable KVROUTER_XYZZY is ignored (each serve flag --name is KVROUTER_NAME, dashes as underscores: see kvrouter serve -h)"}},
+		{"KVROUTER_XYZZY=1", []string{"unknown environment variable KVROUTER_XYZZY is ignored (each serve or epp flag --name is KVROUTER_NAME, dashes as underscores: see kvrouter serve -h, kvrouter epp -h)"}},
 	}
 	for _, c := range cases {
 		got := envWarnings([]string{c.env}, known)

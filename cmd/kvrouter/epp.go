@@ -5,11 +5,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,9 +29,10 @@ import (
 // not given: GIE's conventional ext_proc port.
 const DefaultEPPListen = ":9002"
 
-// eppFlags are the flags only `kvrouter epp` has; every other flag is
-// serve's (backends, policy, KV events, limits, admin surface), with
-// --listen the gRPC address.
+// eppFlags are the flags only `kvrouter epp` has, beside serve's
+// (backends, policy, KV events, limits, admin surface), with --listen the
+// gRPC address. Like serve's, each is also a KVROUTER_* variable and a
+// key of the --config file.
 type eppFlags struct {
 	bodyMode    epp.BodyMode
 	idleTimeout time.Duration
@@ -44,84 +45,89 @@ type eppFlags struct {
 	leaseName   string
 }
 
-// eppFlagNames are the flags splitEPPFlags takes.
-var eppFlagNames = []string{"body-mode", "epp-idle-timeout", "fallbacks", "pool-name", "pool-namespace", "pool-group",
-	"leader-elect", "ha-enable-leader-election", "lease-name"}
-
-// splitEPPFlags takes the epp's own flags (eppFlagNames, as -name=v,
-// --name=v, -name v or --name v; --leader-elect alone is true) out of
-// args and returns the rest.
-func splitEPPFlags(args []string) (eppFlags, []string, error) {
-	var f eppFlags
-	var rest []string
-	for i := 0; i < len(args); i++ {
-		name, val, hasVal := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if !strings.HasPrefix(args[i], "-") || !slices.Contains(eppFlagNames, name) {
-			rest = append(rest, args[i])
-			continue
-		}
-		if name == "ha-enable-leader-election" { // GIE's picker's name
-			name = "leader-elect"
-		}
-		if name == "leader-elect" && !hasVal {
-			f.leaderElect = true
-			continue
-		}
-		if !hasVal {
-			if i+1 >= len(args) {
-				return f, nil, fmt.Errorf("flag --%s needs a value", name)
-			}
-			i++
-			val = args[i]
-		}
-		var err error
-		switch name {
-		case "body-mode":
-			f.bodyMode, err = parseBodyMode(val)
-		case "epp-idle-timeout":
-			f.idleTimeout, err = time.ParseDuration(val)
-		case "fallbacks":
-			f.fallbacks, err = strconv.Atoi(val)
-			if err == nil && f.fallbacks < 0 {
-				err = fmt.Errorf("must not be negative, got %d", f.fallbacks)
-			}
-		case "pool-name":
-			f.poolName = val
-		case "pool-namespace":
-			f.poolNamespace = val
-		case "pool-group": // GIE's picker's; only the v1 API is followed
-			if val != kube.PoolGroup {
-				err = fmt.Errorf("only %s (InferencePool v1) is supported, got %q", kube.PoolGroup, val)
-			}
-		case "leader-elect":
-			f.leaderElect, err = strconv.ParseBool(val)
-		case "lease-name":
-			f.leaseName = val
-		}
-		if err != nil {
-			return f, nil, fmt.Errorf("--%s: %w", name, err)
-		}
-	}
-	if f.poolName == "" && f.poolNamespace != "" {
-		return f, nil, errors.New("--pool-namespace needs --pool-name")
-	}
-	if f.poolName != "" {
-		if flagGiven(rest, "discover") {
-			return f, nil, errors.New("--pool-name and --discover: give one (the pool is the discovery)")
-		}
-		rest = append(rest, "--discover", "inferencepool://"+f.poolNamespace+"/"+f.poolName)
-	}
-	return f, rest, nil
+// bind binds f's flags on fs, each set to its default.
+func (f *eppFlags) bind(fs *flag.FlagSet) {
+	f.bodyMode = epp.FullDuplex
+	fs.Var((*bodyModeFlag)(&f.bodyMode), "body-mode",
+		"the ext_proc filter's request_body_mode when Envoy does not send its protocol_config, a `mode`: full-duplex (FULL_DUPLEX_STREAMED, the default) or buffered")
+	fs.DurationVar(&f.idleTimeout, "epp-idle-timeout", epp.DefaultIdleTimeout,
+		"the longest a routed request's stream may be silent once its response started before it is ended (before the response headers: --ttft-timeout)")
+	fs.Var(nonNegative{&f.fallbacks}, "fallbacks",
+		"`n` endpoints named after the picked one in x-gateway-destination-endpoint (GIE's list, primary first), for a data plane that tries them in order when it cannot reach the first; 0: none, as an Envoy ORIGINAL_DST cluster reading the header takes one address")
+	fs.StringVar(&f.poolName, "pool-name", "",
+		"the InferencePool (inference.networking.k8s.io/v1) whose ready pods are the backends, at its target ports, watched in the Kubernetes API (--kube-api, or in-cluster); instead of --discover and --backend")
+	fs.StringVar(&f.poolNamespace, "pool-namespace", "", "the InferencePool's namespace (empty: the pod's own)")
+	fs.Var(poolGroupFlag{}, "pool-group", "the InferencePool's API `group`, accepted for GIE's picker's command line; only InferencePool v1 ("+kube.PoolGroup+") is followed")
+	fs.BoolVar(&f.leaderElect, "leader-elect", false,
+		"elect a leader among the picker's replicas over a coordination.k8s.io/v1 Lease: only the leader reports ready (readiness, inference-extension, ext_proc and \"\" health services), followers keep their state warm")
+	fs.BoolVar(&f.leaderElect, "ha-enable-leader-election", false, "GIE's picker's name of --leader-elect")
+	fs.StringVar(&f.leaseName, "lease-name", "",
+		"the Lease of --leader-elect, in the pool's namespace (empty: kvrouter-epp-POOL, or kvrouter-epp without a pool); the identity is $POD_NAME (else the host name) with a random suffix")
 }
 
-// flagGiven reports whether args set the flag name.
-func flagGiven(args []string, name string) bool {
-	for _, a := range args {
-		if n, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && n == name {
-			return true
-		}
+// apply checks f's flags together and sets what they mean in cfg: the
+// pool is the discovery.
+func (f *eppFlags) apply(cfg *proxy.Config) error {
+	if f.poolName == "" && f.poolNamespace != "" {
+		return errors.New("--pool-namespace needs --pool-name")
 	}
-	return false
+	if f.poolName != "" {
+		if cfg.Discover != "" {
+			return errors.New("--pool-name and --discover: give one (the pool is the discovery)")
+		}
+		cfg.Discover = "inferencepool://" + f.poolNamespace + "/" + f.poolName
+	}
+	return nil
+}
+
+// bodyModeFlag is --body-mode.
+type bodyModeFlag epp.BodyMode
+
+func (b *bodyModeFlag) String() string {
+	if b == nil || epp.BodyMode(*b) == epp.FullDuplex {
+		return "full-duplex"
+	}
+	return "buffered"
+}
+
+func (b *bodyModeFlag) Set(s string) error {
+	m, err := parseBodyMode(s)
+	*b = bodyModeFlag(m)
+	return err
+}
+
+// nonNegative is an int flag that refuses negative values.
+type nonNegative struct{ n *int }
+
+func (v nonNegative) String() string {
+	if v.n == nil {
+		return "0"
+	}
+	return strconv.Itoa(*v.n)
+}
+
+func (v nonNegative) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err == nil && n < 0 {
+		err = fmt.Errorf("must not be negative, got %d", n)
+	}
+	if err == nil {
+		*v.n = n
+	}
+	return err
+}
+
+// poolGroupFlag is --pool-group: GIE's picker's, whose only value here is
+// the v1 API's group.
+type poolGroupFlag struct{}
+
+func (poolGroupFlag) String() string { return kube.PoolGroup }
+
+func (poolGroupFlag) Set(s string) error {
+	if s != kube.PoolGroup {
+		return fmt.Errorf("only %s (InferencePool v1) is supported, got %q", kube.PoolGroup, s)
+	}
+	return nil
 }
 
 func parseBodyMode(s string) (epp.BodyMode, error) {
@@ -140,20 +146,25 @@ var eppHelp = help{
 		"ext_proc gRPC server on --listen (default " + DefaultEPPListen + ") that reads each request's body,\n" +
 		"picks the replica with the same policy and fleet code as serve, and answers with\n" +
 		"the x-gateway-destination-endpoint header and envoy.lb metadata (the picked\n" +
-		"endpoint, then --fallbacks others); Envoy forwards. It takes serve's flags\n" +
-		"(backends, policy, KV events, admin surface), and its own: --pool-name and\n" +
-		"--pool-namespace (the InferencePool whose ready pods are the backends, watched in\n" +
-		"the Kubernetes API), --leader-elect and --lease-name (only the Lease's holder\n" +
-		"reports ready), --fallbacks (default 0), --body-mode full-duplex|buffered (the\n" +
-		"ext_proc filter's request_body_mode when Envoy does not say; default full-duplex)\n" +
-		"and --epp-idle-timeout (the longest a routed request's stream may be silent once\n" +
-		"its response started; before, --ttft-timeout;\n" +
-		"default " + epp.DefaultIdleTimeout.String() + ").",
+		"endpoint, then --fallbacks others); Envoy forwards. Its own flags are listed\n" +
+		"first; it takes serve's too (backends, policy, KV events, admin surface). Every\n" +
+		"flag can also be set as KVROUTER_<FLAG> or as a key of the --config YAML file.\n" +
+		"Precedence: flags > environment > file > defaults.",
 	examples: []string{
 		"kvrouter epp --pool-name vllm --pool-namespace llm --leader-elect",
 		"kvrouter epp --backend http://10.0.0.1:8000 --backend http://10.0.0.2:8000",
 		"kvrouter epp --listen :9002 --policy kv-aware --config kvrouter.yaml",
 	},
+}
+
+// flagGiven reports whether args set the flag name.
+func flagGiven(args []string, name string) bool {
+	for _, a := range args {
+		if n, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && n == name {
+			return true
+		}
+	}
+	return false
 }
 
 // listenGiven reports whether the gRPC address was set on the command
@@ -167,15 +178,12 @@ func listenGiven(args []string) bool {
 // serve (backends, scrapes, health, KV events), no HTTP API, the admin
 // surface on --admin-listen.
 func runEPP(ctx context.Context, args []string) error {
-	ef, rest, err := splitEPPFlags(args)
+	var ef eppFlags
+	cfg, err := loadConfig("epp", eppHelp, args, osGetenv, os.Stderr, &ef)
 	if err != nil {
 		return err
 	}
-	cfg, err := loadConfig("epp", eppHelp, rest, osGetenv, os.Stderr)
-	if err != nil {
-		return err
-	}
-	if !listenGiven(rest) && cfg.Listen == proxy.DefaultListen {
+	if !listenGiven(args) && cfg.Listen == proxy.DefaultListen {
 		cfg.Listen = DefaultEPPListen
 	}
 	level, _ := proxy.ParseLogLevel(cfg.LogLevel)

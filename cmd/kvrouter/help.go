@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -17,6 +18,9 @@ type help struct {
 	about string
 	// examples are command lines, each with an optional "  # comment".
 	examples []string
+	// own, when set, names the command's own flags, listed before the
+	// others (epp's, before those it shares with serve).
+	own []string
 }
 
 // write writes h and fs's flags to w.
@@ -28,6 +32,13 @@ func (h help) write(w io.Writer, fs *flag.FlagSet) {
 			fmt.Fprintln(w, "  "+e)
 		}
 	}
+	if h.own != nil {
+		fmt.Fprintf(w, "\nflags of %s:\n", fs.Name())
+		printDefaults(w, fs, func(f *flag.Flag) bool { return slices.Contains(h.own, f.Name) })
+		fmt.Fprintln(w, "\nflags shared with serve:")
+		printDefaults(w, fs, func(f *flag.Flag) bool { return !slices.Contains(h.own, f.Name) })
+		return
+	}
 	var n int
 	fs.VisitAll(func(*flag.Flag) { n++ })
 	if n > 0 {
@@ -35,6 +46,27 @@ func (h help) write(w io.Writer, fs *flag.FlagSet) {
 		fs.SetOutput(w)
 		fs.PrintDefaults()
 	}
+}
+
+// printDefaults prints the defaults of fs's flags that keep holds for,
+// as fs.PrintDefaults prints them all.
+func printDefaults(w io.Writer, fs *flag.FlagSet, keep func(*flag.Flag) bool) {
+	sub := subFlagSet(fs, keep)
+	sub.SetOutput(w)
+	sub.PrintDefaults()
+}
+
+// subFlagSet is a FlagSet of fs's flags that keep holds for, the same
+// values, defaults and help.
+func subFlagSet(fs *flag.FlagSet, keep func(*flag.Flag) bool) *flag.FlagSet {
+	sub := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	fs.VisitAll(func(f *flag.Flag) {
+		if keep(f) {
+			sub.Var(f.Value, f.Name, f.Usage)
+			sub.Lookup(f.Name).DefValue = f.DefValue
+		}
+	})
+	return sub
 }
 
 // usageError is a command-line mistake: main prints it with a pointer to

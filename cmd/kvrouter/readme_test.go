@@ -47,6 +47,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/proxy"
 )
 
 // commandTimeout bounds each foreground command of the README.
@@ -444,10 +446,17 @@ func listenAddr(cmd string) string {
 }
 
 // serverPorts are the addresses a server command would bind: its listen
-// address and any tcp:// endpoint it binds (a "*" or 0.0.0.0 host, or the
+// address, a router's admin address and any tcp:// endpoint it binds (a "*" or 0.0.0.0 host, or the
 // KV-event bind).
 func serverPorts(cmd string) []string {
 	addrs := []string{listenAddr(cmd)}
+	if admin := flagValue(cmd, "admin-listen"); admin != "" {
+		if admin = strings.Trim(admin, `'"`); admin != "" {
+			addrs = append(addrs, admin)
+		}
+	} else if !strings.HasPrefix(cmd, "kvrouter engine") {
+		addrs = append(addrs, proxy.DefaultAdminListen) // serve and epp refuse to start without it
+	}
 	for _, name := range []string{"kv-events-bind", "kv-events-endpoint", "kv-events-replay-endpoint"} {
 		v := strings.Trim(flagValue(cmd, name), `'"`)
 		hostPort, ok := strings.CutPrefix(v, "tcp://")
@@ -560,5 +569,31 @@ func TestReadmeBlocks(t *testing.T) {
 	}
 	if got := serverPorts("kvrouter engine --listen 127.0.0.1:8001 --kv-events-endpoint 'tcp://*:5557' --kv-events-replay-endpoint tcp://10.0.0.1:5558"); fmt.Sprint(got) != "[127.0.0.1:8001 :5557]" {
 		t.Errorf("serverPorts: got %v", got)
+	}
+	if got := serverPorts("kvrouter serve --backend http://127.0.0.1:8001"); fmt.Sprint(got) != "[127.0.0.1:8000 "+proxy.DefaultAdminListen+"]" {
+		t.Errorf("serverPorts of serve: got %v, want its listen and default admin addresses", got)
+	}
+	if got := serverPorts(`kvrouter serve --listen 127.0.0.1:8400 --admin-listen ""`); fmt.Sprint(got) != "[127.0.0.1:8400]" {
+		t.Errorf("serverPorts of serve without admin: got %v", got)
+	}
+}
+
+// TestDocServersInBackground: a server command (kvrouter serve, engine)
+// followed by other commands in its block ends in "&", so that the block
+// pasted into a shell runs as written; TestREADME would run it either
+// way, so only this test sees a missing one. A block marked ci: skip
+// (several hosts, say) is not checked.
+func TestDocServersInBackground(t *testing.T) {
+	for _, file := range docFiles(t) {
+		for _, b := range readmeBlocks(readDoc(t, file)) {
+			if b.skip != "" {
+				continue
+			}
+			for i, c := range b.commands {
+				if isServer(c.text) && i+1 < len(b.commands) && !strings.HasSuffix(strings.TrimSpace(c.text), "&") {
+					t.Errorf("%s:%d: %q runs in the foreground: the block's next commands would wait for it (end it with &)", file, c.line, c.text)
+				}
+			}
+		}
 	}
 }

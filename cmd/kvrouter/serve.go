@@ -125,20 +125,17 @@ func serve(srv *http.Server, ln net.Listener) error {
 }
 
 // adminServer listens on --admin-listen and returns the admin surface's
-// server (nil without one). When the default address is taken (another
-// router on the host) the router runs without an admin surface and says
-// so; an address given explicitly must be free.
+// server (nil without one). The address must be free, the default too:
+// a router that ran without its dashboard while the documented address
+// showed another process's page would mislead.
 func adminServer(cfg proxy.Config, rt *proxy.Router, tlsCfg *tls.Config, log *slog.Logger) (*http.Server, net.Listener, error) {
 	if cfg.AdminListen == "" {
 		return nil, nil, nil
 	}
 	ln, err := net.Listen("tcp", cfg.AdminListen)
-	if err != nil && cfg.AdminListen == proxy.DefaultAdminListen {
-		log.Warn("admin surface off: its default address is taken; set --admin-listen", "admin_listen", cfg.AdminListen, "err", err)
-		return nil, nil, nil
-	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("admin-listen: %w", err)
+		return nil, nil, fmt.Errorf("admin-listen %s (the dashboard, /metrics, the admin API): %w; "+
+			"another process (another router?) holds it: give --admin-listen another address, or --admin-listen \"\" for none", cfg.AdminListen, err)
 	}
 	if cfg.AdminAPIKeys == "" && !isLoopback(ln.Addr()) {
 		log.Warn("admin surface reachable beyond this host without a key: set --admin-api-keys", "admin_listen", ln.Addr().String())

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,5 +56,23 @@ func TestLoadServeConfigSurface(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want an error naming %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestAdminListenTaken: serve refuses to start when its admin address
+// (the default one as any other: one code path) is taken, saying which
+// and how to choose another, rather than run without its dashboard while
+// the documented address shows another process's page.
+func TestAdminListenTaken(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	var stderr strings.Builder
+	err = serveTo(context.Background(), []string{"--listen", "127.0.0.1:0", "--admin-listen", held.Addr().String(), "--backend", "http://127.0.0.1:1"},
+		func(string) string { return "" }, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "admin-listen "+held.Addr().String()) || !strings.Contains(err.Error(), `--admin-listen ""`) {
+		t.Fatalf("serve with its admin address taken: %v, want an error naming it and the way out", err)
 	}
 }
