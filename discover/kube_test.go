@@ -2,15 +2,12 @@ package discover
 
 import (
 	"context"
-	"log/slog"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/internal/kubeapi"
@@ -83,17 +80,7 @@ func TestRouterFollowsInferencePool(t *testing.T) {
 	cfg.Policy, cfg.Listen = "round-robin", "127.0.0.1:0"
 	cfg.ClientHeaders = true // spread reads X-Kvrouter-Replica
 	cfg.Discover = "inferencepool://llm/vllm"
-	rt, err := proxy.New(cfg, proxy.Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(rt.Handler())
-	t.Cleanup(front.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	t.Cleanup(cancel)
-	wg.Go(func() { rt.Run(ctx) })
+	rt, front, ctx, wg := runRouter(t, cfg)
 	tg, err := Parse(cfg.Discover)
 	if err != nil {
 		t.Fatal(err)
