@@ -67,8 +67,7 @@ func (rt *Router) serveModel(w http.ResponseWriter, r *http.Request) {
 // none can be had it answers 503 itself and returns ok false.
 func (rt *Router) modelList(w http.ResponseWriter, r *http.Request) (body []byte, cards []modelCard, ok bool) {
 	if rt.anyHealthy(nil) < 0 {
-		rt.countAPI(codeNoHealthy)
-		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+		rt.countAPI(rt.writeNoReplica(w))
 		return nil, nil, false
 	}
 	rt.models.mu.Lock()
@@ -81,7 +80,7 @@ func (rt *Router) modelList(w http.ResponseWriter, r *http.Request) (body []byte
 	cards, err := rt.fetchModels(r.Context())
 	if err != nil {
 		rt.countAPI(codeNoHealthy)
-		writeUnavailable(w, rt.cfg.HealthInterval, "no replica listed its models: "+err.Error())
+		writeUnavailable(w, rt.cfg.HealthInterval, codeNoHealthy, "no replica listed its models: "+err.Error())
 		return nil, nil, false
 	}
 	body, _ = json.Marshal(map[string]any{"object": "list", "data": cards})
@@ -187,9 +186,8 @@ func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
 	}
 	c.id = "kvr-pass"
 	if !c.passTo(rt.anyHealthy(nil)) {
-		c.status, c.errCode = http.StatusServiceUnavailable, codeNoHealthy
-		rt.countAPI(codeNoHealthy)
-		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+		c.status, c.errCode = http.StatusServiceUnavailable, rt.writeNoReplica(w)
+		rt.countAPI(c.errCode)
 		return
 	}
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
