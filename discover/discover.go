@@ -13,7 +13,8 @@
 //	dns+srv://_SERVICE._PROTO.NAME  SRV records of the name; each target's A/AAAA
 //	                             records with the record's port
 //	k8s://NAMESPACE/SELECTOR?port=PORT  ready pods of the label selector
-//	                             (app=vllm,tier=a); every pod IP gets PORT
+//	                             (app.kubernetes.io/name=vllm,tier in (a,b));
+//	                             every pod IP gets PORT
 //	inferencepool://NAMESPACE/NAME  ready pods of the InferencePool's
 //	                             selector, at each of its target ports
 //
@@ -73,7 +74,8 @@ type Target struct {
 	// Namespace is the pods' or the pool's namespace; empty means the
 	// router's own.
 	Namespace string
-	// Selector is the pods' equality-based label selector (KindPods).
+	// Selector is the pods' label selector in Kubernetes' syntax
+	// (kube.ParseSelector), as given (KindPods).
 	Selector string
 	// Pool is the InferencePool's name (KindPool).
 	Pool string

@@ -35,14 +35,14 @@ func (t Target) parseKube(s string, u *url.URL) (Target, error) {
 		if err != nil || p < 1 || p > 65535 {
 			return Target{}, fmt.Errorf("discover %q: port=%q: want 1..65535", s, u.Query().Get("port"))
 		}
-		if rest == "" || strings.ContainsAny(rest, "/ ") {
-			return Target{}, fmt.Errorf("discover %q: want a label selector such as app=vllm after the namespace", s)
+		sel, err := kube.ParseSelector(rest)
+		if err != nil {
+			return Target{}, fmt.Errorf("discover %q: %w", s, err)
 		}
-		for req := range strings.SplitSeq(rest, ",") {
-			if k, _, ok := strings.Cut(req, "="); !ok || k == "" {
-				return Target{}, fmt.Errorf("discover %q: selector %q: want key=value[,key=value...]", s, rest)
-			}
+		if len(sel.Reqs) == 0 {
+			return Target{}, fmt.Errorf("discover %q: want a label selector such as app.kubernetes.io/name=vllm after the namespace", s)
 		}
+		rest = sel.String()
 		t.Selector, t.Port = rest, p
 	case KindPool:
 		if rest == "" || strings.Contains(rest, "/") || u.Query().Has("port") {

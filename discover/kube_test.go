@@ -2,15 +2,12 @@ package discover
 
 import (
 	"context"
-	"log/slog"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/internal/kubeapi"
@@ -83,17 +80,7 @@ func TestRouterFollowsInferencePool(t *testing.T) {
 	cfg.Policy, cfg.Listen = "round-robin", "127.0.0.1:0"
 	cfg.ClientHeaders = true // spread reads X-Kvrouter-Replica
 	cfg.Discover = "inferencepool://llm/vllm"
-	rt, err := proxy.New(cfg, proxy.Deps{Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(rt.Handler())
-	t.Cleanup(front.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	t.Cleanup(cancel)
-	wg.Go(func() { rt.Run(ctx) })
+	rt, front, ctx, wg := runRouter(t, cfg)
 	tg, err := Parse(cfg.Discover)
 	if err != nil {
 		t.Fatal(err)
@@ -127,14 +114,17 @@ func TestRouterFollowsInferencePool(t *testing.T) {
 	}
 }
 
-// TestLabelSelectorTarget: a k8s:// target reports its ready pods' URLs
-// with the target's scheme and port, and each list counts as a
-// resolution; a Kubernetes target without a client is refused.
+// TestLabelSelectorTarget: a k8s:// target with docs/kubernetes.md's
+// prefixed key and a set-based term reports its ready pods' URLs with the
+// target's scheme and port, and each list counts as a resolution; a
+// Kubernetes target without a client is refused.
 func TestLabelSelectorTarget(t *testing.T) {
 	api, kc := startAPI(t)
-	api.Put(podsPath, kubePod("a", "10.0.0.1", true, map[string]string{"app": "vllm"}))
-	api.Put(podsPath, kubePod("b", "10.0.0.2", true, map[string]string{"app": "web"}))
-	tg, err := Parse("k8s://llm/app=vllm?port=8443&scheme=https")
+	vllm := map[string]string{"app.kubernetes.io/name": "vllm"}
+	api.Put(podsPath, kubePod("a", "10.0.0.1", true, vllm))
+	api.Put(podsPath, kubePod("b", "10.0.0.2", true, map[string]string{"app.kubernetes.io/name": "web"}))
+	api.Put(podsPath, kubePod("d", "10.0.0.4", true, map[string]string{"app.kubernetes.io/name": "vllm", "canary": "true"}))
+	tg, err := Parse("k8s://llm/app.kubernetes.io/name in (vllm),!canary?port=8443&scheme=https")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +149,7 @@ func TestLabelSelectorTarget(t *testing.T) {
 	wg.Go(func() { d.Run(ctx) })
 	defer func() { cancel(); wg.Wait() }()
 	wait.For(t, "the first list", func() bool { return len(rec.all()) == 1 })
-	api.Put(podsPath, kubePod("c", "10.0.0.3", true, map[string]string{"app": "vllm"}))
+	api.Put(podsPath, kubePod("c", "10.0.0.3", true, vllm))
 	wait.For(t, "pod c", func() bool { return len(rec.all()) == 2 })
 	want := [][]string{{"https://10.0.0.1:8443"}, {"https://10.0.0.1:8443", "https://10.0.0.3:8443"}}
 	if got := rec.all(); !slices.EqualFunc(got, want, slices.Equal) {

@@ -165,6 +165,22 @@ func (f *Fleet) Members() []Member {
 	return out
 }
 
+// Serving returns how many replicas are in the fleet and not draining,
+// healthy or not: zero for an empty fleet (none configured, or none
+// discovered yet), which the router answers 503 no_replica rather than
+// 404 for a model nobody serves.
+func (f *Fleet) Serving() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n := 0
+	for _, r := range f.reps {
+		if r.member.Load() == memberServing {
+			n++
+		}
+	}
+	return n
+}
+
 // Draining reports whether replica id is draining; false for an unknown
 // id.
 func (f *Fleet) Draining(id string) bool {

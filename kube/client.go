@@ -24,10 +24,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -103,6 +105,11 @@ type Client struct {
 	cfg  Config
 	base *url.URL
 	hc   *http.Client // requests; each bounded by cfg.Timeout
+	// The clock of Follow's backoff: now reads it, sleep waits d or until
+	// ctx is done (false), jitter draws from [0, 1). Tests make it virtual.
+	now    func() time.Time
+	sleep  func(ctx context.Context, d time.Duration) bool
+	jitter func() float64
 }
 
 // New checks cfg and returns its client.
@@ -136,7 +143,7 @@ func New(cfg Config) (*Client, error) {
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	return &Client{cfg: cfg, base: u, hc: &http.Client{Transport: tr}}, nil
+	return &Client{cfg: cfg, base: u, hc: &http.Client{Transport: tr}, now: time.Now, sleep: sleep, jitter: rand.Float64}, nil
 }
 
 // StatusError is the API server's answer to a failed request: its HTTP
@@ -145,6 +152,13 @@ type StatusError struct {
 	Code    int    `json:"code"`
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
+	Details struct {
+		RetryAfterSeconds int `json:"retryAfterSeconds"`
+	} `json:"details"`
+	// RetryAfter is how long the server asked to be left alone: its
+	// Retry-After header, else the Status's details.retryAfterSeconds;
+	// zero when it said nothing.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *StatusError) Error() string {
@@ -214,7 +228,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return fmt.Errorf("kube %s %s: body larger than %d bytes", method, path, c.cfg.MaxBodyBytes)
 	}
 	if resp.StatusCode/100 != 2 {
-		return statusError(resp.StatusCode, b)
+		return statusError(resp, b)
 	}
 	if out == nil {
 		return nil
@@ -225,15 +239,35 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	return nil
 }
 
-// statusError reads a failed answer's metav1.Status; its HTTP code wins.
-func statusError(code int, body []byte) error {
+// statusError reads a failed answer's metav1.Status; its HTTP code wins,
+// and its Retry-After header over the Status's retryAfterSeconds.
+func statusError(resp *http.Response, body []byte) *StatusError {
 	se := &StatusError{}
 	if json.Unmarshal(body, se) != nil || se.Message == "" {
 		se.Message = strings.TrimSpace(string(body[:min(len(body), 256)]))
 	}
-	se.Code = code
+	se.Code = resp.StatusCode
 	if se.Reason == "" {
-		se.Reason = http.StatusText(code)
+		se.Reason = http.StatusText(se.Code)
+	}
+	se.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	if se.RetryAfter == 0 && se.Details.RetryAfterSeconds > 0 {
+		se.RetryAfter = time.Duration(se.Details.RetryAfterSeconds) * time.Second
 	}
 	return se
+}
+
+// retryAfter reads a Retry-After header: seconds (0 is read as 1), or
+// an HTTP date (from now); zero when absent, malformed or past.
+func retryAfter(h string, now time.Time) time.Duration {
+	if h == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(h, 10, 64); err == nil {
+		return time.Duration(min(max(n, 1), int64(maxRetryAfter/time.Second))) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil && t.After(now) {
+		return min(t.Sub(now), maxRetryAfter)
+	}
+	return 0
 }

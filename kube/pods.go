@@ -50,7 +50,8 @@ func readyIP(o Object) string {
 // ready pod serves on (each pod IP:port an endpoint).
 type Pods struct {
 	Namespace string
-	// Selector is the equality-based label selector ("app=vllm,tier=a");
+	// Selector is the label selector in Kubernetes' syntax
+	// ("app.kubernetes.io/name=vllm,tier in (a,b),!canary"; ParseSelector);
 	// Labels builds one from a map.
 	Selector string
 	Ports    []int
@@ -68,6 +69,7 @@ func Labels(m map[string]string) string {
 // podSet is the Handler of a pods watch: the ready pods' IPs by name,
 // reported as endpoints whenever they change.
 type podSet struct {
+	sel      Selector // checked again here: a pod it does not match is not an endpoint
 	ports    []int
 	ips      map[string]string // pod name → ready IP
 	last     []string
@@ -78,7 +80,7 @@ type podSet struct {
 func (s *podSet) Replace(objs []Object) {
 	s.ips = map[string]string{}
 	for _, o := range objs {
-		if ip := readyIP(o); ip != "" {
+		if ip := s.ip(o); ip != "" {
 			s.ips[o.Meta.Name] = ip
 		}
 	}
@@ -86,13 +88,21 @@ func (s *podSet) Replace(objs []Object) {
 }
 
 func (s *podSet) Apply(typ string, o Object) {
-	ip := readyIP(o)
+	ip := s.ip(o)
 	if typ == Deleted || ip == "" {
 		delete(s.ips, o.Meta.Name)
 	} else {
 		s.ips[o.Meta.Name] = ip
 	}
 	s.report()
+}
+
+// ip is o's IP when the selector matches it and it is ready, else "".
+func (s *podSet) ip(o Object) string {
+	if !s.sel.Matches(o.Meta.Labels) {
+		return ""
+	}
+	return readyIP(o)
 }
 
 // report calls onChange with the endpoints, sorted, when they changed.
@@ -119,6 +129,10 @@ func (c *Client) FollowPods(ctx context.Context, p Pods, onChange func(endpoints
 	if p.Namespace == "" || len(p.Ports) == 0 {
 		return fmt.Errorf("kube: pods need a namespace and a port")
 	}
+	sel, err := ParseSelector(p.Selector)
+	if err != nil {
+		return fmt.Errorf("kube: %w", err)
+	}
 	col := Collection{Path: "/api/v1/namespaces/" + url.PathEscape(p.Namespace) + "/pods", LabelSelector: p.Selector}
-	return c.Follow(ctx, col, &podSet{ports: p.Ports, onChange: onChange}, log)
+	return c.Follow(ctx, col, &podSet{sel: sel, ports: p.Ports, onChange: onChange}, log)
 }

@@ -57,14 +57,9 @@ type Collection struct {
 	LabelSelector, FieldSelector string
 }
 
-// Backoff bounds of Follow's reconnects.
-const (
-	minBackoff = 250 * time.Millisecond
-	maxBackoff = 30 * time.Second
-	// watchTimeout is the timeoutSeconds a watch asks for; the server
-	// ends the stream then and Follow watches again from where it was.
-	watchTimeout = 5 * time.Minute
-)
+// watchTimeout is the timeoutSeconds a watch asks for; the server ends
+// the stream then and Follow watches again from where it was.
+const watchTimeout = 5 * time.Minute
 
 // errGone is a watch's 410: the resource version is too old; relist.
 var errGone = errors.New("kube: resource version too old (410 Gone)")
@@ -72,54 +67,60 @@ var errGone = errors.New("kube: resource version too old (410 Gone)")
 // Follow lists col, hands the objects to h, and watches from the list's
 // resource version, handing h every change, until ctx is done; it returns
 // ctx's error. A watch that ends is started again from the last version
-// seen (bookmarks advance it); a 410 Gone lists again; a failure waits
-// (250 ms doubling to 30 s, reset by a success) and tries again. log
-// receives the failures; nil discards them.
+// seen (bookmarks advance it), a 410 Gone lists again, and a failure
+// tries again; each after the backoff of backoff.go unless the watch
+// that ended had lived stableWatch. log receives the failures; nil
+// discards them.
 func (c *Client) Follow(ctx context.Context, col Collection, h Handler, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	backoff := minBackoff
-	wait := func(err error) bool {
-		level := slog.LevelWarn
-		if IsStatus(err, http.StatusNotFound) { // a CRD not installed (an optional one): no alarm
-			level = slog.LevelDebug
-		}
-		log.Log(ctx, level, "kubernetes watch failed; retrying", "path", col.Path, "err", err, "in", backoff)
-		t := time.NewTimer(backoff)
-		defer t.Stop()
-		backoff = min(2*backoff, maxBackoff)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
-	}
+	var b backoff
+	var rv string
+	listed := false
 	for ctx.Err() == nil {
-		rv, err := c.list(ctx, col, h)
-		if err != nil {
-			if ctx.Err() != nil || !wait(err) {
-				break
+		var err error
+		if !listed {
+			if rv, err = c.list(ctx, col, h); err == nil {
+				listed = true
+				continue
 			}
-			continue
+		} else {
+			start := c.now()
+			rv, err = c.watch(ctx, col, rv, h)
+			if err == nil && c.now().Sub(start) >= stableWatch {
+				b.reset()
+				continue
+			}
+			listed = !errors.Is(err, errGone)
 		}
-		backoff = minBackoff
-		for ctx.Err() == nil {
-			var progressed bool
-			rv, progressed, err = c.watch(ctx, col, rv, h)
-			if progressed {
-				backoff = minBackoff
-			}
-			if errors.Is(err, errGone) || ctx.Err() != nil {
-				break
-			}
-			if err != nil && !wait(err) {
-				break
-			}
+		if ctx.Err() != nil || !c.pause(ctx, &b, col, err, log) {
+			break
 		}
 	}
 	return ctx.Err()
+}
+
+// pause waits out b (or the server's Retry-After) after err: a failure,
+// a 410, or nil for a watch that ended early.
+func (c *Client) pause(ctx context.Context, b *backoff, col Collection, err error, log *slog.Logger) bool {
+	var ra time.Duration
+	var se *StatusError
+	if errors.As(err, &se) {
+		ra = se.RetryAfter
+	}
+	d := b.wait(ra, c.jitter())
+	level, msg := slog.LevelWarn, "kubernetes watch failed; retrying"
+	switch {
+	case err == nil:
+		level, msg = slog.LevelDebug, "kubernetes watch ended early; watching again"
+	case errors.Is(err, errGone):
+		level, msg = slog.LevelInfo, "kubernetes watch expired (410 Gone); listing again"
+	case IsStatus(err, http.StatusNotFound): // a CRD not installed (an optional one): no alarm
+		level = slog.LevelDebug
+	}
+	log.Log(ctx, level, msg, "path", col.Path, "err", err, "in", d)
+	return c.sleep(ctx, d)
 }
 
 // list reads the whole collection, hands it to h, and returns its
@@ -158,8 +159,8 @@ func (col Collection) query() url.Values {
 }
 
 // watch streams col's changes after rv to h until the stream ends, and
-// returns the last resource version seen and whether any event came.
-func (c *Client) watch(ctx context.Context, col Collection, rv string, h Handler) (string, bool, error) {
+// returns the last resource version seen.
+func (c *Client) watch(ctx context.Context, col Collection, rv string, h Handler) (string, error) {
 	q := col.query()
 	q.Set("watch", "true")
 	q.Set("resourceVersion", rv)
@@ -169,28 +170,27 @@ func (c *Client) watch(ctx context.Context, col Collection, rv string, h Handler
 	defer cancel()
 	req, err := c.request(wctx, http.MethodGet, col.Path, q, nil)
 	if err != nil {
-		return rv, false, err
+		return rv, err
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return rv, false, fmt.Errorf("kube watch %s: %w", col.Path, err)
+		return rv, fmt.Errorf("kube watch %s: %w", col.Path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		if resp.StatusCode == http.StatusGone {
-			return rv, false, errGone
+			return rv, errGone
 		}
-		return rv, false, fmt.Errorf("kube watch %s: %w", col.Path, statusError(resp.StatusCode, b))
+		return rv, fmt.Errorf("kube watch %s: %w", col.Path, statusError(resp, b))
 	}
 	return c.events(resp.Body, col, rv, h)
 }
 
 // events reads a watch stream: one JSON event per line.
-func (c *Client) events(body io.Reader, col Collection, rv string, h Handler) (string, bool, error) {
+func (c *Client) events(body io.Reader, col Collection, rv string, h Handler) (string, error) {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 64<<10), c.cfg.MaxEventBytes)
-	progressed := false
 	for sc.Scan() {
 		if len(sc.Bytes()) == 0 {
 			continue
@@ -200,21 +200,21 @@ func (c *Client) events(body io.Reader, col Collection, rv string, h Handler) (s
 			Object json.RawMessage `json:"object"`
 		}
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return rv, progressed, fmt.Errorf("kube watch %s: event: %w", col.Path, err)
+			return rv, fmt.Errorf("kube watch %s: event: %w", col.Path, err)
 		}
 		if ev.Type == Error {
 			se := &StatusError{}
 			_ = json.Unmarshal(ev.Object, se)
+			se.RetryAfter = time.Duration(min(max(se.Details.RetryAfterSeconds, 0), int(maxRetryAfter/time.Second))) * time.Second
 			if se.Code == http.StatusGone {
-				return rv, progressed, errGone
+				return rv, errGone
 			}
-			return rv, progressed, fmt.Errorf("kube watch %s: %w", col.Path, se)
+			return rv, fmt.Errorf("kube watch %s: %w", col.Path, se)
 		}
 		o, err := objectOf(ev.Object)
 		if err != nil {
-			return rv, progressed, fmt.Errorf("kube watch %s: %w", col.Path, err)
+			return rv, fmt.Errorf("kube watch %s: %w", col.Path, err)
 		}
-		progressed = true
 		if o.Meta.ResourceVersion != "" {
 			rv = o.Meta.ResourceVersion
 		}
@@ -223,13 +223,13 @@ func (c *Client) events(body io.Reader, col Collection, rv string, h Handler) (s
 			h.Apply(ev.Type, o)
 		case Bookmark:
 		default:
-			return rv, progressed, fmt.Errorf("kube watch %s: unknown event type %q", col.Path, ev.Type)
+			return rv, fmt.Errorf("kube watch %s: unknown event type %q", col.Path, ev.Type)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return rv, progressed, fmt.Errorf("kube watch %s: %w", col.Path, err)
+		return rv, fmt.Errorf("kube watch %s: %w", col.Path, err)
 	}
-	return rv, progressed, nil // the server ended the watch (its timeout)
+	return rv, nil // the server ended the watch (its timeout)
 }
 
 func objectOf(raw json.RawMessage) (Object, error) {

@@ -19,6 +19,7 @@ const cutWriteTimeout = 2 * time.Second
 // them and, at its deadline, end them. mu guards live.
 type liveSet struct {
 	draining atomic.Bool
+	gate     atomic.Pointer[func() string] // SetReadyGate's; nil: none
 	mu       sync.Mutex
 	live     map[*tracked]struct{}
 }
@@ -243,12 +244,25 @@ func (rt *Router) serveLive(w http.ResponseWriter, r *http.Request) {
 	w.Write([]byte("ok\n"))
 }
 
+// SetReadyGate makes readiness (/readyz, on the API and the admin
+// listener) ask gate too: a non-empty answer is why this router must not
+// take traffic (an endpoint picker following a leader election answers
+// so while another leads), and /readyz is 503 not_ready with it.
+func (rt *Router) SetReadyGate(gate func() string) { rt.live.gate.Store(&gate) }
+
 // serveReady answers 200 when the router takes new requests: it is not
-// draining and at least one replica is healthy; else 503 (readiness).
+// draining, its ready gate (SetReadyGate) lets it, and at least one
+// replica is healthy; else 503 (readiness).
 func (rt *Router) serveReady(w http.ResponseWriter, r *http.Request) {
 	if rt.live.draining.Load() {
 		writeError(w, http.StatusServiceUnavailable, errUnavailable, "draining", "the router is shutting down")
 		return
+	}
+	if g := rt.live.gate.Load(); g != nil {
+		if why := (*g)(); why != "" {
+			writeError(w, http.StatusServiceUnavailable, errUnavailable, "not_ready", why)
+			return
+		}
 	}
 	rt.serveHealth(w, r)
 }

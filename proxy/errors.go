@@ -72,14 +72,15 @@ func errorBody(typ string, code any, param, msg string) []byte {
 	return append(b, '\n')
 }
 
-// writeUnavailable answers 503 with Retry-After, in seconds (at least 1).
-func writeUnavailable(w http.ResponseWriter, retryAfter time.Duration, msg string) {
+// writeUnavailable answers 503 code with Retry-After, in seconds (at
+// least 1).
+func writeUnavailable(w http.ResponseWriter, retryAfter time.Duration, code, msg string) {
 	s := int((retryAfter + time.Second - 1) / time.Second)
 	if s < 1 {
 		s = 1
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(s))
-	writeError(w, http.StatusServiceUnavailable, errUnavailable, codeNoHealthy, msg)
+	writeError(w, http.StatusServiceUnavailable, errUnavailable, code, msg)
 }
 
 // Error codes of the router's own surface: unknown paths, wrong methods,
@@ -90,8 +91,27 @@ const (
 	codeInvalidKey       = "invalid_api_key"
 	codeShuttingDown     = "server_shutting_down"
 	codeNoHealthy        = "no_healthy_replica"
+	codeNoReplica        = "no_replica" // the fleet is empty: none configured or discovered
 	codeModelNotFound    = "model_not_found"
 )
+
+// noReplica returns the code and message of a 503 for want of a replica:
+// no_replica when the fleet has none in service (empty, or all draining),
+// else no_healthy_replica.
+func (rt *Router) noReplica() (code, msg string) {
+	if rt.st.fleet.Serving() == 0 {
+		return codeNoReplica, "no replica: none configured, discovered or left in service"
+	}
+	return codeNoHealthy, "no healthy replica can take the request"
+}
+
+// writeNoReplica answers 503 for want of a replica (noReplica) and
+// returns its code.
+func (rt *Router) writeNoReplica(w http.ResponseWriter) string {
+	code, msg := rt.noReplica()
+	writeUnavailable(w, rt.cfg.HealthInterval, code, msg)
+	return code
+}
 
 // writeNotFound answers 404 in OpenAI's words for a path the router does
 // not serve (or does not pass through).

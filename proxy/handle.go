@@ -402,14 +402,15 @@ func (c *call) setBody(r *http.Request, body []byte) {
 
 // route hashes the prompt, picks a replica and commits the decision. It
 // answers itself when no replica can take the request: 404 for a model no
-// replica serves, 503 when none of those serving it is healthy.
+// replica serves, 503 when none of those serving it is healthy, and 503
+// no_replica, never 404, while the fleet is empty.
 func (c *call) route(w http.ResponseWriter) bool {
 	rt := c.rt
 	fl := rt.st.fleet
 	var id [64]byte
 	c.id = string(strconv.AppendUint(append(id[:0], rt.idPrefix...), rt.seq.Add(1), 10))
 	p := c.prompt
-	if !fl.Serves(p.Model) {
+	if !fl.Serves(p.Model) && fl.Serving() > 0 {
 		if w != nil {
 			c.failParam(w, http.StatusNotFound, errInvalidRequest, codeModelNotFound, "model", "The model `"+p.Model+"` does not exist.")
 		}
@@ -456,8 +457,7 @@ func (c *call) pick(w http.ResponseWriter) bool {
 	c.routedSLO()
 	if c.ticket == nil {
 		if w != nil {
-			writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica can take the request")
-			c.status, c.errCode = http.StatusServiceUnavailable, "no_healthy_replica"
+			c.status, c.errCode = http.StatusServiceUnavailable, rt.writeNoReplica(w)
 			rt.m.errors.WithLabelValues(c.errCode).Inc()
 			c.record()
 		}

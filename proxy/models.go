@@ -68,8 +68,7 @@ func (rt *Router) serveModel(w http.ResponseWriter, r *http.Request) {
 // none can be had it answers 503 itself and returns ok false.
 func (rt *Router) modelList(w http.ResponseWriter, r *http.Request) (body []byte, cards []modelCard, ok bool) {
 	if rt.anyHealthy(nil) < 0 {
-		rt.countAPI(codeNoHealthy)
-		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+		rt.countAPI(rt.writeNoReplica(w))
 		return nil, nil, false
 	}
 	rt.models.mu.Lock()
@@ -82,7 +81,7 @@ func (rt *Router) modelList(w http.ResponseWriter, r *http.Request) (body []byte
 	cards, err := rt.fetchModels(r.Context())
 	if err != nil {
 		rt.countAPI(codeNoHealthy)
-		writeUnavailable(w, rt.cfg.HealthInterval, "no replica listed its models: "+err.Error())
+		writeUnavailable(w, rt.cfg.HealthInterval, codeNoHealthy, "no replica listed its models: "+err.Error())
 		return nil, nil, false
 	}
 	body, _ = json.Marshal(map[string]any{"object": "list", "data": cards})
@@ -188,9 +187,8 @@ func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
 	}
 	c.id = rt.idPrefix + "pass-" + strconv.FormatUint(rt.seq.Add(1), 10) // its own, as a completion's
 	if !c.passTo(rt.anyHealthy(nil)) {
-		c.status, c.errCode = http.StatusServiceUnavailable, codeNoHealthy
-		rt.countAPI(codeNoHealthy)
-		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+		c.status, c.errCode = http.StatusServiceUnavailable, rt.writeNoReplica(w)
+		rt.countAPI(c.errCode)
 		return
 	}
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))

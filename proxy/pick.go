@@ -92,8 +92,7 @@ func (rt *Router) pickAny(w http.ResponseWriter, c *call, subset []string) *Pick
 // noneInSubset answers 503: no healthy replica among those allowed.
 func (rt *Router) noneInSubset(w http.ResponseWriter, c *call) *Pick {
 	c.failed = c.failed[:0]
-	writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica can take the request")
-	c.status, c.errCode = http.StatusServiceUnavailable, "no_healthy_replica"
+	c.status, c.errCode = http.StatusServiceUnavailable, rt.writeNoReplica(w)
 	rt.m.errors.WithLabelValues(c.errCode).Inc()
 	c.finish(context.Background())
 	return nil

@@ -292,5 +292,5 @@ func (rt *Router) serveHealth(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
+	rt.writeNoReplica(w)
 }

@@ -215,6 +215,14 @@ func runEPP(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if elect != nil { // the admin listener's /readyz follows leadership too, as the gRPC health service does
+		rt.SetReadyGate(func() string {
+			if !s.Leader() {
+				return "another endpoint picker leads (--leader-elect)"
+			}
+			return ""
+		})
+	}
 	objectives, err := followObjectives(cfg, ef, s, log)
 	if err != nil {
 		return err

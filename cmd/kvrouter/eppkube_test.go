@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -21,7 +22,8 @@ import (
 // TestEPPLeaderElection runs two `kvrouter epp --pool-name ...
 // --leader-elect` against a loopback Kubernetes API (internal/kubeapi):
 // both follow the InferencePool's pod (the follower routes to it too),
-// only the Lease's holder reports ready, and when the leader stops (releasing the lease) the follower
+// only the Lease's holder reports ready (gRPC health and the admin
+// listener's /readyz alike), and when the leader stops (releasing the lease) the follower
 // becomes ready within a retry period.
 func TestEPPLeaderElection(t *testing.T) {
 	if testing.Short() {
@@ -41,6 +43,7 @@ func TestEPPLeaderElection(t *testing.T) {
 
 	type picker struct {
 		addr   string
+		admin  string // the admin listener's URL
 		cancel context.CancelFunc
 		done   chan error
 		conn   *grpc.ClientConn
@@ -48,10 +51,12 @@ func TestEPPLeaderElection(t *testing.T) {
 	}
 	start := func() *picker {
 		p := &picker{addr: freeAddr(t), done: make(chan error, 1)}
+		adminAddr := freeAddr(t)
+		p.admin = "http://" + adminAddr
 		ctx, cancel := context.WithCancel(context.Background())
 		p.cancel = cancel
 		go func() {
-			p.done <- runEPP(ctx, []string{"--listen", p.addr, "--admin-listen", "", "--pool-name", "vllm", "--pool-namespace", "llm",
+			p.done <- runEPP(ctx, []string{"--listen", p.addr, "--admin-listen", adminAddr, "--pool-name", "vllm", "--pool-namespace", "llm",
 				"--kube-api", ks.URL, "--leader-elect", "--health-interval", "50ms", "--log-level", "error"})
 		}()
 		conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -68,6 +73,14 @@ func TestEPPLeaderElection(t *testing.T) {
 			return healthpb.HealthCheckResponse_UNKNOWN
 		}
 		return resp.GetStatus()
+	}
+	readyz := func(p *picker) int { // the admin listener's /readyz status, 0 when unreachable
+		resp, err := http.Get(p.admin + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
 	}
 	stop := func(p *picker) {
 		p.cancel()
@@ -93,6 +106,9 @@ func TestEPPLeaderElection(t *testing.T) {
 		if got := check(a, epp.HealthReadiness); got != healthpb.HealthCheckResponse_SERVING {
 			t.Fatalf("leader a readiness %v, want SERVING", got)
 		}
+		if ra, rb := readyz(a), readyz(b); ra != http.StatusOK || rb != http.StatusServiceUnavailable {
+			t.Fatalf("admin /readyz: leader a %d, follower b %d; want 200 and 503", ra, rb)
+		}
 		time.Sleep(50 * time.Millisecond) // b keeps following through the second: the behaviour under test
 	}
 	// The follower's state is warm: it found the pool's pod and routes
@@ -111,6 +127,7 @@ func TestEPPLeaderElection(t *testing.T) {
 	}
 	stop(a)
 	wait.For(t, "b ready after the leader stopped", func() bool { return check(b, epp.HealthReadiness) == healthpb.HealthCheckResponse_SERVING })
+	wait.For(t, "b's admin /readyz 200 after the hand-over", func() bool { return readyz(b) == http.StatusOK })
 	if h := holder(); h == first || h == "" {
 		t.Errorf("lease holder %q after the hand-over, want b (not %q)", h, first)
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvrouter/kvrouter/kube"
 )
 
 // maxBodyBytes bounds a request body.
@@ -69,7 +71,7 @@ func split(p string) (coll, name string, ok bool) {
 }
 
 func selectorOf(r *http.Request) (selector, error) {
-	l, err := parseReqs(r.URL.Query().Get("labelSelector"))
+	l, err := kube.ParseSelector(r.URL.Query().Get("labelSelector"))
 	if err != nil {
 		return selector{}, err
 	}

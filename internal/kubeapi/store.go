@@ -7,7 +7,7 @@
 // (list, with metadata.resourceVersion), of one object (404 Status when
 // missing), POST (create; 409 AlreadyExists), PUT (update with optimistic
 // concurrency: a stale metadata.resourceVersion is 409 Conflict), DELETE;
-// equality-based labelSelector (k=v, k==v, k!=v) and fieldSelector
+// labelSelector in Kubernetes' grammar (kube.ParseSelector) and fieldSelector
 // (metadata.name, metadata.namespace); watch=true streams chunked JSON
 // events, one a line (ADDED, MODIFIED, DELETED; an object that leaves a
 // watch's selection is DELETED to it, one that enters it ADDED) after the resourceVersion
@@ -28,6 +28,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvrouter/kvrouter/kube"
 )
 
 // key names one object: its collection (the path without the name) and
@@ -239,9 +241,10 @@ func namespaceOf(coll string) string {
 	return ""
 }
 
-// selector is a parsed labelSelector and fieldSelector.
+// selector is a parsed labelSelector (Kubernetes' whole grammar, as
+// kube.ParseSelector reads it) and fieldSelector (equality only).
 type selector struct {
-	labels []req
+	labels kube.Selector
 	fields []req
 }
 
@@ -273,12 +276,13 @@ func parseReqs(s string) ([]req, error) {
 
 func (sel selector) matches(m map[string]any) bool {
 	md, _ := m["metadata"].(map[string]any)
-	labels, _ := md["labels"].(map[string]any)
-	for _, r := range sel.labels {
-		v, ok := labels[r.k].(string)
-		if (ok && v == r.v) == r.not {
-			return false
-		}
+	labels := map[string]string{}
+	raw, _ := md["labels"].(map[string]any)
+	for k, v := range raw {
+		labels[k], _ = v.(string)
+	}
+	if !sel.labels.Matches(labels) {
+		return false
 	}
 	for _, r := range sel.fields {
 		var v string
