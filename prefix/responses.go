@@ -17,6 +17,9 @@ type Thread struct {
 	// NoStore is "store": false: the engine keeps no copy of the response,
 	// so no later request can continue it.
 	NoStore bool
+	// Instructions says the Prompt's first message is "instructions" (a
+	// system message): the history of Previous goes after it.
+	Instructions bool
 }
 
 // ParseResponses reads an OpenAI Responses API request body
@@ -60,6 +63,7 @@ func (l Limits) ParseResponses(body []byte) (*Prompt, Thread, error) {
 	}
 	p.MaxTokens = r.maxTokens
 	if r.instructions != "" {
+		r.thread.Instructions = true
 		p.Messages = append([]Message{{Role: "system", Content: r.instructions}}, p.Messages...)
 	}
 	if len(p.Messages) == 0 && r.thread.Previous == "" {

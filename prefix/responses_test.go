@@ -24,7 +24,7 @@ func TestParseResponses(t *testing.T) {
 			&Prompt{Model: "m", Chat: true, Messages: []Message{{Role: "user", Content: "hi"}}}, Thread{}},
 		{"instructions lead", `{"model":"m","instructions":"be brief","input":"hi","max_output_tokens":7,"stream":true,"user":"u"}`,
 			&Prompt{Model: "m", Chat: true, Stream: true, User: "u", MaxTokens: 7,
-				Messages: []Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}}}, Thread{}},
+				Messages: []Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}}}, Thread{Instructions: true}},
 		{"items", `{"model":"m","previous_response_id":"resp_1","store":false,"input":[
 			{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"},{"type":"input_image","image_url":"x"}]},
 			{"type":"message","role":"assistant","content":[{"type":"output_text","text":"ok"}]},
