@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -185,8 +186,8 @@ func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c.id = "kvr-pass"
-	if !c.passTo(rt.anyHealthy(nil)) {
+	c.id = rt.idPrefix + "pass-" + strconv.FormatUint(rt.seq.Add(1), 10)
+	if !c.passTo(rt.passReplica(r)) {
 		c.status, c.errCode = http.StatusServiceUnavailable, codeNoHealthy
 		rt.countAPI(codeNoHealthy)
 		writeUnavailable(w, rt.cfg.HealthInterval, "no healthy replica")
