@@ -22,6 +22,8 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("POST /v1/responses", s.responsesAPI)
+	mux.HandleFunc("POST /v1/embeddings", s.embeddings)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
@@ -51,6 +53,10 @@ type job struct {
 	stream   bool
 	usage    bool // stream_options.include_usage
 	chat     bool
+	// stopped says a stop string ends the output (finish_reason "stop"),
+	// cut is then the byte length of the output text kept (stop.go).
+	cut     int
+	stopped bool
 	// offset is the index of the first output token in the filler text:
 	// the tokens of the partial reply a continue_final_message request
 	// continues, so that a continued reply reads as one; 0 otherwise.
@@ -135,15 +141,25 @@ func (s *Server) limits(j *job, maxTokens *int, n *int) error {
 	return nil
 }
 
-func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
-	var req chatRequest
-	if err := s.decode(w, r, &req); err != nil {
+// request decodes the body into v and resolves the model it names
+// (*model, read after decoding); false means it answered the error.
+func (s *Server) request(w http.ResponseWriter, r *http.Request, v any, model *string) (servedModel, bool) {
+	if err := s.decode(w, r, v); err != nil {
 		fail(w, err)
-		return
+		return servedModel{}, false
 	}
-	sm, err := s.resolve(req.Model)
+	sm, err := s.resolve(*model)
 	if err != nil {
 		fail(w, err)
+		return servedModel{}, false
+	}
+	return sm, true
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	sm, ok := s.request(w, r, &req, &req.Model)
+	if !ok {
 		return
 	}
 	text, offset, err := chatPrompt(&req)
@@ -161,18 +177,17 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	if err := applyStop(j, req.Stop); err != nil {
+		fail(w, err)
+		return
+	}
 	s.serve(w, r, j)
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if err := s.decode(w, r, &req); err != nil {
-		fail(w, err)
-		return
-	}
-	sm, err := s.resolve(req.Model)
-	if err != nil {
-		fail(w, err)
+	sm, ok := s.request(w, r, &req, &req.Model)
+	if !ok {
 		return
 	}
 	tokens, err := promptTokens(req.Prompt)
@@ -186,30 +201,17 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	if err := applyStop(j, req.Stop); err != nil {
+		fail(w, err)
+		return
+	}
 	s.serve(w, r, j)
 }
 
 // serve submits the job to the engine and answers, streaming or not.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
-	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
-	if s.cfg.KVFullStatus != 0 || j.kv != nil {
-		// Hashed here, off the engine goroutine, for its admission check
-		// and a KV transfer.
-		f.req.Hashes = s.blockHashes(j.tokens, j.lora)
-	}
-	s.prefillLeg(r, j, f)
-	s.importBlocks(r.Context(), j, f)
-	if !toLoop(s, w, r, s.submit, f) {
-		return
-	}
-	if err := <-f.added; err != nil {
-		var full *kvFullError
-		if errors.As(err, &full) {
-			s.rejected.Add(1)
-			writeError(w, s.cfg.KVFullStatus, err.Error())
-			return
-		}
-		writeError(w, http.StatusBadRequest, err.Error())
+	f, ok := s.start(w, r, j)
+	if !ok {
 		return
 	}
 	if j.stream {
@@ -224,6 +226,32 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		return
 	}
 	writeJSON(w, s.response(j, final))
+}
+
+// start submits the job to the engine; false means it answered an error.
+func (s *Server) start(w http.ResponseWriter, r *http.Request, j *job) (*flight, bool) {
+	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
+	if s.cfg.KVFullStatus != 0 || j.kv != nil {
+		// Hashed here, off the engine goroutine, for its admission check
+		// and a KV transfer.
+		f.req.Hashes = s.blockHashes(j.tokens, j.lora)
+	}
+	s.prefillLeg(r, j, f)
+	s.importBlocks(r.Context(), j, f)
+	if !toLoop(s, w, r, s.submit, f) {
+		return nil, false
+	}
+	if err := <-f.added; err != nil {
+		var full *kvFullError
+		if errors.As(err, &full) {
+			s.rejected.Add(1)
+			writeError(w, s.cfg.KVFullStatus, err.Error())
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	return f, true
 }
 
 // toLoop hands v to the engine loop over ch. It reports false, having
@@ -283,6 +311,9 @@ func (s *Server) abort(id string) {
 }
 
 func (s *Server) finishReason(j *job, final engine.Event) string {
+	if j.stopped && final.OutputTokens >= j.max {
+		return "stop"
+	}
 	if j.explicit && final.OutputTokens >= j.max {
 		return "length"
 	}
@@ -302,7 +333,7 @@ func usageOf(final engine.Event) *usage {
 // kv_transfer_params of its held blocks (prefill.go).
 func (s *Server) response(j *job, final engine.Event) any {
 	reason := s.finishReason(j, final)
-	text := filler(j.offset, j.offset+final.OutputTokens, j.chat)
+	text := j.clip(filler(j.offset, j.offset+final.OutputTokens, j.chat), 0)
 	created := time.Now().Unix()
 	kv := s.heldParams(j, final, reason)
 	if j.chat {

@@ -397,9 +397,9 @@ func TestModelsHealthTokenize(t *testing.T) {
 		{"prompt", map[string]any{"model": "m", "prompt": "Hello there"}, "Hello there", false},
 		{"prompt strs", map[string]any{"prompt": "Hello there", "return_token_strs": true}, "Hello there", true},
 		{"messages", map[string]any{"model": "m", "messages": msgs},
-			RenderChat([]Message{{"user", "Hello there"}}, true), false},
+			RenderChat([]Message{{Role: "user", Content: "Hello there"}}, true), false},
 		{"messages no generation prompt", map[string]any{"messages": msgs, "add_generation_prompt": false},
-			RenderChat([]Message{{"user", "Hello there"}}, false), false},
+			RenderChat([]Message{{Role: "user", Content: "Hello there"}}, false), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

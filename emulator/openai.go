@@ -18,6 +18,8 @@ import (
 type chatRequest struct {
 	Model               string         `json:"model"`
 	Messages            []chatMessage  `json:"messages"`
+	Tools               []chatTool     `json:"tools"`
+	Stop                stopList       `json:"stop"`
 	MaxTokens           *int           `json:"max_tokens"`
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	Stream              bool           `json:"stream"`
@@ -42,6 +44,7 @@ type completionRequest struct {
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	N             *int            `json:"n"`
+	Stop          stopList        `json:"stop"`
 	// KVTransferParams is vLLM's KV-connector field (prefill.go,
 	// transfer.go).
 	KVTransferParams *engine.TransferParams `json:"kv_transfer_params"`
@@ -52,6 +55,7 @@ type tokenizeRequest struct {
 	Model               string          `json:"model"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []chatMessage   `json:"messages"`
+	Tools               []chatTool      `json:"tools"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
 	ReturnTokenStrs     bool            `json:"return_token_strs"`
 }
@@ -61,10 +65,13 @@ type streamOptions struct {
 }
 
 // chatMessage accepts content as a string or as an array of parts
-// ({"type":"text","text":...}); non-text parts are ignored.
+// ({"type":"text","text":...}); non-text parts are ignored. ToolCalls are
+// an assistant message's (tools.go); tool_call_id is accepted and, as in
+// Qwen3's template, not rendered.
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls json.RawMessage `json:"tool_calls,omitempty"`
 }
 
 func (m chatMessage) text() (string, error) {
@@ -93,6 +100,12 @@ func (m chatMessage) text() (string, error) {
 
 // renderMessages renders chat messages through the fixed template.
 func renderMessages(msgs []chatMessage, generationPrompt bool) (string, error) {
+	return renderWithTools(msgs, nil, generationPrompt)
+}
+
+// renderWithTools renders chat messages and tools (canonical, tools.go)
+// through the fixed template.
+func renderWithTools(msgs []chatMessage, tools []string, generationPrompt bool) (string, error) {
 	if len(msgs) == 0 {
 		return "", errors.New("messages must be a non-empty array")
 	}
@@ -105,9 +118,13 @@ func renderMessages(msgs []chatMessage, generationPrompt bool) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("messages[%d]: %w", i, err)
 		}
-		ms[i] = Message{Role: m.Role, Content: c}
+		calls, err := renderCalls(m.ToolCalls)
+		if err != nil {
+			return "", fmt.Errorf("messages[%d]: %w", i, err)
+		}
+		ms[i] = Message{Role: m.Role, Content: c, ToolCalls: calls}
 	}
-	return RenderChat(ms, generationPrompt), nil
+	return RenderChatTools(ms, tools, generationPrompt), nil
 }
 
 // renderContinued renders chat messages for continue_final_message: all
@@ -139,7 +156,11 @@ func renderContinued(msgs []chatMessage) (text, partial string, err error) {
 func chatPrompt(req *chatRequest) (text string, offset int, err error) {
 	gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
 	if !req.ContinueFinalMessage {
-		text, err = renderMessages(req.Messages, gen)
+		tools, err := renderTools(req.Tools)
+		if err != nil {
+			return "", 0, err
+		}
+		text, err = renderWithTools(req.Messages, tools, gen)
 		return text, 0, err
 	}
 	if gen {

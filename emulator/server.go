@@ -174,6 +174,8 @@ type Server struct {
 	cards    []modelCard            // the /v1/models list, immutable
 	rejected atomic.Int64           // requests answered KVFullStatus
 
+	responses responseStore // for previous_response_id (responses.go)
+
 	reads chan *readOrder // side-channel reads of held blocks, to the engine loop
 	peers *http.Client    // for the sources of KV imports
 	tm    *transferMetrics

@@ -64,6 +64,9 @@ func (c chunkFactory) nullUsage() any {
 // token is the chunk of output token i; reason is set on the last one.
 func (c chunkFactory) token(i int, reason *string) any {
 	text := fillerWord(c.j.offset+i, c.j.chat)
+	if c.j.stopped {
+		text = c.j.clip(text, len(filler(c.j.offset, c.j.offset+i, c.j.chat)))
+	}
 	if c.j.chat {
 		return c.chat(chatChoice{Delta: &chatOut{Content: &text}, FinishReason: reason})
 	}
@@ -136,7 +139,12 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var strs []string
 	switch {
 	case req.Messages != nil:
-		text, err := renderMessages(req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
+		tools, err := renderTools(req.Tools)
+		if err != nil {
+			fail(w, badRequest("%v", err))
+			return
+		}
+		text, err := renderWithTools(req.Messages, tools, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 		if err != nil {
 			fail(w, badRequest("%v", err))
 			return

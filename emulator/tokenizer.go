@@ -142,10 +142,13 @@ func isWord(r rune) bool {
 	return unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r)
 }
 
-// Message is one chat message: a role and its text content.
+// Message is one chat message: a role and its text content, and the tool
+// calls of an assistant message as the template renders them (see
+// RenderChatTools), empty for none.
 type Message struct {
-	Role    string
-	Content string
+	Role      string
+	Content   string
+	ToolCalls string
 }
 
 // RenderChat renders messages through the emulator's fixed ChatML template:
@@ -154,16 +157,5 @@ type Message struct {
 // a prefix of its continuation's, and ends with a newline, so its tokens are
 // a prefix of the continuation's tokens.
 func RenderChat(messages []Message, generationPrompt bool) string {
-	var b strings.Builder
-	for _, m := range messages {
-		b.WriteString("<|im_start|>")
-		b.WriteString(m.Role)
-		b.WriteString("\n")
-		b.WriteString(m.Content)
-		b.WriteString("<|im_end|>\n")
-	}
-	if generationPrompt {
-		b.WriteString("<|im_start|>assistant\n")
-	}
-	return b.String()
+	return RenderChatTools(messages, nil, generationPrompt)
 }

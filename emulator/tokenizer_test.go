@@ -69,14 +69,14 @@ func TestTokenizePrefixStable(t *testing.T) {
 		{"punctuation then space", "Hi there,", "Hi there, you"},
 		{"special then newline", "<|im_start|>user\n", "<|im_start|>user\nhello"},
 		{"unicode", "日本語テキスト", "日本語テキスト です"},
-		{"chat turn", RenderChat([]Message{{"user", "What is KV cache reuse?"}}, true),
+		{"chat turn", RenderChat([]Message{{Role: "user", Content: "What is KV cache reuse?"}}, true),
 			RenderChat([]Message{
-				{"user", "What is KV cache reuse?"},
-				{"assistant", "the cat sat on a mat"},
-				{"user", "And routing?"},
+				{Role: "user", Content: "What is KV cache reuse?"},
+				{Role: "assistant", Content: "the cat sat on a mat"},
+				{Role: "user", Content: "And routing?"},
 			}, true)},
-		{"system prompt", RenderChat([]Message{{"system", "You are terse."}}, false),
-			RenderChat([]Message{{"system", "You are terse."}, {"user", "hi"}}, true)},
+		{"system prompt", RenderChat([]Message{{Role: "system", Content: "You are terse."}}, false),
+			RenderChat([]Message{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "hi"}}, true)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,7 +92,7 @@ func TestTokenizePrefixStable(t *testing.T) {
 }
 
 func TestRenderChat(t *testing.T) {
-	got := RenderChat([]Message{{"system", "Be brief."}, {"user", "Hi"}}, true)
+	got := RenderChat([]Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"}}, true)
 	want := "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 	if got != want {
 		t.Errorf("got %q, want %q", got, want)

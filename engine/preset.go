@@ -149,8 +149,12 @@ func presets() map[string]func() Config {
 	}
 }
 
-// Preset returns the named preset's Config. Names are listed by Presets.
+// Preset returns the named preset's Config. Names are listed by Presets;
+// a name ending in .yaml or .yml is a preset file's path (LoadPreset).
 func Preset(name string) (Config, error) {
+	if IsPresetFile(name) {
+		return LoadPreset(name)
+	}
 	f, ok := presets()[name]
 	if !ok {
 		return Config{}, fmt.Errorf("engine preset %q: unknown (have %v)", name, Presets())

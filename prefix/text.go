@@ -14,10 +14,15 @@ import (
 // The rendering, byte by byte, is
 //
 //	rendering = ['T' tools 0xFF] (message... | 'P' prompt | 'I' ids)
+//	          | system ['T' tools 0xFF] message...
 //	message   = 'M' 'r' role 0xFF 'c' content 0xFF
 //	            ['n' name 0xFF] ['i' tool_call_id 0xFF] ['t' tool_calls 0xFF]
 //
-// where tools and tool_calls are raw JSON, a bracketed field is there only
+// where system is the first message when its role is "system" (tools then
+// come after it, where the chat template renders them: in the system turn,
+// after the system prompt, as Qwen3's and Hermes' templates do; two
+// requests with one system prompt and different tools share the system
+// prompt's chunks), tools and tool_calls are raw JSON, a bracketed field is there only
 // when it is not empty, and role, content, name, tool_call_id, tool_calls
 // and tools are escaped: each 0xFF byte in them is written 0xFF 0x00, so a
 // lone 0xFF ends a field. For completions, prompt is the first prompt's
@@ -80,13 +85,20 @@ func (t Text) Hashes(p *Prompt, out []Hash) (hashes []Hash, tokens int) {
 		c.big = make([]byte, c.size)
 	}
 	var est estimate
-	if len(p.Tools) > 0 {
-		c.fieldBytes('T', p.Tools)
+	tools := len(p.Tools) > 0
+	if tools {
 		est.add(p.Tools)
+	}
+	if tools && !p.systemFirst() {
+		c.fieldBytes('T', p.Tools)
+		tools = false
 	}
 	switch {
 	case p.Chat:
 		for i := range p.Messages {
+			if i == 1 && tools {
+				c.fieldBytes('T', p.Tools)
+			}
 			m := &p.Messages[i]
 			c.tag('M')
 			c.field('r', m.Role)
@@ -103,6 +115,9 @@ func (t Text) Hashes(p *Prompt, out []Hash) (hashes []Hash, tokens int) {
 			}
 			est.addString(m.Content)
 			est.extra += messageOverhead
+		}
+		if len(p.Messages) == 1 && tools {
+			c.fieldBytes('T', p.Tools)
 		}
 	case len(p.Prompts) > 0:
 		c.tag('P')
@@ -296,4 +311,12 @@ func (e *estimate) addString(s string) {
 
 func (e *estimate) tokens() int {
 	return (e.ascii+3)/4 + e.other + e.extra
+}
+
+// systemFirst reports whether p is a chat whose first message is a system
+// message: its tools then render after that message, as chat templates
+// render them (Qwen3's and Hermes' put them in the system turn, after the
+// system prompt).
+func (p *Prompt) systemFirst() bool {
+	return p.Chat && len(p.Messages) > 0 && p.Messages[0].Role == "system"
 }

@@ -83,7 +83,9 @@ func TestTextPrefixProperties(t *testing.T) {
 			true, -1},
 		{"growing completions prompt shares its chunks", `{"model":"m","prompt":"` + sys + `"}`, `{"model":"m","prompt":"` + sys + q1 + `"}`, true, -1},
 		{"role is part of identity", chat("m", msg("user", sys)), chat("m", msg("system", sys)), false, 0},
-		{"tools are part of identity", turn1, `{"model":"m","tools":[{"type":"function"}],"messages":[` + msg("system", sys) + "," + msg("user", q1) + `]}`, false, 0},
+		{"tools are part of identity", chat("m", msg("user", sys)), `{"model":"m","tools":[{"type":"function"}],"messages":[` + msg("user", sys) + `]}`, false, 0},
+		// As the chat template renders them: after the system prompt.
+		{"tools after the system prompt keep its chunks", turn1, `{"model":"m","tools":[{"type":"function"}],"messages":[` + msg("system", sys) + "," + msg("user", q1) + `]}`, false, -1},
 		{"chat and completions never collide", `{"model":"m","prompt":"` + sys + `"}`, chat("m", msg("system", sys)), false, 0},
 	}
 	for _, tc := range tests {

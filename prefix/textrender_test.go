@@ -25,12 +25,17 @@ func renderRef(p *Prompt) []byte {
 		}
 		r = append(r, 0xFF)
 	}
-	if len(p.Tools) > 0 {
+	tools := len(p.Tools) > 0
+	if tools && !p.systemFirst() {
 		field('T', string(p.Tools))
+		tools = false
 	}
 	switch {
 	case p.Chat:
-		for _, m := range p.Messages {
+		for i, m := range p.Messages {
+			if i == 1 && tools {
+				field('T', string(p.Tools))
+			}
 			r = append(r, 'M')
 			field('r', m.Role)
 			field('c', m.Content)
@@ -43,6 +48,9 @@ func renderRef(p *Prompt) []byte {
 			if len(m.ToolCalls) > 0 {
 				field('t', string(m.ToolCalls))
 			}
+		}
+		if len(p.Messages) == 1 && tools {
+			field('T', string(p.Tools))
 		}
 	case len(p.Prompts) > 0:
 		r = append(r, 'P')
@@ -90,6 +98,11 @@ func unrender(r []byte) (*Prompt, error) {
 				return nil, err
 			}
 			p.Messages = append(p.Messages, m)
+			if len(p.Messages) == 1 && m.Role == "system" && p.Tools == nil {
+				if p.Tools, _, err = u.field('T'); err != nil {
+					return nil, err
+				}
+			}
 		}
 		if len(u.r) > 0 {
 			return nil, fmt.Errorf("byte %#x after the messages", u.r[0])

@@ -44,6 +44,9 @@ func (c *call) finish(ctx context.Context) {
 		if !c.tap.First.IsZero() {
 			c.ttft = c.tap.First.Sub(c.start)
 		}
+		if c.resp != nil {
+			c.resp.finish(c)
+		}
 	}
 	if c.replica >= 0 {
 		c.settle()

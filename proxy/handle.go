@@ -94,6 +94,8 @@ type call struct {
 
 	sloState // the request's SLO and how it fared (slo.go)
 
+	resp *respCall // a Responses API request's own state (responses.go); nil for others
+
 	// served is the endpoint the data plane reported served the request
 	// (Pick.Served); empty: none reported. picked is set once a Pick
 	// holds the call, which is then not pooled (its methods may run after
@@ -483,10 +485,11 @@ func (c *call) decideNow() time.Time {
 // exclude is what the call's decisions exclude: the replicas that failed
 // it and the prefill workers whose leg failed.
 func (c *call) exclude() []int {
-	if len(c.skip) == 0 {
+	if len(c.skip) == 0 && c.resp == nil {
 		return c.failed
 	}
 	c.excl = append(append(c.excl[:0], c.failed...), c.skip...)
+	c.excl = c.resp.exclude(c.rt, c.excl)
 	return c.excl
 }
 
@@ -556,6 +559,9 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 	}
 	ct := resp.Header.Get("Content-Type")
 	sse := len(ct) >= 17 && ct[:17] == "text/event-stream"
+	if c.resp != nil {
+		resp.Body, sse = c.resp.wrap(resp.Body, resp.StatusCode, sse)
+	}
 	c.tap.Body, c.tap.SSE, c.tap.Strip, c.tap.OnFirst, c.tap.Now = resp.Body, sse, c.strip && sse, c.onFirst, rt.now
 	c.tap.Framed = sse && resp.Body == io.ReadCloser(&c.st) // the stream showed the tap its events
 	c.tapped = true

@@ -186,7 +186,7 @@ func (rt *Router) servePassThrough(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.id = rt.idPrefix + "pass-" + strconv.FormatUint(rt.seq.Add(1), 10) // its own, as a completion's
-	if !c.passTo(rt.anyHealthy(nil)) {
+	if !c.passTo(rt.passReplica(r)) {
 		c.status, c.errCode = http.StatusServiceUnavailable, rt.writeNoReplica(w)
 		rt.countAPI(c.errCode)
 		return

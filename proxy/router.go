@@ -96,6 +96,8 @@ type Router struct {
 
 	// budget bounds the request bodies held together (budget.go).
 	budget *BodyBudget
+
+	threads threads // the Responses API's responses routed (responses.go)
 }
 
 // New validates cfg and builds a Router. Nothing runs until Run, except in
@@ -263,6 +265,7 @@ func (rt *Router) Handler() http.Handler {
 	count := rt.countAPI
 	handle(mux, http.MethodPost, "/v1/chat/completions", rt.serveCompletion, count)
 	handle(mux, http.MethodPost, "/v1/completions", rt.serveCompletion, count)
+	handle(mux, http.MethodPost, "/v1/responses", rt.serveResponses, count)
 	handle(mux, http.MethodGet, "/v1/models", rt.serveModels, count)
 	handle(mux, http.MethodGet, "/v1/models/{id...}", rt.serveModel, count)
 	handle(mux, http.MethodGet, "/health", rt.serveHealth, count)

@@ -89,6 +89,9 @@ func (c *call) try(req *http.Request) (*http.Response, error) {
 		return nil, c.invalid(bad)
 	}
 	switch {
+	case c.resp != nil: // a Responses answer: neither chat chunks nor choices (responses.go)
+		a.streaming()
+		resp.Body = &body{rc: resp.Body, a: a}
 	case resp.StatusCode == http.StatusOK && c.routed && isSSE(resp):
 		s := newStream(c, req, a, resp.Body)
 		if err := s.readAhead(); err != nil {

@@ -26,7 +26,7 @@ func commandHelp() map[string]help {
 	return map[string]help{
 		"serve": serveHelp, "epp": eppHelp, "engine": engineHelp, "sim": simHelp,
 		"demo": demoHelp, "replay": replayHelp, "version": versionHelp, "plan": planHelp,
-		"gendocs": gendocsHelp,
+		"gendocs": gendocsHelp, "calibrate": calibrateHelp,
 	}
 }
 

@@ -67,6 +67,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often each replica's /v1/models is read again (models it serves; read once at start)")
 	fs.IntVar(&cfg.Decisions, "decisions", cfg.Decisions, "recent decisions kept for /debug/decisions")
 	fs.StringVar(&cfg.Preset, "preset", cfg.Preset, "engine preset the cost model's rates start from")
+	presetFileFlag(fs, &cfg.Preset)
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "wall seconds per engine second of emulated backends (kvrouter engine --time-scale): the cost model starts from the preset's rates times this (0: 1, real engines); calibration corrects the rest")
 	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", cfg.CacheBlocks, "replica KV capacity in blocks when its metrics do not say (0: the preset's)")
 	fs.IntVar(&cfg.Retries, "retries", cfg.Retries, "other replicas tried before the first byte reaches the client")

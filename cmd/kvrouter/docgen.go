@@ -55,7 +55,7 @@ func flagSetOf(run func(context.Context, []string) error) (*flag.FlagSet, error)
 
 // docCommands are the subcommands whose flags docs/configuration.md lists,
 // in its order.
-var docCommands = []string{"serve", "epp", "engine", "sim", "plan", "replay", "demo"}
+var docCommands = []string{"serve", "epp", "engine", "sim", "plan", "calibrate", "replay", "demo"}
 
 // configFileKeys are the keys of the --config file: the yaml names of
 // proxy.Config's fields, inline structs flattened, other nested structs

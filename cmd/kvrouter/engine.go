@@ -64,6 +64,7 @@ func engineFlags(args []string) (emulator.Config, string, error) {
 	fs.Var(models, "model", "served model names, comma-separated or repeated (vLLM --served-model-name): one model, one KV cache; the first is the name in responses, metrics and the KV-event topic")
 	fs.Var(loras, "lora", "LoRA adapter names loaded on the engine, comma-separated or repeated; each is a model of its own whose blocks never match the base model's")
 	fs.StringVar(&cfg.Preset, "preset", engine.DefaultPreset, "engine preset: "+strings.Join(engine.Presets(), ", "))
+	presetFileFlag(fs, &cfg.Preset)
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "wall seconds per engine second (0.05 runs 20x faster than real time)")
 	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "ZMQ PUB endpoint for KV events, e.g. tcp://*:5557 (binds with * or ::, connects otherwise); empty: no events")
 	fs.StringVar(&cfg.ReplayEndpoint, "kv-events-replay-endpoint", "", "ZMQ ROUTER endpoint for event replay, e.g. tcp://*:5558")

@@ -26,15 +26,16 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"serve":   {summary: "run the router in front of replicas", run: runServe, signals: true},
-		"epp":     {summary: "run as a Gateway API endpoint picker (Envoy ext_proc, gRPC)", run: runEPP},
-		"sim":     {summary: "simulate a fleet under several routing policies, side by side", run: runSim},
-		"plan":    {summary: "size a fleet at an SLO on a trace: capacity and replicas needed per policy", run: runPlan},
-		"version": {summary: "print the version, commit and Go toolchain of this build", run: runVersion},
-		"engine":  {summary: "run an emulated vLLM-compatible replica", run: runEngine},
-		"demo":    {summary: "show the policies side by side on an in-process emulated fleet", run: runDemo},
-		"replay":  {summary: "replay a workload against an OpenAI-compatible endpoint and measure it", run: runReplay},
-		"gendocs": {summary: "write docs/configuration.md and docs/metrics.md", run: runGendocs, hidden: true},
+		"serve":     {summary: "run the router in front of replicas", run: runServe, signals: true},
+		"epp":       {summary: "run as a Gateway API endpoint picker (Envoy ext_proc, gRPC)", run: runEPP},
+		"sim":       {summary: "simulate a fleet under several routing policies, side by side", run: runSim},
+		"plan":      {summary: "size a fleet at an SLO on a trace: capacity and replicas needed per policy", run: runPlan},
+		"version":   {summary: "print the version, commit and Go toolchain of this build", run: runVersion},
+		"engine":    {summary: "run an emulated vLLM-compatible replica", run: runEngine},
+		"calibrate": {summary: "measure a live engine's prefill and decode speed and write a preset file", run: runCalibrate},
+		"demo":      {summary: "show the policies side by side on an in-process emulated fleet", run: runDemo},
+		"replay":    {summary: "replay a workload against an OpenAI-compatible endpoint and measure it", run: runReplay},
+		"gendocs":   {summary: "write docs/configuration.md and docs/metrics.md", run: runGendocs, hidden: true},
 	}
 }
 

@@ -62,6 +62,7 @@ func planCommand(ctx context.Context, args []string, stdout io.Writer, stderr *o
 	seed := fs.Uint64("seed", 1, "seed of the workload generator and the policies' tie-breaks")
 	replicas := fs.Int("replicas", 16, "replicas of the fleet whose capacity is searched")
 	preset := fs.String("preset", engine.DefaultPreset, "engine preset: "+strings.Join(engine.Presets(), ", "))
+	presetFileFlag(fs, preset)
 	policies := fs.String("policies", planPolicies, "comma-separated policies, or all (every policy plus kv-aware-precise): "+strings.Join(route.Names(), ", "))
 	rateScale := fs.Float64("rate-scale", 1, "size the fleet for this multiple of the trace's own arrival rate")
 	attainment := fs.Float64("attainment", sim.DefaultLevels[0], "share of requests, 0..1, that must meet the SLO")

@@ -29,6 +29,7 @@ var settingValues = map[string]struct{ flag, yaml string }{
 	"kv-events-allow": {"10.0.0.0/8,gw", "10.0.0.0/8,gw"},
 	"slo-classes":     {"a=1s/50ms", "a=1s/50ms"},
 	"panic-threshold": {"0.25", "0.25"}, // its default is 0.5
+	"preset-file":     {"testdata/preset.yaml", "testdata/preset.yaml"},
 }
 
 // settingValue is a value for flag f unlike its default, and the same

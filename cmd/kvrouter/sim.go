@@ -67,6 +67,7 @@ func simCommand(ctx context.Context, args []string, stdout io.Writer, stderr *os
 	replicas := fs.Int("replicas", 16, "replicas in the fleet")
 	models := fs.Int("models", 1, "models the fleet serves: replica i serves model i mod N, each request asks for one (by session, tenant or id)")
 	preset := fs.String("preset", engine.DefaultPreset, "engine preset: "+strings.Join(engine.Presets(), ", "))
+	presetFileFlag(fs, preset)
 	load := fs.String("load", fmt.Sprint(simDefaultLoad), "arrival rate as a multiple of the fleet's knee (1: a balanced fleet caching nothing just meets the SLO), or comma-separated multiples (0: see --rate-scale)")
 	rateScale := fs.Float64("rate-scale", 0, "with --load 0: multiply the workload's own arrival rate by this (0 keeps its times)")
 	capacity := fs.Bool("capacity", false, "find each policy's capacity at the SLO instead: the highest load at which 99% (and 90%) of requests meet it, by bisection (--load is ignored); with a leaderboard (--load given, and several workloads or loads) run it too and add capacity, searched once per workload, as a ranked column")
