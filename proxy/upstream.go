@@ -85,7 +85,7 @@ type attempt struct {
 	quick    atomic.Bool
 	streamed atomic.Pointer[time.Timer]
 	rt       *Router
-	span   trace.Span // the attempt's client span; nil when tracing is off
+	span     trace.Span // the attempt's client span; nil when tracing is off
 	// answered is set once the first token (or a non-streaming answer's
 	// headers) arrived: a probe ejection no longer cancels the attempt.
 	answered atomic.Bool
