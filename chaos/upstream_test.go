@@ -158,6 +158,35 @@ func TestStoppedEngine(t *testing.T) {
 	}
 }
 
+// TestStoppedEngineEjected: with the default 30 s stream-idle timeout, a
+// stopped (SIGSTOP) engine's streams past their first token move on
+// within about a second of the probes' ejection of it, not at the idle
+// timeout: each is continued on another engine to [DONE] with the whole
+// reply.
+func TestStoppedEngineEjected(t *testing.T) {
+	f := faultMidStream(t, syscall.SIGSTOP, 6, 0, "--ttft-timeout", "30s")
+	done, _ := checkStreams(t, f.res, f.want)
+	if done != len(f.res) {
+		t.Errorf("%d of %d streams continued to [DONE], want all (two other engines were up)", done, len(f.res))
+	}
+	var worst time.Duration
+	for i, r := range f.res {
+		if r.replica != f.victim.URL() {
+			continue
+		}
+		worst = max(worst, r.maxGap)
+		// Probes every 100 ms eject it within a second or so, then a
+		// second of silence: far under the 30 s idle timeout on any load.
+		if r.maxGap > 15*time.Second {
+			t.Errorf("stream %d on the stopped engine waited %v between two events; want about a second past its ejection", i, r.maxGap)
+		}
+	}
+	t.Logf("%d of %d streams on the stopped engine; longest silence a client saw: %v (stream-idle timeout 30s)", f.n, len(f.res), worst)
+	if got := metricSum(t, f.rt.AdminURL(), "kvrouter_upstream_timeouts_total", `kind="probe"`); got < float64(f.n) {
+		t.Errorf("kvrouter_upstream_timeouts_total{kind=probe} = %v, want at least the %d streams on the stopped engine", got, f.n)
+	}
+}
+
 // TestKilledEngineMidStream kills (SIGKILL) the engine serving most of
 // several streams: every client stream is continued to [DONE] with the
 // whole reply and nothing duplicated, or ends with an SSE error event,

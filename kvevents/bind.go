@@ -15,10 +15,13 @@ import (
 )
 
 // listener is the bind-mode socket engines dial into. One goroutine
-// accepts and only accepts: a peer that is not allowed, or one beyond
-// Config.MaxConns, is closed at once; every other connection gets its own
-// goroutine for the handshake (bounded by Config.HandshakeTimeout) and
-// its messages, so no peer can hold up another's connect.
+// accepts and only accepts: a peer that is not allowed is closed at once;
+// one beyond Config.MaxConns takes the slot of the oldest connection still
+// in its handshake (closed), else is closed at once; every other
+// connection gets its own goroutine for the handshake (bounded by
+// Config.HandshakeTimeout) and its messages, so no peer can hold up
+// another's connect, and handshakes held open cannot fill the socket
+// against an engine that finishes its own.
 type listener struct {
 	s         *Subscriber
 	ln        net.Listener
@@ -26,8 +29,15 @@ type listener struct {
 	slots     chan struct{} // one per open connection, up to MaxConns
 	unmatched atomic.Uint64
 
-	mu    sync.Mutex // guards conns
-	conns map[net.Conn]struct{}
+	mu    sync.Mutex // guards conns and what they point to
+	conns map[net.Conn]*bindConn
+}
+
+// bindConn is what the listener knows of an open connection: when it was
+// accepted, and whether its handshake finished.
+type bindConn struct {
+	since  time.Time
+	shaken bool
 }
 
 func (s *Subscriber) listen(endpoint string) (*listener, error) {
@@ -36,7 +46,7 @@ func (s *Subscriber) listen(endpoint string) (*listener, error) {
 		return nil, fmt.Errorf("kvevents: bind %s: %w", endpoint, err)
 	}
 	return &listener{s: s, ln: ln, addr: zmtp.Dialable(endpoint, ln.Addr()),
-		slots: make(chan struct{}, s.cfg.MaxConns), conns: map[net.Conn]struct{}{}}, nil
+		slots: make(chan struct{}, s.cfg.MaxConns), conns: map[net.Conn]*bindConn{}}, nil
 }
 
 // run accepts until the listener closes. Accept errors other than a
@@ -75,15 +85,59 @@ func (l *listener) admit(nc net.Conn) bool {
 	select {
 	case l.slots <- struct{}{}:
 	default:
+		if l.takeSlot(nc) {
+			return true
+		}
 		s.rej.add(s.cfg.Logger, RejectConns, 1, "kv events: bind socket full; connection refused",
 			"peer", nc.RemoteAddr().String(), "max_conns", s.cfg.MaxConns)
 		nc.Close()
 		return false
 	}
 	l.mu.Lock()
-	l.conns[nc] = struct{}{}
+	l.conns[nc] = &bindConn{since: time.Now()}
 	l.mu.Unlock()
 	return true
+}
+
+// heldHandshake is how long a connection must have been in its handshake
+// before a new one may take its slot: an engine's finishes within
+// milliseconds, so only handshakes held open lose theirs.
+const heldHandshake = 100 * time.Millisecond
+
+// takeSlot gives nc the slot of the oldest connection in its handshake for
+// at least heldHandshake, which it closes and counts; it reports false
+// when there is none.
+func (l *listener) takeSlot(nc net.Conn) bool {
+	l.mu.Lock()
+	var old net.Conn
+	at := time.Now().Add(-heldHandshake)
+	for c, bc := range l.conns {
+		if !bc.shaken && !bc.since.After(at) {
+			old, at = c, bc.since
+		}
+	}
+	if old != nil {
+		delete(l.conns, old) // its slot is nc's now: drop frees none
+		l.conns[nc] = &bindConn{since: time.Now()}
+	}
+	l.mu.Unlock()
+	if old == nil {
+		return false
+	}
+	old.Close()
+	l.s.rej.add(l.s.cfg.Logger, RejectConns, 1, "kv events: bind socket full; the oldest unfinished handshake closed for a new connection",
+		"peer", old.RemoteAddr().String(), "new_peer", nc.RemoteAddr().String(), "max_conns", l.s.cfg.MaxConns)
+	return true
+}
+
+// shaken notes that nc finished its handshake: no new connection takes
+// its slot.
+func (l *listener) shaken(nc net.Conn) {
+	l.mu.Lock()
+	if bc := l.conns[nc]; bc != nil {
+		bc.shaken = true
+	}
+	l.mu.Unlock()
 }
 
 // serve runs one engine connection: the handshake, then its messages,
@@ -102,6 +156,7 @@ func (l *listener) serve(ctx context.Context, nc net.Conn) {
 		l.ended(err, peer)
 		return
 	}
+	l.shaken(nc)
 	ip, hasIP := remoteIP(nc.RemoteAddr())
 	var bound *ingester
 	defer func() {
@@ -159,13 +214,17 @@ func (l *listener) ended(err error, peer string) {
 	}
 }
 
-// drop closes nc and frees its slot.
+// drop closes nc and frees its slot, unless a new connection took it
+// (takeSlot).
 func (l *listener) drop(nc net.Conn) {
 	nc.Close()
 	l.mu.Lock()
+	_, held := l.conns[nc]
 	delete(l.conns, nc)
 	l.mu.Unlock()
-	<-l.slots
+	if held {
+		<-l.slots
+	}
 }
 
 // close stops accepting and closes every connection; their goroutines

@@ -137,6 +137,34 @@ func TestBindMaxConns(t *testing.T) {
 	})
 }
 
+// TestBindHeldHandshakes: connections that hold their handshake open and
+// fill the bind socket (here MaxConns 4, with a minute to finish) keep no
+// engine out: a publisher that connects takes the oldest one's slot, and
+// its batches are applied; each taken slot is counted.
+func TestBindHeldHandshakes(t *testing.T) {
+	sub, idx := startSub(t, Config{Bind: "tcp://127.0.0.1:0", Limits: Limits{MaxConns: 4, HandshakeTimeout: time.Minute},
+		Replicas: []Replica{{ID: 0, Addr: "127.0.0.1:8000", Model: "m"}}})
+	var held []net.Conn
+	for range 4 {
+		nc, err := net.Dial("tcp", strings.TrimPrefix(sub.BindAddr(), "tcp://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		held = append(held, nc)
+	}
+	time.Sleep(2 * heldHandshake) // the held handshakes must be older than a real engine's ever is
+	p, err := forge(t, sub.BindAddr(), "127.0.0.1")
+	if err != nil {
+		t.Fatalf("a publisher behind %d held handshakes: %v", len(held), err)
+	}
+	sendBatch(t, p, "kv@127.0.0.1:8000@m", 0, storedBatch(t, []any{1}, nil, 0))
+	wait.For(t, "the publisher's batch", func() bool { return idx.Blocks(0) == 1 })
+	if got := sub.Rejected(RejectConns); got != 1 {
+		t.Errorf("conns rejections %d, want 1 (the held handshake closed)", got)
+	}
+}
+
 // TestSeqJump: a batch 10^9 ahead is neither applied nor trusted: the
 // stream goes on from where it was, nothing reset. Two in a row are the
 // publisher's real position: the replica resynchronises.

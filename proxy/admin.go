@@ -93,7 +93,7 @@ func (rt *Router) AdminHandler() http.Handler {
 		count(codeUnknownURL)
 		writeNotFound(w, r)
 	})
-	return &gate{keys: rt.sf.adminKeys, basic: true, count: count, next: mux}
+	return &gate{keys: rt.sf.adminKeys, basic: true, count: count, next: canonical(count, mux)}
 }
 
 // countAPI counts an error the API surface answered.

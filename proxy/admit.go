@@ -198,15 +198,21 @@ func (c *call) tooMany(w http.ResponseWriter, code, msg string, after time.Durat
 }
 
 // priorityOf parses the request's HeaderPriority: when absent, its API
-// key's default (ReadKeys), else zero.
+// key's default (ReadKeys), else zero. With API keys, the key's priority
+// is also the highest the request may claim: a header above it counts as
+// the key's (a batch key cannot claim a place ahead of interactive ones).
 func priorityOf(r *http.Request) (int, bool) {
 	v := r.Header.Get(HeaderPriority)
+	key, keyed := keyOf(r.Context())
 	if v == "" {
-		return keyPriority(r.Context()), true
+		return key.priority, true
 	}
 	p, err := strconv.Atoi(v)
 	if err != nil || p < -maxPriority || p > maxPriority {
 		return 0, false
+	}
+	if keyed {
+		p = min(p, key.priority)
 	}
 	return p, true
 }

@@ -144,12 +144,13 @@ func TestAdmissionQueueTimeout(t *testing.T) {
 }
 
 // TestAdmissionKeyPriority: an API key's priority=N is the default
-// priority of its requests: a key marked priority=-1 is sheddable when
-// every replica is saturated, unless the request sets X-Priority itself.
+// priority of its requests and the highest they may claim: a key marked
+// priority=-1 is sheddable when every replica is saturated, also when
+// its request claims X-Priority: 1000; a key may lower its own.
 func TestAdmissionKeyPriority(t *testing.T) {
 	reps := replicas(t, 1, 1)
 	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("sk-online online\nsk-batch batch priority=-1\n"), 0o600); err != nil {
+	if err := os.WriteFile(keys, []byte("sk-online online priority=10\nsk-batch batch priority=-1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	rt, url := startRouter(t, "kv-aware", func(c *Config) {
@@ -160,12 +161,19 @@ func TestAdmissionKeyPriority(t *testing.T) {
 	go func() { first <- send(t, url, longChat(0, 16000, 2), "Authorization", "Bearer sk-online") }()
 	wait.For(t, "the first request in flight", func() bool { return rt.st.fleet.View(time.Now()).Replicas[0].InFlight > 0 })
 	shed := send(t, url, longChat(1, 16000, 2), "Authorization", "Bearer sk-batch")
-	kept := send(t, url, longChat(2, 100, 2), "Authorization", "Bearer sk-batch", HeaderPriority, "1")
-	if shed.status != http.StatusTooManyRequests || !strings.Contains(shed.body, `"queue_sheddable"`) {
-		t.Errorf("a priority=-1 key when saturated: status %d %s; want 429 queue_sheddable", shed.status, shed.body)
+	claimed := send(t, url, longChat(2, 100, 2), "Authorization", "Bearer sk-batch", HeaderPriority, "1000")
+	lowered := send(t, url, longChat(3, 100, 2), "Authorization", "Bearer sk-online", HeaderPriority, "-5")
+	kept := send(t, url, longChat(4, 100, 2), "Authorization", "Bearer sk-online", HeaderPriority, "5")
+	for _, a := range []struct {
+		name string
+		got  admitted
+	}{{"a priority=-1 key", shed}, {"a priority=-1 key claiming X-Priority: 1000", claimed}, {"a priority=10 key with X-Priority: -5", lowered}} {
+		if a.got.status != http.StatusTooManyRequests || !strings.Contains(a.got.body, `"queue_sheddable"`) {
+			t.Errorf("%s when saturated: status %d %s; want 429 queue_sheddable", a.name, a.got.status, a.got.body)
+		}
 	}
 	if kept.status != http.StatusOK {
-		t.Errorf("the same key with X-Priority: 1: status %d %s; want it queued, then 200", kept.status, kept.body)
+		t.Errorf("a priority=10 key with X-Priority: 5: status %d %s; want it queued, then 200", kept.status, kept.body)
 	}
 	if a := <-first; a.status != http.StatusOK {
 		t.Errorf("first request: status %d", a.status)

@@ -165,11 +165,11 @@ type keyInfo struct {
 	class    string // Keys.classes
 }
 
-// keyPriority returns the default priority of the API key the request
-// carrying ctx authenticated with (zero without keys).
-func keyPriority(ctx context.Context) int {
-	k, _ := ctx.Value(keyNameKey{}).(keyInfo)
-	return k.priority
+// keyOf returns the API key the request carrying ctx authenticated
+// with, and false without keys.
+func keyOf(ctx context.Context) (keyInfo, bool) {
+	k, ok := ctx.Value(keyNameKey{}).(keyInfo)
+	return k, ok
 }
 
 // gate asks for a key on every request but probes (/livez, /readyz,

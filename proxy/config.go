@@ -226,6 +226,11 @@ type Config struct {
 	// first content event; past it the attempt fails and is retried on
 	// another replica (nothing reached the client). Zero means no limit.
 	TTFTTimeout time.Duration `yaml:"ttft-timeout"`
+	// LegTimeout bounds a prefill leg (a prompt's prefill and one token on
+	// a prefill worker), within TTFTTimeout: past it the leg fails as a
+	// timeout, counts against the worker's health, and the request is
+	// decided again without it. Zero means TTFTTimeout alone.
+	LegTimeout time.Duration `yaml:"leg-timeout"`
 	// StreamIdleTimeout bounds the silence of a stream after its first
 	// token: a replica that sends no byte for that long counts as dead,
 	// and the stream is continued elsewhere or ends with an error event.
@@ -280,6 +285,18 @@ func (c *Config) policyName() string {
 // Remote is the Tokenizer value that asks the replicas' /tokenize.
 const Remote = hashing.Remote
 
+// legTimeout is a prefill leg's limit: the least of LegTimeout and
+// TTFTTimeout that are set; zero: none.
+func (c *Config) legTimeout() time.Duration {
+	switch {
+	case c.LegTimeout <= 0:
+		return c.TTFTTimeout
+	case c.TTFTTimeout <= 0:
+		return c.LegTimeout
+	}
+	return min(c.LegTimeout, c.TTFTTimeout)
+}
+
 // Precise reports whether the configuration asks for KV events: a bind
 // address or a backend with kv=.
 func (c *Config) Precise() bool {
@@ -330,6 +347,7 @@ const (
 
 	DefaultConnectTimeout    = 3 * time.Second
 	DefaultTTFTTimeout       = 60 * time.Second
+	DefaultLegTimeout        = 15 * time.Second
 	DefaultStreamIdleTimeout = 30 * time.Second
 	DefaultRequestTimeout    = 15 * time.Minute
 	DefaultRetryBufferBytes  = 1 << 20
@@ -372,6 +390,7 @@ func DefaultConfig() Config {
 
 		ConnectTimeout:    DefaultConnectTimeout,
 		TTFTTimeout:       DefaultTTFTTimeout,
+		LegTimeout:        DefaultLegTimeout,
 		StreamIdleTimeout: DefaultStreamIdleTimeout,
 		RequestTimeout:    DefaultRequestTimeout,
 		StreamContinue:    true,

@@ -508,9 +508,11 @@ func (rt *Router) rewrite(pr *httputil.ProxyRequest) {
 // TrustedProxies, the client's X-Forwarded-For is kept and the peer
 // appended, its X-Forwarded-Host, X-Forwarded-Proto, other X-Forwarded-*
 // and X-Real-IP pass on; from any other peer, those are dropped and
-// X-Forwarded-For, -Host and -Proto are the router's own (the peer's
-// address, the requested host, http or https). ReverseProxy has already
-// removed X-Forwarded-For, -Host, -Proto and Forwarded from pr.Out.
+// X-Forwarded-For and -Proto are the router's own (the peer's address,
+// http or https), with no X-Forwarded-Host: the Host such a peer sends is
+// its own word, which a replica must not take for the router's.
+// ReverseProxy has already removed X-Forwarded-For, -Host, -Proto and
+// Forwarded from pr.Out.
 func (rt *Router) setForwarded(pr *httputil.ProxyRequest) {
 	in, out := pr.In.Header, pr.Out.Header
 	if !rt.trusted(pr.In.RemoteAddr) {
@@ -520,6 +522,7 @@ func (rt *Router) setForwarded(pr *httputil.ProxyRequest) {
 			}
 		}
 		pr.SetXForwarded()
+		out.Del("X-Forwarded-Host")
 		return
 	}
 	out["X-Forwarded-For"] = in["X-Forwarded-For"]

@@ -55,6 +55,13 @@ func TestDisaggregatedStream(t *testing.T) {
 	if got := streamCached(t, events); got != rec.TransferTokens {
 		t.Errorf("the decode worker reported %d cached tokens, want the %d transferred", got, rec.TransferTokens)
 	}
+	ec, _ := engine.Preset(engine.DefaultPreset)
+	if got := metricValue(t, url, "kvrouter_kv_transfers_total", "to", rec.Replica); got != 1 {
+		t.Errorf("transfers counted: %v, want 1 (the decode worker's usage shows the read)", got)
+	}
+	if got, want := metricValue(t, url, "kvrouter_kv_transfer_bytes_total", "to", rec.Replica), float64(rec.TransferTokens*ec.KVBytesPerToken); got != want {
+		t.Errorf("transfer bytes %v, want %v", got, want)
+	}
 	var direct *emulator.Server
 	for _, d := range ds {
 		if d.URL() == rec.Replica {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -173,7 +174,7 @@ func (c *call) settleLeg(tk *fleet.Ticket, end time.Time, err error) {
 	case legOK:
 		tk.Done(end, fleet.NoUsage, nil)
 		rt.st.reportSuccess(from)
-	case legError, legTimeout:
+	case legError, legTimeout, legBadParams:
 		tk.Done(end, fleet.NoUsage, errUpstreamFailed)
 		if isDialError(err) {
 			rt.st.eject(from, err.Error())
@@ -204,14 +205,15 @@ func (c *call) chargeLeg(from int, now time.Time) *fleet.Ticket {
 }
 
 // legContext is a prefill leg's context: the request's values without
-// its cancellation, within the TTFT timeout (the leg is a prefill and one
-// token) and what is left of the request timeout. A leg runs to its end
-// when the client goes away meanwhile: a worker that finished the prompt
-// just before it heard of an abort would hold blocks nobody knows of,
-// while blocks the router knows of it can release.
+// its cancellation, within the leg timeout (Config.LegTimeout, else the
+// TTFT timeout: the leg is a prefill and one token) and what is left of
+// the request timeout. A leg runs to its end or its timeout when the
+// client goes away meanwhile: a worker that finished the prompt just
+// before it heard of an abort would hold blocks nobody knows of, while
+// blocks the router knows of it can release.
 func (c *call) legContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithoutCancel(c.ctx), context.CancelFunc(func() {})
-	if d := c.rt.cfg.TTFTTimeout; d > 0 {
+	if d := c.rt.cfg.legTimeout(); d > 0 {
 		ctx, cancel = context.WithTimeout(ctx, d)
 	}
 	if d := c.rt.cfg.RequestTimeout; d > 0 {
@@ -223,10 +225,17 @@ func (c *call) legContext() (context.Context, context.CancelFunc) {
 }
 
 // sendLeg posts the prefill-leg body to replica from and returns the
-// kv_transfer_params of its answer and the prompt tokens its usage
-// reported.
+// kv_transfer_params of its answer, checked (legparams.go), and the
+// prompt tokens its usage reported.
 func (c *call) sendLeg(ctx context.Context, from int) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.rt.url(from).JoinPath(c.path).String(), bytes.NewReader(c.pd.pbody))
+	u := c.rt.url(from)
+	peer := legPeer{host: u.Hostname()}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+		if a, ok := ci.Conn.RemoteAddr().(*net.TCPAddr); ok {
+			peer.addr = a.IP.String()
+		}
+	}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.JoinPath(c.path).String(), bytes.NewReader(c.pd.pbody))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -245,7 +254,14 @@ func (c *call) sendLeg(ctx context.Context, from int) ([]byte, int, error) {
 	case len(b) > maxLegAnswer:
 		return nil, 0, fmt.Errorf("%w: an answer larger than %d bytes", errNoParams, maxLegAnswer)
 	}
-	return paramsOf(b)
+	params, prompt, err := paramsOf(b)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := checkParams(params, 2*c.freq.Tokens, peer); err != nil { // the router's estimate, not the worker's word, with room for its error
+		return nil, 0, err
+	}
+	return params, prompt, nil
 }
 
 // legHeaders are the headers of the requests the router makes itself for
@@ -291,6 +307,8 @@ func legOutcome(ctx context.Context, err error) string {
 		return legOK
 	case errors.Is(err, errNoParams):
 		return legNoParams
+	case errors.Is(err, errBadParams):
+		return legBadParams
 	case ctx.Err() != nil, errors.As(err, &ne) && ne.Timeout():
 		return legTimeout
 	}

@@ -272,7 +272,7 @@ func (rt *Router) Handler() http.Handler {
 	handle(mux, http.MethodGet, "/livez", rt.serveLive, count)
 	handle(mux, http.MethodGet, "/readyz", rt.serveReady, count)
 	mux.HandleFunc("/", rt.servePassThrough)
-	return rt.live.track(&gate{keys: rt.sf.apiKeys, strip: true, count: count, next: mux})
+	return rt.live.track(&gate{keys: rt.sf.apiKeys, strip: true, count: count, next: canonical(count, mux)})
 }
 
 // Run runs the background loops (metrics scrapes, health probes, and in

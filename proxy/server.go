@@ -33,6 +33,7 @@ func (rt *Router) NewAdminServer() *http.Server {
 func (rt *Router) server(addr string, h http.Handler) *http.Server {
 	c := &rt.cfg
 	conns := &connWatch{rejected: rt.m.headerRejected}
+	h2 := &h2Idle{limit: cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)}
 	return &http.Server{
 		Addr:              addr,
 		Handler:           rt.guard(h),
@@ -40,7 +41,7 @@ func (rt *Router) server(addr string, h http.Handler) *http.Server {
 		ReadHeaderTimeout: cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout),
 		IdleTimeout:       cmp.Or(c.IdleTimeout, DefaultIdleTimeout),
 		ConnContext:       conns.context,
-		ConnState:         conns.state,
+		ConnState:         func(nc net.Conn, s http.ConnState) { conns.state(nc, s); h2.state(nc, s) },
 		ErrorLog:          slog.NewLogLogger(rt.log.Handler(), slog.LevelDebug),
 	}
 }

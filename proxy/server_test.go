@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -251,6 +253,9 @@ func newHeaderEcho(t *testing.T) *headerEcho {
 	return e
 }
 
+// TestForwardedHeaders: a trusted proxy's X-Forwarded-* pass on; from
+// any other peer they are the router's own, and no X-Forwarded-Host
+// carries the Host the client chose.
 func TestForwardedHeaders(t *testing.T) {
 	spoof := []string{"X-Forwarded-For", "1.2.3.4", "X-Real-IP", "1.2.3.4", "X-Forwarded-Host", "evil.example",
 		"X-Forwarded-Proto", "https", "X-Forwarded-Port", "1"}
@@ -260,8 +265,8 @@ func TestForwardedHeaders(t *testing.T) {
 		want    map[string]string // "" means absent
 	}{
 		{"untrusted peer", "", map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Real-Ip": "",
-			"X-Forwarded-Host": "127.0.0.1", "X-Forwarded-Proto": "http", "X-Forwarded-Port": ""}},
-		{"other network trusted", "10.0.0.0/8", map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Real-Ip": ""}},
+			"X-Forwarded-Host": "", "X-Forwarded-Proto": "http", "X-Forwarded-Port": ""}},
+		{"other network trusted", "10.0.0.0/8", map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Real-Ip": "", "X-Forwarded-Host": ""}},
 		{"trusted proxy", "10.0.0.0/8, 127.0.0.1", map[string]string{"X-Forwarded-For": "1.2.3.4, 127.0.0.1", "X-Real-Ip": "1.2.3.4",
 			"X-Forwarded-Host": "evil.example", "X-Forwarded-Proto": "https", "X-Forwarded-Port": "1"}},
 	}
@@ -366,5 +371,54 @@ func TestPrefixes(t *testing.T) {
 		if got := cfg.TrustedProxies.String(); got != "10.0.0.0/8,192.168.1.7/32" {
 			t.Errorf("%q: got %q", doc, got)
 		}
+	}
+}
+
+// TestHTTP2HeaderBlockBounded: over HTTP/2 (TLS), a client that starts a
+// request's HEADERS and never ends the block loses its connection at the
+// header timeout (here 300 ms), not the 90 s idle timeout; requests over
+// HTTP/2 are served as over HTTP/1.
+func TestHTTP2HeaderBlockBounded(t *testing.T) {
+	up := newFake(t, 0)
+	rt := newTestRouter(t, "round-robin", func(c *Config) { c.ReadHeaderTimeout = 300 * time.Millisecond }, up.URL)
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config = rt.NewServer()
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	resp, err := srv.Client().Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("a request over HTTP/2: %s %s, want 200 over HTTP/2", resp.Proto, resp.Status)
+	}
+
+	c, err := tls.Dial("tcp", srv.Listener.Addr().String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if p := c.ConnectionState().NegotiatedProtocol; p != "h2" {
+		t.Fatalf("negotiated %q, want h2", p)
+	}
+	frame := func(typ, flags byte, stream uint32, payload []byte) []byte {
+		b := []byte{byte(len(payload) >> 16), byte(len(payload) >> 8), byte(len(payload)), typ, flags}
+		return append(binary.BigEndian.AppendUint32(b, stream), payload...)
+	}
+	out := []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+	out = append(out, frame(0x4, 0, 0, nil)...)            // SETTINGS
+	out = append(out, frame(0x1, 0x1, 1, []byte{0x83})...) // HEADERS, END_STREAM, no END_HEADERS: ":method POST", and never the rest
+	start := time.Now()
+	if _, err := c.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	_, err = io.Copy(io.Discard, c)
+	if took := time.Since(start); err != nil || took > 20*time.Second {
+		t.Errorf("connection with an unfinished header block: %v after %v; want it closed near the 300ms header timeout", err, took)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -355,10 +354,7 @@ func TestPrefillLegTraced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	answer, err := os.ReadFile("testdata/nixl_prefill_answer.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	answer := nixlAnswer(t)
 	pRec := &traceparents{h: &fixtureWorker{answer: answer}}
 	p := httptest.NewServer(pRec)
 	t.Cleanup(p.Close)

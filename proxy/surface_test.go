@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -371,5 +374,50 @@ func TestReadKeys(t *testing.T) {
 	}
 	if _, err := ReadKeys(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("a missing file: got no error")
+	}
+}
+
+// TestNoServeMuxPlainText: the requests http.ServeMux would answer in
+// plain text or HTML (a redirect of a path not in its clean form, "404
+// page not found" to CONNECT) get the router's JSON errors, counted, on
+// both surfaces; nothing reaches a replica.
+func TestNoServeMuxPlainText(t *testing.T) {
+	eng, url := seenEngine(t)
+	_, api, admin := surfaceRouter(t, nil, url)
+	for _, tc := range []struct {
+		raw, code string
+		status    int
+	}{
+		{"POST //v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", codeUnknownURL, 404},
+		{"GET /v1/../health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", codeUnknownURL, 404},
+		{"GET /v1/./models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", codeUnknownURL, 404},
+		{"CONNECT x:1 HTTP/1.1\r\nHost: x:1\r\nConnection: close\r\n\r\n", codeMethodNotAllowed, 405},
+	} {
+		for _, base := range []string{api, admin} {
+			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.WriteString(c, tc.raw)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("%.30q: %v", tc.raw, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			c.Close()
+			if resp.StatusCode != tc.status || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("%s %.30q: %d %q %s; want a JSON %d", base, tc.raw, resp.StatusCode, resp.Header.Get("Content-Type"), body, tc.status)
+			}
+			wantError(t, fmt.Sprintf("%.30q", tc.raw), string(body), tc.code)
+		}
+	}
+	if got := metricValue(t, admin, "kvrouter_errors_total", "code", codeUnknownURL); got != 3 {
+		t.Errorf("unknown_url counted %v on the API, want 3", got)
+	}
+	if got := metricValue(t, admin, "kvrouter_admin_errors_total", "code", codeUnknownURL); got != 3 {
+		t.Errorf("unknown_url counted %v on the admin surface, want 3", got)
+	}
+	if p := eng.all(); len(p) != 0 {
+		t.Errorf("%d requests reached the engine (%v), want 0", len(p), p)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/view"
 )
 
 // Prefill/decode disaggregation and KV transfers, on the wire as vLLM's
@@ -46,8 +47,9 @@ import (
 // A body that carries its own kv_transfer_params is forwarded as it is,
 // without legs. Failures:
 //
-//   - a prefill leg that fails, times out (Config.TTFTTimeout, within
-//     Config.RequestTimeout) or answers without params is counted, and the
+//   - a prefill leg that fails, times out (Config.LegTimeout, within
+//     Config.RequestTimeout), answers without params or with params that
+//     fail their check (legparams.go) is counted, and the
 //     request decided again without that worker: the new decision may
 //     name another prefill worker (a new leg; at most 1 + Config.Retries
 //     legs a request) or no transfer, and the decode replica computes the
@@ -73,6 +75,10 @@ const (
 	legError    = "error"     // a transport error or a status other than 200
 	legTimeout  = "timeout"   // no answer within the TTFT or request timeout
 	legNoParams = "no_params" // an answer without usable kv_transfer_params
+	// legBadParams: kv_transfer_params the router does not forward (past
+	// its size or depth, not the connector's schema, or a remote_host
+	// other than the worker's; legparams.go).
+	legBadParams = "bad_params"
 )
 
 // Legs, the values of kvrouter_kv_transfer_legs_total's leg label.
@@ -97,12 +103,22 @@ const (
 	releaseTimeout = "timeout" // the decode worker never had the request, or refused it: the abort timeout frees them
 )
 
+// Why a decode leg that carried params shows no read, the values of
+// kvrouter_kv_transfers_unread_total's why label.
+const (
+	unreadNotRead = "not_read" // its usage shows nothing cached past its own
+	unreadNoUsage = "no_usage" // its answer reported no cached tokens
+	unreadFailed  = "failed"   // it failed, or the client left, before its usage
+	unreadCut     = "cut"      // continued elsewhere after its first token
+)
+
 // transferMetrics count the transfers the router orders and their legs.
 type transferMetrics struct {
 	count, bytes *prometheus.CounterVec // from, to
 	legs         *prometheus.CounterVec // leg, outcome
 	fallbacks    *prometheus.CounterVec // reason
 	releases     *prometheus.CounterVec // how
+	unread       *prometheus.CounterVec // why
 	// perToken is the KV bytes of one token (the preset's).
 	perToken int64
 }
@@ -117,23 +133,26 @@ func newTransferMetrics(reg prometheus.Registerer, preset string) (*transferMetr
 	}
 	m := &transferMetrics{
 		count: counter("kvrouter_kv_transfers_total",
-			"KV transfers the router ordered and ran: a prefill leg on the source answered with kv_transfer_params and the decode leg to the destination carried them, by source and destination replica.",
+			"KV transfers run: a prefill leg on the source answered with kv_transfer_params, the decode leg to the destination carried them, and the destination's usage shows it read blocks (cached tokens past those the index saw it hold), by source and destination replica.",
 			"from", "to"),
 		bytes: counter("kvrouter_kv_transfer_bytes_total",
-			"KV bytes of the transfers run: the tokens of the blocks the source named (remote_block_ids × its block size, within the prompt) × the preset's KV bytes per token, by source and destination replica.",
+			"KV bytes of the transfers run: the tokens the destination read (its cached tokens past those the index saw it hold, within the blocks the source named: remote_block_ids × its block size, within the prompt) × the preset's KV bytes per token, by source and destination replica.",
 			"from", "to"),
 		legs: counter("kvrouter_kv_transfer_legs_total",
-			"Legs of disaggregated requests by leg (prefill, decode) and outcome: prefill ok, error, timeout, no_params (answered without kv_transfer_params); decode ok, upstream_error, error, canceled (the request's outcome), retried (failed before its first token: decided again), cut (failed after it: continued elsewhere without params).",
+			"Legs of disaggregated requests by leg (prefill, decode) and outcome: prefill ok, error, timeout (--leg-timeout), no_params (answered without kv_transfer_params), bad_params (params refused: past their size or depth, not the connector's schema, or a remote_host other than the worker's); decode ok, upstream_error, error, canceled (the request's outcome), retried (failed before its first token: decided again), cut (failed after it: continued elsewhere without params).",
 			"leg", "outcome"),
 		fallbacks: counter("kvrouter_kv_transfer_fallbacks_total",
-			"Ordered transfers that did not go as decided, by reason: the prefill leg's error, timeout or no_params (the request is decided again without that worker), decode_failed (the decode replica failed before its first token: decided again), legs_exhausted (no legs left: the decode replica computes the prompt).",
+			"Ordered transfers that did not go as decided, by reason: the prefill leg's error, timeout, no_params or bad_params (the request is decided again without that worker), decode_failed (the decode replica failed before its first token: decided again), legs_exhausted (no legs left: the decode replica computes the prompt).",
 			"reason"),
 		releases: counter("kvrouter_kv_transfer_releases_total",
 			"Prefill legs whose blocks no client reads, by how they are freed: sent (the client went away between the legs: a detached one-token decode leg read them), failed (that leg failed), engine (the client went away before the first token: the decode worker's abort frees them), timeout (the decode worker never had the request, or refused it with a 4xx: the prefill worker's abort timeout will).",
 			"how"),
+		unread: counter("kvrouter_kv_transfers_unread_total",
+			"Decode legs that carried a prefill leg's kv_transfer_params without a read to show for it, by why: not_read (the destination's usage shows no cached tokens past those the index saw it hold: it computed the prompt), no_usage (its answer reported no cached tokens), failed (the decode leg failed or the client left before its usage), cut (continued on another replica after its first token). Every such decode leg counts here or in kvrouter_kv_transfers_total.",
+			"why"),
 		perToken: int64(ec.KVBytesPerToken),
 	}
-	for _, c := range []prometheus.Collector{m.count, m.bytes, m.legs, m.fallbacks, m.releases} {
+	for _, c := range []prometheus.Collector{m.count, m.bytes, m.legs, m.fallbacks, m.releases, m.unread} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -205,10 +224,10 @@ func (c *call) fallback(reason string, from int) {
 }
 
 // attach returns plain with "kv_transfer_params": params as its first
-// member, appended to dst, and notes the transfer it runs: counted, in
-// the decision record and the X-Kvrouter-Decision header.
+// member, appended to dst, and notes the transfer it runs: in the
+// decision record and the X-Kvrouter-Decision header (counted when the
+// decode leg ends, by what it read: settleDecode).
 func (c *call) attach(dst, plain, params []byte, from int) []byte {
-	rt := c.rt
 	i := bytes.IndexByte(plain, '{')
 	b := append(dst, plain[:i+1]...)
 	b = append(b, `"kv_transfer_params":`...)
@@ -219,9 +238,6 @@ func (c *call) attach(dst, plain, params []byte, from int) []byte {
 	b = append(b, plain[i+1:]...)
 	pd := c.pd
 	pd.xfer, pd.xferTokens, pd.params = c.dec.Transfer, c.transferred(params, from), params
-	name, to := rt.name(from), rt.name(c.replica)
-	rt.xm.count.WithLabelValues(name, to).Inc()
-	rt.xm.bytes.WithLabelValues(name, to).Add(float64(int64(pd.xferTokens) * rt.xm.perToken))
 	c.record()
 	return b
 }
@@ -291,6 +307,7 @@ func (c *call) redo(req *http.Request) bool {
 	if x := c.transfer(); x.Blocks > 0 {
 		c.fallback(fallbackDecodeFailed, x.From)
 		c.rt.xm.legs.WithLabelValues(legDecode, "retried").Inc()
+		c.rt.xm.unread.WithLabelValues(unreadFailed).Inc()
 	}
 	c.dropTransfer()
 	body, ok := c.disaggregate(nil, nil, c.plain)
@@ -315,6 +332,7 @@ func (c *call) untransferred() []byte {
 		return nil
 	}
 	c.rt.xm.legs.WithLabelValues(legDecode, "cut").Inc()
+	c.rt.xm.unread.WithLabelValues(unreadCut).Inc()
 	c.dropTransfer()
 	return c.plain
 }
@@ -327,17 +345,56 @@ func (c *call) dropTransfer() {
 }
 
 // settleDecode counts the decode leg of a call that ran a transfer, by
-// the call's outcome. A decode worker that refused the request (a 4xx
-// answer, from its API before its engine saw the request) never read the
-// blocks: the prefill worker's abort timeout frees them.
+// the call's outcome, and the transfer by what the decode worker's usage
+// shows it read (readTokens). A decode worker that refused the request (a
+// 4xx answer, from its API before its engine saw the request) never read
+// the blocks: the prefill worker's abort timeout frees them.
 func (c *call) settleDecode() {
 	if c.transfer().Blocks <= 0 {
 		return
 	}
-	c.rt.xm.legs.WithLabelValues(legDecode, c.outcome).Inc()
+	rt := c.rt
+	rt.xm.legs.WithLabelValues(legDecode, c.outcome).Inc()
 	if c.status >= 400 && c.status < 500 && c.errCode == "" {
-		c.rt.xm.releases.WithLabelValues(releaseTimeout).Inc()
+		rt.xm.releases.WithLabelValues(releaseTimeout).Inc()
 	}
+	read, why := c.readTokens()
+	if why != "" {
+		rt.xm.unread.WithLabelValues(why).Inc()
+		return
+	}
+	name, to := rt.name(c.transfer().From), rt.name(c.replica)
+	rt.xm.count.WithLabelValues(name, to).Inc()
+	rt.xm.bytes.WithLabelValues(name, to).Add(float64(int64(read) * rt.xm.perToken))
+}
+
+// readTokens is the tokens the decode worker of the call's transfer read,
+// as its usage shows them: its cached tokens past those the index saw it
+// hold of the prompt (in the engine's tokens), within the tokens
+// transferred. Without a read it returns why not (kvrouter_kv_transfers_unread_total).
+func (c *call) readTokens() (int, string) {
+	u := c.usage
+	switch {
+	case c.outcome != view.OutcomeOK:
+		return 0, unreadFailed
+	case u.CachedTokens < 0:
+		return 0, unreadNoUsage
+	}
+	local := 0
+	if m := c.sc.Request.Match; c.replica < len(m) {
+		local = m[c.replica] * max(c.sc.Snapshot.BlockSize, 1)
+		if c.freq.Tokens > 0 && u.PromptTokens > 0 {
+			local = local * u.PromptTokens / c.freq.Tokens
+		}
+	}
+	read := u.CachedTokens - local
+	if read <= 0 {
+		return 0, unreadNotRead
+	}
+	if x := c.pd.xferTokens; x > 0 {
+		read = min(read, x)
+	}
+	return read, ""
 }
 
 // appendTransfer appends the X-Kvrouter-Decision part of the call's

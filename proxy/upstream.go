@@ -78,9 +78,15 @@ type attempt struct {
 	cancel context.CancelCauseFunc
 	phase  *time.Timer // nil without a phase timeout
 	total  *time.Timer // nil without a request timeout
-	idle   time.Duration
-	rt     *Router
-	span   trace.Span // the attempt's client span; nil when tracing is off
+	// idle is the stream's silence limit (a time.Duration): the
+	// stream-idle timeout, or ejectedIdle once probes ejected its replica
+	// (quick set); streamed is the phase timer once it bounds the silence
+	// (streaming), for the watch goroutine.
+	idle     atomic.Int64
+	quick    atomic.Bool
+	streamed atomic.Pointer[time.Timer]
+	rt       *Router
+	span     trace.Span // the attempt's client span; nil when tracing is off
 	// answered is set once the first token (or a non-streaming answer's
 	// headers) arrived: a probe ejection no longer cancels the attempt.
 	answered atomic.Bool
@@ -98,7 +104,8 @@ func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt 
 	rt := c.rt
 	spanCtx, span := c.startAttempt(parent)
 	ctx, cancel := context.WithCancelCause(spanCtx)
-	a := &attempt{parent: parent, ctx: ctx, cancel: cancel, idle: rt.cfg.StreamIdleTimeout, rt: rt, span: span}
+	a := &attempt{parent: parent, ctx: ctx, cancel: cancel, rt: rt, span: span}
+	a.idle.Store(int64(rt.cfg.StreamIdleTimeout))
 	if first > 0 {
 		cause := &timeoutError{kind: timeoutTTFT, d: first, flag: "ttft-timeout"}
 		a.phase = time.AfterFunc(first, func() { cancel(cause) })
@@ -131,7 +138,11 @@ func (a *attempt) watch(i int) {
 		return
 	}
 	a.unwatch = context.AfterFunc(sig, func() {
-		if a.answered.Load() || a.ctx.Err() != nil {
+		if a.ctx.Err() != nil {
+			return
+		}
+		if a.answered.Load() {
+			a.quicken(i)
 			return
 		}
 		if st.otherHealthy(i) {
@@ -145,29 +156,62 @@ func (a *attempt) watch(i int) {
 	})
 }
 
+// ejectedIdle is the silence after which a stream past its first token
+// is given up once failed probes ejected its replica (a stopped engine):
+// it is then continued elsewhere without waiting out the stream-idle
+// timeout. A replica streaming at all sends far more often.
+const ejectedIdle = time.Second
+
 // streaming moves the phase timer to the stream-idle timeout: the first
 // token arrived.
 func (a *attempt) streaming() {
-	a.answered.Store(true)
-	if a.idle <= 0 {
+	idle := time.Duration(a.idle.Load())
+	if idle <= 0 {
 		if a.phase != nil {
 			a.phase.Stop()
 		}
 		a.phase = nil
+		a.answered.Store(true)
 		return
 	}
-	cause := &timeoutError{kind: timeoutIdle, d: a.idle, flag: "stream-idle-timeout"}
-	cancel := a.cancel
 	if a.phase != nil {
 		a.phase.Stop()
 	}
-	a.phase = time.AfterFunc(a.idle, func() { cancel(cause) })
+	a.phase = time.AfterFunc(idle, func() { a.cancel(a.idleCause()) })
+	a.streamed.Store(a.phase)
+	a.answered.Store(true)
+}
+
+// idleCause is why a silent stream is given up: its replica's silence
+// past the stream-idle timeout, or past ejectedIdle once probes ejected
+// it.
+func (a *attempt) idleCause() error {
+	if a.quick.Load() {
+		return &timeoutError{kind: timeoutProbe}
+	}
+	return &timeoutError{kind: timeoutIdle, d: a.rt.cfg.StreamIdleTimeout, flag: "stream-idle-timeout"}
+}
+
+// quicken bounds the silence of a stream whose replica i failed probes
+// ejected to ejectedIdle, when another replica can continue it: a stopped
+// engine's streams move on within a second of its ejection, not at the
+// stream-idle timeout. A stream still flowing is not cut.
+func (a *attempt) quicken(i int) {
+	t := a.streamed.Load()
+	if t == nil || time.Duration(a.idle.Load()) <= ejectedIdle || !a.rt.st.otherHealthy(i) {
+		return
+	}
+	a.quick.Store(true)
+	a.idle.Store(int64(ejectedIdle))
+	t.Reset(ejectedIdle)
 }
 
 // tick notes that bytes arrived: the idle timer starts again.
 func (a *attempt) tick() {
-	if a.phase != nil && a.idle > 0 {
-		a.phase.Reset(a.idle)
+	if a.phase != nil {
+		if d := time.Duration(a.idle.Load()); d > 0 {
+			a.phase.Reset(d)
+		}
 	}
 }
 

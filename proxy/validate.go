@@ -115,6 +115,7 @@ func (c *Config) validateUpstream() []error {
 	}{
 		{"upstream-connect-timeout", int64(c.ConnectTimeout)},
 		{"ttft-timeout", int64(c.TTFTTimeout)},
+		{"leg-timeout", int64(c.LegTimeout)},
 		{"stream-idle-timeout", int64(c.StreamIdleTimeout)},
 		{"request-timeout", int64(c.RequestTimeout)},
 		{"retry-buffer-bytes", c.RetryBufferBytes},

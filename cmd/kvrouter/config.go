@@ -139,6 +139,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	// Upstream safety: timeouts, retry until the first token, continuation, ejection.
 	fs.DurationVar(&cfg.ConnectTimeout, "upstream-connect-timeout", cfg.ConnectTimeout, "limit on connecting to a replica (0: the system's)")
 	fs.DurationVar(&cfg.TTFTTimeout, "ttft-timeout", cfg.TTFTTimeout, "limit on a stream's headers and first token from a replica; past it the request is retried elsewhere (0: none)")
+	fs.DurationVar(&cfg.LegTimeout, "leg-timeout", cfg.LegTimeout, "limit on a prefill leg on a prefill worker, within --ttft-timeout; past it the leg counts against the worker's health and the request is decided again without it (0: --ttft-timeout)")
 	fs.DurationVar(&cfg.StreamIdleTimeout, "stream-idle-timeout", cfg.StreamIdleTimeout, "a stream whose replica sends nothing for this long is continued elsewhere or ended with an error event (0: none)")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "limit on a whole request, retries and continuations included (0: none)")
 	fs.BoolVar(&cfg.StreamContinue, "stream-continue", cfg.StreamContinue, "continue a stream on another replica when its replica fails after the first token (false: end it with an error event)")

@@ -74,8 +74,8 @@ func outcomeOf(err error) string {
 // file as at start, read by loadServeConfig, whose backend list is then
 // applied (proxy.Router.SetBackends: added, drained and removed as
 // needed). An invalid configuration is logged and counted, and the
-// running one kept. Settings other than the backend list are not applied
-// while running: a change of one is logged as needing a restart.
+// running one kept. Settings other than the backend list apply only at
+// start: a reload that changes one is refused as invalid, naming it.
 type reloader struct {
 	args   []string
 	getenv func(string) string
@@ -140,11 +140,14 @@ func (r *reloader) reload(trigger string) error {
 		r.log.Error("config reload failed: keeping the running configuration", "trigger", trigger, "config", r.path, "err", err)
 		return err
 	}
+	if moved := changedSettings(r.cur, cfg); len(moved) > 0 {
+		err := fmt.Errorf("config reload: %s changed, which applies only at start: restart to apply it, or undo the change; the running configuration kept, backends included", strings.Join(moved, ", "))
+		r.m.reloads.WithLabelValues(trigger, "error").Inc()
+		r.log.Error(err.Error(), "trigger", trigger, "config", r.path, "settings", moved)
+		return err
+	}
 	err = r.rt.SetBackends(cfg.Backends, proxy.SourceConfig)
 	r.m.reloads.WithLabelValues(trigger, outcomeOf(err)).Inc()
-	if moved := changedSettings(r.cur, cfg); len(moved) > 0 {
-		r.log.Warn("config reload: only the backend list is applied while running; these settings need a restart", "settings", moved)
-	}
 	r.log.Info("config reloaded", "trigger", trigger, "config", r.path, "backends", len(cfg.Backends), "err", err)
 	if err == nil {
 		r.cur = cfg

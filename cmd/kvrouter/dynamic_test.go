@@ -61,7 +61,8 @@ func counter(t *testing.T, admin, prefix string) float64 {
 
 // TestServeReloadsConfig runs kvrouter serve with a --config file and
 // changes the file: a new backend list is applied (on change and on
-// SIGHUP), an invalid file is refused and the running list kept.
+// SIGHUP), an invalid file, or one that changes a setting applied only at
+// start, is refused and the running list kept.
 func TestServeReloadsConfig(t *testing.T) {
 	var urls []string
 	for range 3 {
@@ -128,6 +129,15 @@ func TestServeReloadsConfig(t *testing.T) {
 	})
 	if got := counter(t, admin, `kvrouter_backend_changes_total{op="remove",result="ok",source="config"}`); got != 1 {
 		t.Errorf("config removals counted: %v, want 1", got)
+	}
+	// A setting that applies only at start changed with the list: the
+	// reload is refused, the running list kept.
+	write(strings.Replace(list(urls[0]), "round-robin", "least-loaded", 1))
+	wait.For(t, "the restart-only change refused", func() bool {
+		return counter(t, admin, `kvrouter_config_reloads_total{result="error",trigger="change"}`) >= 2
+	})
+	if got, _ := adminBackends(admin); !slices.Equal(got, urls[1:]) {
+		t.Errorf("after a policy change: %v, want the running list %v", got, urls[1:])
 	}
 	resp, err := http.Post("http://"+adminAddr+"/admin/v1/backends", "application/json", strings.NewReader("{"))
 	if err == nil {
