@@ -73,6 +73,9 @@ type Config struct {
 	// SessionHeader carries Request.Session; empty means
 	// DefaultSessionHeader.
 	SessionHeader string
+	// IDHeader, if not empty, carries Request.ID on every request (the
+	// demo matches the engines' own timings to its samples by it).
+	IDHeader string
 	// SystemSegments is how many leading segments of a session's prompt
 	// form its system message (the rest alternate user, assistant, user,
 	// ...); zero means 1 for requests with a session. Requests without a
