@@ -21,6 +21,9 @@ const idHeader = "X-Kvrouter-Demo-Request"
 type engineTime struct {
 	TTFT, E2E time.Duration
 	Output    int
+	// Arrived is when the request reached its engine, on that engine's
+	// clock.
+	Arrived time.Duration
 }
 
 // engineTimes collects the engines' own timings of a policy's requests
@@ -41,7 +44,7 @@ func (e *engineTimes) record(r *http.Request, ev engine.Event) {
 	if id == "" {
 		return
 	}
-	t := engineTime{TTFT: ev.First - ev.Arrived, E2E: ev.At - ev.Arrived, Output: ev.OutputTokens}
+	t := engineTime{TTFT: ev.First - ev.Arrived, E2E: ev.At - ev.Arrived, Output: ev.OutputTokens, Arrived: ev.Arrived}
 	e.mu.Lock()
 	e.byID[id] = t
 	e.mu.Unlock()
@@ -69,6 +72,40 @@ func (e *engineTimes) samples(load *loadgen.Result, replicas []string) ([]report
 		}
 	}
 	return out, missing
+}
+
+// lag returns, over load's completed requests with an engine timing,
+// the median and 90th percentile of how long (model time) a request took
+// from the client's send to its engine: the router's and the host's
+// part, which the engines' latencies leave out. Each replica's clock
+// starts at its own zero, so a replica's lags are taken from its
+// quickest request's.
+func (e *engineTimes) lag(load *loadgen.Result) (p50, p90 time.Duration) {
+	scale := load.TimeScale
+	if scale <= 0 {
+		scale = 1
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	by := map[string][]time.Duration{}
+	for i := range load.Samples {
+		s := &load.Samples[i]
+		if t, ok := e.byID[s.ID]; ok && s.OK() {
+			by[s.Replica] = append(by[s.Replica], t.Arrived-time.Duration(float64(s.Sent)/scale))
+		}
+	}
+	var all []time.Duration
+	for _, ds := range by {
+		base := slices.Min(ds)
+		for _, d := range ds {
+			all = append(all, d-base)
+		}
+	}
+	if len(all) == 0 {
+		return 0, 0
+	}
+	slices.Sort(all)
+	return all[len(all)/2], all[min(len(all)*9/10, len(all)-1)]
 }
 
 // probeEvery is how often the host probe asks to wake up.

@@ -103,6 +103,10 @@ type PolicyResult struct {
 	// Untimed counts completed requests the engines reported no timing
 	// for (their latencies are the client's, wall time / time scale).
 	Untimed int
+	// LagP50 and LagP90 are how long requests took from the client's
+	// send to their engine (model time): the router's and the host's
+	// part, which the engines' latencies leave out.
+	LagP50, LagP90 time.Duration
 	// samples are Report's samples, in Load.Samples' order.
 	samples []report.Sample
 	// Engines are the replicas' own figures scraped at the end, summed.
@@ -193,7 +197,7 @@ func runPolicy(ctx context.Context, cfg Config, policy string, reqs []trace.Requ
 	defer fl.close()
 	load, err := loadgen.Run(ctx, loadgen.Config{
 		Target: fl.url, Model: fl.model, Requests: reqs, TimeScale: cfg.TimeScale,
-		Duration: 5 * time.Minute, IgnoreEOS: true, IDHeader: idHeader,
+		Duration: 5 * time.Minute, IgnoreEOS: true, IDHeader: idHeader, Parallel: Parallel,
 		OnDone: func(loadgen.Sample) { cfg.Progress.Add(1) },
 	})
 	if err != nil {
@@ -211,6 +215,7 @@ func runPolicy(ctx context.Context, cfg Config, policy string, reqs []trace.Requ
 		pr.Engines = pr.Engines.Add(f)
 	}
 	pr.samples, pr.Untimed = times.samples(load, pr.Replicas)
+	pr.LagP50, pr.LagP90 = times.lag(load)
 	pr.Report = report.Summarize(pr.samples, report.Options{Policy: policy, Replicas: len(pr.Replicas),
 		NoPrediction: route.NeedsOf(pol).Index == route.NoIndex})
 	fl.decisions(&pr.Report, len(reqs))

@@ -172,18 +172,36 @@ func agentWhy(fs []Figures) string {
 	return b.String()
 }
 
-// hostClause says how busy the host was and what that does and does not
-// change.
+// hostClause says how busy the host was, what that does and does not
+// change, and how long requests took to reach their engines.
 func (r *Result) hostClause() string {
 	if r.Host.Samples == 0 {
 		return ""
 	}
-	if !r.Host.Busy() {
-		return fmt.Sprintf(" The host was quiet (timers late by %v at p99).", r.Host.P99.Round(10*time.Microsecond))
+	var lag time.Duration
+	var worst string
+	for _, p := range r.Policies {
+		if p.LagP90 > lag {
+			lag, worst = p.LagP90, p.Policy
+		}
 	}
-	return fmt.Sprintf(" The host was busy (timers late by %v at p99, %v at most): that delays when requests reach "+
+	path := ""
+	if lag > 0 {
+		path = fmt.Sprintf(" Requests took up to %s of model time (p90, under %s) from the client to their engine: "+
+			"the router's and the host's part, which these latencies leave out.", ms(lag), worst)
+	}
+	if !r.Host.Busy() {
+		return fmt.Sprintf(" The host was quiet (timers late by %v at p99).", r.Host.P99.Round(10*time.Microsecond)) + path
+	}
+	s := fmt.Sprintf(" The host was busy (timers late by %v at p99, %v at most): that delays when requests reach "+
 		"the engines and what the router sees of them, but the engines' clocks run the work they owe when they wake, "+
-		"so the latencies above are the model's, not the host's.", r.Host.P99.Round(10*time.Microsecond), r.Host.Max.Round(time.Millisecond))
+		"so the latencies above are the model's, not the host's.", r.Host.P99.Round(time.Millisecond), r.Host.Max.Round(time.Millisecond))
+	s += path
+	if lag > time.Second {
+		s += fmt.Sprintf(" The host was too busy to feed the engines at %g× real time: rerun with --time-scale %g to give it more wall time.",
+			1/r.Config.TimeScale, min(2*r.Config.TimeScale, 1))
+	}
+	return s
 }
 
 // skew explains a kv-aware run that piled requests on few replicas, from

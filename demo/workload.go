@@ -50,7 +50,7 @@ const (
 	docMaxTurns    = 2               // questions per session: 1..2
 	docThink       = 3 * time.Second // mean think time between questions
 	docSessionRate = 0.8             // document sessions starting per model second
-	docShare       = 0.35            // share of the requests that are document questions
+	docShare       = 0.45            // share of the requests that are document questions
 	docOutput      = 32              // tokens generated per answer
 
 	agentSchemas = 2500                     // the agent's tool schemas
@@ -58,7 +58,7 @@ const (
 	agentStart   = 25 * time.Second         // when the hot agent session starts
 	agentRate    = 5                        // its steps per model second
 	agentOutput  = 32                       // tokens generated per step
-	agentShare   = 0.15                     // share of the requests that are the agent's
+	agentShare   = 0.1                      // share of the requests that are the agent's
 	chatFirstID  = uint64(0x64656d6f) << 32 // "demo": segment ids of this workload
 )
 
@@ -216,6 +216,12 @@ func (g *gen) agent(n int) []trace.Request {
 	}
 	return reqs
 }
+
+// Parallel reports whether q, a request of ChatWorkload, goes out at its
+// arrival time without waiting for its session's previous request: the
+// agent's steps are parallel calls in one session (loadgen.Config's
+// Parallel), as the simulator sends every request at its arrival.
+func Parallel(q *trace.Request) bool { return q.Tenant == "agent" }
 
 // sortByArrival sorts reqs by At, keeping generation order for ties.
 func sortByArrival(reqs []trace.Request) {
