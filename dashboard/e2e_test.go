@@ -56,6 +56,14 @@ func stackOf(t *testing.T, n int, tokenizer string) (api, admin string) {
 		}
 		cfg.Backends = append(cfg.Backends, b)
 	}
+	return serveRouter(t, cfg)
+}
+
+// serveRouter runs a router of cfg for the test's life and serves its API
+// and its admin surface (whose /ui is the dashboard); it returns the two
+// URLs.
+func serveRouter(t *testing.T, cfg proxy.Config) (api, admin string) {
+	t.Helper()
 	rt, err := proxy.New(cfg, proxy.Deps{Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ func (s *incident) Fleet(now time.Time) view.Fleet {
 	r.Completed = int64(3 * since.Seconds())
 	r.Failed = int64(min(max(since, 0), 10*time.Minute).Seconds())
 	f.Decisions = uint64(r.Completed + r.Failed)
+	f.Requests, f.RequestsFailed = r.Completed+r.Failed, r.Failed
 	return f
 }
 

@@ -43,17 +43,22 @@ type history struct {
 type point struct {
 	At   time.Time
 	Span time.Duration
-	// decisions is the router's cumulative decision count.
-	decisions uint64
-	reps      []repCounters
+	// decisions is the router's cumulative decision count; requests and
+	// failed its cumulative client requests (view.Fleet.Requests).
+	decisions        uint64
+	requests, failed int64
+	reps             []repCounters
 	// Interval figures; a nil pointer is "no data".
 	Requests, Completed *float64
 	Failed              *float64
-	TTFTP50, TTFTP99    *float64
-	PredP50             *float64
-	TTFTs               int
-	HitPred, HitActual  *float64
-	Reps                []repPoint
+	// Finished and FinishedFailed are client requests per second
+	// (view.Fleet.Requests); Completed and Failed attempts.
+	Finished, FinishedFailed *float64
+	TTFTP50, TTFTP99         *float64
+	PredP50                  *float64
+	TTFTs                    int
+	HitPred, HitActual       *float64
+	Reps                     []repPoint
 }
 
 // repCounters are one replica's cumulative counters.
@@ -84,7 +89,7 @@ func (h *history) record(now time.Time, fleet func() view.Fleet, decisions func(
 		return
 	}
 	f := fleet()
-	p := point{At: now, decisions: f.Decisions}
+	p := point{At: now, decisions: f.Decisions, requests: f.Requests, failed: f.RequestsFailed}
 	for i := range f.Replicas[:min(len(f.Replicas), MaxSeriesReplicas)] {
 		r := &f.Replicas[i]
 		p.reps = append(p.reps, repCounters{id: r.ID, done: r.Completed + r.Failed, failed: r.Failed,
@@ -104,6 +109,10 @@ func (p *point) interval(prev *point, ds []view.Decision) {
 	secs := p.Span.Seconds()
 	if p.decisions >= prev.decisions {
 		p.Requests = ptr(float64(p.decisions-prev.decisions) / secs)
+	}
+	if p.requests >= prev.requests && p.failed >= prev.failed {
+		p.Finished = ptr(float64(p.requests-prev.requests) / secs)
+		p.FinishedFailed = ptr(float64(p.failed-prev.failed) / secs)
 	}
 	var done, failed, prompt, actual, pred int64
 	ok := false
@@ -193,20 +202,24 @@ func ptr(v float64) *float64 { return &v }
 // columns, oldest first, each interval figure at the sample that ends its
 // interval (null: no data, or the first sample).
 type seriesJSON struct {
-	StepMS    float64         `json:"step_ms"`
-	WindowMS  float64         `json:"window_ms"`
-	At        []int64         `json:"t_ms"`
-	SpanMS    []float64       `json:"span_ms"`
-	Requests  []*float64      `json:"requests_per_s"`
-	Completed []*float64      `json:"completed_per_s"`
-	Failed    []*float64      `json:"failed_per_s"`
-	TTFTP50   []*float64      `json:"ttft_p50_ms"`
-	TTFTP99   []*float64      `json:"ttft_p99_ms"`
-	PredP50   []*float64      `json:"ttft_predicted_p50_ms"`
-	TTFTs     []int           `json:"ttft_samples"`
-	HitPred   []*float64      `json:"hit_rate_predicted"`
-	HitActual []*float64      `json:"hit_rate_actual"`
-	Replicas  []replicaSeries `json:"replicas"`
+	StepMS    float64    `json:"step_ms"`
+	WindowMS  float64    `json:"window_ms"`
+	At        []int64    `json:"t_ms"`
+	SpanMS    []float64  `json:"span_ms"`
+	Requests  []*float64 `json:"requests_per_s"`
+	Completed []*float64 `json:"completed_per_s"`
+	Failed    []*float64 `json:"failed_per_s"`
+	// Finished and FinishedFailed are client requests, as Completed and
+	// Failed are attempts.
+	Finished       []*float64      `json:"requests_finished_per_s"`
+	FinishedFailed []*float64      `json:"requests_failed_per_s"`
+	TTFTP50        []*float64      `json:"ttft_p50_ms"`
+	TTFTP99        []*float64      `json:"ttft_p99_ms"`
+	PredP50        []*float64      `json:"ttft_predicted_p50_ms"`
+	TTFTs          []int           `json:"ttft_samples"`
+	HitPred        []*float64      `json:"hit_rate_predicted"`
+	HitActual      []*float64      `json:"hit_rate_actual"`
+	Replicas       []replicaSeries `json:"replicas"`
 }
 
 // replicaSeries is one replica's columns, aligned with seriesJSON's.
@@ -222,13 +235,15 @@ type replicaSeries struct {
 func seriesOf(ps []point, step, window time.Duration) seriesJSON {
 	n := len(ps)
 	out := seriesJSON{StepMS: ms(step), WindowMS: ms(window), At: make([]int64, n), SpanMS: make([]float64, n),
-		Requests: make([]*float64, n), Completed: make([]*float64, n), Failed: make([]*float64, n), TTFTP50: make([]*float64, n), TTFTP99: make([]*float64, n),
+		Requests: make([]*float64, n), Completed: make([]*float64, n), Failed: make([]*float64, n),
+		Finished: make([]*float64, n), FinishedFailed: make([]*float64, n), TTFTP50: make([]*float64, n), TTFTP99: make([]*float64, n),
 		PredP50: make([]*float64, n), TTFTs: make([]int, n), HitPred: make([]*float64, n), HitActual: make([]*float64, n),
 		Replicas: []replicaSeries{}}
 	for i := range ps {
 		p := &ps[i]
 		out.At[i], out.SpanMS[i] = p.At.UnixMilli(), ms(p.Span)
 		out.Requests[i], out.Completed[i], out.Failed[i] = p.Requests, p.Completed, p.Failed
+		out.Finished[i], out.FinishedFailed[i] = p.Finished, p.FinishedFailed
 		out.TTFTP50[i], out.TTFTP99[i], out.PredP50[i], out.TTFTs[i] = p.TTFTP50, p.TTFTP99, p.PredP50, p.TTFTs
 		out.HitPred[i], out.HitActual[i] = p.HitPred, p.HitActual
 	}

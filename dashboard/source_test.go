@@ -44,7 +44,7 @@ var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 func sample() *literal {
 	return &literal{
 		fleet: view.Fleet{
-			At: t0, Policy: "kv-aware", Index: "precise", Sessions: 5, Decisions: 2,
+			At: t0, Policy: "kv-aware", Index: "precise", Sessions: 5, Decisions: 2, Requests: 52, RequestsFailed: 1,
 			Replicas: []view.Replica{
 				{
 					ID: "http://10.0.0.1:8000", Healthy: true,

@@ -20,8 +20,12 @@ type fleetJSON struct {
 	Replicas  []replicaJSON `json:"replicas"`
 }
 
-// totalsJSON sums the replicas.
+// totalsJSON sums the replicas; Requests and RequestsFailed are the
+// router's count of client requests (view.Fleet), Completed and Failed
+// the replicas' attempts.
 type totalsJSON struct {
+	Requests        int64    `json:"requests"`
+	RequestsFailed  int64    `json:"requests_failed"`
 	Replicas        int      `json:"replicas"`
 	Healthy         int      `json:"healthy"`
 	InFlight        int      `json:"in_flight"`
@@ -104,6 +108,7 @@ type eventsJSON struct {
 func fleetOf(f view.Fleet) fleetJSON {
 	out := fleetJSON{At: f.At, Policy: f.Policy, Index: f.Index, Hash: f.Hash, Sessions: f.Sessions, Decisions: f.Decisions, Replicas: make([]replicaJSON, len(f.Replicas))}
 	t := &out.Totals
+	t.Requests, t.RequestsFailed = f.Requests, f.RequestsFailed
 	for i, r := range f.Replicas {
 		out.Replicas[i] = replicaOf(r)
 		t.Replicas++

@@ -1,10 +1,12 @@
 // Package demo runs kvrouter's live demonstration: N emulated vLLM
 // replicas in process (real HTTP, SSE and ZMQ on loopback, time-scaled), the
-// router in front of them, and the same multi-turn workload replayed
-// through it once per routing policy, each policy on a cold fleet (new
-// replicas, new router). It compares the policies by what the engines
-// themselves report: usage.cached_tokens in every response, and their own
-// prefix-cache counters scraped at the end.
+// router in front of them, and the same workload (conversations, documents
+// shared across sessions, a hot agent session) replayed through it once per
+// routing policy, each policy on a cold fleet (new replicas, new router).
+// It compares the policies by what the engines themselves report:
+// usage.cached_tokens in every response, their own prefix-cache counters
+// scraped at the end, and every request's timing on their model clocks,
+// which a busy host does not stretch.
 package demo
 
 import (
@@ -23,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/loadgen"
 	"github.com/kvrouter/kvrouter/proxy"
 	"github.com/kvrouter/kvrouter/report"
+	"github.com/kvrouter/kvrouter/route"
 	"github.com/kvrouter/kvrouter/trace"
 )
 
@@ -81,6 +84,8 @@ type Result struct {
 	// Sizing is the fleet sizing on the same requests (the closing line);
 	// nil when Config.NoSizing.
 	Sizing *Sizing
+	// Host is how late the host woke the run's goroutines (wall time).
+	Host HostLag
 }
 
 // PolicyResult is one policy's run.
@@ -91,9 +96,19 @@ type PolicyResult struct {
 	Replicas []string
 	// Load is what the client measured.
 	Load *loadgen.Result
-	// Report is Load summarised for package report (model time), with the
-	// router's predicted hit rate and decision reasons filled in.
+	// Report is Load summarised for package report, its latencies the
+	// engines' own (model time, from a request's arrival at its engine),
+	// with the router's predicted hit rate and decision reasons filled in.
 	Report report.Result
+	// Untimed counts completed requests the engines reported no timing
+	// for (their latencies are the client's, wall time / time scale).
+	Untimed int
+	// LagP50 and LagP90 are how long requests took from the client's
+	// send to their engine (model time): the router's and the host's
+	// part, which the engines' latencies leave out.
+	LagP50, LagP90 time.Duration
+	// samples are Report's samples, in Load.Samples' order.
+	samples []report.Sample
 	// Engines are the replicas' own figures scraped at the end, summed.
 	Engines loadgen.EngineFigures
 	// Wall is this policy's wall time, fleet start to stop.
@@ -142,6 +157,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	start := time.Now()
 	res := &Result{Config: cfg}
+	probe := startProbe()
+	defer func() {
+		if probe != nil {
+			probe.Stop()
+		}
+	}()
 	for _, p := range cfg.Policies {
 		cfg.Progress.SetLabel(p)
 		pr, err := runPolicy(ctx, cfg, p, reqs)
@@ -150,6 +171,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		res.Policies = append(res.Policies, *pr)
 	}
+	res.Host, probe = probe.Stop(), nil
 	if !cfg.NoSizing {
 		if res.Sizing, err = size(cfg, reqs); err != nil {
 			return nil, fmt.Errorf("demo: %w", err)
@@ -163,14 +185,19 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 // through it and scrapes the engines.
 func runPolicy(ctx context.Context, cfg Config, policy string, reqs []trace.Request) (*PolicyResult, error) {
 	t0 := time.Now()
-	fl, err := startFleet(cfg, policy)
+	pol, err := route.New(policy)
+	if err != nil {
+		return nil, err
+	}
+	times := newEngineTimes()
+	fl, err := startFleet(cfg, policy, times)
 	if err != nil {
 		return nil, err
 	}
 	defer fl.close()
 	load, err := loadgen.Run(ctx, loadgen.Config{
 		Target: fl.url, Model: fl.model, Requests: reqs, TimeScale: cfg.TimeScale,
-		Duration: 5 * time.Minute, IgnoreEOS: true,
+		Duration: 5 * time.Minute, IgnoreEOS: true, IDHeader: idHeader, Parallel: Parallel,
 		OnDone: func(loadgen.Sample) { cfg.Progress.Add(1) },
 	})
 	if err != nil {
@@ -187,7 +214,10 @@ func runPolicy(ctx context.Context, cfg Config, policy string, reqs []trace.Requ
 		}
 		pr.Engines = pr.Engines.Add(f)
 	}
-	pr.Report = load.Summarize(policy, pr.Replicas, report.SLO{})
+	pr.samples, pr.Untimed = times.samples(load, pr.Replicas)
+	pr.LagP50, pr.LagP90 = times.lag(load)
+	pr.Report = report.Summarize(pr.samples, report.Options{Policy: policy, Replicas: len(pr.Replicas),
+		NoPrediction: route.NeedsOf(pol).Index == route.NoIndex})
 	fl.decisions(&pr.Report, len(reqs))
 	for _, r := range fl.rt.View(time.Now()).Replicas {
 		pr.Scales = append(pr.Scales, r.Scale)
@@ -209,12 +239,12 @@ type fleet struct {
 
 // startFleet starts cfg.Replicas emulated replicas (HTTP and a KV-event
 // publisher on loopback) and a router with policy in front of them.
-func startFleet(cfg Config, policy string) (*fleet, error) {
+func startFleet(cfg Config, policy string, times *engineTimes) (*fleet, error) {
 	fl := &fleet{model: "demo"}
 	for range cfg.Replicas {
 		s, err := emulator.Start(emulator.Config{
 			Model: fl.model, Preset: cfg.Preset, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale,
-			KVEventsEndpoint: "tcp://127.0.0.1:*", Logger: cfg.Logger,
+			KVEventsEndpoint: "tcp://127.0.0.1:*", Logger: cfg.Logger, OnDone: times.record,
 		}, "127.0.0.1:0")
 		if err != nil {
 			fl.close()
@@ -284,7 +314,7 @@ func (fl *fleet) decisions(r *report.Result, n int) {
 	r.Reasons = map[string]int{}
 	for _, rec := range fl.rt.Decisions(n) {
 		r.Reasons[rec.Reason]++
-		if rec.PromptTokens > 0 {
+		if rec.PromptTokens > 0 && !r.NoPrediction {
 			predicted += int64(rec.PredictedCached)
 			prompt += int64(rec.PromptTokens)
 		}

@@ -18,7 +18,7 @@ func TestSkew(t *testing.T) {
 	}{
 		{"idle replica", []int{165, 0, 44, 31}, map[string]int{"session": 200, "prefix": 30, "replicate": 10},
 			"kv-aware put 69% of its requests on one replica and left 1 of 4 idle: " +
-				"it sends a request where its prefix (the shared system prompt, then the conversation's history) is cached " +
+				"it sends a request where its prefix (a shared system prompt or document, then the session's history) is cached " +
 				"unless its queue and batch there are predicted to cost the fleet more than prefilling the prompt elsewhere, " +
 				`which it found for 10 of 240 requests (reason "replicate"). `},
 		{"half on one", []int{30, 10, 10, 10}, map[string]int{"prefix": 60}, "kv-aware put 50% of its requests on one replica: "},

@@ -225,6 +225,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		}
 		return
 	}
+	s.done(r, final)
 	writeJSON(w, s.response(j, final))
 }
 
@@ -252,6 +253,13 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request, j *job) (*flight,
 		return nil, false
 	}
 	return f, true
+}
+
+// done calls Config.OnDone, if set.
+func (s *Server) done(r *http.Request, final engine.Event) {
+	if s.cfg.OnDone != nil {
+		s.cfg.OnDone(r, final)
+	}
 }
 
 // toLoop hands v to the engine loop over ch. It reports false, having

@@ -103,7 +103,7 @@ type loop struct {
 	s       *Server
 	start   time.Time
 	flights map[string]*flight
-	keep    []engine.Event // block events of one wake-up
+	keep    []engine.Event // block events not yet published (step publishes them)
 	// cached is the engine's cached blocks as its events report them,
 	// for admissible; nil unless Config.KVFullStatus is set.
 	cached map[prefix.Hash]struct{}
@@ -118,6 +118,11 @@ func (l *loop) now() time.Duration {
 }
 
 func (l *loop) add(f *flight) {
+	// Run the iterations that were due before the request came (the loop
+	// may wake late on a busy host), so that it joins the engine at the
+	// right point of its schedule and the late wake-up does not delay
+	// the requests already running.
+	l.catchUp(l.now())
 	l.t = max(l.t, l.now())
 	l.remoteSent(f)
 	if err := l.admissible(&f.req); err != nil {
@@ -149,6 +154,7 @@ func (l *loop) reset() {
 		return
 	}
 	l.failAll(errReset)
+	l.keep = l.keep[:0] // the old engine's events, which AllCleared drops
 	l.s.eng = eng
 	clear(l.cached)
 	l.next = engine.Idle
@@ -169,7 +175,6 @@ func (l *loop) failAll(err error) {
 // iteration still starts exactly when the previous one ended (at most
 // maxCatchUp of them per wake-up), so timer slack does not slow the model.
 func (l *loop) step() time.Duration {
-	l.keep = l.keep[:0]
 	target := l.now()
 	for range maxCatchUp {
 		at := target
@@ -184,6 +189,7 @@ func (l *loop) step() time.Duration {
 		}
 	}
 	l.publish(l.keep)
+	l.keep = l.keep[:0]
 	st := l.s.eng.Stats()
 	l.s.stats.Store(&st)
 	if l.next == engine.Idle {
@@ -192,6 +198,20 @@ func (l *loop) step() time.Duration {
 	// Round up (and add 1 ns) so the loop never wakes just before next
 	// and spins: at the next wake-up now() >= next.
 	return max(time.Duration(math.Ceil(float64(l.next-l.now())*l.s.scale))+1, 0)
+}
+
+// catchUp runs the iterations due by target, each when the previous one
+// ended (at most maxCatchUp), without starting one early.
+func (l *loop) catchUp(target time.Duration) {
+	for range maxCatchUp {
+		if l.next > target || l.next == engine.Idle {
+			return
+		}
+		at := max(l.next, l.t)
+		out, next := l.s.eng.Step(at)
+		l.t, l.next = at, next
+		l.deliver(out)
+	}
 }
 
 func (l *loop) deliver(events []engine.Event) {

@@ -139,6 +139,13 @@ type Config struct {
 	// Logger receives the few warnings of the ZMQ side; nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// OnDone, if not nil, is called with the HTTP request and the final
+	// engine event of every request that completes (usage, and its timing
+	// on the engine clock: Arrived, First, At), on the request's handler
+	// goroutine before its last bytes are written. The demo reads its
+	// latencies from it: engine time does not stretch when the host is
+	// busy, as wall time does.
+	OnDone func(r *http.Request, final engine.Event)
 }
 
 // DefaultKVHoldTimeout is how long a prefill leg's blocks are held for a

@@ -115,6 +115,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, f *fligh
 	if err != nil {
 		return // the client is gone or the engine stopped: end the stream
 	}
+	s.done(r, final)
 	if j.usage {
 		if err := out.data(c.usage(final)); err != nil {
 			return

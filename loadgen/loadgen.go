@@ -73,6 +73,14 @@ type Config struct {
 	// SessionHeader carries Request.Session; empty means
 	// DefaultSessionHeader.
 	SessionHeader string
+	// IDHeader, if not empty, carries Request.ID on every request (the
+	// demo matches the engines' own timings to its samples by it).
+	IDHeader string
+	// Parallel, if not nil, says which requests go out at their arrival
+	// time without waiting for their session's previous request (an
+	// agent's parallel calls in one session); nil means every turn of a
+	// session waits.
+	Parallel func(q *trace.Request) bool
 	// SystemSegments is how many leading segments of a session's prompt
 	// form its system message (the rest alternate user, assistant, user,
 	// ...); zero means 1 for requests with a session. Requests without a
@@ -184,7 +192,7 @@ func newRunner(ctx context.Context, cfg Config) (*runner, error) {
 	}
 	r := &runner{cfg: cfg, reqs: reqs, samples: make([]Sample, len(reqs)), sent: make([]bool, len(reqs))}
 	r.at = arrivals(reqs, cfg.Rate, cfg.TimeScale)
-	r.prev, r.done = sessionOrder(reqs)
+	r.prev, r.done = sessionOrder(reqs, cfg.Parallel)
 	return r, nil
 }
 
@@ -212,15 +220,16 @@ func arrivals(reqs []trace.Request, rate, scale float64) []time.Duration {
 
 // sessionOrder returns, per request, a done channel to be closed when it
 // is over, and the done channel of the same session's previous request
-// (nil for a first turn or a request without a session).
-func sessionOrder(reqs []trace.Request) (prev, done []chan struct{}) {
+// (nil for a first turn, a request without a session, or one parallel
+// says goes out on its own; nor does a later turn wait for that one).
+func sessionOrder(reqs []trace.Request, parallel func(*trace.Request) bool) (prev, done []chan struct{}) {
 	prev = make([]chan struct{}, len(reqs))
 	done = make([]chan struct{}, len(reqs))
 	last := map[string]int{}
 	for i := range reqs {
 		done[i] = make(chan struct{})
 		s := reqs[i].Session
-		if s == "" {
+		if s == "" || parallel != nil && parallel(&reqs[i]) {
 			continue
 		}
 		if j, ok := last[s]; ok {

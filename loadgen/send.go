@@ -109,6 +109,9 @@ func (r *runner) send(ctx context.Context, q *trace.Request) Sample {
 	if q.Session != "" {
 		req.Header.Set(r.cfg.SessionHeader, q.Session)
 	}
+	if r.cfg.IDHeader != "" {
+		req.Header.Set(r.cfg.IDHeader, q.ID)
+	}
 	t0 := time.Now()
 	resp, err := r.cfg.Client.Do(req)
 	if err != nil {

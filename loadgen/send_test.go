@@ -164,3 +164,28 @@ func TestParseDecision(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionOrder: a session's turn waits for its previous turn, except
+// the requests Parallel names, which wait for nothing and which no later
+// turn waits for.
+func TestSessionOrder(t *testing.T) {
+	reqs := []trace.Request{
+		{ID: "a0", Session: "a"}, {ID: "b0", Session: "b"}, {ID: "a1", Session: "a"},
+		{ID: "p0", Session: "p", Tenant: "agent"}, {ID: "p1", Session: "p", Tenant: "agent"}, {ID: "a2", Session: "a"},
+	}
+	parallel := func(q *trace.Request) bool { return q.Tenant == "agent" }
+	prev, done := sessionOrder(reqs, parallel)
+	want := []int{-1, -1, 0, -1, -1, 2} // index of the request each waits for
+	for i, w := range want {
+		switch {
+		case w < 0 && prev[i] != nil:
+			t.Errorf("%s waits, want it not to", reqs[i].ID)
+		case w >= 0 && prev[i] != done[w]:
+			t.Errorf("%s does not wait for %s", reqs[i].ID, reqs[w].ID)
+		}
+	}
+	prev, _ = sessionOrder(reqs, nil)
+	if prev[4] == nil {
+		t.Errorf("without Parallel, p1 does not wait for p0")
+	}
+}

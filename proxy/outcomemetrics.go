@@ -115,6 +115,12 @@ func (rt *Router) observe(c *call) {
 		model = rt.m.models.label(rt.st.fleet, c.prompt.Model, c.end)
 	}
 	rt.m.completions.WithLabelValues(c.path, model, out, code).Inc()
+	if out != outcomeCanceled {
+		rt.requests.Add(1)
+		if out != outcomeOK {
+			rt.requestsFailed.Add(1)
+		}
+	}
 	if out != outcomeOK || c.replica < 0 {
 		return
 	}

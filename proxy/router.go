@@ -59,30 +59,33 @@ type Deps struct {
 // Router is the live router. Create it with New, serve Handler, and run Run
 // for the background loops (metrics scrapes and health probes).
 type Router struct {
-	cfg        Config
-	log        *slog.Logger
-	mm         *memberMetrics
-	policy     route.Policy
-	policyName string
-	m          *metrics
-	gatherer   prometheus.Gatherer
-	decisions  *ring
-	seq        atomic.Uint64
-	xm         *transferMetrics
-	idPrefix   string            // "kvr-<epoch>-", request ids append a sequence number
-	upstream   http.RoundTripper // the plain transport
-	rp         *httputil.ReverseProxy
-	models     modelsCache
-	st         *state
-	adm        *admission // nil: admission control off
-	sm         *sloMetrics
-	pool       sync.Pool // *call, with its buffers
-	readBufs   readBufs  // stream read buffers
-	now        func() time.Time
-	start      time.Time     // the router's start: time zero of the residency index
-	sf         surface       // keys, pass-through list, id hashing
-	live       liveSet       // API requests in flight, for the drain
-	shared     *peers.Syncer // nil without Config.Peers.URL (peers.go)
+	// requests and requestsFailed count finished completion requests as
+	// their clients saw them (view.Fleet.Requests); observe adds.
+	requests, requestsFailed atomic.Int64
+	cfg                      Config
+	log                      *slog.Logger
+	mm                       *memberMetrics
+	policy                   route.Policy
+	policyName               string
+	m                        *metrics
+	gatherer                 prometheus.Gatherer
+	decisions                *ring
+	seq                      atomic.Uint64
+	xm                       *transferMetrics
+	idPrefix                 string            // "kvr-<epoch>-", request ids append a sequence number
+	upstream                 http.RoundTripper // the plain transport
+	rp                       *httputil.ReverseProxy
+	models                   modelsCache
+	st                       *state
+	adm                      *admission // nil: admission control off
+	sm                       *sloMetrics
+	pool                     sync.Pool // *call, with its buffers
+	readBufs                 readBufs  // stream read buffers
+	now                      func() time.Time
+	start                    time.Time     // the router's start: time zero of the residency index
+	sf                       surface       // keys, pass-through list, id hashing
+	live                     liveSet       // API requests in flight, for the drain
+	shared                   *peers.Syncer // nil without Config.Peers.URL (peers.go)
 	// bg joins the requests the router sends detached from a client
 	// (release, prefill.go); Run waits for them.
 	bg sync.WaitGroup

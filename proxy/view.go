@@ -13,6 +13,7 @@ func (rt *Router) View(now time.Time) view.Fleet {
 	v := rt.st.fleet.View(now)
 	v.Policy, v.Hash = rt.policyName, rt.st.hasher.Mode()
 	v.Decisions = rt.decisions.count()
+	v.Requests, v.RequestsFailed = rt.requests.Load(), rt.requestsFailed.Load()
 	for i := range v.Replicas {
 		r := &v.Replicas[i]
 		if s, ok := rt.st.scraper.Status(r.ID); ok {

@@ -365,3 +365,65 @@ func TestBrowserPlanReport(t *testing.T) {
 		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
 	}
 }
+
+// TestBrowserDemoReport opens, in Chromium at 1,280 × 900 pixels, the
+// report of a run as the demo writes it (four policies, three of which
+// predict nothing, no oracles, ranked by mean TTFT) and checks what a
+// reader sees: the first line names the winner by the run's rule (the
+// one report.Winner and the demo's terminal use); the table is whole,
+// without a sideways scroll; no policy shows a prediction it does not
+// make; nothing mentions an oracle the run does not have; and the TTFT
+// chart's legend names every policy, with no placeholder value beside it
+// until the cursor is on the chart.
+func TestBrowserDemoReport(t *testing.T) {
+	w, err := trace.Generate("multi-turn-chat", trace.GenOptions{Seed: 1, Requests: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	preset, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies := []string{"round-robin", "least-loaded", "session-hash", "kv-aware"}
+	run, err := sim.Run(sim.Config{Workload: w.Name, Requests: w.Requests, Replicas: 4, PresetName: "llama3-8b-h100",
+		Preset: preset, Load: 0.8, Seed: 1, Policies: policies})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run.Oracles, run.Rank = nil, "ttft_mean"
+	ctx, con, verdict := open(t, func(w io.Writer) error { return report.WriteHTML(w, &run) })
+	winner := report.Winner(&run).Winner
+	if want := report.Headline(&run); verdict != want || !strings.HasPrefix(verdict, winner+" won on TTFT mean") {
+		t.Errorf("first line %q, want the headline %q naming %s, the winner on TTFT mean", verdict, want, winner)
+	}
+	browser.Run(t, ctx, 5*time.Second, "1280", chromedp.EmulateViewport(1280, 900))
+	fit := browser.Run(t, ctx, 5*time.Second, "table width", chromedp.Evaluate[string](`(() => {
+		const s = document.querySelector('section .scroll');
+		return s.scrollWidth <= s.clientWidth ? "ok" : "table " + s.scrollWidth + " px in a box of " + s.clientWidth;
+	})()`))
+	if fit != "ok" {
+		t.Errorf("at 1,280 px the table is cut: %s", fit)
+	}
+	text := browser.Run(t, ctx, 5*time.Second, "text", chromedp.Evaluate[string](`document.body.innerText`))
+	for _, bad := range []string{"pred 0.0%", "oracle"} {
+		if strings.Contains(text, bad) {
+			t.Errorf("the page shows %q, which this run does not have", bad)
+		}
+	}
+	type entry struct{ Label, Value string }
+	legend := browser.Run(t, ctx, 5*time.Second, "legend", chromedp.Poll[[]entry](`document.querySelector('#cdf canvas') &&
+		[...document.querySelectorAll('#cdf .u-legend .u-series')].slice(1).map(s => ({Label: s.querySelector('.u-label').textContent, Value: s.querySelector('.u-value').textContent}))`))
+	var labels []string
+	for _, e := range legend {
+		labels = append(labels, e.Label)
+		if e.Value != "" {
+			t.Errorf("legend %s reads %q with no cursor on the chart, want nothing", e.Label, e.Value)
+		}
+	}
+	if !slices.Equal(labels, policies) {
+		t.Errorf("legend %q, want the policies %q", labels, policies)
+	}
+	if errs := con.Errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}

@@ -13,9 +13,11 @@ function cdfChart(el, data) {
     width: width(el), height: 360,
     scales: { x: { time: false, distr: 3 }, y: { range: [0, 1] } },
     axes: [{ label: "TTFT", values: (u, vs) => vs.map(fmtMs) }, { label: "fraction of requests", values: (u, vs) => vs.map(v => Math.round(v * 100) + "%") }],
-    series: [{ label: "TTFT", value: (u, v) => v == null ? "-" : fmtMs(v) }].concat(idx.map(i => ({
+    // A legend entry is its policy's name; the value beside it appears
+    // only while the cursor is on the chart.
+    series: [{ label: "TTFT", value: (u, v) => v == null ? "" : fmtMs(v) }].concat(idx.map(i => ({
       label: data.policies[i], stroke: data.colors[i], width: data.policies[i] === "kv-aware" ? 3 : 1.5, spanGaps: true,
-      value: (u, v) => v == null ? "-" : (v * 100).toFixed(1) + "%" }))),
+      value: (u, v) => v == null ? "" : (v * 100).toFixed(1) + "%" }))),
   }, joined, el);
 }
 
@@ -28,12 +30,12 @@ function attainChart(el, data) {
   if (!idx.length) { el.textContent = "no runs"; return; }
   const joined = uPlot.join(idx.map(i => [data.curves[i][0], data.curves[i][1]]));
   const lines = data.levels.map(l => joined[0].map(() => l));
-  const share = (u, v) => v == null ? "-" : (v * 100).toFixed(1) + "%";
+  const share = (u, v) => v == null ? "" : (v * 100).toFixed(1) + "%";
   new uPlot({
     width: width(el), height: 360,
     scales: { x: { time: false, distr: data.linear ? 1 : 3, log: 2, range: (u, lo, hi) => [lo, hi] }, y: { range: [0, 1.02] } },
     axes: [{ label: data.xlabel || "load (1 = a balanced fleet caching nothing at its knee)" }, { label: "requests meeting the SLO", values: (u, vs) => vs.map(v => Math.round(v * 100) + "%") }],
-    series: [{ label: data.xname || "load", value: (u, v) => v == null ? "-" : v.toPrecision(3) }].concat(idx.map(i => ({
+    series: [{ label: data.xname || "load", value: (u, v) => v == null ? "" : v.toPrecision(3) }].concat(idx.map(i => ({
       label: data.policies[i], stroke: data.colors[i], width: data.policies[i] === "kv-aware" ? 3 : 1.5, spanGaps: true,
       points: { show: true, size: 5 }, value: share }))).concat(data.levels.map(l => ({
       label: Math.round(l * 1000) / 10 + "% level", stroke: "#6b7280", dash: [6, 4], width: 1, points: { show: false }, value: share }))),

@@ -6,7 +6,8 @@ import (
 )
 
 // Headline returns the run's verdict in plain language, the first line of
-// the HTML report: which policy had the lowest TTFT p99 and by how much
+// the HTML report: which policy had the lowest TTFT p99 (or the metric
+// Run.Rank names) and by how much
 // (against the runner-up and the slowest), which had the highest hit rate
 // against the pooled oracle, and where kv-aware ranked when it did not
 // win. Rankings are Standing's: a policy that rejected more requests ranks
@@ -34,10 +35,9 @@ func headline(r *Run) string {
 	case 1:
 		return single(done[0])
 	}
-	ms := Metrics()
-	p99, hit := ms[0], ms[3]
-	parts := []string{latencyClause(r, p99), hitClause(r, hit)}
-	if s := kvAwareClause(r, p99); s != "" {
+	rank, hit := r.rankMetric(), Metrics()[3]
+	parts := []string{latencyClause(r, rank), hitClause(r, hit)}
+	if s := kvAwareClause(r, rank); s != "" {
 		parts = append(parts, s)
 	}
 	if rejectsDiffer(done) {

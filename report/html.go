@@ -164,19 +164,47 @@ type reasonSlice struct {
 // from the network.
 func WriteHTML(w io.Writer, run *Run) error {
 	r := run.normalized()
+	header, rows := dropBlank(tableHeader(), tableRows(&r, ""))
 	p := page{
 		common:   newCommon(),
 		Title:    r.Title,
 		Headline: headline(&r),
 		Params:   r.Params,
-		Header:   tableHeader(),
-		Rows:     tableRows(&r, ""),
+		Header:   header,
+		Rows:     rows,
 		Policy:   len(r.Policies),
 		Hits:     newHitBars(&r),
 		Data:     charts(&r),
 	}
 	p.Reasons, p.Legend = reasons(&r)
 	return render(w, "page.html", &p)
+}
+
+// dropBlank returns the table without the columns blank in every row
+// (pred when no policy predicts, %pooled without the pooled oracle), so
+// that the rest fits a narrower window.
+func dropBlank(header []string, rows [][]string) ([]string, [][]string) {
+	keep := make([]bool, len(header))
+	for j := range header {
+		keep[j] = j == 0
+		for _, row := range rows {
+			keep[j] = keep[j] || j < len(row) && row[j] != ""
+		}
+	}
+	pick := func(cells []string) []string {
+		var out []string
+		for j, c := range cells {
+			if j < len(keep) && keep[j] {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	out := make([][]string, len(rows))
+	for i, row := range rows {
+		out[i] = pick(row)
+	}
+	return pick(header), out
 }
 
 // charts gathers the chart series of a normalized run.

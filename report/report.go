@@ -248,6 +248,28 @@ type Run struct {
 	SLO      *SLO     `json:"slo,omitempty"`
 	Oracles  []Oracle `json:"oracles"`
 	Policies []Result `json:"policies"`
+	// Rank names the latency metric (a Metrics() name: ttft_p99,
+	// ttft_mean, e2e_p99) the verdict ranks the policies by, in every
+	// writer (Headline, Winner); empty means ttft_p99.
+	Rank string `json:"rank,omitempty"`
+}
+
+// rankMetric is the metric r.Rank names, ttft_p99 when it names none.
+func (r *Run) rankMetric() Metric {
+	ms := Metrics()
+	for _, m := range ms {
+		if m.Name == r.Rank && !m.Higher {
+			return m
+		}
+	}
+	return ms[0]
+}
+
+// Winner is how the policies of run stand on the metric the verdict
+// ranks them by (Run.Rank): the winner the headline names.
+func Winner(run *Run) *Standing {
+	r := run.normalized()
+	return stand(&r, r.rankMetric())
 }
 
 // pooled returns the pooled oracle's hit rate, zero when absent.

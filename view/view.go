@@ -21,6 +21,13 @@ type Fleet struct {
 	Sessions int
 	// Decisions is the number of routing decisions made since start.
 	Decisions uint64
+	// Requests counts the completion requests that finished since start
+	// as their clients saw them, after any retry on another replica (one
+	// the client canceled is not counted); RequestsFailed those of them
+	// that failed. Replica.Completed and Failed count attempts instead: a
+	// request retried after a failure is one failed attempt and one
+	// completed, but one request that succeeded.
+	Requests, RequestsFailed int64
 	// Replicas is in the router's replica order.
 	Replicas []Replica
 }

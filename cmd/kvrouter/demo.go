@@ -19,11 +19,14 @@ import (
 var demoHelp = help{
 	synopsis: "kvrouter demo [flags]",
 	about: "Starts emulated vLLM replicas and the router in this process (real HTTP, SSE and\n" +
-		"ZMQ on loopback, time-scaled), replays the same multi-turn workload with a shared\n" +
-		"system prompt through it once per policy, each on a cold fleet, and compares the\n" +
-		"policies by what the engines report (usage.cached_tokens, their own counters).\n" +
-		"Prints a table and a plain-language reading of it, and writes an HTML report.\n" +
-		"No GPU needed; about a minute with the defaults.",
+		"ZMQ on loopback, time-scaled), replays the same workload through it once per policy,\n" +
+		"each on a cold fleet: conversations after a shared system prompt, question sessions\n" +
+		"over documents shared across sessions, and a hot agent session one replica cannot\n" +
+		"carry. It compares the policies by what the engines report: prefill work and hit\n" +
+		"rate (usage.cached_tokens, their own counters), requests per replica, and latencies\n" +
+		"on the engines' model clocks, which a busy host does not stretch. Prints a table,\n" +
+		"the verdict (lowest mean TTFT, as the HTML report's first line) and a plain-language\n" +
+		"reading of why, and writes an HTML report. No GPU needed; about a minute.",
 	examples: []string{
 		"kvrouter demo",
 		"kvrouter demo --policies all --requests 120          # every policy, shorter runs",
@@ -98,7 +101,7 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := res.WriteTable(os.Stdout); err != nil {
 		return err
 	}
-	fmt.Printf("\n%s\n", res.Reading())
+	fmt.Printf("\nVerdict: %s\n\n%s\n", res.Verdict(), res.Reading())
 	if res.Sizing != nil {
 		fmt.Printf("\n%s\n", res.Sizing.Line())
 	}

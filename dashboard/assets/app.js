@@ -54,15 +54,17 @@ function card(label, value, title) {
   return el("div", { class: "card", title }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
 }
 
-// errorRate is failed / finished requests over the series' range, null
-// when none finished.
-function errorRate(s) {
+// errorRate is failed / finished over the series' range of the columns
+// failedKey and doneKey, null when none finished: client requests
+// (requests_failed_per_s, requests_finished_per_s) or replica attempts
+// (failed_per_s, completed_per_s).
+function errorRate(s, failedKey, doneKey) {
   let failed = 0, done = 0;
   for (let i = 0; i < s.t_ms.length; i++) {
     const span = s.span_ms[i] / 1000;
-    if (s.failed_per_s[i] !== null && s.completed_per_s[i] !== null) {
-      failed += s.failed_per_s[i] * span;
-      done += s.completed_per_s[i] * span;
+    if (s[failedKey][i] !== null && s[doneKey][i] !== null) {
+      failed += s[failedKey][i] * span;
+      done += s[doneKey][i] * span;
     }
   }
   return done > 0 ? failed / done : null;
@@ -77,8 +79,13 @@ function renderHeader(f, s) {
     card("In flight", int(t.in_flight)),
     card("Run / wait", `${int(t.running)} / ${int(t.waiting)}`, "engine running / waiting"),
     card("Completed", int(t.completed)),
-    card("Failed", int(t.failed)),
-    card("Error rate", pct(errorRate(s)), `failed / finished requests over the last ${range}; since the router started: ` +
+    card("Failed", int(t.requests_failed), `client requests that failed (after any retry), of ${int(t.requests)} finished since the router started; ` +
+      `replica attempts: ${int(t.failed)} failed of ${int(t.completed + t.failed)}`),
+    card("Error rate", pct(errorRate(s, "requests_failed_per_s", "requests_finished_per_s")),
+      `failed / finished client requests over the last ${range} (a request retried on another replica counts once); since the router started: ` +
+      pct(t.requests > 0 ? t.requests_failed / t.requests : null)),
+    card("Attempt errors", pct(errorRate(s, "failed_per_s", "completed_per_s")),
+      `failed / finished attempts on the replicas over the last ${range}, retries included; since the router started: ` +
       pct(t.completed + t.failed > 0 ? t.failed / (t.completed + t.failed) : null)),
     card("Sessions", int(f.sessions)),
     card("Decisions", int(f.decisions)),
