@@ -17,7 +17,7 @@ import (
 
 // llamaCppTemplate is the body of POST /apply-template.
 type llamaCppTemplate struct {
-	Messages []chatMessage  `json:"messages"`
+	Messages []chatMessage   `json:"messages"`
 	Tools    json.RawMessage `json:"tools,omitempty"`
 }
 
