@@ -16,7 +16,9 @@
 # models/ggml-vocab-phi-3.gguf. No weights are downloaded.
 #
 # Skips everything when .cache/llamacpp/pin matches this pin. JOBS (default:
-# 2) compiles in parallel under nice. Output:
+# 2) compiles in parallel, at nice level NICE (default: 10). Objects are
+# kept in .cache/llamacpp-build until the build succeeds, so a rerun after
+# a failure compiles only what is missing. Output:
 #   .cache/llamacpp/bin/llama-server  (with its shared libraries beside it)
 #   .cache/llamacpp/model.gguf
 set -euo pipefail
@@ -46,10 +48,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 start=$(date +%s)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work=.cache/llamacpp-build
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
 echo "== npm pack node-llama-cpp@$nlc_version @node-llama-cpp/linux-x64@$nlc_version"
 (cd "$work" && npm pack --silent "node-llama-cpp@$nlc_version" "@node-llama-cpp/linux-x64@$nlc_version" >/dev/null)
+rm -rf "$work/nlc" "$work/bins" "$work/src"
 mkdir -p "$work/nlc" "$work/bins"
 tar xzf "$work/node-llama-cpp-$nlc_version.tgz" -C "$work/nlc"
 tar xzf "$work/node-llama-cpp-linux-x64-$nlc_version.tgz" -C "$work/bins"
@@ -66,7 +70,7 @@ libs=$work/bins/package/bins/linux-x64
 # linked, never used with a text model) at -O0 to save time.
 obj=$work/obj
 mkdir -p "$obj"
-inc=(-I"$src/include" -I"$src/ggml/include" -I"$src/common" -I"$src/vendor" -I"$src/tools/mtmd" -I"$src/tools/server" -I"$obj" -I"$src")
+inc=(-I"$src/include" -I"$src/ggml/include" -I"$src/common" -I"$src/vendor" -I"$src/vendor/hash" -I"$src/tools/mtmd" -I"$src/tools/server" -I"$obj" -I"$src")
 defs=(-DNDEBUG -DLLAMA_SHARED -DGGML_SHARED -DLLAMA_SUBPROCESS
   -DCPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH=1048576 -DCPPHTTPLIB_LISTEN_BACKLOG=512
   -DCPPHTTPLIB_REQUEST_URI_MAX_LENGTH=32768 -DCPPHTTPLIB_TCP_NODELAY=1)
@@ -87,21 +91,26 @@ done
 for f in "$src/vendor/hash/xxhash/xxhash.c" "$src/vendor/hash/sha256/sha256.c" "$src/vendor/hash/sha1/sha1.c"; do
   units+=("-O0 -xc++ $f")
 done
-echo "== compile ${#units[@]} files (JOBS=${JOBS:-2})"
-export obj
+echo "== compile ${#units[@]} files (JOBS=${JOBS:-2}, nice ${NICE:-10})"
+export obj src
 export inc_s="${inc[*]}" defs_s="${defs[*]}"
-printf '%s\n' "${units[@]}" | nice xargs -P "${JOBS:-2}" -I{} bash -c '
+# An object is named for its source's path in the release and written
+# whole or not at all; one present is not compiled again.
+printf '%s\n' "${units[@]}" | nice -n "${NICE:-10}" xargs -P "${JOBS:-2}" -I{} bash -c '
   set -euo pipefail
   read -ra a <<<"{}"
   src_file=${a[-1]}
-  o=$obj/$(echo "$src_file" | md5sum | cut -c1-12)-$(basename "$src_file").o
-  g++ -c -std=c++17 -fPIC -w ${a[*]:0:${#a[@]}-1} $inc_s $defs_s -o "$o" "$src_file"
+  rel=${src_file#"$src"/}
+  o=$obj/${rel//\//_}.o
+  [ -f "$o" ] && exit 0
+  g++ -c -std=c++17 -fPIC -w ${a[*]:0:${#a[@]}-1} $inc_s $defs_s -o "$o.tmp" "$src_file"
+  mv "$o.tmp" "$o"
 '
 
 mkdir -p "$out/bin"
 cp "$libs"/libggml-base.so "$libs"/libggml.v0.4.0.so "$libs"/libggml-cpu-*.so "$libs"/libllama.v0.4.0.so "$libs"/libllama-common.so "$out/bin/"
 echo "== link llama-server"
-nice g++ -o "$out/bin/llama-server" "$obj"/*.o -L"$out/bin" -l:libllama-common.so -l:libllama.v0.4.0.so -l:libggml.v0.4.0.so -l:libggml-base.so \
+nice -n "${NICE:-10}" g++ -o "$out/bin/llama-server" "$obj"/*.o -L"$out/bin" -l:libllama-common.so -l:libllama.v0.4.0.so -l:libggml.v0.4.0.so -l:libggml-base.so \
   -Wl,-rpath,'$ORIGIN' -pthread
 "$out/bin/llama-server" --version 2>&1 | tail -2
 
@@ -109,4 +118,5 @@ echo "== model: scripts/llamacpp-model.py"
 /usr/bin/python3 scripts/llamacpp-model.py --gguf-py "$src/gguf-py" --vocab "$src/models/ggml-vocab-phi-3.gguf" --out "$out/model.gguf"
 
 echo "$pin" >"$out/pin"
+rm -rf "$work"
 echo "== $out built in $(($(date +%s) - start)) s"
