@@ -59,6 +59,7 @@ type replicaJSON struct {
 	LoadAgeMS       *float64    `json:"load_age_ms"`
 	ScrapeErrors    int         `json:"scrape_errors"`
 	ScrapeError     string      `json:"scrape_error,omitempty"`
+	Engine          string      `json:"engine,omitempty"`
 	BlockSize       int         `json:"block_size"`
 	CacheBlocks     int         `json:"cache_blocks"`
 	IndexBlocks     int         `json:"index_blocks"`
@@ -135,7 +136,7 @@ func replicaOf(r view.Replica) replicaJSON {
 	out := replicaJSON{
 		ID: r.ID, Healthy: r.Healthy, Draining: r.Draining, Models: []modelJSON{}, ModelsKnown: r.ModelsKnown,
 		InFlight: r.InFlight, PrefillTokens: r.PrefillTokens, Decoding: r.Decoding, DecodeBlocks: r.DecodeBlocks,
-		Scraped: r.Scraped, ScrapeErrors: r.ScrapeErrors, ScrapeError: r.ScrapeError, Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage,
+		Scraped: r.Scraped, ScrapeErrors: r.ScrapeErrors, ScrapeError: r.ScrapeError, Engine: r.Engine, Running: r.Running, Waiting: r.Waiting, KVUsage: r.KVUsage,
 		BlockSize: r.BlockSize, CacheBlocks: r.CacheBlocks, IndexBlocks: r.IndexBlocks,
 		IndexCapacity: r.IndexCapacity, IndexMode: r.IndexMode, Sessions: r.Sessions,
 		Completed: r.Completed, Failed: r.Failed,

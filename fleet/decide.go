@@ -94,6 +94,7 @@ func (f *Fleet) Decide(r *Request, exclude []int, now time.Time, sc *Scratch) (r
 		clear(sc.age)
 	} else {
 		f.tr.Match(r.Chains, t, snap.BlockSize, sc.match, sc.age, &sc.ms)
+		f.matchSlots(r.Chains, snap.BlockSize, sc.match)
 	}
 	fresh, freshAge := f.fresh(r, snap, t, sc)
 	var off []int
@@ -189,6 +190,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		c.Imported = max(t.Blocks-own, 0) * bs
 	}
 	tk := f.acquire(rep, c, now)
+	tk.slot = f.takeSlot(rep, r.Chains, c.Output)
 	f.noteFeatures(tk, d, sc)
 	if f.transfers() && len(r.Chains) > 0 && c.PrefillTokens > 0 && d.Replica < len(sc.Request.Match) {
 		// It computes what the index does not match there (and what the

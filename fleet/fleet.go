@@ -184,6 +184,9 @@ type replica struct {
 	ver *atomic.Uint64
 
 	healthy atomic.Bool
+	// llama follows a llama.cpp engine's slots (llamacpp.go); nil for
+	// other engines.
+	llama atomic.Pointer[slotCache]
 	// member is memberServing, memberDraining or memberRemoved
 	// (membership.go).
 	member atomic.Int32
@@ -443,6 +446,7 @@ func (f *Fleet) SetLoad(id string, l scrape.Load) {
 		r.seats, r.seatWatch = seatsSeen(r.seats, r.seatWatch, r.load, l)
 	}
 	r.load, r.scraped = l, true
+	r.observeSlots(l)
 	r.scrapes.Add(1)
 	r.gone.Store(int64(r.finished.since(l)))
 	r.churn.Observe(l)

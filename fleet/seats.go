@@ -47,6 +47,9 @@ type seatWatch struct {
 // seatsSeen returns the seats learned (seen) after scrape l, which
 // followed prev, and the streak w as it stands after l.
 func seatsSeen(seen int, w seatWatch, prev, l scrape.Load) (int, seatWatch) {
+	if l.Slots > 0 {
+		return l.Slots, seatWatch{} // llama.cpp says: its slots (/slots)
+	}
 	held := l.Waiting > 0 && prev.Waiting > 0 && l.Running == prev.Running && !(l.KVUsage >= seatKVFull)
 	if !held {
 		return seen, seatWatch{}

@@ -94,6 +94,8 @@ type Ticket struct {
 	// (learns: it has); see teach.
 	features route.Features
 	learns   bool
+	// slot is its claim on a llama.cpp replica's slot (llamacpp.go).
+	slot *slotClaim
 }
 
 // LegClaim is what a leg on a source replica (a prefill worker's, or a
@@ -218,6 +220,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	}
 	r.inFlight.Add(-1)
 	t.releaseBlocks(now)
+	t.releaseSlot()
 	t.leftScrape(now)
 	r.changed()
 	t.f.released()

@@ -45,6 +45,15 @@ type Config struct {
 	// Pick returns the base URL of a healthy replica to tokenize on, ""
 	// when none is; needed with Remote.
 	Pick func() string
+	// Engine names the engine a replica's base URL runs (scrape.Engine*),
+	// which decides how it is asked to tokenize: llama.cpp renders the
+	// chat with POST /apply-template and tokenizes {"content"}; any other
+	// (or nil, or "") is asked as vLLM is.
+	Engine func(base string) string
+	// OnFallback, if set, is told every tokenizer failure that sends a
+	// request to text mode (a replica's error, an empty token list for a
+	// non-empty prompt); it must not block.
+	OnFallback func(err error)
 }
 
 // Hasher hashes requests. It is safe for concurrent use.
@@ -73,11 +82,13 @@ func New(cfg Config) (*Hasher, error) {
 			client = http.DefaultClient
 		}
 		h.remote = newRemoteTokenizer(client, cfg.Pick)
+		h.remote.engine = cfg.Engine
 	}
 	t, err := newTokenHasher(cfg, h.remote)
 	if err != nil {
 		return nil, err
 	}
+	t.onFallback = cfg.OnFallback
 	h.tok = t
 	return h, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // remoteTokenizer asks a healthy replica's POST /tokenize for a request's
@@ -33,6 +34,9 @@ type remoteTokenizer struct {
 	client *http.Client
 	// pick returns the base URL of a healthy replica, "" if none.
 	pick func() string
+	// engine names a replica's engine (Config.Engine); nil means vLLM's
+	// form for every replica.
+	engine func(base string) string
 
 	mu   sync.Mutex
 	memo map[uint64]remoteEntry
@@ -67,11 +71,11 @@ type tokenizeRequest struct {
 }
 
 // hash appends to sc p's chains at every block size, from root, and
-// returns its tokens; ok is false when the tokens could not be had.
-func (r *remoteTokenizer) hash(p *prefix.Prompt, root prefix.Hash, blockSizes []int, sc *Scratch) (tokens int, ok bool) {
+// returns its tokens; the error says why the tokens could not be had.
+func (r *remoteTokenizer) hash(p *prefix.Prompt, root prefix.Hash, blockSizes []int, sc *Scratch) (tokens int, err error) {
 	body, err := tokenizeBody(p)
 	if err != nil {
-		return 0, false
+		return 0, err
 	}
 	key := xxhash.Sum64(body) ^ uint64(root)*0x9E3779B97F4A7C15
 	r.mu.Lock()
@@ -86,12 +90,15 @@ func (r *remoteTokenizer) hash(p *prefix.Prompt, root prefix.Hash, blockSizes []
 			sc.keep(i, bs, append(sc.buf(i), e.chains[bs]...))
 		}
 		r.mu.Unlock()
-		return e.tokens, true
+		return e.tokens, nil
 	}
 	r.mu.Unlock()
-	toks, err := r.call(body)
+	toks, err := r.call(p, body)
+	if err == nil {
+		err = emptyTokens(len(toks), p)
+	}
 	if err != nil {
-		return 0, false
+		return 0, err
 	}
 	blocks(toks, root, blockSizes, sc)
 	e = remoteEntry{tokens: len(toks), chains: make(map[int][]prefix.Hash, len(blockSizes))}
@@ -104,7 +111,7 @@ func (r *remoteTokenizer) hash(p *prefix.Prompt, root prefix.Hash, blockSizes []
 	}
 	r.memo[key] = e
 	r.mu.Unlock()
-	return e.tokens, true
+	return e.tokens, nil
 }
 
 // tokenizeBody builds the /tokenize request for p.
@@ -121,38 +128,50 @@ func tokenizeBody(p *prefix.Prompt) ([]byte, error) {
 	return json.Marshal(req)
 }
 
-// call posts body to a healthy replica's /tokenize and returns its tokens.
-func (r *remoteTokenizer) call(body []byte) ([]uint32, error) {
+// call asks a healthy replica for p's tokens: body (vLLM's form) to its
+// /tokenize, or llama.cpp's two calls (llamacpp.go).
+func (r *remoteTokenizer) call(p *prefix.Prompt, body []byte) ([]uint32, error) {
 	base := r.pick()
 	if base == "" {
 		return nil, fmt.Errorf("tokenize: no healthy replica")
 	}
-	r.mu.Lock()
-	r.calls++
-	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", base+"/tokenize", bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("tokenize %s: %w", base, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("tokenize %s: %w", base, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("tokenize %s: status %d", base, resp.StatusCode)
+	if r.engine != nil && r.engine(base) == scrape.EngineLlamaCpp {
+		return r.llamaCpp(ctx, base, p)
 	}
 	var v struct {
 		Tokens []uint32 `json:"tokens"`
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxTokenizeBody)).Decode(&v); err != nil {
-		return nil, fmt.Errorf("tokenize %s: %w", base, err)
+	if err := r.post(ctx, base, "/tokenize", body, &v); err != nil {
+		return nil, err
 	}
 	return v.Tokens, nil
+}
+
+// post sends body to base+path and decodes the JSON answer into v.
+func (r *remoteTokenizer) post(ctx context.Context, base, path string, body []byte, v any) error {
+	r.mu.Lock()
+	r.calls++
+	r.mu.Unlock()
+	req, err := http.NewRequestWithContext(ctx, "POST", base+path, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("tokenize %s%s: %w", base, path, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("tokenize %s%s: %w", base, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("tokenize %s%s: status %d", base, path, resp.StatusCode)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxTokenizeBody)).Decode(v); err != nil {
+		return fmt.Errorf("tokenize %s%s: %w", base, path, err)
+	}
+	return nil
 }
 
 // roundTrips returns the number of /tokenize calls made.

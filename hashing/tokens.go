@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -28,6 +29,8 @@ type tokenHasher struct {
 	// texted counts requests hashed in text mode (no tokenizer for the
 	// model, or a failure).
 	texted atomic.Uint64
+	// onFallback, if set, is told each failure (Config.OnFallback).
+	onFallback func(error)
 }
 
 // newTokenHasher loads every tokenizer cfg names. remote answers for the
@@ -88,19 +91,52 @@ func (h *tokenHasher) hash(p *prefix.Prompt, root prefix.Hash, blockSizes []int,
 		toks, err := h.local(src.tok, p, sc.toks[:0])
 		sc.toks = toks
 		if err == nil {
+			err = emptyTokens(len(toks), p)
+		}
+		if err == nil {
 			blocks(toks, root, blockSizes, sc)
 			return len(toks) + h.moreTokens(src.tok, p), true
 		}
-		h.fails.Add(1)
+		h.fail(err)
 	case src.remote && h.remote != nil:
-		if n, ok := h.remote.hash(p, root, blockSizes, sc); ok {
+		n, err := h.remote.hash(p, root, blockSizes, sc)
+		if err == nil {
 			return n, true
 		}
-		h.fails.Add(1)
+		h.fail(err)
 	}
 	h.texted.Add(1)
 	return 0, false
 }
+
+// fail counts a tokenizer failure and tells onFallback.
+func (h *tokenHasher) fail(err error) {
+	h.fails.Add(1)
+	if h.onFallback != nil {
+		h.onFallback(err)
+	}
+}
+
+// emptyTokens is the error of a tokenizer that gave no token for a prompt
+// with text: routed as a zero-token prompt, the request would match
+// nothing and weigh nothing, so it goes to text mode instead.
+func emptyTokens(n int, p *prefix.Prompt) error {
+	if n > 0 {
+		return nil
+	}
+	for _, s := range p.Prompts {
+		if s != "" {
+			return errNoTokens
+		}
+	}
+	if p.Chat && len(p.Messages) > 0 {
+		return errNoTokens // a template renders every message's role
+	}
+	return nil
+}
+
+// errNoTokens: a tokenizer answered no token for a non-empty prompt.
+var errNoTokens = errors.New("tokenizer answered no token for a non-empty prompt")
 
 // blocks appends to sc the chain of toks at every block size.
 func blocks(toks []uint32, root prefix.Hash, blockSizes []int, sc *Scratch) {

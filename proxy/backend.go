@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/scrape"
 )
 
 // Backend is one replica: its base URL and optional extra endpoints, written
@@ -37,10 +38,15 @@ type Backend struct {
 	// sequences it runs at once, which kv-aware prices a seat's wait
 	// against. Zero means learned from its metrics (fleet.Replica).
 	MaxNumSeqs int
+	// Engine is the engine the replica runs (option engine=: vllm,
+	// sglang or llamacpp), which decides how the remote tokenizer asks it
+	// (hashing.Config.Engine) before its metrics say. Empty means the one
+	// its /metrics shows.
+	Engine string
 }
 
 // ParseBackend parses
-// "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]...[,role=prefill|decode|both][,max_num_seqs=N]".
+// "URL[,kv=ENDPOINT][,replay=ENDPOINT][,model=NAME]...[,role=prefill|decode|both][,max_num_seqs=N][,engine=vllm|sglang|llamacpp]".
 func ParseBackend(s string) (Backend, error) {
 	parts := strings.Split(strings.TrimSpace(s), ",")
 	b := Backend{URL: strings.TrimRight(strings.TrimSpace(parts[0]), "/")}
@@ -71,8 +77,14 @@ func ParseBackend(s string) (Backend, error) {
 				return Backend{}, fmt.Errorf("backend %q: %w", s, err)
 			}
 			b.MaxNumSeqs = n
+		case "engine":
+			e, err := scrape.ParseEngine(v)
+			if err != nil {
+				return Backend{}, fmt.Errorf("backend %q: %w", s, err)
+			}
+			b.Engine = e
 		default:
-			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model, role, max_num_seqs)", s, k)
+			return Backend{}, fmt.Errorf("backend %q: unknown option %q (known: kv, replay, model, role, max_num_seqs, engine)", s, k)
 		}
 	}
 	return b, nil
@@ -129,13 +141,16 @@ func (b Backend) String() string {
 	if b.MaxNumSeqs > 0 {
 		s += ",max_num_seqs=" + strconv.Itoa(b.MaxNumSeqs)
 	}
+	if b.Engine != "" {
+		s += ",engine=" + b.Engine
+	}
 	return s
 }
 
 // UnmarshalYAML reads a backend from its string form
 // ("http://a:8000,kv=tcp://a:5557,model=m") or from a mapping with the
-// keys url, kv, replay, models (a list, or one name), role and
-// max_num_seqs.
+// keys url, kv, replay, models (a list, or one name), role, max_num_seqs
+// and engine.
 func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 	switch n.Kind {
 	case yaml.ScalarNode:
@@ -152,7 +167,7 @@ func (b *Backend) UnmarshalYAML(n *yaml.Node) error {
 	case yaml.MappingNode:
 		return b.unmarshalMapping(n)
 	}
-	return fmt.Errorf("line %d: a backend is a string like http://host:port[,kv=...] or a mapping with url, kv, replay, models, role, max_num_seqs", n.Line)
+	return fmt.Errorf("line %d: a backend is a string like http://host:port[,kv=...] or a mapping with url, kv, replay, models, role, max_num_seqs, engine", n.Line)
 }
 
 // unmarshalMapping reads the mapping form of a backend: unknown keys are
@@ -185,8 +200,10 @@ func (b *Backend) unmarshalMapping(n *yaml.Node) error {
 			}
 		case "max_num_seqs":
 			v.MaxNumSeqs, err = parseMaxNumSeqs(val.Value)
+		case "engine":
+			v.Engine, err = scrape.ParseEngine(val.Value)
 		default:
-			return fmt.Errorf("line %d: backend: unknown key %q (known: url, kv, replay, models, role, max_num_seqs)", k.Line, k.Value)
+			return fmt.Errorf("line %d: backend: unknown key %q (known: url, kv, replay, models, role, max_num_seqs, engine)", k.Line, k.Value)
 		}
 		if err != nil {
 			return fmt.Errorf("line %d: backend %s: %w", val.Line, k.Value, err)

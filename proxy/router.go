@@ -185,6 +185,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	st.m = m
 	st.logIndexMode(&rt.cfg, rt.policyName)
 	rt.idPrefix = "kvr-" + strconv.FormatUint(st.epoch, 36) + "-"
+	if err := reg.Register(newTokenizeCollector(st.hasher)); err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
 	if err := reg.Register(newFleetCollector(st.fleet, rt.now)); err != nil {
 		return nil, fmt.Errorf("proxy metrics: %w", err)
 	}

@@ -74,6 +74,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 	st.hasher, err = hashing.New(hashing.Config{
 		ChunkChars: cfg.ChunkChars, Tokenizer: cfg.Tokenizer, Tokenizers: cfg.Tokenizers,
 		Client: &http.Client{Transport: upstream}, Pick: st.pickHealthy,
+		Engine: st.engineOf, OnFallback: (&fallbackLog{st: st}).note,
 	})
 	if err != nil {
 		return nil, err
@@ -131,6 +132,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		OnLoad:         st.fleet.SetLoad,
 		OnError:        st.onScrapeError,
 		OnModels:       st.fleet.SetModels,
+		OnUnknown:      st.onUnknownMetrics,
 		ModelsInterval: cfg.ModelsInterval,
 	}
 	back := make(chan struct{})

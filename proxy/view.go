@@ -18,6 +18,7 @@ func (rt *Router) View(now time.Time) view.Fleet {
 		r := &v.Replicas[i]
 		if s, ok := rt.st.scraper.Status(r.ID); ok {
 			r.ScrapeErrors = s.Errors
+			r.Engine = rt.st.engineOf(r.ID)
 			if s.Err != nil {
 				r.ScrapeError = s.Err.Error()
 			}

@@ -1,6 +1,7 @@
 // Package scrape reads engine load signals from each replica's Prometheus
 // /metrics endpoint: running and waiting requests, KV-cache usage, cache
-// geometry and prefix-cache counters, in vLLM's and SGLang's metric names.
+// geometry and prefix-cache counters, in vLLM's, SGLang's and llama.cpp's
+// metric names (engine.go).
 //
 // Parse is a pure function over the Prometheus text format (parsed with
 // github.com/prometheus/common/expfmt, not string matching), of the lines
@@ -11,8 +12,9 @@
 // (GET /v1/models: base models and LoRA adapters), which the Scraper polls
 // in a second loop per replica.
 //
-// Metric names follow vLLM v1 (vllm/v1/metrics/loggers.py) and SGLang
-// (python/sglang/srt/metrics/collector.py).
+// Metric names follow vLLM v1 (vllm/v1/metrics/loggers.py), SGLang
+// (python/sglang/srt/metrics/collector.py) and llama.cpp's llama-server
+// (tools/server/server-task.cpp, server_task_result_metrics::to_metrics).
 package scrape
 
 import (
@@ -63,6 +65,14 @@ type Load struct {
 	// tokens (vllm:generation_tokens_total, sglang:generation_tokens_total):
 	// their KV takes blocks from the cache as prompt misses do.
 	GenerationTokens float64
+	// Engine is the engine whose metric families the page had: EngineVLLM,
+	// EngineSGLang or EngineLlamaCpp; empty when it had none that Parse
+	// knows (the load then reads as idle and unknown).
+	Engine string
+	// Slots is a llama.cpp replica's slot count (the requests it runs at
+	// once, GET /slots) and SlotContext each slot's context in tokens;
+	// zero for other engines and before /slots was read.
+	Slots, SlotContext int
 	// At is when the scrape completed, Asked when it was sent: the
 	// engine's figures are of some moment between. Parse leaves both
 	// zero; a zero Asked means At.
@@ -138,8 +148,9 @@ func loadOf(fams map[string]*dto.MetricFamily) (Load, error) {
 		s[name] = v
 	}
 	var l Load
-	l.Running = int(s.sum(vllmRunning) + s.sum(sglRunning))
-	l.Waiting = int(s.sum(vllmWaiting) + s.sum(sglWaiting))
+	l.Engine = s.engine()
+	l.Running = int(s.sum(vllmRunning) + s.sum(sglRunning) + s.sum(lcppProcessing))
+	l.Waiting = int(s.sum(vllmWaiting) + s.sum(sglWaiting) + s.sum(lcppDeferred))
 	l.KVUsage = s.usage()
 	l.BlockSize, l.NumBlocks = s.geometry()
 	if s.has(vllmExtQueries) {
@@ -152,6 +163,11 @@ func loadOf(fams map[string]*dto.MetricFamily) (Load, error) {
 	l.PrefixQueries = s.counter(vllmQueries) + s.counter(sglPrompt)
 	l.PrefixHits = s.counter(vllmHits) + s.counter(sglCached)
 	l.GenerationTokens = s.counter(vllmGenerated) + s.counter(sglGenerated)
+	// llama.cpp counts the prompt tokens it processed apart from those it
+	// reused: looked up is their sum.
+	l.PrefixQueries += s.counter(lcppPrompt) + s.counter(lcppCached)
+	l.PrefixHits += s.counter(lcppCached)
+	l.GenerationTokens += s.counter(lcppPredicted)
 	return l, nil
 }
 
@@ -163,6 +179,8 @@ var known = [...]string{
 	sglRunning, sglWaiting, sglUsage, sglCacheConfig, sglMaxTokens,
 	sglPrompt, sglPrompt + "_total", sglCached, sglCached + "_total",
 	sglGenerated, sglGenerated + "_total",
+	lcppProcessing, lcppDeferred, lcppPrompt, lcppPrompt + "_total", lcppCached, lcppCached + "_total",
+	lcppPredicted, lcppPredicted + "_total",
 }
 
 // has reports whether the counter family name (with or without _total)

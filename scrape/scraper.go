@@ -56,6 +56,11 @@ type Scraper struct {
 	// target's model loop (so calls for one target are ordered among
 	// themselves, not with OnLoad). It must not modify the slice.
 	OnModels func(id string, models []Model)
+	// OnUnknown, if set, is called once per target, the first time its
+	// metrics page has none of the families Parse knows (its load then
+	// reads as idle): the engine is not one kvrouter reads, or its
+	// metrics are off.
+	OnUnknown func(id string)
 
 	targets poll.Group[*target]
 }
@@ -93,9 +98,15 @@ func (s Status) Age(now time.Time) time.Duration {
 type target struct {
 	id string
 
-	// mu guards status.
+	// mu guards status, unknown and the slots fields.
 	mu     sync.Mutex
 	status Status
+	// unknown is set once OnUnknown was called.
+	unknown bool
+	// slots and slotCtx are the last /slots reading (llama.cpp), at
+	// slotsAt.
+	slots, slotCtx int
+	slotsAt        time.Time
 }
 
 // Add starts scraping id (a base URL); adding a present id does nothing.
@@ -136,6 +147,9 @@ func (s *Scraper) Run(ctx context.Context) error {
 // scrapeOnce does one scrape of t and reports it.
 func (s *Scraper) scrapeOnce(ctx context.Context, _ string, t *target) {
 	l, err := s.fetch(ctx, t.id)
+	if err == nil && l.Engine == EngineLlamaCpp {
+		s.readSlots(ctx, t, &l)
+	}
 	if ctx.Err() != nil {
 		return // removed or stopping: a canceled scrape is not a failure
 	}
@@ -146,7 +160,12 @@ func (s *Scraper) scrapeOnce(ctx context.Context, _ string, t *target) {
 	} else {
 		t.status.Last, t.status.Errors, t.status.Err = l, 0, nil
 	}
+	first := err == nil && l.Engine == "" && !t.unknown
+	t.unknown = t.unknown || first
 	t.mu.Unlock()
+	if first && s.OnUnknown != nil {
+		s.OnUnknown(t.id)
+	}
 	switch {
 	case err != nil && s.OnError != nil:
 		s.OnError(t.id, err)
@@ -192,6 +211,39 @@ func (s *Scraper) fetch(ctx context.Context, id string) (Load, error) {
 	}
 	l.At, l.Asked = time.Now(), asked
 	return l, nil
+}
+
+// readSlots fills l's slot count and context from t's last /slots
+// reading, read again when older than the model-list period. A failed
+// read keeps the last one.
+func (s *Scraper) readSlots(ctx context.Context, t *target, l *Load) {
+	every := s.modelsInterval()
+	if every <= 0 {
+		every = DefaultModelsInterval
+	}
+	t.mu.Lock()
+	stale := time.Since(t.slotsAt) >= every
+	t.mu.Unlock()
+	if stale {
+		sctx, cancel := context.WithTimeout(ctx, s.timeout())
+		n, nCtx, err := Slots(sctx, func(ctx context.Context, url string) (io.ReadCloser, error) {
+			resp, err := get(ctx, s.Client, url, "application/json")
+			if err != nil {
+				return nil, err
+			}
+			return resp.Body, nil
+		}, t.id)
+		cancel()
+		t.mu.Lock()
+		if err == nil {
+			t.slots, t.slotCtx = n, nCtx
+		}
+		t.slotsAt = time.Now()
+		t.mu.Unlock()
+	}
+	t.mu.Lock()
+	l.Slots, l.SlotContext = t.slots, t.slotCtx
+	t.mu.Unlock()
 }
 
 // get GETs url with client (nil means http.DefaultClient) and returns the

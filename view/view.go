@@ -61,6 +61,10 @@ type Replica struct {
 	// ScrapeError the last one's message (empty after a success).
 	ScrapeErrors int
 	ScrapeError  string
+	// Engine is the engine the replica's metrics show (vllm, sglang,
+	// llamacpp), or declared; empty when its last page had no family the
+	// router reads (its load then reads as idle: shown as a warning).
+	Engine string
 	// BlockSize is the engine's tokens per block (zero: unknown);
 	// CacheBlocks its KV capacity in those blocks (zero: unknown).
 	BlockSize, CacheBlocks int

@@ -172,8 +172,11 @@ function renderReplicas(f) {
         `${pct(r.hit_rate_predicted)} / ${pct(r.hit_rate_actual)}`),
       el("td", { class: "num" }, int(r.sessions)),
       el("td", { class: "num completed" }, `${int(r.completed)} / ${int(r.failed)}`),
-      el("td", { class: "num" + (r.scrape_errors ? " bad" : ""), title: r.scrape_error ? `${r.scrape_errors} failed scrapes: ${r.scrape_error}` : null },
-        dur(r.load_age_ms) + (r.scrape_errors ? " ⚠" : "")),
+      el("td", { class: "num" + (r.scrape_errors || (r.scraped && !r.engine) ? " bad" : ""),
+        title: r.scrape_error ? `${r.scrape_errors} failed scrapes: ${r.scrape_error}` :
+          r.scraped && !r.engine ? "its /metrics has no family kvrouter reads (vllm:, sglang:, llamacpp:): load unknown, read as idle" :
+          r.engine ? `engine: ${r.engine}` : null },
+        dur(r.load_age_ms) + (r.scrape_errors || (r.scraped && !r.engine) ? " ⚠" : "")),
       el("td", { class: "events" }, eventsCell(r.events)),
     ));
   if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colspan: 10 }, "no replicas")));

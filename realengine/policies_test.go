@@ -1,0 +1,95 @@
+package realengine
+
+import (
+	"math"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/proxy"
+	"github.com/kvrouter/kvrouter/trace"
+)
+
+// policies are the policies the suite compares.
+var policies = []string{"round-robin", "session-hash", "kv-aware"}
+
+// fleetSize is the replicas of each run.
+const fleetSize = 4
+
+// run is one policy's run of a workload on a cold fleet: the engines'
+// own counts, and the prompt tokens the router predicted cached.
+type run struct {
+	policy    string
+	engines   counts
+	predicted float64
+}
+
+// runPolicy replays reqs through a router with policy over a fresh fleet
+// (cold caches), the router tokenizing on the replicas (--tokenizer
+// remote), and returns the engines' counts and the router's predictions.
+func runPolicy(t *testing.T, policy string, reqs []trace.Request) run {
+	t.Helper()
+	reps := startFleet(t, fleetSize)
+	k := router(t, policy, proxy.Remote, reps)
+	res := replay(t, k.URL, reqs)
+	r := run{policy: policy, engines: engineCounts(t, reps)}
+	var usage float64
+	for _, s := range res.Samples {
+		r.predicted += float64(max(s.PredictedCached, 0))
+		usage += float64(s.CachedTokens)
+	}
+	if usage != r.engines.Cached {
+		t.Errorf("%s: the streams' usage says %.0f cached tokens, the engines' counters %.0f", policy, usage, r.engines.Cached)
+	}
+	if f := k.metric(t, "kvrouter_tokenize_fallbacks_total"); f != 0 {
+		t.Errorf("%s: %v requests fell back to text mode; the replicas tokenize every one", policy, f)
+	}
+	return r
+}
+
+// runAll runs every policy on reqs and logs the table.
+func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
+	t.Helper()
+	out := map[string]run{}
+	for _, p := range policies {
+		out[p] = runPolicy(t, p, reqs)
+	}
+	t.Logf("%s, %d requests, %d llama-server replicas of %d slots, cold per policy:", name, len(reqs), fleetSize, slots)
+	t.Logf("%-13s %9s %10s %10s %10s", "policy", "hit", "prefilled", "cached", "predicted")
+	for _, p := range policies {
+		r := out[p]
+		t.Logf("%-13s %8.1f%% %10.0f %10.0f %10.0f", p, 100*r.engines.hitRate(), r.engines.Prompt-r.engines.Cached, r.engines.Cached, r.predicted)
+	}
+	return out
+}
+
+// TestPoliciesChat: on conversations that share nothing, kv-aware reuses
+// at least as much of the engines' caches as session affinity and
+// round-robin, by the engines' own counts, and the prompt tokens it
+// predicted cached are within 5% of those the engines reused.
+func TestPoliciesChat(t *testing.T) {
+	build(t)
+	runs := runAll(t, "chat (8 sessions × 4 turns)", chat(8, 4))
+	kv := runs["kv-aware"]
+	for _, p := range []string{"round-robin", "session-hash"} {
+		if kv.engines.hitRate() < runs[p].engines.hitRate() {
+			t.Errorf("kv-aware hit %.3f < %s's %.3f", kv.engines.hitRate(), p, runs[p].engines.hitRate())
+		}
+	}
+	if d := math.Abs(kv.predicted-kv.engines.Cached) / kv.engines.Cached; d > 0.05 {
+		t.Errorf("kv-aware predicted %.0f cached tokens, the engines reused %.0f: %.1f%% apart, want within 5%%", kv.predicted, kv.engines.Cached, 100*d)
+	}
+}
+
+// TestPoliciesSharedPrefixes: on sessions that share documents across
+// sessions, session affinity scatters a document's sessions and each
+// replica computes it again; kv-aware reuses more of the engines' caches.
+func TestPoliciesSharedPrefixes(t *testing.T) {
+	build(t)
+	runs := runAll(t, "shared documents (4 documents × 4 sessions × 2 turns)", shared(4, 4, 2))
+	kv, sh := runs["kv-aware"], runs["session-hash"]
+	if kv.engines.hitRate() <= sh.engines.hitRate() {
+		t.Errorf("kv-aware hit %.3f ≤ session-hash's %.3f on prefixes shared across sessions", kv.engines.hitRate(), sh.engines.hitRate())
+	}
+	if d := math.Abs(kv.predicted-kv.engines.Cached) / kv.engines.Cached; d > 0.05 {
+		t.Errorf("kv-aware predicted %.0f cached tokens, the engines reused %.0f: %.1f%% apart, want within 5%%", kv.predicted, kv.engines.Cached, 100*d)
+	}
+}
