@@ -99,14 +99,13 @@ func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt 
 	spanCtx, span := c.startAttempt(parent)
 	ctx, cancel := context.WithCancelCause(spanCtx)
 	a := &attempt{parent: parent, ctx: ctx, cancel: cancel, idle: rt.cfg.StreamIdleTimeout, rt: rt, span: span}
+	// The causes are made when a timer fires, not for every attempt.
 	if first > 0 {
-		cause := &timeoutError{kind: timeoutTTFT, d: first, flag: "ttft-timeout"}
-		a.phase = time.AfterFunc(first, func() { cancel(cause) })
+		a.phase = time.AfterFunc(first, func() { cancel(&timeoutError{kind: timeoutTTFT, d: first, flag: "ttft-timeout"}) })
 	}
 	if d := rt.cfg.RequestTimeout; d > 0 {
-		cause := &timeoutError{kind: timeoutTotal, d: d, flag: "request-timeout"}
 		left := time.Until(c.start.Add(d))
-		a.total = time.AfterFunc(max(left, 0), func() { cancel(cause) })
+		a.total = time.AfterFunc(max(left, 0), func() { cancel(&timeoutError{kind: timeoutTotal, d: d, flag: "request-timeout"}) })
 	}
 	if c.replica >= 0 && c.routed {
 		a.watch(c.replica)
@@ -156,12 +155,11 @@ func (a *attempt) streaming() {
 		a.phase = nil
 		return
 	}
-	cause := &timeoutError{kind: timeoutIdle, d: a.idle, flag: "stream-idle-timeout"}
-	cancel := a.cancel
+	cancel, idle := a.cancel, a.idle
 	if a.phase != nil {
 		a.phase.Stop()
 	}
-	a.phase = time.AfterFunc(a.idle, func() { cancel(cause) })
+	a.phase = time.AfterFunc(idle, func() { cancel(&timeoutError{kind: timeoutIdle, d: idle, flag: "stream-idle-timeout"}) })
 }
 
 // tick notes that bytes arrived: the idle timer starts again.
