@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	rtmetrics "runtime/metrics"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -84,6 +85,14 @@ func labeledServer(role string, h http.Handler) *httptest.Server {
 	return s
 }
 
+// processAllocs returns the heap allocations (objects and bytes) of this
+// process so far.
+func processAllocs() (objects, bytes uint64) {
+	s := []rtmetrics.Sample{{Name: "/gc/heap/allocs:objects"}, {Name: "/gc/heap/allocs:bytes"}}
+	rtmetrics.Read(s)
+	return s[0].Value.Uint64(), s[1].Value.Uint64()
+}
+
 // processCPU returns the CPU time (user and system) of this process so
 // far.
 func processCPU(b *testing.B) time.Duration {
@@ -124,7 +133,10 @@ func processCPU(b *testing.B) time.Duration {
 //	go test -run='^$' -bench=ProxyVsPlain -benchtime=6000x -count=5 ./proxy
 //
 // reports direct-, plain- and kvrouter-cpu-µs/req and ratio (kvrouter
-// over plain). Budget: ratio ≤ 1.3 streamed, ≤ 1.2 not.
+// over plain), and the heap allocations per request of each proxy
+// (plain-, kvrouter-allocs/req and -B/req, less the direct rounds' as
+// CPU is), which do not depend on the machine's load. Budget: ratio ≤
+// 1.3 streamed, ≤ 1.2 not.
 func BenchmarkProxyVsPlain(b *testing.B) {
 	var ups []*httptest.Server
 	for range 8 {
@@ -190,10 +202,13 @@ func BenchmarkProxyVsPlain(b *testing.B) {
 					return nil
 				}
 				// round sends 4 requests per client to target t and returns
-				// the process's CPU across them.
+				// the process's CPU across them; it adds the heap
+				// allocations across them to allocs[t].
+				var allocs [3][2]uint64
 				round := func(t int) time.Duration {
 					var wg sync.WaitGroup
 					errs := make(chan error, conc)
+					o0, b0 := processAllocs()
 					t0 := processCPU(b)
 					for w := range conc {
 						base := seq + 4*w
@@ -209,6 +224,9 @@ func BenchmarkProxyVsPlain(b *testing.B) {
 					}
 					wg.Wait()
 					spent := processCPU(b) - t0
+					o1, b1 := processAllocs()
+					allocs[t][0] += o1 - o0
+					allocs[t][1] += b1 - b0
 					seq += 4 * conc
 					close(errs)
 					for err := range errs {
@@ -219,6 +237,7 @@ func BenchmarkProxyVsPlain(b *testing.B) {
 				for t := range targets { // warm the connection pools
 					round(t)
 				}
+				allocs = [3][2]uint64{}
 				var cpu [3]time.Duration
 				reqs := 0
 				b.ResetTimer()
@@ -236,6 +255,11 @@ func BenchmarkProxyVsPlain(b *testing.B) {
 				b.ReportMetric(viaPlain, "plain-cpu-µs/req")
 				b.ReportMetric(viaKV, "kvrouter-cpu-µs/req")
 				b.ReportMetric(viaKV/viaPlain, "ratio")
+				perReq := func(t, k int) float64 { return (float64(allocs[t][k]) - float64(allocs[0][k])) / float64(reqs) }
+				b.ReportMetric(perReq(1, 0), "plain-allocs/req")
+				b.ReportMetric(perReq(2, 0), "kvrouter-allocs/req")
+				b.ReportMetric(perReq(1, 1), "plain-B/req")
+				b.ReportMetric(perReq(2, 1), "kvrouter-B/req")
 			})
 		}
 	}

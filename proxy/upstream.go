@@ -107,13 +107,11 @@ func (c *call) newAttempt(parent context.Context, first time.Duration) *attempt 
 	a := &attempt{parent: parent, ctx: ctx, cancel: cancel, rt: rt, span: span}
 	a.idle.Store(int64(rt.cfg.StreamIdleTimeout))
 	if first > 0 {
-		cause := &timeoutError{kind: timeoutTTFT, d: first, flag: "ttft-timeout"}
-		a.phase = time.AfterFunc(first, func() { cancel(cause) })
+		a.phase = time.AfterFunc(first, func() { cancel(&timeoutError{kind: timeoutTTFT, d: first, flag: "ttft-timeout"}) })
 	}
 	if d := rt.cfg.RequestTimeout; d > 0 {
-		cause := &timeoutError{kind: timeoutTotal, d: d, flag: "request-timeout"}
 		left := time.Until(c.start.Add(d))
-		a.total = time.AfterFunc(max(left, 0), func() { cancel(cause) })
+		a.total = time.AfterFunc(max(left, 0), func() { cancel(&timeoutError{kind: timeoutTotal, d: d, flag: "request-timeout"}) })
 	}
 	if c.replica >= 0 && c.routed {
 		a.watch(c.replica)
