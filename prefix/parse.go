@@ -38,6 +38,10 @@ type Prompt struct {
 	// value (zero when absent), so that a router can set include_usage
 	// without encoding the body again.
 	StreamOptionsAt, IncludeUsageAt [2]int
+	// KVTransferParamsAt is the byte range [start, end) in the body of the
+	// "kv_transfer_params" value (zero when absent), which a router checks
+	// before an engine acts on it.
+	KVTransferParamsAt [2]int
 	// MaxTokens is "max_completion_tokens", else "max_tokens"; zero when
 	// neither is set.
 	MaxTokens int
@@ -216,6 +220,12 @@ func (s *scanner) requestField(p *Prompt, f *fields) error {
 		f.max, f.hasMax, err = s.maxTokens("max_tokens")
 	case "max_completion_tokens":
 		f.maxCompletion, f.hasMaxCompletion, err = s.maxTokens("max_completion_tokens")
+	case "kv_transfer_params":
+		s.ws()
+		start := s.i
+		if err = s.skip(); err == nil {
+			p.KVTransferParamsAt = [2]int{start, s.i}
+		}
 	default:
 		err = s.skip()
 	}

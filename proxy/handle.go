@@ -230,6 +230,9 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.prompt = p
+	if !c.ownParams(w, body) {
+		return
+	}
 	if p.Stream && !p.IncludeUsage {
 		c.inj = appendInjectUsage(c.inj[:0], body, p)
 		body, c.strip = c.inj, true

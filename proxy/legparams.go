@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -63,6 +65,23 @@ func (p legPeer) names(host string) bool {
 	return strings.EqualFold(host, p.host) || host == p.addr || sameIP(host, p.host) || sameIP(host, p.addr)
 }
 
+// check is the leg's rule for remote_host: the worker that ran it.
+func (p legPeer) check(host string) error {
+	if !p.names(host) {
+		return fmt.Errorf("%q is not the prefill worker that ran the leg (%s, reached at %s)", host, p.host, p.addr)
+	}
+	return nil
+}
+
+// paramRules are what checkParams holds params to beyond their size and
+// depth: answer, the params of a prefill leg's answer (do_remote_prefill
+// true, do_remote_decode false), else a client's own, either way; host,
+// the rule for remote_host.
+type paramRules struct {
+	answer bool
+	host   func(string) error
+}
+
 // sameIP reports whether a and b are the same IP address in any of its
 // spellings.
 func sameIP(a, b string) bool {
@@ -70,11 +89,10 @@ func sameIP(a, b string) bool {
 	return x != nil && y != nil && x.Equal(y)
 }
 
-// checkParams checks params, a prefill leg's kv_transfer_params on worker
-// peer for a prompt of prompt tokens (0: not known): the size, the depth,
-// the members and their types, and remote_host. The error says which
-// failed.
-func checkParams(params []byte, prompt int, peer legPeer) error {
+// checkParams checks params, kv_transfer_params for a prompt of prompt
+// tokens (0: not known): the size, the depth, the members and their
+// types, and remote_host by rules. The error says which failed.
+func checkParams(params []byte, prompt int, rules paramRules) error {
 	if len(params) > maxParamsBytes {
 		return fmt.Errorf("%w: %d bytes, more than %d", errBadParams, len(params), maxParamsBytes)
 	}
@@ -86,7 +104,7 @@ func checkParams(params []byte, prompt int, peer legPeer) error {
 		return fmt.Errorf("%w: %v", errBadParams, err)
 	}
 	for k, v := range m {
-		if err := checkMember(k, v, prompt, peer); err != nil {
+		if err := checkMember(k, v, prompt, rules); err != nil {
 			return fmt.Errorf("%w: %s: %v", errBadParams, k, err)
 		}
 	}
@@ -118,12 +136,12 @@ func checkDepth(b []byte) error {
 }
 
 // checkMember checks one member of the params.
-func checkMember(k string, v json.RawMessage, prompt int, peer legPeer) error {
+func checkMember(k string, v json.RawMessage, prompt int, rules paramRules) error {
 	switch k {
 	case "do_remote_prefill":
-		return wantBool(v, true)
+		return wantBool(v, true, rules.answer)
 	case "do_remote_decode":
-		return wantBool(v, false)
+		return wantBool(v, false, rules.answer)
 	case "remote_block_ids":
 		return checkBlockIDs(v, prompt)
 	case "remote_engine_id", "remote_request_id":
@@ -131,14 +149,14 @@ func checkMember(k string, v json.RawMessage, prompt int, peer legPeer) error {
 		return err
 	case "remote_host":
 		h, err := wantString(v)
-		if err == nil && !peer.names(h) {
-			err = fmt.Errorf("%q is not the prefill worker that ran the leg (%s, reached at %s)", h, peer.host, peer.addr)
+		if err == nil {
+			err = rules.host(h)
 		}
 		return err
 	case "remote_port":
-		return wantInt(v, 1, 65535)
+		return wantInt(v, 1, 65535, !rules.answer)
 	case "tp_size":
-		return wantInt(v, 1, 1<<16)
+		return wantInt(v, 1, 1<<16, !rules.answer)
 	}
 	if t := bytes.TrimSpace(v); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
 		return errors.New("not a member vLLM's NixlConnector sends, and not a scalar")
@@ -149,9 +167,10 @@ func checkMember(k string, v json.RawMessage, prompt int, peer legPeer) error {
 	return nil
 }
 
-func wantBool(v json.RawMessage, want bool) error {
+// wantBool checks a boolean, which must be want when strict.
+func wantBool(v json.RawMessage, want, strict bool) error {
 	var b bool
-	if err := json.Unmarshal(v, &b); err != nil || b != want {
+	if err := json.Unmarshal(v, &b); err != nil || strict && b != want {
 		return fmt.Errorf("want %v, got %.40s", want, v)
 	}
 	return nil
@@ -168,7 +187,11 @@ func wantString(v json.RawMessage) (string, error) {
 	return s, nil
 }
 
-func wantInt(v json.RawMessage, lo, hi float64) error {
+// wantInt checks an integer in lo..hi, or null when nullable.
+func wantInt(v json.RawMessage, lo, hi float64, nullable bool) error {
+	if nullable && string(bytes.TrimSpace(v)) == "null" {
+		return nil
+	}
 	var f float64
 	if err := json.Unmarshal(v, &f); err != nil || f != math.Trunc(f) || f < lo || f > hi {
 		return fmt.Errorf("want an integer in %v..%v, got %.40s", lo, hi, v)
@@ -213,4 +236,50 @@ func checkIDs(ids []float64, limit int) error {
 		}
 	}
 	return nil
+}
+
+// codeBadOwnParams is the error code of a client's body whose
+// kv_transfer_params the router does not forward.
+const codeBadOwnParams = "invalid_kv_transfer_params"
+
+// ownParams checks the kv_transfer_params a client's body carries, which
+// the router forwards without legs and an engine acts on as on a leg's:
+// the size, the depth, the types, and a remote_host (when set) naming a
+// backend's host as its URL spells it. Params that fail are answered 400
+// invalid_kv_transfer_params (counted) and it returns false.
+func (c *call) ownParams(w http.ResponseWriter, body []byte) bool {
+	at := c.prompt.KVTransferParamsAt
+	if at[1] <= at[0] {
+		return true
+	}
+	p := body[at[0]:at[1]]
+	if string(p) == "null" {
+		return true
+	}
+	if p[0] != '{' {
+		c.failParam(w, http.StatusBadRequest, errInvalidRequest, codeBadOwnParams, "kv_transfer_params", "kv_transfer_params: want an object")
+		return false
+	}
+	if err := checkParams(p, 0, paramRules{host: c.rt.backendHost}); err != nil {
+		c.failParam(w, http.StatusBadRequest, errInvalidRequest, codeBadOwnParams, "kv_transfer_params", err.Error())
+		return false
+	}
+	return true
+}
+
+// backendHost is a client's remote_host rule: empty (no side channel to
+// dial), or the host of one of the fleet's backends.
+func (rt *Router) backendHost(host string) error {
+	host = strings.Trim(host, "[]")
+	if host == "" {
+		return nil
+	}
+	for _, b := range rt.st.bes.list() {
+		if h := b.cfg.URL; h != "" {
+			if u, err := url.Parse(h); err == nil && (strings.EqualFold(u.Hostname(), host) || sameIP(u.Hostname(), host)) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%q is no backend's host", host)
 }

@@ -187,9 +187,51 @@ func TestCheckParams(t *testing.T) {
 		{`{"tp_size": 0}`, 0, false},
 		{`{"x": "` + strings.Repeat("a", 300) + `"}`, 0, false},
 	} {
-		err := checkParams([]byte(tc.params), tc.prompt, peer)
+		err := checkParams([]byte(tc.params), tc.prompt, paramRules{answer: true, host: peer.check})
 		if (err == nil) != tc.ok || err != nil && !errors.Is(err, errBadParams) {
 			t.Errorf("%.80s (prompt %d): got %v, want ok %v", tc.params, tc.prompt, err, tc.ok)
+		}
+	}
+}
+
+// TestHostileOwnParams: a client's own kv_transfer_params, which the
+// router forwards without legs, pass the same bounds, and a remote_host
+// must be a backend's host: otherwise 400 invalid_kv_transfer_params,
+// counted, and nothing reaches an engine. Params naming a backend, or
+// none, are forwarded as they are.
+func TestHostileOwnParams(t *testing.T) {
+	d := newTap(t, startEmulator(t))
+	d.strip = true
+	_, url := pdRouter(t, nil, nil, decodeWorker(d.URL()))
+	body := func(params string) string {
+		return `{"model":"m","max_tokens":2,"kv_transfer_params":` + params + `,"prompt":"` + transferText() + `"}`
+	}
+	for _, params := range []string{
+		`{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_host":"10.9.9.9","remote_port":5600}`,
+		`{"do_remote_prefill":true,"x":` + strings.Repeat("[", 10) + strings.Repeat("]", 10) + `}`, // deeper ones the body's own limit refuses
+		`{"remote_block_ids":"all"}`,
+		`[1]`,
+	} {
+		resp, out := do(t, "POST", url+"/v1/completions", body(params))
+		if resp.StatusCode != 400 {
+			t.Errorf("%.60s: status %d %s, want 400", params, resp.StatusCode, out)
+			continue
+		}
+		wantError(t, params, out, codeBadOwnParams)
+	}
+	if got := metricValue(t, url, "kvrouter_errors_total", "code", codeBadOwnParams); got != 4 {
+		t.Errorf("%s counted %v, want 4", codeBadOwnParams, got)
+	}
+	if n := len(d.received(t)); n != 0 {
+		t.Fatalf("the engine got %d requests, want none", n)
+	}
+	for _, params := range []string{
+		`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`,
+		`{"do_remote_prefill":true,"remote_block_ids":[1],"remote_host":"127.0.0.1","remote_port":5600}`,
+		`null`,
+	} {
+		if resp, out := do(t, "POST", url+"/v1/completions", body(params)); resp.StatusCode != 200 {
+			t.Errorf("%.60s: status %d %s, want 200", params, resp.StatusCode, out)
 		}
 	}
 }

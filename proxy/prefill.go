@@ -258,7 +258,7 @@ func (c *call) sendLeg(ctx context.Context, from int) ([]byte, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := checkParams(params, 2*c.freq.Tokens, peer); err != nil { // the router's estimate, not the worker's word, with room for its error
+	if err := checkParams(params, 2*c.freq.Tokens, paramRules{answer: true, host: peer.check}); err != nil { // the router's estimate, not the worker's word, with room for its error
 		return nil, 0, err
 	}
 	return params, prompt, nil
