@@ -156,6 +156,7 @@ func router(t *testing.T, policy, tokenizer string, reps []*replica, extra ...pr
 	cfg.ScrapeInterval = 100 * time.Millisecond
 	cfg.HealthInterval = 200 * time.Millisecond
 	cfg.Decisions = 4096
+	cfg.ClientHeaders = true // X-Kvrouter-Replica and the decision, for loadgen
 	for _, r := range reps {
 		cfg.Backends = append(cfg.Backends, proxy.Backend{URL: r.URL})
 	}
