@@ -3,6 +3,7 @@ package realengine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -162,7 +163,19 @@ func router(t *testing.T, policy, tokenizer string, reps []*replica, extra ...pr
 	}
 	cfg.Backends = append(cfg.Backends, extra...)
 	reg := prometheus.NewRegistry()
-	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg})
+	logf, err := os.Create(filepath.Join(t.TempDir(), "kvrouter.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("kvrouter's warnings and errors:\n%s", b[max(0, len(b)-4096):])
+		}
+	})
+	log := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
