@@ -44,8 +44,7 @@ func post(t *testing.T, url string, body []byte) *http.Response {
 // TestStreamContinuedOnRealEngine: a replica killed while it streams an
 // answer: the router continues the stream on another llama-server, and
 // the client reads it to its end, with no error; requests sent right
-// after, some to the dead replica, are retried on the others and all
-// succeed.
+// after all succeed on the others.
 func TestStreamContinuedOnRealEngine(t *testing.T) {
 	reps := startFleet(t, 3)
 	k := router(t, "round-robin", "", reps)

