@@ -82,6 +82,7 @@ type testResponse struct {
 	Object  string `json:"object"`
 	Model   string `json:"model"`
 	Choices []struct {
+		Index   int `json:"index"`
 		Message *struct {
 			Role    string `json:"role"`
 			Content string `json:"content"`

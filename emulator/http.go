@@ -53,6 +53,9 @@ type job struct {
 	stream   bool
 	usage    bool // stream_options.include_usage
 	chat     bool
+	// n is the choices asked for ("n"; 0 or 1: one), index this job's
+	// choice among them (choices.go).
+	n, index int
 	// stopped says a stop string ends the output (finish_reason "stop"),
 	// cut is then the byte length of the output text kept (stop.go).
 	cut     int
@@ -115,8 +118,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 // limits validates the output length against the model length and returns
 // the job's max tokens.
 func (s *Server) limits(j *job, maxTokens *int, n *int) error {
-	if n != nil && *n != 1 {
-		return badRequest("n must be 1, got %d", *n)
+	if n != nil && (*n < 1 || *n > maxChoices) {
+		return badRequest("n must be 1 to %d, got %d", maxChoices, *n)
+	}
+	if n != nil {
+		j.n = *n
 	}
 	mml := s.ecfg.MaxModelLen
 	p := len(j.tokens)
@@ -210,6 +216,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 
 // serve submits the job to the engine and answers, streaming or not.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
+	if j.n > 1 {
+		s.serveChoices(w, r, j)
+		return
+	}
 	f, ok := s.start(w, r, j)
 	if !ok {
 		return
@@ -231,7 +241,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 
 // start submits the job to the engine; false means it answered an error.
 func (s *Server) start(w http.ResponseWriter, r *http.Request, j *job) (*flight, bool) {
-	f := newFlight(engine.Request{ID: j.id, Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
+	f := newFlight(engine.Request{ID: j.engineID(), Tokens: j.tokens, MaxTokens: j.max, LoRA: j.lora})
 	if s.cfg.KVFullStatus != 0 || j.kv != nil {
 		// Hashed here, off the engine goroutine, for its admission check
 		// and a KV transfer.

@@ -267,6 +267,7 @@ func (s *Server) responsesAPI(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusServiceUnavailable, err.Error())
 		}
 		if err == nil {
+			s.done(r, final)
 			writeJSON(w, rs.object(final, true))
 		}
 	}
@@ -407,6 +408,7 @@ func (rs *responseRun) stream(w http.ResponseWriter, r *http.Request, f *flight)
 	if err != nil {
 		return final, err
 	}
+	rs.s.done(r, final)
 	text := rs.text(final)
 	obj := rs.object(final, true)
 	last := "response.completed"

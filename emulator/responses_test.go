@@ -248,3 +248,45 @@ func TestEmbeddings(t *testing.T) {
 		}
 	}
 }
+
+// TestChoices: n > 1 answers n choices by index, the prompt counted once
+// and the output of all, streamed (each chunk with its choice's index)
+// or not.
+func TestChoices(t *testing.T) {
+	s := start(t, Config{})
+	body := map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": "hi"}}, "n": 3, "max_tokens": 4}
+	status, out := post(t, s.URL()+"/v1/chat/completions", body)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, out)
+	}
+	r := decodeResponse(t, out)
+	one := CountTokens(RenderChat([]Message{{Role: "user", Content: "hi"}}, true))
+	if len(r.Choices) != 3 || r.Usage.CompletionTokens != 12 || r.Usage.PromptTokens != one {
+		t.Fatalf("got %d choices, usage %+v; want 3, 12 completion tokens, %d prompt tokens", len(r.Choices), *r.Usage, one)
+	}
+	for i, c := range r.Choices {
+		if c.Index != i || c.Message.Content != "The cat sat on" {
+			t.Errorf("choice %d: index %d text %q", i, c.Index, c.Message.Content)
+		}
+	}
+	body["stream"] = true
+	body["stream_options"] = map[string]bool{"include_usage": true}
+	st := streamPost(t, s.URL()+"/v1/chat/completions", body)
+	texts := map[int]string{}
+	for _, ev := range st.events {
+		var c struct {
+			Choices []struct {
+				Index int `json:"index"`
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(ev), &c) == nil && len(c.Choices) > 0 {
+			texts[c.Choices[0].Index] += c.Choices[0].Delta.Content
+		}
+	}
+	if len(texts) != 3 || texts[2] != "The cat sat on" || st.events[len(st.events)-1] != "[DONE]" {
+		t.Errorf("streamed texts %v, want 3 of \"The cat sat on\" then [DONE]", texts)
+	}
+}

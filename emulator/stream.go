@@ -49,7 +49,7 @@ func (c chunkFactory) role() any {
 
 func (c chunkFactory) chat(ch chatChoice) chatResponse {
 	return chatResponse{ID: c.j.id, Object: "chat.completion.chunk", Created: c.created, Model: c.model,
-		Choices: []chatChoice{ch}, Usage: c.nullUsage()}
+		Choices: []chatChoice{withIndex(ch, c.j.index)}, Usage: c.nullUsage()}
 }
 
 // nullUsage is the usage of a non-final chunk: null with include_usage,
@@ -71,7 +71,7 @@ func (c chunkFactory) token(i int, reason *string) any {
 		return c.chat(chatChoice{Delta: &chatOut{Content: &text}, FinishReason: reason})
 	}
 	return completionResponse{ID: c.j.id, Object: "text_completion", Created: c.created, Model: c.model,
-		Choices: []completionChoice{{Text: text, FinishReason: reason}}, Usage: c.nullUsage()}
+		Choices: []completionChoice{{Index: c.j.index, Text: text, FinishReason: reason}}, Usage: c.nullUsage()}
 }
 
 // usage is the final chunk of a stream with include_usage: no choices.
@@ -86,17 +86,34 @@ func (c chunkFactory) usage(final engine.Event) any {
 
 // stream answers j as SSE while the engine produces its tokens.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, f *flight) {
+	out := startSSE(w)
+	c := chunkFactory{j: j, model: j.model, created: time.Now().Unix()}
+	final, err := s.streamChoice(r, out, c, f)
+	if err != nil {
+		return // the client is gone or the engine stopped: end the stream
+	}
+	s.done(r, final)
+	s.endStream(out, c, final)
+}
+
+// startSSE answers 200 with an event stream.
+func startSSE(w http.ResponseWriter) *sse {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	out := &sse{w: w, rc: http.NewResponseController(w)}
 	out.rc.Flush()
-	c := chunkFactory{j: j, model: j.model, created: time.Now().Unix()}
-	send := out.data
-	final, err := s.wait(r.Context(), f, func(from, to int, done bool, final engine.Event) error {
+	return out
+}
+
+// streamChoice sends the chunks of one choice (c.j) as the engine makes
+// them and returns its Done event.
+func (s *Server) streamChoice(r *http.Request, out *sse, c chunkFactory, f *flight) (engine.Event, error) {
+	j := c.j
+	return s.wait(r.Context(), f, func(from, to int, done bool, final engine.Event) error {
 		if from == 0 && to > 0 && j.chat {
-			if err := send(c.role()); err != nil {
+			if err := out.data(c.role()); err != nil {
 				return err
 			}
 		}
@@ -106,17 +123,17 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, f *fligh
 				rs := s.finishReason(j, final)
 				reason = &rs
 			}
-			if err := send(c.token(i, reason)); err != nil {
+			if err := out.data(c.token(i, reason)); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		return // the client is gone or the engine stopped: end the stream
-	}
-	s.done(r, final)
-	if j.usage {
+}
+
+// endStream sends the usage chunk (with include_usage) and [DONE].
+func (s *Server) endStream(out *sse, c chunkFactory, final engine.Event) {
+	if c.j.usage {
 		if err := out.data(c.usage(final)); err != nil {
 			return
 		}

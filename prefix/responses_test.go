@@ -145,3 +145,21 @@ func FuzzParseResponses(f *testing.F) {
 		Text{}.Hashes(p, nil)
 	})
 }
+
+// TestChatToolChoiceNotRendered: a chat request's tool_choice and
+// response_format are not in the prompt (vLLM renders a chat request's
+// tools whatever its tool_choice, and applies response_format to
+// decoding), so requests that differ only in them hash the same.
+func TestChatToolChoiceNotRendered(t *testing.T) {
+	base := `{"model":"m","tools":[` + weatherChatTool + `],"messages":[{"role":"system","content":"` + longText(1, 300) + `"},{"role":"user","content":"w?"}]`
+	want := hashes(t, Text{}, base+`}`)
+	for _, extra := range []string{
+		`,"tool_choice":"none"`, `,"tool_choice":"required"`,
+		`,"tool_choice":{"type":"function","function":{"name":"get_weather"}}`,
+		`,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}`,
+	} {
+		if got := hashes(t, Text{}, base+extra+`}`); !cmp.Equal(got, want) {
+			t.Errorf("%s changes the hashes", extra)
+		}
+	}
+}

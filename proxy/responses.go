@@ -28,7 +28,8 @@ import (
 // know (routed before a restart, or by another router) is routed on its
 // own input.
 
-// Bounds of the threads kept: responses, and bytes of their history.
+// Bounds of the threads kept: responses, and bytes of their history (a
+// history over a quarter of it is not kept, only its replica).
 const (
 	maxThreads     = 16384
 	maxThreadBytes = 64 << 20
@@ -201,6 +202,11 @@ func (rc *respCall) finish(c *call) {
 	}
 	for _, m := range t.history {
 		t.bytes += len(m.Content) + len(m.ToolCalls) + len(m.Role) + len(m.Name) + len(m.ToolCallID) + 64
+	}
+	if t.bytes > maxThreadBytes/4 {
+		// A chain this long is routed on its own input from here on; the
+		// pin to its replica is kept.
+		t.history, t.bytes = nil, 0
 	}
 	c.rt.threads.put(res.ID, t)
 }

@@ -221,3 +221,22 @@ func (r *chunked) Read(p []byte) (int, error) {
 	r.b = r.b[k:]
 	return k, nil
 }
+
+// TestThreadsBounded: the threads kept stay within maxThreads and
+// maxThreadBytes, the oldest dropped first.
+func TestThreadsBounded(t *testing.T) {
+	var ts threads
+	for i := range maxThreads + 10 {
+		ts.put(fmt.Sprint(i), &thread{replica: "r", bytes: 100})
+	}
+	if _, ok := ts.get("0"); ok || len(ts.byID) != maxThreads || len(ts.order) != maxThreads {
+		t.Errorf("after %d puts: %d kept (%d in order), the first still there: %v; want %d, the first gone", maxThreads+10, len(ts.byID), len(ts.order), ok, maxThreads)
+	}
+	ts.put("big", &thread{replica: "r", bytes: maxThreadBytes - 1000})
+	if ts.bytes > maxThreadBytes {
+		t.Errorf("%d bytes kept, want at most %d", ts.bytes, maxThreadBytes)
+	}
+	if _, ok := ts.get("big"); !ok {
+		t.Error("the newest thread was dropped")
+	}
+}

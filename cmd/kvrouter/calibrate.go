@@ -35,7 +35,7 @@ var calibrateHelp = help{
 		"the engine's cache_config_info when it has one. Run it on an idle engine.",
 	examples: []string{
 		"kvrouter calibrate --backend http://127.0.0.1:8001 --out my-engine.yaml",
-		"kvrouter sim --preset-file my-engine.yaml --workload agentic-tools  # then simulate your own fleet",
+		"kvrouter calibrate --backend http://127.0.0.1:8001 --base qwen3-32b-2xh100 --sizes 256,1024,4096  # then kvrouter sim --preset-file my-engine.yaml",
 	},
 }
 

@@ -100,6 +100,9 @@ func configFileKeys() []string {
 // yamlKeyOf is the config file's key for the serve flag name: the key
 // equal to it, else the one nested key ending in ".name"; "" if none.
 func yamlKeyOf(keys []string, name string) string {
+	if name == "preset-file" { // sets preset to the file's path (presetflag.go)
+		name = "preset"
+	}
 	if slices.Contains(keys, name) {
 		return name
 	}
