@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/engine"
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/loadgen"
 	"github.com/kvrouter/kvrouter/proxy"
 	"github.com/kvrouter/kvrouter/report"
@@ -34,6 +35,11 @@ const (
 	DefaultReplicas  = 4
 	DefaultRequests  = 240
 	DefaultTimeScale = 0.1
+	// BusyTimeScale is the time scale the demo runs at when Config.TimeScale
+	// is zero and the host is busy (HostLag.Busy over a short probe): 4×
+	// real time instead of 10×, giving the router, the replicas and the
+	// client 2.5 times the wall time per model second.
+	BusyTimeScale = 0.25
 )
 
 // DefaultPolicies are the policies the demo compares.
@@ -54,8 +60,9 @@ type Config struct {
 	// DefaultRequests.
 	Requests int
 	// TimeScale is wall seconds per model second for the replicas; zero
-	// means DefaultTimeScale. Smaller is faster but lets the wall-clock
-	// overhead of HTTP weigh more in model time.
+	// means DefaultTimeScale, or BusyTimeScale when a probe of the host
+	// finds it busy (Result.Slowed). Smaller is faster but lets the
+	// wall-clock overhead of HTTP weigh more in model time.
 	TimeScale float64
 	// Preset is the engine preset of the replicas and of the router's cost
 	// model; empty means engine.DefaultPreset.
@@ -86,6 +93,9 @@ type Result struct {
 	Sizing *Sizing
 	// Host is how late the host woke the run's goroutines (wall time).
 	Host HostLag
+	// Slowed is the probe that made the demo run at BusyTimeScale
+	// (Config.TimeScale zero and a busy host); zero otherwise.
+	Slowed HostLag
 }
 
 // PolicyResult is one policy's run.
@@ -113,11 +123,9 @@ type PolicyResult struct {
 	Engines loadgen.EngineFigures
 	// Wall is this policy's wall time, fleet start to stop.
 	Wall time.Duration
-	// Scales are the router's learned TTFT corrections per replica at the
-	// end (observed / predicted time to first token; 1: no observation,
-	// or a policy without a cost model). The cost model starts from the
-	// preset's rates at the replicas' time scale, so a scale near 1 says
-	// its predictions held.
+	// Scales are the router's TTFT corrections per replica at the end:
+	// 1, since the demo pins its calibration to the preset's rates at the
+	// replicas' time scale, at which the replicas run.
 	Scales []float64
 }
 
@@ -133,9 +141,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Requests <= 0 {
 		c.Requests = DefaultRequests
-	}
-	if c.TimeScale <= 0 {
-		c.TimeScale = DefaultTimeScale
 	}
 	if c.Preset == "" {
 		c.Preset = engine.DefaultPreset
@@ -157,6 +162,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	start := time.Now()
 	res := &Result{Config: cfg}
+	if cfg.TimeScale <= 0 {
+		res.Config.TimeScale, res.Slowed = pickTimeScale(ctx)
+		cfg.TimeScale = res.Config.TimeScale
+	}
 	probe := startProbe()
 	defer func() {
 		if probe != nil {
@@ -179,6 +188,26 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.Wall = time.Since(start)
 	return res, nil
+}
+
+// busyProbe is how long pickTimeScale watches the host.
+const busyProbe = time.Second
+
+// pickTimeScale watches how late the host wakes a sleeping goroutine for
+// busyProbe and returns DefaultTimeScale, or BusyTimeScale with what it
+// measured when the host is busy: a busy host cannot feed in-process
+// engines at 10× real time, and a router that sees them late decides on
+// a stale view.
+func pickTimeScale(ctx context.Context) (float64, HostLag) {
+	p := startProbe()
+	select {
+	case <-time.After(busyProbe):
+	case <-ctx.Done():
+	}
+	if lag := p.Stop(); lag.Busy() {
+		return BusyTimeScale, lag
+	}
+	return DefaultTimeScale, HostLag{}
 }
 
 // runPolicy starts a cold fleet and router for policy, replays reqs
@@ -226,8 +255,8 @@ func runPolicy(ctx context.Context, cfg Config, policy string, reqs []trace.Requ
 	return pr, nil
 }
 
-// fleet is one policy's replicas and router.
-type fleet struct {
+// cluster is one policy's replicas and router.
+type cluster struct {
 	reps   []*emulator.Server
 	rt     *proxy.Router
 	srv    *http.Server
@@ -239,8 +268,8 @@ type fleet struct {
 
 // startFleet starts cfg.Replicas emulated replicas (HTTP and a KV-event
 // publisher on loopback) and a router with policy in front of them.
-func startFleet(cfg Config, policy string, times *engineTimes) (*fleet, error) {
-	fl := &fleet{model: "demo"}
+func startFleet(cfg Config, policy string, times *engineTimes) (*cluster, error) {
+	fl := &cluster{model: "demo"}
 	for range cfg.Replicas {
 		s, err := emulator.Start(emulator.Config{
 			Model: fl.model, Preset: cfg.Preset, KVBlocks: cfg.KVBlocks, TimeScale: cfg.TimeScale,
@@ -273,7 +302,14 @@ func startFleet(cfg Config, policy string, times *engineTimes) (*fleet, error) {
 	for _, s := range fl.reps {
 		pc.Backends = append(pc.Backends, proxy.Backend{URL: s.URL(), KV: s.KVEventsEndpoint()})
 	}
-	rt, err := proxy.New(pc, proxy.Deps{Registry: prometheus.NewRegistry(), Logger: cfg.Logger})
+	// The replicas run at the preset's rates by construction (at
+	// cfg.TimeScale), which is what the simulator's calibration learns
+	// (scale 1): the router's is pinned there, since the wall-clock TTFTs
+	// it would learn from carry the host's delays too, which on a busy
+	// machine taught it that some replicas were a hundred times slower
+	// than others and sent nearly everything to the rest.
+	rt, err := proxy.New(pc, proxy.Deps{Registry: prometheus.NewRegistry(), Logger: cfg.Logger,
+		Calibration: fleet.Calibrator{Min: 1, Max: 1}})
 	if err != nil {
 		fl.close()
 		return nil, err
@@ -299,7 +335,7 @@ func startFleet(cfg Config, policy string, times *engineTimes) (*fleet, error) {
 }
 
 // urls returns the replicas' base URLs.
-func (fl *fleet) urls() []string {
+func (fl *cluster) urls() []string {
 	out := make([]string, len(fl.reps))
 	for i, s := range fl.reps {
 		out[i] = s.URL()
@@ -309,7 +345,7 @@ func (fl *fleet) urls() []string {
 
 // decisions fills the router's predicted hit rate and decision reasons
 // from its last n decision records.
-func (fl *fleet) decisions(r *report.Result, n int) {
+func (fl *cluster) decisions(r *report.Result, n int) {
 	var predicted, prompt int64
 	r.Reasons = map[string]int{}
 	for _, rec := range fl.rt.Decisions(n) {
@@ -325,7 +361,7 @@ func (fl *fleet) decisions(r *report.Result, n int) {
 }
 
 // close stops the router and the replicas and waits for them.
-func (fl *fleet) close() {
+func (fl *cluster) close() {
 	if fl.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		fl.srv.Shutdown(ctx)

@@ -197,7 +197,7 @@ func (r *Result) hostClause() string {
 		"the engines and what the router sees of them, but the engines' clocks run the work they owe when they wake, "+
 		"so the latencies above are the model's, not the host's.", r.Host.P99.Round(time.Millisecond), r.Host.Max.Round(time.Millisecond))
 	s += path
-	if lag > time.Second {
+	if lag > time.Second && r.Config.TimeScale < 1 {
 		s += fmt.Sprintf(" The host was too busy to feed the engines at %g× real time: rerun with --time-scale %g to give it more wall time.",
 			1/r.Config.TimeScale, min(2*r.Config.TimeScale, 1))
 	}

@@ -87,6 +87,10 @@ func (r *Result) WriteTable(w io.Writer) error {
 	c := r.Config
 	fmt.Fprintf(w, "%d replicas (%s, emulated at %g× real time), %d requests of %s per policy, each policy on a cold fleet.\n",
 		c.Replicas, c.Preset, 1/c.TimeScale, c.Requests, c.Workload)
+	if r.Slowed.Samples > 0 {
+		fmt.Fprintf(w, "The host was busy when the demo started (timers %v late at p99), so it runs at %g× real time instead of %g×.\n",
+			r.Slowed.P99.Round(time.Millisecond), 1/c.TimeScale, 1/DefaultTimeScale)
+	}
 	fmt.Fprintf(w, "prefill = prompt tokens the engines computed; hit = Σ usage.cached_tokens / Σ prompt_tokens from the responses;\n")
 	fmt.Fprintf(w, "engine = the replicas' own vllm:prefix_cache_hits_total / queries_total. Latencies are the engines' own, on their\n")
 	fmt.Fprintf(w, "model clocks, from a request's arrival at its engine: a busy host does not stretch them.\n\n")

@@ -54,6 +54,12 @@ type Deps struct {
 	// Now is the router's clock; nil means time.Now. Tests drive the
 	// router's decisions on a clock of their own with it.
 	Now func() time.Time
+	// Calibration is the template of each replica's calibrators
+	// (fleet.Config.Calibration); the zero value uses the defaults. The
+	// demo pins it (Min = Max = 1): its emulated replicas run at the
+	// preset's rates by construction, and the wall-clock TTFTs a busy
+	// host stretches would teach the router otherwise.
+	Calibration fleet.Calibrator
 }
 
 // Router is the live router. Create it with New, serve Handler, and run Run
@@ -174,7 +180,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		onRelease = rt.adm.wake
 	}
 	rt.decisions.idKey = rt.sf.idKey
-	st, err := newState(&rt.cfg, rt.policy, rt.upstream, rt.log, rt.now, rt.start, onRelease)
+	st, err := newState(&rt.cfg, rt.policy, rt.upstream, rt.log, rt.now, rt.start, onRelease, deps.Calibration)
 	if err != nil {
 		return nil, err
 	}

@@ -55,7 +55,7 @@ type state struct {
 
 // newState builds the router's state for cfg over upstream, with policy, on the clock now whose reading at the
 // router's start is start; onRelease is the fleet's Config.OnRelease.
-func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log *slog.Logger, now func() time.Time, start time.Time, onRelease func()) (*state, error) {
+func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log *slog.Logger, now func() time.Time, start time.Time, onRelease func(), cal fleet.Calibrator) (*state, error) {
 	ecfg, err := engine.Preset(cfg.Preset)
 	if err != nil {
 		return nil, fmt.Errorf("preset: %w", err)
@@ -100,6 +100,7 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 		Start:       start,
 		Admission:   cfg.fleetAdmission(),
 		OnRelease:   onRelease,
+		Calibration: cal,
 	})
 	if err != nil {
 		return nil, err

@@ -62,7 +62,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Replicas, "replicas", demo.DefaultReplicas, "emulated replicas")
 	fs.StringVar(&cfg.Workload, "workload", demo.ChatWorkload, "workload: "+strings.Join(append([]string{demo.ChatWorkload}, trace.Names()...), ", "))
 	fs.IntVar(&cfg.Requests, "requests", demo.DefaultRequests, "requests per policy")
-	fs.Float64Var(&cfg.TimeScale, "time-scale", demo.DefaultTimeScale, "wall seconds per model second (0.1 runs 10x faster than real time)")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", 0, fmt.Sprintf("wall seconds per model second (0.1 runs 10x faster than real time); 0: %g, or %g when the host is busy (timers late by more than 5 ms at p99 over a second)", demo.DefaultTimeScale, demo.BusyTimeScale))
 	fs.StringVar(&cfg.Preset, "preset", engine.DefaultPreset, "engine preset of the replicas")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV capacity per replica in blocks of 16 tokens; 0: the preset's")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "workload seed")
