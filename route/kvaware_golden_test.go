@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/sweep"
 )
 
 // updateGolden rewrites testdata/kvaware_decisions.txt from the full pricing.
@@ -255,18 +257,23 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 	// The bounds sum their terms in another order, so they may exceed
 	// the full Total by a rounding.
 	le := func(a, b float64) bool { return a <= b*(1+1e-12) }
-	for c := range 5 * goldenCases {
-		if c == goldenCases {
-			rng = rand.New(rand.NewPCG(7, uint64(c)))
+	// Each of the five groups (the digest's cases, as many more, with
+	// links, with sessions, with SLOs) runs its first n cases; the full
+	// sweep, KVROUTER_FULL_SWEEP=1, all goldenCases of each.
+	n := sweep.N(t, goldenCases/8, goldenCases)
+	for k := range 5 * n {
+		group, c := k/n, k/n*goldenCases+k%n
+		if k == n {
+			rng = rand.New(rand.NewPCG(7, uint64(goldenCases)))
 		}
 		p, r, s := goldenCase(rng, c)
-		if c >= 2*goldenCases {
+		if group >= 2 {
 			withPaths(rng, r, s)
 		}
-		if c >= 3*goldenCases && c < 4*goldenCases {
+		if group == 3 {
 			withSession(rng, r, s)
 		}
-		if c >= 4*goldenCases {
+		if group == 4 {
 			withSLO(rng, r, s)
 		}
 		rr := *r

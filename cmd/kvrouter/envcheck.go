@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kvrouter/kvrouter/internal/sweep"
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
@@ -15,14 +16,15 @@ import (
 const envPrefix = "KVROUTER_"
 
 // knownEnv lists the KVROUTER_* variables kvrouter reads: one per serve
-// and epp flag (envName), and KVROUTER_QWEN3_DIR, which the tests read.
+// and epp flag (envName), and KVROUTER_QWEN3_DIR and KVROUTER_FULL_SWEEP,
+// which the tests read.
 func knownEnv() []string {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfg := proxy.DefaultConfig()
 	var path string
 	serveFlags(fs, &cfg, &path)
 	new(eppFlags).bind(fs)
-	known := []string{envPrefix + "QWEN3_DIR"}
+	known := []string{envPrefix + "QWEN3_DIR", sweep.Env}
 	fs.VisitAll(func(f *flag.Flag) { known = append(known, envName(f.Name)) })
 	slices.Sort(known)
 	return known
