@@ -188,7 +188,7 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		}
 		c.Imported = max(t.Blocks-own, 0) * bs
 	}
-	tk := f.acquire(rep, c, now)
+	tk := f.acquire(rep, c, now, f.newTicket())
 	f.noteFeatures(tk, d, sc)
 	if f.transfers() && len(r.Chains) > 0 && c.PrefillTokens > 0 && d.Replica < len(sc.Request.Match) {
 		// It computes what the index does not match there (and what the

@@ -91,9 +91,17 @@ type Ticket struct {
 	// hold is its hold on its prompt's blocks in the index (hold.go).
 	hold ticketHold
 	// features is what the fleet's learning policy kept of the decision
-	// (learns: it has); see teach.
+	// (nil: it has not, or the policy does not learn); see teach. It
+	// points into the learnedTicket the ticket is part of, so that a
+	// policy that does not learn makes tickets without it.
+	features *route.Features
+}
+
+// learnedTicket is a ticket committed under a learning policy, with the
+// features it keeps in the same allocation.
+type learnedTicket struct {
+	Ticket
 	features route.Features
-	learns   bool
 }
 
 // LegClaim is what a leg on a source replica (a prefill worker's, or a
@@ -120,10 +128,12 @@ func (f *Fleet) Acquire(id string, c Claim, now time.Time) (*Ticket, error) {
 	if r == nil {
 		return nil, fmt.Errorf("acquire %q: %w", id, ErrUnknownReplica)
 	}
-	return f.acquire(r, c, now), nil
+	return f.acquire(r, c, now, new(Ticket)), nil
 }
 
-func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
+// acquire charges claim c to replica r at now in t, a new zero ticket,
+// and returns t.
+func (f *Fleet) acquire(r *replica, c Claim, now time.Time, t *Ticket) *Ticket {
 	c.PrefillTokens, c.Tokens = max(c.PrefillTokens, 0), max(c.Tokens, 0)
 	r.inFlight.Add(1)
 	r.prefillTokens.Add(int64(c.PrefillTokens))
@@ -138,7 +148,9 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 		r.recent.Add(now, w, int64(c.PrefillTokens), 0)
 		r.mu.Unlock()
 	}
-	return &Ticket{f: f, r: r, claim: c, sent: now, scrapes: r.scrapes.Load(), prefill: f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)}
+	t.f, t.r, t.claim, t.sent = f, r, c, now
+	t.scrapes, t.prefill = r.scrapes.Load(), f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)
+	return t
 }
 
 // Replica returns the id of the ticket's replica.
