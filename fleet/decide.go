@@ -189,8 +189,13 @@ func (f *Fleet) commit(r *Request, d route.Decision, now time.Time, sc *Scratch)
 		}
 		c.Imported = max(t.Blocks-own, 0) * bs
 	}
-	tk := f.acquire(rep, c, now)
-	tk.slot = f.takeSlot(rep, r.Chains, c.Output)
+	tk := f.acquire(rep, c, now, f.newTicket())
+	if cl := f.takeSlot(rep, r.Chains, c.Output); cl != nil {
+		if tk.ext == nil {
+			tk.ext = new(ticketExt)
+		}
+		tk.ext.slot = cl
+	}
 	f.noteFeatures(tk, d, sc)
 	if f.transfers() && len(r.Chains) > 0 && c.PrefillTokens > 0 && d.Replica < len(sc.Request.Match) {
 		// It computes what the index does not match there (and what the

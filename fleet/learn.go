@@ -12,12 +12,24 @@ import (
 // features are kept in the ticket when it is committed, and handed back
 // with the observed TTFT and TPOT when the request completes.
 
-// noteFeatures keeps in tk what the fleet's learning policy takes of
-// decision d over the scratch's snapshot and request; nothing for a
-// policy that does not learn.
+// newTicket is a new zero ticket for a decision: a learnedTicket's under
+// a learning policy, with room for its features; a plain one otherwise.
+func (f *Fleet) newTicket() *Ticket {
+	if _, ok := f.policy.(route.Learner); ok {
+		lt := new(learnedTicket)
+		lt.ext.learned = true
+		lt.Ticket.ext = &lt.ext
+		return &lt.Ticket
+	}
+	return new(Ticket)
+}
+
+// noteFeatures keeps in tk, made by newTicket, what the fleet's learning
+// policy takes of decision d over the scratch's snapshot and request;
+// nothing for a policy that does not learn.
 func (f *Fleet) noteFeatures(tk *Ticket, d route.Decision, sc *Scratch) {
-	if l, ok := f.policy.(route.Learner); ok {
-		tk.features, tk.learns = l.Features(&sc.Request, &sc.Snapshot, d), true
+	if l, ok := f.policy.(route.Learner); ok && tk.ext != nil && tk.ext.learned {
+		tk.ext.features = l.Features(&sc.Request, &sc.Snapshot, d)
 	}
 }
 
@@ -29,10 +41,10 @@ func (f *Fleet) noteFeatures(tk *Ticket, d route.Decision, sc *Scratch) {
 func (t *Ticket) teach(now time.Time, u Usage) {
 	l, ok := t.f.policy.(route.Learner)
 	first := t.first.Load()
-	if !ok || !t.learns || first == 0 {
+	if !ok || t.ext == nil || !t.ext.learned || first == 0 {
 		return
 	}
-	o := route.Observation{Features: t.features, TTFT: time.Duration(first - 1), At: t.f.indexTime(now)}
+	o := route.Observation{Features: t.ext.features, TTFT: time.Duration(first - 1), At: t.f.indexTime(now)}
 	out := u.CompletionTokens
 	if out < 0 {
 		out = t.claim.Output

@@ -329,9 +329,9 @@ func (f *Fleet) takeSlot(rep *replica, chains []residency.Chain, output int) *sl
 
 // releaseSlot ends a ticket's claim on its replica's slot.
 func (t *Ticket) releaseSlot() {
-	if t.slot != nil {
+	if t.ext != nil && t.ext.slot != nil {
 		if c := t.r.llama.Load(); c != nil {
-			c.release(t.slot)
+			c.release(t.ext.slot)
 		}
 	}
 }

@@ -90,12 +90,26 @@ type Ticket struct {
 	batch0, work0, first atomic.Int64
 	// hold is its hold on its prompt's blocks in the index (hold.go).
 	hold ticketHold
-	// features is what the fleet's learning policy kept of the decision
-	// (learns: it has); see teach.
+	// ext is what only some tickets carry (nil: nothing): a learning
+	// policy's features, a llama.cpp replica's slot. Kept behind one
+	// pointer so that the ticket every decision allocates stays small.
+	ext *ticketExt
+}
+
+// ticketExt is a ticket's rarer state: the features the fleet's learning
+// policy kept of the decision (learned: it did; see teach) and its claim
+// on a llama.cpp replica's slot (llamacpp.go; nil: none).
+type ticketExt struct {
 	features route.Features
-	learns   bool
-	// slot is its claim on a llama.cpp replica's slot (llamacpp.go).
-	slot *slotClaim
+	learned  bool
+	slot     *slotClaim
+}
+
+// learnedTicket is a ticket committed under a learning policy, with its
+// ticketExt in the same allocation.
+type learnedTicket struct {
+	Ticket
+	ext ticketExt
 }
 
 // LegClaim is what a leg on a source replica (a prefill worker's, or a
@@ -122,10 +136,12 @@ func (f *Fleet) Acquire(id string, c Claim, now time.Time) (*Ticket, error) {
 	if r == nil {
 		return nil, fmt.Errorf("acquire %q: %w", id, ErrUnknownReplica)
 	}
-	return f.acquire(r, c, now), nil
+	return f.acquire(r, c, now, new(Ticket)), nil
 }
 
-func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
+// acquire charges claim c to replica r at now in t, a new zero ticket,
+// and returns t.
+func (f *Fleet) acquire(r *replica, c Claim, now time.Time, t *Ticket) *Ticket {
 	c.PrefillTokens, c.Tokens = max(c.PrefillTokens, 0), max(c.Tokens, 0)
 	r.inFlight.Add(1)
 	r.prefillTokens.Add(int64(c.PrefillTokens))
@@ -140,7 +156,9 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time) *Ticket {
 		r.recent.Add(now, w, int64(c.PrefillTokens), 0)
 		r.mu.Unlock()
 	}
-	return &Ticket{f: f, r: r, claim: c, sent: now, scrapes: r.scrapes.Load(), prefill: f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)}
+	t.f, t.r, t.claim, t.sent = f, r, c, now
+	t.scrapes, t.prefill = r.scrapes.Load(), f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)
+	return t
 }
 
 // Replica returns the id of the ticket's replica.
