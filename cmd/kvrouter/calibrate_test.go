@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"path/filepath"
@@ -69,5 +70,37 @@ func TestCalibrateFlags(t *testing.T) {
 		if err := runCalibrate(context.Background(), args); !errors.As(err, &ue) {
 			t.Errorf("%q: got %v, want a usage error", args, err)
 		}
+	}
+}
+
+// TestSimPresetFile: kvrouter sim on a preset file simulates that engine:
+// a slower prefill in the file gives a longer mean TTFT than its base at
+// the same arrival times, and a file that is not a preset is a usage error.
+func TestSimPresetFile(t *testing.T) {
+	args := []string{"--workload", "shared-prefix", "--load", "0", "--json", "--requests", "48", "--replicas", "2", "--policies", "round-robin"}
+	ttft := func(extra ...string) float64 {
+		t.Helper()
+		out, _, err := runSimArgs(t, append(append([]string{}, args...), extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v struct {
+			Policies []struct {
+				TTFT struct {
+					Mean float64 `json:"mean"`
+				} `json:"ttft_ms"`
+			} `json:"policies"`
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil || len(v.Policies) == 0 {
+			t.Fatalf("sim --json: %v: %.300s", err, out)
+		}
+		return v.Policies[0].TTFT.Mean
+	}
+	base, mine := ttft(), ttft("--preset-file", "testdata/preset.yaml")
+	if !(mine > base) {
+		t.Errorf("mean TTFT %g ms on the preset file (prefill 120us a token), want more than the base's %g ms (46us)", mine, base)
+	}
+	if _, _, err := runSimArgs(t, append(append([]string{}, args...), "--preset-file", "testdata/serve-settings.golden")...); err == nil {
+		t.Error("--preset-file of a non-YAML file: no error")
 	}
 }
