@@ -75,7 +75,7 @@ func Start(t testing.TB) *Server {
 	bin := BinDir()
 	for _, b := range []string{"kube-apiserver", "etcd", "inferencepool-crd.yaml"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			msg := fmt.Sprintf("no %s in %s: build them with bash internal/apiserver/build.sh (about 15 CPU-minutes)", b, bin)
+			msg := fmt.Sprintf("no %s in %s: build them with bash internal/apiserver/build.sh (about 18 CPU-minutes the first time)", b, bin)
 			if os.Getenv("CI") == "true" {
 				t.Fatal(msg)
 			}
