@@ -32,11 +32,15 @@ func runPolicy(t *testing.T, policy string, reqs []trace.Request) run {
 	res := replay(t, k.URL, reqs)
 	r := run{policy: policy, engines: engineCounts(t, reps)}
 	var usage float64
+	failed := 0
 	for _, s := range res.Samples {
 		r.predicted += float64(max(s.PredictedCached, 0))
 		usage += float64(s.CachedTokens)
+		if !s.OK() {
+			failed++ // the engine may have counted what the client never saw
+		}
 	}
-	if usage != r.engines.Cached {
+	if failed == 0 && usage != r.engines.Cached {
 		t.Errorf("%s: the streams' usage says %.0f cached tokens, the engines' counters %.0f", policy, usage, r.engines.Cached)
 	}
 	if f := k.metric(t, "kvrouter_tokenize_fallbacks_total"); f != 0 {
