@@ -2,7 +2,9 @@ package realengine
 
 import (
 	"math"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/proxy"
 	"github.com/kvrouter/kvrouter/trace"
@@ -20,6 +22,10 @@ type run struct {
 	policy    string
 	engines   counts
 	predicted float64
+	// ttftP99 is the clients' time to first token, p99: logged, never
+	// asserted (a wall clock on a shared machine), and compared only
+	// within one run.
+	ttftP99 time.Duration
 }
 
 // runPolicy replays reqs through a router with policy over a fresh fleet
@@ -33,12 +39,20 @@ func runPolicy(t *testing.T, policy string, reqs []trace.Request) run {
 	r := run{policy: policy, engines: engineCounts(t, reps)}
 	var usage float64
 	failed := 0
+	var ttft []time.Duration
 	for _, s := range res.Samples {
+		if s.OK() {
+			ttft = append(ttft, s.TTFT)
+		}
 		r.predicted += float64(max(s.PredictedCached, 0))
 		usage += float64(s.CachedTokens)
 		if !s.OK() {
 			failed++ // the engine may have counted what the client never saw
 		}
+	}
+	if len(ttft) > 0 {
+		slices.Sort(ttft)
+		r.ttftP99 = ttft[(len(ttft)*99-1)/100]
 	}
 	if failed == 0 && usage != r.engines.Cached {
 		t.Errorf("%s: the streams' usage says %.0f cached tokens, the engines' counters %.0f", policy, usage, r.engines.Cached)
@@ -57,10 +71,10 @@ func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
 		out[p] = runPolicy(t, p, reqs)
 	}
 	t.Logf("%s, %d requests, %d llama-server replicas of %d slots, cold per policy:", name, len(reqs), fleetSize, slots)
-	t.Logf("%-13s %9s %10s %10s %10s", "policy", "hit", "prefilled", "cached", "predicted")
+	t.Logf("%-13s %9s %10s %10s %10s %12s", "policy", "hit", "prefilled", "cached", "predicted", "TTFT p99")
 	for _, p := range policies {
 		r := out[p]
-		t.Logf("%-13s %8.1f%% %10.0f %10.0f %10.0f", p, 100*r.engines.hitRate(), r.engines.Prompt-r.engines.Cached, r.engines.Cached, r.predicted)
+		t.Logf("%-13s %8.1f%% %10.0f %10.0f %10.0f %12v", p, 100*r.engines.hitRate(), r.engines.Prompt-r.engines.Cached, r.engines.Cached, r.predicted, r.ttftP99.Round(time.Millisecond))
 	}
 	return out
 }
@@ -94,7 +108,7 @@ func TestPoliciesChat(t *testing.T) {
 // replica computes it again; kv-aware reuses more of the engines' caches.
 func TestPoliciesSharedPrefixes(t *testing.T) {
 	build(t)
-	runs := runAll(t, "shared documents (4 documents × 4 sessions × 2 turns)", shared(4, 4, 2))
+	runs := runAll(t, "shared documents (4 documents × 8 sessions × 2 turns)", shared(4, 8, 2))
 	kv, sh := runs["kv-aware"], runs["session-hash"]
 	if kv.engines.hitRate() <= sh.engines.hitRate() {
 		t.Errorf("kv-aware hit %.3f ≤ session-hash's %.3f on prefixes shared across sessions", kv.engines.hitRate(), sh.engines.hitRate())
