@@ -107,8 +107,9 @@ func TestPoliciesChat(t *testing.T) {
 // sessions, where session affinity scatters a document's sessions and
 // each replica computes it again, kv-aware's predicted cached tokens are
 // within 5% of what the engines reused. Its hit rate against session
-// affinity's is logged, not asserted: over six runs it ranged from 2
-// points below to 15 above, with llama.cpp's host prompt cache (which
+// affinity's is logged, not asserted: over six runs (two of this size,
+// four of 4 sessions per document) it ranged from 2 points below to 15
+// above, with llama.cpp's host prompt cache (which
 // keeps every document a replica saw) and the overlap of requests
 // deciding as much as the routing.
 func TestPoliciesSharedPrefixes(t *testing.T) {
