@@ -154,12 +154,14 @@ func (r *remoteTokenizer) post(ctx context.Context, base, path string, body []by
 	r.mu.Lock()
 	r.calls++
 	r.mu.Unlock()
-	req, err := http.NewRequestWithContext(ctx, "POST", base+path, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("tokenize %s%s: %w", base, path, err)
+	resp, err := r.do(ctx, base+path, body)
+	if err != nil && ctx.Err() == nil {
+		// Once more: a kept-alive connection the replica closed meanwhile
+		// fails the request after it was written (llama-server closes
+		// idle ones after 5 s), which the transport does not retry for a
+		// POST; tokenizing twice does no harm.
+		resp, err = r.do(ctx, base+path, body)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("tokenize %s%s: %w", base, path, err)
 	}
@@ -172,6 +174,16 @@ func (r *remoteTokenizer) post(ctx context.Context, base, path string, body []by
 		return fmt.Errorf("tokenize %s%s: %w", base, path, err)
 	}
 	return nil
+}
+
+// do posts body as JSON to url.
+func (r *remoteTokenizer) do(ctx context.Context, url string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return r.client.Do(req)
 }
 
 // roundTrips returns the number of /tokenize calls made.

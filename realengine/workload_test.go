@@ -42,7 +42,7 @@ func chat(sessions, turns int) []trace.Request {
 }
 
 // shared is conversations that share prefixes across sessions: docs
-// documents of 600 tokens (the tool schemas or documents many agents
+// documents of 1,000 tokens (the tool schemas or documents many agents
 // send first), each the system prompt of perDoc sessions of turns turns.
 // Session affinity spreads a document's sessions over the fleet, and each
 // replica they land on computes the document once; routing by prefix can
@@ -51,7 +51,7 @@ func shared(docs, perDoc, turns int) []trace.Request {
 	var g segs
 	doc := make([]trace.Segment, docs)
 	for i := range doc {
-		doc[i] = g.seg(600)
+		doc[i] = g.seg(1000)
 	}
 	var reqs []trace.Request
 	n := docs * perDoc
