@@ -10,9 +10,11 @@
 #       reachable daemon for docker); otherwise it says so and stops at the
 #       binaries. CONTAINER=docker|podman|none chooses.
 # OUT defaults to dist/. A release (not --snapshot) also checks that
-# CHANGELOG.md has a "## VERSION - YYYY-MM-DD" heading and that
-# deploy/kustomization.yaml's image tag is VERSION: what is tagged is what
-# the manifests run. "--snapshot VERSION" skips both (test builds).
+# CHANGELOG.md has a "## VERSION - YYYY-MM-DD" heading, that
+# deploy/kustomization.yaml's image tag is VERSION (what is tagged is what
+# the manifests run) and, in a git checkout, that it has no uncommitted
+# or untracked file (what is built is a commit). "--snapshot VERSION"
+# skips the three (test builds).
 # The build flags are the Dockerfile's (cmd/kvrouter TestReleaseScript and
 # TestDockerfileBuild check both).
 set -euo pipefail
@@ -39,7 +41,12 @@ if [ $snapshot = 0 ]; then
     echo "deploy/kustomization.yaml's images: newTag is not $version: set it first" >&2
     exit 1
   fi
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ -n "$(git status --porcelain)" ]; then
+    echo "the checkout has uncommitted or untracked files: a release is built from a commit (git status; --snapshot builds anyway)" >&2
+    exit 1
+  fi
 fi
+start=$SECONDS
 
 mkdir -p "$out"
 for arch in amd64 arm64; do
@@ -67,4 +74,7 @@ else
   echo "== $engine build $image"
   "$engine" build --build-arg VERSION="$version" -t "$image" .
 fi
-echo "== release $version: $(ls "$out" | tr '\n' ' ')"
+echo "== release $version in $((SECONDS - start)) s: $(ls "$out" | tr '\n' ' ')"
+if [ $snapshot = 0 ]; then
+  echo "== tag it: git tag -a $version -m \"kvrouter $version\" && git push origin $version"
+fi

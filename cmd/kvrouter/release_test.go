@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -189,12 +190,79 @@ func TestDockerfileBuild(t *testing.T) {
 	wantVersion(t, bin, testVersion)
 }
 
-// TestReleaseScript: scripts/release.sh --snapshot builds static
+// releaseVersion is the version TestReleaseScript releases, in a copy of
+// the repository: the first release's, whose heading the CHANGELOG gets
+// when it is cut.
+const releaseVersion = "v0.1.0"
+
+// releaseCopy copies the repository's tracked files (as they are in the
+// work tree) to a new directory, cuts the release there as a maintainer
+// would (CHANGELOG.md's "## Unreleased" becomes an empty one above
+// "## releaseVersion - 2026-12-07"), commits the copy in a git
+// repository of its own, and returns its root.
+func releaseCopy(t *testing.T, root string) string {
+	t.Helper()
+	files, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("not a git checkout (git ls-files: %v): no clean checkout to copy", err)
+	}
+	dst := t.TempDir()
+	for _, f := range strings.Split(strings.TrimRight(string(files), "\x00"), "\x00") {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted in the work tree, not yet in the index
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := os.Stat(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dst, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, f), b, info.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	changelog := filepath.Join(dst, "CHANGELOG.md")
+	b, err := os.ReadFile(changelog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := strings.Replace(string(b), "\n## Unreleased\n", "\n## Unreleased\n\n## "+releaseVersion+" - 2026-12-07\n", 1)
+	if cut == string(b) {
+		t.Fatal("CHANGELOG.md has no \"## Unreleased\" line to cut the release under")
+	}
+	if err := os.WriteFile(changelog, []byte(cut), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git(t, dst, "init", "-q")
+	git(t, dst, "add", "-A")
+	git(t, dst, "commit", "-q", "-m", "release "+releaseVersion)
+	return dst
+}
+
+// git runs git with args in dir as a throwaway identity.
+func git(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=release test", "-c", "user.email=release@test.invalid", "-c", "commit.gpgsign=false"}, args...)...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+}
+
+// TestReleaseScript: in a committed copy of the repository with the
+// release cut in its CHANGELOG, scripts/release.sh v0.1.0 builds static
 // linux/amd64 and linux/arm64 binaries (ELF of each machine) that report
-// the version, with their SHA256SUMS, and says it builds no image when
-// told there is no container engine; it uses the Dockerfile's build
-// flags. Without --snapshot it refuses a version the CHANGELOG has no
-// heading for, and any version that is not semantic.
+// the version, with their SHA256SUMS, says it builds no image when told
+// there is no container engine, and says how to tag; it uses the
+// Dockerfile's build flags. It refuses, before building anything: a
+// version that is not semantic, one the CHANGELOG has no heading for,
+// one the manifests do not run, and a checkout with uncommitted or
+// untracked files. The repository's own CHANGELOG is not touched.
 func TestReleaseScript(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cross-compiles kvrouter twice")
@@ -202,9 +270,11 @@ func TestReleaseScript(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("no bash")
 	}
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
 	root := repoRoot(t)
-	script := filepath.Join(root, "scripts", "release.sh")
-	src, err := os.ReadFile(script)
+	src, err := os.ReadFile(filepath.Join(root, "scripts", "release.sh"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +283,9 @@ func TestReleaseScript(t *testing.T) {
 	if !strings.Contains(d.build, flags) || !bytes.Contains(src, []byte(flags)) {
 		t.Errorf("the Dockerfile (%q) and release.sh do not both run %s...", d.build, flags)
 	}
+	repo := releaseCopy(t, root)
 	run := func(args ...string) (string, int) {
-		cmd := exec.Command("bash", append([]string{script}, args...)...)
+		cmd := exec.Command("bash", append([]string{filepath.Join(repo, "scripts", "release.sh")}, args...)...)
 		cmd.Env = append(os.Environ(), "CONTAINER=none")
 		o, err := cmd.CombinedOutput()
 		code := 0
@@ -225,26 +296,81 @@ func TestReleaseScript(t *testing.T) {
 		}
 		return string(o), code
 	}
-	if out, code := run("9.8.7"); code != 2 || !strings.Contains(out, "usage") {
-		t.Errorf("release.sh 9.8.7: exit %d, %q; want 2 and the usage", code, out)
+	refusals := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"0.1.0"}, 2, "usage"},
+		{[]string{"v0.1"}, 2, "usage"},
+		{[]string{"v0.1.1"}, 1, "CHANGELOG.md has no \"## v0.1.1 - YYYY-MM-DD\" heading"},
 	}
-	if out, code := run(testVersion, t.TempDir()); code != 1 || !strings.Contains(out, "CHANGELOG.md has no") {
-		t.Errorf("release.sh %s: exit %d, %q; want 1: no CHANGELOG heading", testVersion, code, out)
+	for _, r := range refusals {
+		if out, code := run(append(r.args, t.TempDir())...); code != r.code || !strings.Contains(out, r.want) || strings.Contains(out, "go build") {
+			t.Errorf("release.sh %v: exit %d, %q; want %d, %q and nothing built", r.args, code, out, r.code, r.want)
+		}
 	}
+	// A version the manifests do not run: the CHANGELOG has its heading,
+	// deploy/kustomization.yaml another tag.
+	edit(t, filepath.Join(repo, "CHANGELOG.md"), "\n## Unreleased\n", "\n## Unreleased\n\n## v0.1.1 - 2026-12-08\n")
+	git(t, repo, "commit", "-q", "-am", "v0.1.1's heading")
+	if out, code := run("v0.1.1", t.TempDir()); code != 1 || !strings.Contains(out, "newTag is not v0.1.1") {
+		t.Errorf("release.sh v0.1.1 with newTag %s: exit %d, %q; want 1: the manifests' tag", releaseVersion, code, out)
+	}
+	// A dirty checkout: an uncommitted change, then an untracked file.
+	readme := filepath.Join(repo, "README.md")
+	edit(t, readme, "# ", "# (edited) ")
+	if out, code := run(releaseVersion, t.TempDir()); code != 1 || !strings.Contains(out, "uncommitted or untracked") {
+		t.Errorf("release.sh in a checkout with a change: exit %d, %q; want 1", code, out)
+	}
+	git(t, repo, "checkout", "--", "README.md")
+	if err := os.WriteFile(filepath.Join(repo, "cmd", "kvrouter", "stray.go"), []byte("package main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(releaseVersion, t.TempDir()); code != 1 || !strings.Contains(out, "uncommitted or untracked") {
+		t.Errorf("release.sh in a checkout with an untracked file: exit %d, %q; want 1", code, out)
+	}
+	os.Remove(filepath.Join(repo, "cmd", "kvrouter", "stray.go"))
+
 	dist := t.TempDir()
-	out, code := run("--snapshot", testVersion, dist)
+	out, code := run(releaseVersion, dist)
 	if code != 0 {
-		t.Fatalf("release.sh --snapshot: exit %d\n%s", code, out)
+		t.Fatalf("release.sh %s: exit %d\n%s", releaseVersion, code, out)
 	}
-	if !strings.Contains(out, "image kvrouter:"+testVersion+" not built (binaries only)") {
-		t.Errorf("release.sh without a container engine says %q, want that it built no image", out)
+	if !strings.Contains(out, "image kvrouter:"+releaseVersion+" not built (binaries only)") || !strings.Contains(out, "git tag -a "+releaseVersion) {
+		t.Errorf("release.sh without a container engine says %q, want that it built no image, and how to tag", out)
 	}
+	checkRelease(t, dist, releaseVersion)
+}
+
+// edit replaces the first old in the file path with new, failing t when
+// there is none.
+func edit(t *testing.T, path, old, new string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := strings.Replace(string(b), old, new, 1)
+	if s == string(b) {
+		t.Fatalf("%s has no %q", path, old)
+	}
+	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkRelease checks release.sh's output in dist: a static binary of
+// each architecture, of its machine, in SHA256SUMS, the one of this
+// machine reporting version.
+func checkRelease(t *testing.T, dist, version string) {
+	t.Helper()
 	sums, err := os.ReadFile(filepath.Join(dist, "SHA256SUMS"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for arch, machine := range map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64} {
-		name := "kvrouter-" + testVersion + "-linux-" + arch
+		name := "kvrouter-" + version + "-linux-" + arch
 		path := filepath.Join(dist, name)
 		f, err := elf.Open(path)
 		if err != nil {
@@ -265,7 +391,7 @@ func TestReleaseScript(t *testing.T) {
 			t.Errorf("SHA256SUMS lacks %s's", name)
 		}
 		if runtime.GOOS == "linux" && runtime.GOARCH == arch {
-			wantVersion(t, path, testVersion)
+			wantVersion(t, path, version)
 		}
 	}
 }
