@@ -184,7 +184,7 @@ func TestConfigBackendMappings(t *testing.T) {
 		}
 	}
 	bad := []struct{ name, body, want string }{
-		{"unknown key", "backends:\n  - url: http://a:8000\n    kv_endpoint: tcp://a:5557\n", `line 3: backend: unknown key "kv_endpoint" (known: url, kv, replay, models, role, max_num_seqs)`},
+		{"unknown key", "backends:\n  - url: http://a:8000\n    kv_endpoint: tcp://a:5557\n", `line 3: backend: unknown key "kv_endpoint" (known: url, kv, replay, models, role, max_num_seqs, engine)`},
 		{"unknown role", "backends:\n  - url: http://a:8000\n    role: prefil\n", `line 3: backend role: unknown role "prefil" (known: prefill, decode, both)`},
 		{"no url", "backends:\n  - kv: tcp://a:5557\n", "line 2: backend: url is required"},
 		{"both keys", "backend: [http://a:8000]\nbackends: [http://b:8000]\n", "both backend and backends are set"},
