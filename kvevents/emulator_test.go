@@ -260,27 +260,33 @@ func TestBindMode(t *testing.T) {
 // TestReplayAtConnect: a router that joins an engine with a history and
 // no traffic since asks for the replay at connect: its index holds the
 // engine's blocks without waiting for the engine's next batch, which
-// then continues it (no reset, no orphan).
+// then continues it (no reset, no orphan). With no model configured the
+// replayed batches are keyed under the model their topic names, as live
+// ones are (the next batch's topic does not drop them).
 func TestReplayAtConnect(t *testing.T) {
-	e := startEngine(t, zmqEngine(emulator.FormatMap))
-	var ps [][]uint32
-	for i := range 3 {
-		ps = append(ps, prompt(i, 100))
-		complete(t, e, ps[i])
-	}
-	wait.For(t, "the engine idle", func() bool { st := e.Stats(); return st.Running == 0 && st.Waiting == 0 && st.StoredBlocks > 0 })
-	sub, idx := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: "m", Endpoint: e.KVEventsEndpoint(), Replay: e.ReplayEndpoint()}}})
-	wait.For(t, "the engine's history replayed at connect", func() bool { return idx.Blocks(0) == e.Stats().CachedBlocks })
-	if d := cmp.Diff(truth(ps...), sorted(idx.Hashes(0))); d != "" {
-		t.Errorf("index after the replay vs prompts sent (-want +got):\n%s", d)
-	}
-	ps = append(ps, prompt(9, 100))
-	complete(t, e, ps[3])
-	settle(t, sub, 0, e)
-	if d := cmp.Diff(truth(ps...), sorted(idx.Hashes(0))); d != "" {
-		t.Errorf("index after the next batch (-want +got):\n%s", d)
-	}
-	if st := status(t, sub, 0); st.Replays != 1 || st.Resets != 0 || st.Orphans != 0 {
-		t.Errorf("status %+v, want one replay, no reset, no orphan", st)
+	for _, model := range []string{"m", ""} {
+		t.Run("model="+model, func(t *testing.T) {
+			e := startEngine(t, zmqEngine(emulator.FormatMap))
+			var ps [][]uint32
+			for i := range 3 {
+				ps = append(ps, prompt(i, 100))
+				complete(t, e, ps[i])
+			}
+			wait.For(t, "the engine idle", func() bool { st := e.Stats(); return st.Running == 0 && st.Waiting == 0 && st.StoredBlocks > 0 })
+			sub, idx := startSub(t, Config{Replicas: []Replica{{ID: 0, Model: model, Endpoint: e.KVEventsEndpoint(), Replay: e.ReplayEndpoint()}}})
+			wait.For(t, "the engine's history replayed at connect", func() bool { return idx.Blocks(0) == e.Stats().CachedBlocks })
+			if d := cmp.Diff(truth(ps...), sorted(idx.Hashes(0))); d != "" {
+				t.Errorf("index after the replay vs prompts sent (-want +got):\n%s", d)
+			}
+			ps = append(ps, prompt(9, 100))
+			complete(t, e, ps[3])
+			settle(t, sub, 0, e)
+			if d := cmp.Diff(truth(ps...), sorted(idx.Hashes(0))); d != "" {
+				t.Errorf("index after the next batch (-want +got):\n%s", d)
+			}
+			if st := status(t, sub, 0); st.Replays != 1 || st.Resets != 0 || st.Orphans != 0 {
+				t.Errorf("status %+v, want one replay, no reset, no orphan", st)
+			}
+		})
 	}
 }

@@ -110,11 +110,7 @@ func (g *ingester) handle(ctx context.Context, m message) {
 		g.join(ctx)
 		return
 	}
-	if g.rep.Model == "" {
-		if _, model, ok := ParseTopic(m.topic); ok {
-			g.ch.setModel(model)
-		}
-	}
+	g.topicModel(m.topic)
 	if g.implausible(m) {
 		return
 	}
@@ -320,6 +316,20 @@ func (g *ingester) live(m message) {
 	}
 }
 
+// topicModel keys the chain under the model a batch's topic names, live
+// or replayed, when the replica's configuration names none. A replayed
+// batch counts as much as a live one: blocks a join replay applied under
+// no model would match no request, and the first live batch's topic would
+// then drop them.
+func (g *ingester) topicModel(topic string) {
+	if g.rep.Model != "" {
+		return
+	}
+	if _, model, ok := ParseTopic(topic); ok {
+		g.ch.setModel(model)
+	}
+}
+
 // applyRun applies the replayed batches that continue from next, in order,
 // stopping at a hole.
 func (g *ingester) applyRun(msgs []replayed) {
@@ -331,6 +341,7 @@ func (g *ingester) applyRun(msgs []replayed) {
 		if g.known && r.seq > g.next {
 			return
 		}
+		g.topicModel(r.topic)
 		g.apply(r.seq, r.payload, now)
 	}
 }

@@ -23,6 +23,7 @@ var errNoReplay = errors.New("no replay endpoint")
 
 // replayed is one batch from the replay socket.
 type replayed struct {
+	topic   string // empty in the older replies, which carry none
 	seq     uint64
 	payload []byte
 }
@@ -68,7 +69,7 @@ func replay(ctx context.Context, endpoint string, start uint64, cfg *Config) ([]
 		if err != nil {
 			return out, fmt.Errorf("replay %s: after %d batches: %w", endpoint, len(out), err)
 		}
-		seq, payload, err := replyFrames(f)
+		topic, seq, payload, err := replyFrames(f)
 		if err != nil {
 			return out, fmt.Errorf("replay %s: %w", endpoint, err)
 		}
@@ -81,21 +82,21 @@ func replay(ctx context.Context, endpoint string, start uint64, cfg *Config) ([]
 		if len(out) >= maxReplay {
 			return out, fmt.Errorf("replay %s: more than %d batches", endpoint, maxReplay)
 		}
-		out = append(out, replayed{seq, payload})
+		out = append(out, replayed{topic, seq, payload})
 	}
 }
 
 // replyFrames reads a replay reply: an optional empty delimiter, then
-// [topic, seq, payload] or [seq, payload].
-func replyFrames(f [][]byte) (seq uint64, payload []byte, err error) {
+// [topic, seq, payload] or [seq, payload] (topic empty).
+func replyFrames(f [][]byte) (topic string, seq uint64, payload []byte, err error) {
 	if len(f) > 0 && len(f[0]) == 0 && len(f) >= 3 {
 		f = f[1:]
 	}
 	switch {
 	case len(f) == 3 && len(f[1]) == 8:
-		return binary.BigEndian.Uint64(f[1]), f[2], nil
+		return string(f[0]), binary.BigEndian.Uint64(f[1]), f[2], nil
 	case len(f) == 2 && len(f[0]) == 8:
-		return binary.BigEndian.Uint64(f[0]), f[1], nil
+		return "", binary.BigEndian.Uint64(f[0]), f[1], nil
 	}
-	return 0, nil, fmt.Errorf("reply of %d frames is neither [topic, seq, payload] nor [seq, payload]", len(f))
+	return "", 0, nil, fmt.Errorf("reply of %d frames is neither [topic, seq, payload] nor [seq, payload]", len(f))
 }
