@@ -117,3 +117,29 @@ func TestDisaggregationBreakEven(t *testing.T) {
 }
 
 func abs(x int) int { return max(x, -x) }
+
+// TestKVAwareLegSkipsTheBusyWorker: of two prefill workers, one with
+// 60,000 prompt tokens of legs queued, which draws few legs while it
+// works through them (a Share of 0.01), and one idle that ran most of
+// the recent legs (a Share of 0.3), a 40,000-token prompt's leg goes to
+// the idle one. The legs that will arrive behind it are the router's
+// to steer: spread evenly over the workers, they cost the same on both,
+// and the queue ahead decides. Priced at each worker's own Share, the
+// busy one's queue would seem to delay nothing behind it, and the
+// square of the long prefill would outweigh its whole queue.
+func TestKVAwareLegSkipsTheBusyWorker(t *testing.T) {
+	cfg, err := engine.Preset("llama3-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, s := disaggFleet(cfg, 32, 40000)
+	busy, idle := s.Replicas[0], s.Replicas[0]
+	busy.ID, busy.PrefillTokens, busy.InFlight, busy.Share = "busy", 60000, 2, 0.01
+	idle.ID, idle.Share = "idle", 0.3
+	s.Replicas = []route.Replica{busy, idle, s.Replicas[1]}
+	r.Match = []int{0, 0, 0}
+	d := route.KVAware{}.Pick(r, s)
+	if d.Replica != 2 || d.Transfer.Blocks == 0 || d.Transfer.From != 1 {
+		t.Fatalf("decision %+v (%s): want the decode replica, its prompt prefilled on the idle worker (1)", d, d.Reason)
+	}
+}

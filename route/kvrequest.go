@@ -182,11 +182,13 @@ func (q *kvRequest) legAt(rp *Replica, i int, cached, rate float64) kvLeg {
 // prefillWorker sets q.pw to the leg of the prefill worker that costs
 // least, its time to the request's first token (ttftWeight times) and
 // to the others (legAt). A prefill worker keeps a prefix cache too. The
-// legs that arrive there after it come at the worker's rate: its share
-// of the router's requests whose legs it ran (Replica.Share, kept for
-// prefill workers of the legs) of the fleet's rate, candidates × the
-// per-replica rate. A worker that cannot transfer KV is none.
+// legs that arrive at a worker after it come at the rate of the legs the
+// router sends the workers (the fleet's rate, candidates × the
+// per-replica rate, times the workers' summed Share: Replica.Share is
+// kept for prefill workers of the legs) spread evenly over them
+// (workerRate). A worker that cannot transfer KV is none.
 func (q *kvRequest) prefillWorker(candidates float64) {
+	rate := q.workerRate(candidates)
 	best := math.Inf(1)
 	for i := range q.rows {
 		if !q.rows[i].prefills {
@@ -197,12 +199,36 @@ func (q *kvRequest) prefillWorker(candidates float64) {
 		if rt.TransferPerMTokens <= 0 {
 			continue
 		}
-		rate := q.arrivals * candidates * rp.ShareAt(q.r.Seq, len(q.reps))
 		l := q.legAt(rp, i, q.cached(rp, i, rt), rate)
 		if c := ttftWeight*l.time + l.others; c < best {
 			q.pw, best = l, c
 		}
 	}
+}
+
+// workerRate is the rate, per ns at DecodeScale 1, at which legs arrive
+// at a prefill worker: the legs' share of the router's requests (the
+// workers' Shares summed) of the fleet's rate, candidates × q.arrivals,
+// over the workers. Not a worker's own Share: the router steers each leg
+// to the worker that costs least, so the legs a worker draws next follow
+// its queue, not its past. A worker whose legs were long draws few of
+// them while it works through them; priced at its own low Share, its
+// queue would seem to delay no leg behind it, and it would draw the next
+// long prompt too, the worst place for it (the behind term grows as the
+// square of the prefill). Spread evenly, the legs behind a prefill cost
+// the same on every worker, and the queue ahead and the cache decide.
+func (q *kvRequest) workerRate(candidates float64) float64 {
+	share, workers := 0.0, 0
+	for i := range q.rows {
+		if rp := &q.reps[i]; q.rows[i].prefills && rp.Rates.TransferPerMTokens > 0 {
+			share += rp.ShareAt(q.r.Seq, len(q.reps))
+			workers++
+		}
+	}
+	if workers == 0 {
+		return 0
+	}
+	return q.arrivals * candidates * share / float64(workers)
 }
 
 // readMatches reads the candidates' matches of the prompt once: the deepest
