@@ -51,8 +51,34 @@ func (q *kvRequest) legAt(rp *Replica, i int, cached, rate, pool float64) kvLeg 
 	compute := rt.prefillNS(uncached, cached)
 	prefill := compute*rt.Scale + math.Ceil(max(uncached, 1)/float64(rt.MaxBatchedTokens))*iter
 	behind := rate / rt.DecodeScale * prefill * (wait + prefill/(2*pool))
-	return kvLeg{from: i, time: wait + prefill, cached: cached,
-		others: q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*behind}
+	others := q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*(behind+q.joined(rp, rt, uncached))
+	return kvLeg{from: i, time: wait + prefill, cached: cached, others: others}
+}
+
+// joined is the wait a leg of uncached tokens imposes on the legs queued
+// on prefill worker rp whose last iteration it joins, in ns: the engine
+// fills each iteration to MaxBatchedTokens from its queue in order (vLLM's
+// chunked prefill), and a leg ends with the iteration that computes its
+// last chunk, so the new leg's first chunk, as much of it as the room left
+// in the queue's last iteration, lengthens that iteration for every leg
+// that ends in it. Of the router's legs there (Replica.InFlight, its
+// PrefillTokens still to compute), the first is taken to be in the
+// iteration under way, which it cannot join; the others wait, at the mean
+// size, and those in the last iteration are the waiting tokens that spill
+// past whole iterations over the mean size, at least one. Zero on a
+// replica that decodes: its queue waits behind its decodes' iterations
+// (priceWith prices its stall).
+func (q *kvRequest) joined(rp *Replica, rt *Rates, uncached float64) float64 {
+	if rp.Role != RolePrefill || rp.InFlight < 2 || rp.PrefillTokens <= 0 {
+		return 0
+	}
+	n, budget := float64(rp.InFlight), float64(rt.MaxBatchedTokens)
+	per := float64(rp.PrefillTokens) / n
+	waiting := per * (n - 1)
+	last := math.Mod(waiting, budget)
+	legs := min(max(last/per, 1), n-1)
+	chunk := min(max(uncached, 1), budget-last)
+	return legs * rt.prefillNS(chunk, 0) * rt.Scale
 }
 
 // prefillWorker sets q.pw to the leg of the prefill worker that costs

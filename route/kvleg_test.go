@@ -104,3 +104,30 @@ func TestKVAwareLegBacksOffABusyPool(t *testing.T) {
 		t.Fatalf("busy pool: %+v (%s), want a local prefill", busy, busy.Reason)
 	}
 }
+
+// TestKVAwareLegJoinsNoQueuedLegsIteration: a 14,000-token prompt's
+// leg goes to the worker computing one leg of 3,000 tokens rather than
+// to the one with 1,400 tokens to compute in two legs of 700: the
+// second of those waits for the next iteration, which the new leg's
+// first chunk (8,192 − 700 tokens) would fill, and it would end with it
+// rather than 700 tokens in: joined prices that wait, once per leg that
+// ends in the iteration (ttftWeight times in the leg's others).
+func TestKVAwareLegJoinsNoQueuedLegsIteration(t *testing.T) {
+	rt := Rates{TransferPerMTokens: 1000}
+	two := Replica{ID: "two", Role: RolePrefill, Prefills: true, Share: 0.1, Rates: rt, InFlight: 2, PrefillTokens: 1400}
+	one := Replica{ID: "one", Role: RolePrefill, Prefills: true, Share: 0.1, Rates: rt, InFlight: 1, PrefillTokens: 3000}
+	s := withDecoder(&Snapshot{BlockSize: 16, Replicas: []Replica{two, one}}, rt)
+	r := &Request{ID: "j", Hash: 9, Tokens: 14000, Blocks: 875, MaxTokens: 128, Pinned: -1}
+	var sc screen
+	q := newKVRequest(KVAware{}, r, s, sc.summary(KVAware{}, s), nil)
+	wt := rt.WithDefaults()
+	if got, want := q.joined(&s.Replicas[0], &wt, 14000), wt.prefillNS(8192-700, 0); math.Abs(got-want) > 1e-6 {
+		t.Errorf("joined on the worker of two legs %v, want one leg × the compute of 7,492 tokens %v", got, want)
+	}
+	if got := q.joined(&s.Replicas[1], &wt, 14000); got != 0 {
+		t.Errorf("joined on the worker of one leg %v, want 0: its leg is in the iteration under way", got)
+	}
+	if q.pw.from != 1 {
+		t.Errorf("the leg goes to worker %d, want 1 (one leg, in its iteration)", q.pw.from)
+	}
+}
