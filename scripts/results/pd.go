@@ -15,7 +15,7 @@ var splitName = regexp.MustCompile(`^(\S+)(?: (\d+)p\+\d+d)?$`)
 
 // pdPeers are the P/D policies the disaggregation section compares
 // kv-aware with, in its columns' order.
-var pdPeers = []string{"pd-round-robin", "llm-d-pd", "dynamo-pd"}
+var pdPeers = []string{"pd-round-robin", "llm-d-pd", "dynamo-pd", "llm-d-predicted"}
 
 // pdBest is a policy's best split in one cell: the one of most goodput.
 type pdBest struct {
