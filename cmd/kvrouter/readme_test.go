@@ -150,6 +150,10 @@ func readmeRules() map[string]readmeRule {
 			args: "--requests 40"},
 		"kvrouter sim --workload document-qa --load 0.8 --cpu-kv-blocks 112640 --policies kv-aware,sglang-cache-aware,preble-e2,llm-d,session-hash,least-loaded,round-robin": {
 			args: "--requests 600"}, // 6,585 requests: 45 CPU-seconds
+		"kvrouter sim --capacity --workload document-qa --prefill-replicas 0,4,8 --policies kv-aware,dynamo-pd --requests 300": {
+			args: "--requests 100"}, // 30 CPU-seconds at 300
+		"kvrouter sim --capacity --workload multi-turn-chat --requests 1500 --policies kv-aware,preble-e2,least-loaded,round-robin": {
+			args: "--requests 400"}, // 12 CPU-seconds at 1500
 		routersCommand + " --routers 1":                      {args: "--requests 300"},
 		routersCommand + " --routers 3 --sync-interval 50ms": {args: "--requests 300"},
 		routersCommand + " --routers 3 --sync-interval -1ns": {args: "--requests 300"},
@@ -379,7 +383,7 @@ func runCommand(t *testing.T, dir string, env []string, at string, cmd string) {
 	}
 	switch {
 	case ctx.Err() != nil:
-		t.Errorf("%s: hung: still running after %v of wall time (%v of CPU): %s\n%s", at, hang, cpu.Round(time.Millisecond), cmd, tail(out))
+		t.Errorf("%s: hung, or the test's deadline near: still running after %v of wall time (%v of CPU): %s\n%s", at, hang, cpu.Round(time.Millisecond), cmd, tail(out))
 	case cpuExceeded(err, cpu, commandCPU):
 		t.Errorf("%s: used more than its %d CPU-seconds: %s\n%s", at, commandCPU, cmd, tail(out))
 	case err != nil:
