@@ -43,7 +43,7 @@ func TestCapacityMatchesSweep(t *testing.T) {
 	}
 	cfg := Config{Workload: "shared-prefix", Requests: w.Requests, Replicas: 4, Preset: preset,
 		Policies: []string{"least-loaded", "kv-aware"}}
-	cs := CapacitySearch{Tolerance: 0.1, MaxLoad: 16}
+	cs := CapacitySearch{Tolerance: 0.2, MaxLoad: 16} // the sweep runs about 35 loads a policy up to its capacity (0.1: 67)
 	got, err := Capacity(cfg, cs)
 	if err != nil {
 		t.Fatal(err)
@@ -55,14 +55,18 @@ func TestCapacityMatchesSweep(t *testing.T) {
 	}
 	g := newGrid(cs.Tolerance, cs.MaxLoad)
 	for p, name := range cfg.Policies {
+		met := map[int]float64{} // a load's attainment, run once for every level: runs are deterministic
 		for l, level := range DefaultLevels {
 			want := 0.0
 			for k := g.lo; k <= g.hi; k++ {
-				res, err := o.scaled(g.load(k)).run(name)
-				if err != nil {
-					t.Fatal(err)
+				if _, ok := met[k]; !ok {
+					res, err := o.scaled(g.load(k)).run(name)
+					if err != nil {
+						t.Fatal(err)
+					}
+					met[k] = report.NewAttainment(g.load(k), res.samples, report.SLO(o.cfg.SLO)).Met
 				}
-				if report.NewAttainment(g.load(k), res.samples, report.SLO(o.cfg.SLO)).Met < level {
+				if met[k] < level {
 					break
 				}
 				want = g.load(k)

@@ -13,7 +13,10 @@ package main
 //     name as the reader's own files (my-traffic.jsonl), with the
 //     kvrouter the tests build first on PATH; "go run ./cmd/kvrouter" is
 //     run as that kvrouter. Commands run with bash, in order, and must
-//     exit 0 within commandTimeout.
+//     exit 0 within commandCPU seconds of CPU time per process (the
+//     command's own work, which a loaded machine does not stretch as it
+//     does wall time); the wall clock only catches a command that hangs
+//     (hangAfter).
 //   - A kvrouter serve or kvrouter engine command is a server, with or
 //     without a trailing "&": it is started in the background, the test
 //     waits until its --listen address (else the subcommand's default)
@@ -51,8 +54,33 @@ import (
 	"github.com/kvrouter/kvrouter/proxy"
 )
 
-// commandTimeout bounds each foreground command of the README.
-const commandTimeout = 60 * time.Second
+// commandCPU bounds the CPU time, in seconds, of each process of a
+// foreground command of the docs (bash's ulimit -t): the command's own
+// work. The docs' commands are sized (readmeRules) to use a few
+// CPU-seconds each (logged with each command); a command that loops, or
+// a simulation that grew a hundredfold, uses it up, on a quiet machine as
+// on a loaded one. A wall-clock limit did not tell these apart from a
+// machine shared with other work: on a 2-core machine at load average
+// 30, sim commands of 2 CPU-seconds took over a minute of wall time and
+// failed the old 1-minute limit.
+const commandCPU = 120
+
+// hangAfter is how long a command, a server's start or a server's stop
+// may take in wall time before the test calls it hung: only a command
+// waiting for something that never comes (using no CPU) gets there, so
+// it is long, and it is cut to the test's own deadline (go test
+// -timeout) less a minute, so that a hang fails with the command's
+// output rather than go test's panic.
+const hangAfter = 10 * time.Minute
+
+// hangBound is hangAfter, or less when the test's deadline is nearer.
+func hangBound(t *testing.T) time.Duration {
+	d := hangAfter
+	if dl, ok := t.Deadline(); ok {
+		d = min(d, max(time.Until(dl)-time.Minute, time.Second))
+	}
+	return d
+}
 
 // readmeRule says how TestREADME runs one README command.
 type readmeRule struct {
@@ -120,6 +148,12 @@ func readmeRules() map[string]readmeRule {
 		"go test ./proxy -run TestRecordingLoop -v": {skip: "a test of ./proxy, which go test ./... runs"},
 		"kvrouter replay --target http://127.0.0.1:8400 --workload multi-turn-chat --requests 300 --rate 8 --time-scale 0.05": {
 			args: "--requests 40"},
+		"kvrouter sim --workload document-qa --load 0.8 --cpu-kv-blocks 112640 --policies kv-aware,sglang-cache-aware,preble-e2,llm-d,session-hash,least-loaded,round-robin": {
+			args: "--requests 600"}, // 6,585 requests: 45 CPU-seconds
+		"kvrouter sim --capacity --workload document-qa --prefill-replicas 0,4,8 --policies kv-aware,dynamo-pd --requests 300": {
+			args: "--requests 100"}, // 30 CPU-seconds at 300
+		"kvrouter sim --capacity --workload multi-turn-chat --requests 1500 --policies kv-aware,preble-e2,least-loaded,round-robin": {
+			args: "--requests 400"}, // 12 CPU-seconds at 1500
 		routersCommand + " --routers 1":                      {args: "--requests 300"},
 		routersCommand + " --routers 3 --sync-interval 50ms": {args: "--requests 300"},
 		routersCommand + " --routers 3 --sync-interval -1ns": {args: "--requests 300"},
@@ -336,20 +370,44 @@ func runCommand(t *testing.T, dir string, env []string, at string, cmd string) {
 	if strings.HasPrefix(cmd, "curl ") {
 		needTool(t, "curl")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	hang := hangBound(t)
+	ctx, cancel := context.WithTimeout(context.Background(), hang)
 	defer cancel()
-	c := exec.CommandContext(ctx, "bash", "-c", cmd)
+	c := exec.CommandContext(ctx, "bash", "-c", fmt.Sprintf("ulimit -t %d\n%s", commandCPU, cmd))
 	c.Dir, c.Env = dir, env
 	start := time.Now()
 	out, err := c.CombinedOutput()
+	var cpu time.Duration
+	if c.ProcessState != nil {
+		cpu = c.ProcessState.UserTime() + c.ProcessState.SystemTime() // bash's and the processes it waited for
+	}
 	switch {
 	case ctx.Err() != nil:
-		t.Errorf("%s: still running after %v: %s\n%s", at, commandTimeout, cmd, tail(out))
+		t.Errorf("%s: hung, or the test's deadline near: still running after %v of wall time (%v of CPU): %s\n%s", at, hang, cpu.Round(time.Millisecond), cmd, tail(out))
+	case cpuExceeded(err, cpu, commandCPU):
+		t.Errorf("%s: used more than its %d CPU-seconds: %s\n%s", at, commandCPU, cmd, tail(out))
 	case err != nil:
 		t.Errorf("%s: %v: %s\n%s", at, err, cmd, tail(out))
 	default:
-		t.Logf("%s: ok in %v: %s", at, time.Since(start).Round(time.Millisecond), cmd)
+		t.Logf("%s: ok in %v of CPU (%v of wall time): %s", at, cpu.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), cmd)
 	}
+}
+
+// cpuExceeded: a command that ended with err after using cpu is one the
+// kernel stopped at its limit of seconds (ulimit -t sends SIGKILL there;
+// bash reports a child's as exit status 128+9). The kernel's accounting
+// runs in ticks, so the cpu reported can fall a little short of the
+// limit: half of it tells the limit from an unrelated kill.
+func cpuExceeded(err error, cpu time.Duration, seconds int) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || cpu < time.Duration(seconds)*time.Second/2 {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	killed := func(s syscall.Signal) bool {
+		return ws.Signaled() && ws.Signal() == s || ws.Exited() && ws.ExitStatus() == 128+int(s)
+	}
+	return ok && (killed(syscall.SIGKILL) || killed(syscall.SIGXCPU))
 }
 
 // server is a README server command running in the background.
@@ -386,7 +444,8 @@ func startServer(t *testing.T, dir string, env []string, at string, cmd string) 
 	}
 	go func() { s.done <- s.c.Wait() }()
 	addr := dialAddr(listenAddr(cmd))
-	deadline := time.Now().Add(20 * time.Second)
+	hang := hangBound(t)
+	deadline := time.Now().Add(hang)
 	for {
 		select {
 		case err := <-s.done:
@@ -400,7 +459,7 @@ func startServer(t *testing.T, dir string, env []string, at string, cmd string) 
 			return s
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s not accepting connections after 20s: %s", at, addr, cmd)
+			t.Fatalf("%s: hung: %s not accepting connections after %v: %s", at, addr, hang, cmd)
 		}
 		time.Sleep(50 * time.Millisecond) // between dials; the loop also watches the server's exit, which wait.For cannot
 	}
@@ -426,10 +485,10 @@ func (s *server) stop(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s: on SIGTERM the server exited with %v, want 0: %s\n%s", s.at, err, s.cmd, tail([]byte(s.out.String())))
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(hangBound(t)): // a bound on a hung server, not a threshold: its drain takes seconds
 		syscall.Kill(-s.c.Process.Pid, syscall.SIGKILL)
 		<-s.done
-		t.Errorf("%s: the server did not stop within 20s of SIGTERM: %s", s.at, s.cmd)
+		t.Errorf("%s: hung: the server did not stop after SIGTERM: %s", s.at, s.cmd)
 	}
 }
 
@@ -594,6 +653,30 @@ func TestDocServersInBackground(t *testing.T) {
 					t.Errorf("%s:%d: %q runs in the foreground: the block's next commands would wait for it (end it with &)", file, c.line, c.text)
 				}
 			}
+		}
+	}
+}
+
+// TestCommandCPULimit: a command of the docs that spins is stopped by
+// its CPU budget, as runCommand sets it (here 1 CPU-second), and named
+// as such, however long the loaded machine takes to give it that second;
+// a command's exit for another cause is not taken for it.
+func TestCommandCPULimit(t *testing.T) {
+	needTool(t, "bash")
+	for _, tc := range []struct {
+		cmd  string
+		want bool
+	}{
+		{"while :; do :; done", true},                    // bash itself spins
+		{"bash -c 'while :; do :; done'; exit $?", true}, // a child spins; bash reports its signal as 128+24
+		{"exit 3", false},
+		{"kill -TERM $$", false},
+	} {
+		c := exec.Command("bash", "-c", "ulimit -t 1\n"+tc.cmd)
+		err := c.Run()
+		cpu := c.ProcessState.UserTime() + c.ProcessState.SystemTime()
+		if got := cpuExceeded(err, cpu, 1); got != tc.want {
+			t.Errorf("%q: exit %v after %v of CPU, CPU limit exceeded %v, want %v", tc.cmd, err, cpu, got, tc.want)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/demo"
 	"github.com/kvrouter/kvrouter/loadgen"
 	"github.com/kvrouter/kvrouter/report"
 	"github.com/kvrouter/kvrouter/trace"
@@ -62,6 +63,7 @@ func runReplay(ctx context.Context, args []string) error {
 		Target: strings.TrimRight(*target, "/"), Model: *model, Requests: reqs, MaxRequests: *requests, Rate: *rate, Concurrency: *conc,
 		Duration: *duration, RequestTimeout: *timeout, TimeScale: *scale, MaxTokens: *maxTokens,
 		IgnoreEOS: *ignoreEOS, SessionHeader: *header, SystemSegments: systemSegments(name),
+		Parallel: parallelSteps(name),
 	}
 	bar := report.NewProgress(os.Stderr, "replaying", int64(len(reqs)))
 	cfg.OnDone = func(loadgen.Sample) { bar.Add(1) }
@@ -101,6 +103,18 @@ func replayWorkload(name, file, format string, seed uint64, n int) ([]trace.Requ
 		return nil, "", err
 	}
 	return w.Requests, w.Name, nil
+}
+
+// parallelSteps says which of a workload's requests go out at their
+// arrival without waiting for their session's previous one, as the
+// simulator sends them: the demo's agent steps, parallel calls in one
+// session, as kvrouter demo sends them; nil (every turn waits) for the
+// rest.
+func parallelSteps(workload string) func(*trace.Request) bool {
+	if workload == demo.ChatWorkload {
+		return demo.Parallel
+	}
+	return nil
 }
 
 // systemSegments is how many leading segments make a workload's system

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvrouter/kvrouter/emulator"
 	"github.com/kvrouter/kvrouter/internal/redisserver"
@@ -96,8 +99,11 @@ func (p *routerProc) gauge(t *testing.T, name string) float64 {
 
 // TestKilledRouterLoadExpires: three router processes share state through
 // a real Redis; one holding requests in flight is killed with SIGKILL (no
-// goodbye), and the others stop counting its load within its expiry
-// (--shared-ttl 500ms), seeing one peer fewer.
+// goodbye), and the others stop counting its load, seeing one peer fewer:
+// its load key expired, as Redis says it would, within --shared-ttl
+// 500ms of its last round. How soon after the kill the others see it is
+// logged, not asserted: it is the TTL and then their next rounds, which
+// a loaded machine delays by as much as it likes.
 func TestKilledRouterLoadExpires(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts router processes")
@@ -116,7 +122,7 @@ func TestKilledRouterLoadExpires(t *testing.T) {
 	for i := range ps {
 		ps[i] = startRouterProc(t, fmt.Sprint("r", i), rs.URL(), backends)
 	}
-	wait.Within(t, 5*time.Second, "every router sees 2 peers", func() bool {
+	wait.For(t, "every router sees 2 peers", func() bool {
 		return ps[0].gauge(t, "kvrouter_shared_state_peers") == 2 && ps[1].gauge(t, "kvrouter_shared_state_peers") == 2 &&
 			ps[2].gauge(t, "kvrouter_shared_state_peers") == 2
 	})
@@ -132,18 +138,27 @@ func TestKilledRouterLoadExpires(t *testing.T) {
 			}
 		}()
 	}
-	wait.Within(t, 5*time.Second, "routers 0 and 1 see router 2's 4 requests", func() bool {
+	wait.For(t, "routers 0 and 1 see router 2's 4 requests", func() bool {
 		return ps[0].gauge(t, "kvrouter_peer_inflight") == 4 && ps[1].gauge(t, "kvrouter_peer_inflight") == 4
 	})
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rc.Close()
+	var ttl time.Duration
+	wait.For(t, "router 2's load key in Redis", func() bool { // a round late past the TTL lets it lapse for a while
+		ttl, _ = rc.PTTL(context.Background(), "kvrouter:load:r2").Result()
+		return ttl > 0
+	})
+	if ttl > 500*time.Millisecond {
+		t.Errorf("router 2's load key expires in %v, want within --shared-ttl 500ms", ttl)
+	}
 	ps[2].kill()
 	killed := time.Now()
-	wait.Within(t, 5*time.Second, "router 2's load leaves the others' view", func() bool {
+	wait.For(t, "router 2's load leaves the others' view", func() bool {
 		return ps[0].gauge(t, "kvrouter_peer_inflight") == 0 && ps[1].gauge(t, "kvrouter_peer_inflight") == 0
 	})
-	took := time.Since(killed)
-	t.Logf("a SIGKILLed router's load left the others' view after %v (--shared-ttl 500ms, --sync-interval 20ms)", took)
-	if took > 500*time.Millisecond+1500*time.Millisecond {
-		t.Errorf("its load left after %v, want within the 500ms TTL and 1.5s of slack (rounds timing out on a loaded machine)", took)
+	t.Logf("a SIGKILLed router's load left the others' view after %v (--shared-ttl 500ms, --sync-interval 20ms)", time.Since(killed))
+	if n, err := rc.Exists(context.Background(), "kvrouter:load:r2").Result(); err != nil || n != 0 {
+		t.Errorf("router 2's load key still in Redis after its load left the others' view (%d, %v)", n, err)
 	}
 	if n := ps[0].gauge(t, "kvrouter_shared_state_peers"); n != 1 {
 		t.Errorf("router 0 sees %v peers after the kill, want 1", n)
