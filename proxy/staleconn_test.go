@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,6 +28,9 @@ func TestKeptAliveConnectionClosedIsRetried(t *testing.T) {
 	f.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			if c := r.Context().Value(connPostsKey{}).(*connPosts); c.n.Add(1) > 1 {
+				// The whole request is read first, so that the router's
+				// write of it cannot meet the close.
+				io.Copy(io.Discard, r.Body)
 				closed.Add(1)
 				conn, _, err := w.(http.Hijacker).Hijack()
 				if err == nil {
