@@ -3,6 +3,7 @@ package realengine
 import (
 	"math"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,6 +67,44 @@ func runPolicy(t *testing.T, policy string, reqs []trace.Request) run {
 	return r
 }
 
+// workload is one of the suite's workloads.
+type workload struct {
+	name string
+	reqs []trace.Request
+}
+
+// The suite's workloads: conversations that share nothing, where session
+// affinity is enough (7 sessions, so that round-robin takes each turn of
+// a session to another of the 4 replicas), and sessions that share
+// documents (5, so that no replica's turn of round-robin is one
+// document's).
+var (
+	chatWorkload   = workload{"chat (7 sessions × 4 turns)", chat(7, 4)}
+	sharedWorkload = workload{"shared documents (5 documents × 6 sessions × 2 turns)", shared(5, 6, 2)}
+)
+
+// measured memoizes runAll per workload: the policy tests and the
+// simulator's calibration (calibrate_test.go) read the same runs.
+var measured = struct {
+	sync.Mutex
+	runs map[string]map[string]run
+}{runs: map[string]map[string]run{}}
+
+// runsOf is runAll of w, run once per test binary.
+func runsOf(t *testing.T, w workload) map[string]run {
+	t.Helper()
+	measured.Lock()
+	defer measured.Unlock()
+	if r, ok := measured.runs[w.name]; ok {
+		return r
+	}
+	r := runAll(t, w.name, w.reqs)
+	if !t.Failed() {
+		measured.runs[w.name] = r
+	}
+	return r
+}
+
 // runAll runs every policy on reqs and logs the table.
 func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
 	t.Helper()
@@ -89,7 +128,7 @@ func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
 // engines reused.
 func TestPoliciesChat(t *testing.T) {
 	build(t)
-	runs := runAll(t, "chat (8 sessions × 4 turns)", chat(8, 4))
+	runs := runsOf(t, chatWorkload)
 	kv, rr, sh := runs["kv-aware"], runs["round-robin"], runs["session-hash"]
 	if kv.engines.hitRate() <= rr.engines.hitRate() {
 		t.Errorf("kv-aware hit %.3f ≤ round-robin's %.3f", kv.engines.hitRate(), rr.engines.hitRate())
@@ -117,7 +156,7 @@ func TestPoliciesChat(t *testing.T) {
 // deciding as much as the routing.
 func TestPoliciesSharedPrefixes(t *testing.T) {
 	build(t)
-	runs := runAll(t, "shared documents (4 documents × 8 sessions × 2 turns)", shared(4, 8, 2))
+	runs := runsOf(t, sharedWorkload)
 	kv, sh := runs["kv-aware"], runs["session-hash"]
 	t.Logf("kv-aware hit %+.1f points against session-hash", 100*(kv.engines.hitRate()-sh.engines.hitRate()))
 	if d := math.Abs(kv.predicted-kv.engines.Cached) / kv.engines.Cached; d > 0.05 {
