@@ -6,11 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/engine"
 	"github.com/kvrouter/kvrouter/sim"
+	"github.com/kvrouter/kvrouter/trace"
 )
 
 // calibrated builds kvrouter, runs `kvrouter calibrate` against a fresh
@@ -29,7 +31,9 @@ func calibrated(t *testing.T) engine.Config {
 	}
 	r := startReplica(t)
 	path := filepath.Join(dir, "llamacpp.yaml")
-	cal := exec.CommandContext(ctx, bin, "calibrate", "--backend", r.URL, "--out", path)
+	// Prompts of up to 512 of calibrate's words: about 2,500 tokens of
+	// the model's tokenizer, within a slot's 4,096.
+	cal := exec.CommandContext(ctx, bin, "calibrate", "--backend", r.URL, "--out", path, "--sizes", "64,128,256,512")
 	if out, err := cal.CombinedOutput(); err != nil {
 		t.Fatalf("kvrouter calibrate: %v\n%s", err, out)
 	}
@@ -64,7 +68,12 @@ func TestCalibratedSim(t *testing.T) {
 	preset := calibrated(t)
 	for _, w := range []workload{chatWorkload, sharedWorkload} {
 		real := runsOf(t, w)
-		res, err := sim.Run(sim.Config{Workload: w.name, Requests: w.reqs, Replicas: fleetSize, Preset: preset, Policies: policies})
+		// The workload counts words; the engines, tokens (about 2.5 a
+		// word, and the chat template's): the simulator is given the
+		// workload in the engines' tokens, every segment scaled by the
+		// ratio of the prompt tokens the engines counted to the words sent.
+		ratio := real["session-hash"].engines.Prompt / float64(promptTokens(w.reqs))
+		res, err := sim.Run(sim.Config{Workload: w.name, Requests: scaled(w.reqs, ratio), Replicas: fleetSize, Preset: preset, Policies: policies})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +81,7 @@ func TestCalibratedSim(t *testing.T) {
 		for _, p := range res.Policies {
 			simHit[p.Policy] = p.HitRate
 		}
-		t.Logf("%s: hit rate, real fleet against `kvrouter sim` on the calibrated preset:", w.name)
+		t.Logf("%s: hit rate, real fleet against `kvrouter sim` on the calibrated preset (%.2f engine tokens a word):", w.name, ratio)
 		for _, p := range policies {
 			rh, sh := real[p].engines.hitRate(), simHit[p]
 			t.Logf("  %-13s real %5.1f%%  sim %5.1f%%  (%+.1f points)", p, 100*rh, 100*sh, 100*(sh-rh))
@@ -89,4 +98,28 @@ func TestCalibratedSim(t *testing.T) {
 			}
 		}
 	}
+}
+
+// promptTokens is the prompt tokens of reqs.
+func promptTokens(reqs []trace.Request) int {
+	n := 0
+	for _, r := range reqs {
+		n += r.Prompt
+	}
+	return n
+}
+
+// scaled is reqs with every segment's tokens multiplied by ratio.
+func scaled(reqs []trace.Request, ratio float64) []trace.Request {
+	out := make([]trace.Request, len(reqs))
+	for i, r := range reqs {
+		r.Segments = slices.Clone(r.Segments)
+		r.Prompt = 0
+		for k := range r.Segments {
+			r.Segments[k].Tokens = max(int(math.Round(float64(r.Segments[k].Tokens)*ratio)), 1)
+			r.Prompt += r.Segments[k].Tokens
+		}
+		out[i] = r
+	}
+	return out
 }

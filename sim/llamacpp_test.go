@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,7 +16,7 @@ import (
 // llamaChat is conversations that share nothing, as the real-engine
 // suite's chat workload: sessions of turns, each its own 300-token system
 // prompt, then per turn a 60-token question and a 30-token answer the
-// next turn repeats, four requests a second.
+// next turn repeats, four requests a second, in arrival order.
 func llamaChat(sessions, turns int) []trace.Request {
 	var next uint64
 	seg := func(n int) trace.Segment { next++; return trace.Segment{ID: 0x11a0000 + next, Tokens: n} }
@@ -32,6 +34,7 @@ func llamaChat(sessions, turns int) []trace.Request {
 			prompt = append(prompt, seg(30))
 		}
 	}
+	slices.SortStableFunc(reqs, func(a, b trace.Request) int { return cmp.Compare(a.At, b.At) })
 	return reqs
 }
 
@@ -45,7 +48,7 @@ func TestLlamaCppPreset(t *testing.T) {
 	preset := engine.Config{Kind: engine.KindLlamaCpp, BlockSize: 4, NumBlocks: 2 * 4096 / 4, MaxNumSeqs: 2,
 		PrefillPerToken: 100 * time.Microsecond, DecodeStep: 5 * time.Millisecond}
 	scraped := map[string]bool{}
-	run, err := Run(Config{Requests: llamaChat(8, 4), Replicas: 4, Preset: preset, Policies: []string{"round-robin", "session-hash", "kv-aware"},
+	run, err := Run(Config{Requests: llamaChat(7, 4), Replicas: 4, Preset: preset, Policies: []string{"round-robin", "session-hash", "kv-aware"},
 		Trace: func(policy string, s Step) {
 			if s.Kind == StepScrape {
 				scraped[policy] = s.Load.Engine == scrape.EngineLlamaCpp && s.Load.Slots == 2

@@ -199,6 +199,14 @@ func fitPrefill(xs, ys []float64) ([3]float64, error) {
 			return f, nil
 		}
 	}
+	// y = b·x: what a noisy engine (a loaded host) leaves.
+	var xy, xx float64
+	for i := range xs {
+		xy, xx = xy+xs[i]*ys[i], xx+xs[i]*xs[i]
+	}
+	if xx > 0 && xy > 0 {
+		return [3]float64{0, xy / xx, 0}, nil
+	}
 	return [3]float64{}, errors.New("the prefill times do not grow with the prompt: is the engine idle, and its prefix cache off for these prompts?")
 }
 
