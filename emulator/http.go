@@ -27,6 +27,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
+	if s.ecfg.Kind == engine.KindLlamaCpp {
+		mux.HandleFunc("GET /slots", s.slots)
+	}
 	mux.HandleFunc("POST "+TransferPath, s.serveTransfer)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	return mux

@@ -37,6 +37,9 @@ const (
 	FlavorVLLM = "vllm"
 	// FlavorSGLang exposes SGLang's metric names (sglang:...).
 	FlavorSGLang = "sglang"
+	// FlavorLlamaCpp is llama-server's names (llamacpp:...): the flavor
+	// of an engine of a llama.cpp preset, whatever was asked (llamacpp.go).
+	FlavorLlamaCpp = "llamacpp"
 )
 
 // DefaultMaxTokens is the output length of a request that gives neither
@@ -244,6 +247,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("emulator: %w", err)
 	}
+	if eng.Config().Kind == engine.KindLlamaCpp {
+		cfg.MetricsFlavor = FlavorLlamaCpp
+	}
 	s := &Server{
 		cfg:     cfg,
 		ecfg:    eng.Config(),
@@ -264,7 +270,11 @@ func New(cfg Config) (*Server, error) {
 	s.cards = s.modelCards()
 	st := eng.Stats()
 	s.stats.Store(&st)
-	s.m = newMetrics(s.reg, cfg.MetricsFlavor, cfg.Model, s.ecfg, s.stats.Load)
+	if cfg.MetricsFlavor == FlavorLlamaCpp {
+		s.m = llamaCppMetrics(s.reg, s.stats.Load)
+	} else {
+		s.m = newMetrics(s.reg, cfg.MetricsFlavor, cfg.Model, s.ecfg, s.stats.Load)
+	}
 	s.tm = newTransferMetrics(s.reg, cfg, s.stats.Load)
 	if cfg.KVEventsEndpoint != "" {
 		s.pub, err = newPublisher(cfg.KVEventsEndpoint, cfg.ReplayEndpoint, cfg.Topic, cfg.Logger)

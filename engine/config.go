@@ -7,11 +7,23 @@ import (
 
 	"github.com/kvrouter/kvrouter/prefix"
 	"github.com/kvrouter/kvrouter/route"
+	"github.com/kvrouter/kvrouter/slots"
 )
 
 // Idle is the next wake-up Step returns when the engine has no work: call
 // Step again only after Add.
 const Idle time.Duration = 1<<63 - 1
+
+// Engine kinds (Config.Kind).
+const (
+	// KindVLLM is vLLM's engine: a paged KV cache with automatic prefix
+	// caching over blocks.
+	KindVLLM = "vllm"
+	// KindLlamaCpp is llama.cpp's llama-server: MaxNumSeqs slots that each
+	// keep their last prompt, picked by longest common prefix, and a host
+	// prompt cache (package slots; llamacpp.go).
+	KindLlamaCpp = "llamacpp"
+)
 
 // Config sizes one engine and sets its timing model. Zero values mean the
 // llama3-8b-h100 preset's figure for sizes and timing, so Config{} is a
@@ -49,6 +61,18 @@ type Config struct {
 	// (Request.RemoteBlocks; the RDMA NICs a KV connector such as NIXL
 	// uses); zero means the preset's (one 400 Gb/s NIC per GPU, 50 GB/s).
 	InterconnectGBps float64
+	// Kind is the engine modelled: KindVLLM or KindLlamaCpp; empty means
+	// KindVLLM. A llama.cpp engine runs MaxNumSeqs slots (-np) sharing
+	// NumBlocks × BlockSize tokens of context (-c): each slot's context,
+	// and so the longest request, is that over MaxNumSeqs.
+	Kind string
+	// SlotSimilarity is a llama.cpp engine's --slot-prompt-similarity;
+	// zero means slots.DefaultSimilarity (0.1).
+	SlotSimilarity float64
+	// HostCacheTokens bounds a llama.cpp engine's host prompt cache
+	// (--cache-ram), in tokens; zero means 8 GiB (llama-server's default)
+	// of KVBytesPerToken each.
+	HostCacheTokens int
 	// Root is the hash the engine's block chains start from (before the
 	// LoRA name is folded in). It need not equal the router's root: the
 	// engine hashes its own blocks, as vLLM does.
@@ -91,6 +115,9 @@ func (c Config) defaults() Config {
 	def(&c.BlockSize, 16)
 	def(&c.NumBlocks, p.NumBlocks*16/c.BlockSize)
 	def(&c.MaxNumSeqs, 256)
+	if c.Kind == KindLlamaCpp {
+		def(&c.MaxBatchedTokens, 2048) // llama-server's -b
+	}
 	def(&c.MaxBatchedTokens, 8192)
 	def(&c.MaxModelLen, p.MaxModelLen)
 	def(&c.KVBytesPerToken, p.KVBytesPerToken)
@@ -106,15 +133,32 @@ func (c Config) defaults() Config {
 	defD(&c.DecodeStep, p.DecodeStep)
 	defD(&c.DecodePerSeq, p.DecodePerSeq)
 	defD(&c.DecodePerMTokens, p.DecodePerMTokens)
-	if m := c.NumBlocks * c.BlockSize; c.MaxModelLen > m {
+	m := c.NumBlocks * c.BlockSize
+	if c.Kind == KindLlamaCpp {
+		m /= max(c.MaxNumSeqs, 1) // a slot's context
+		if c.SlotSimilarity == 0 {
+			c.SlotSimilarity = slots.DefaultSimilarity
+		}
+		if c.HostCacheTokens == 0 {
+			c.HostCacheTokens = int(min(defaultCacheRAM/int64(max(c.KVBytesPerToken, 1)), 1<<40))
+		}
+	}
+	if c.MaxModelLen > m {
 		c.MaxModelLen = m
 	}
 	return c
 }
 
+// defaultCacheRAM is llama-server's --cache-ram default, 8192 MiB.
+const defaultCacheRAM int64 = 8 << 30
+
 // validate reports a config with negative or inconsistent figures.
 func (c Config) validate() error {
 	switch {
+	case c.Kind != "" && c.Kind != KindVLLM && c.Kind != KindLlamaCpp:
+		return fmt.Errorf("engine config: kind %q, want %s or %s", c.Kind, KindVLLM, KindLlamaCpp)
+	case c.SlotSimilarity < 0 || c.SlotSimilarity >= 1 || c.HostCacheTokens < 0:
+		return fmt.Errorf("engine config: slot similarity %g (want 0..1) or host cache %d tokens out of range", c.SlotSimilarity, c.HostCacheTokens)
 	case c.BlockSize < 1:
 		return fmt.Errorf("engine config: block size %d < 1", c.BlockSize)
 	case c.NumBlocks < 1:

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/prefix"
+	"github.com/kvrouter/kvrouter/slots"
 )
 
 // seq is one request inside the engine.
@@ -59,6 +60,8 @@ type seq struct {
 	preemptions             int
 	// gone is set when the request finished or was canceled.
 	gone bool
+	// slot is a llama.cpp engine's slot running it, -1 when none.
+	slot int
 }
 
 // need is the tokens seq must compute before it can sample its next token.
@@ -113,6 +116,8 @@ type Stats struct {
 type Engine struct {
 	cfg  Config
 	pool *pool
+	// slots are a llama.cpp engine's slots (llamacpp.go); nil for vLLM.
+	slots *slots.Cache
 	// cpu is the CPU offload tier, nil without one; loads counts the
 	// running requests whose blocks are loading from it.
 	cpu   *tier
@@ -162,6 +167,7 @@ func New(cfg Config) (*Engine, error) {
 		pool:     newPool(cfg.NumBlocks),
 		byID:     make(map[string]*seq),
 		holdNext: Idle,
+		slots:    newSlots(&cfg),
 	}
 	if cfg.CPUBlocks > 0 {
 		e.cpu = newTier(cfg.CPUBlocks, cfg.blockLoad())
@@ -198,7 +204,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		return fmt.Errorf("request %s: %d remote blocks", r.ID, r.RemoteBlocks)
 	}
 	s := &seq{id: r.ID, tokens: r.Tokens, prompt: p, maxTokens: r.MaxTokens, lora: r.LoRA, arrived: now,
-		remote: r.RemoteBlocks, remoteSent: r.RemoteSent, holdFor: r.HoldFor}
+		remote: r.RemoteBlocks, remoteSent: r.RemoteSent, holdFor: r.HoldFor, slot: -1}
 	s.parent = e.cfg.Root
 	if r.LoRA != "" {
 		s.parent = prefix.Chain(e.cfg.Root, []byte(r.LoRA))
@@ -313,6 +319,7 @@ func (e *Engine) free(s *seq) {
 		e.pool.release(s.blocks[i])
 	}
 	s.blocks = s.blocks[:0]
+	e.releaseSlot(s)
 	if s.loading > 0 {
 		s.loading = 0
 		e.loads--

@@ -71,6 +71,9 @@ func compact(running []*seq) []*seq {
 // reports those that became reusable, one BlockStored event per run of
 // consecutive blocks.
 func (e *Engine) store(s *seq, t time.Duration) {
+	if e.slots != nil {
+		return // a llama.cpp engine caches in its slots (llamacpp.go)
+	}
 	bs := e.cfg.BlockSize
 	upto := min(s.computed/bs, len(s.hashes))
 	run := -1 // first block of the current run

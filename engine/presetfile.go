@@ -19,6 +19,7 @@ import (
 // ("46us", "6.8ms").
 //
 //	base: llama3-8b-h100       # the preset the file starts from
+//	engine: vllm               # or llamacpp: slots that keep their last prompt
 //	block-size: 16             # tokens per KV block
 //	kv-blocks: 28160           # KV capacity, in blocks
 //	max-num-seqs: 256          # the running batch's cap
@@ -32,13 +33,19 @@ import (
 //	decode-step: 6.8ms         # a step that decodes (the weights' read)
 //	decode-per-seq: 60us       # per decoding sequence
 //	decode-per-mtokens: 56ms   # per million tokens of decoding context
+//	slot-similarity: 0.1       # llamacpp: --slot-prompt-similarity
+//	host-cache-tokens: 8388608 # llamacpp: the host prompt cache (--cache-ram), tokens
 //
+// A llamacpp engine runs max-num-seqs slots (-np) sharing kv-blocks ×
+// block-size tokens of context (-c); its block size is only the
+// granularity at which prompts are compared.
 // Preset reads such a file for a name ending in .yaml or .yml.
 
 // PresetFile is a preset file's content (see the notes above); a nil
 // field is left out.
 type PresetFile struct {
 	Base             string   `yaml:"base,omitempty"`
+	Engine           string   `yaml:"engine,omitempty"`
 	BlockSize        *int     `yaml:"block-size,omitempty"`
 	KVBlocks         *int     `yaml:"kv-blocks,omitempty"`
 	MaxNumSeqs       *int     `yaml:"max-num-seqs,omitempty"`
@@ -52,6 +59,8 @@ type PresetFile struct {
 	DecodeStep       *string  `yaml:"decode-step,omitempty"`
 	DecodePerSeq     *string  `yaml:"decode-per-seq,omitempty"`
 	DecodePerMTokens *string  `yaml:"decode-per-mtokens,omitempty"`
+	SlotSimilarity   *float64 `yaml:"slot-similarity,omitempty"`
+	HostCacheTokens  *int     `yaml:"host-cache-tokens,omitempty"`
 }
 
 // maxPresetFileBytes bounds a preset file.
@@ -117,7 +126,7 @@ func (pf *PresetFile) Config() (Config, error) {
 	}{
 		{"block-size", pf.BlockSize, &c.BlockSize}, {"kv-blocks", pf.KVBlocks, &c.NumBlocks}, {"max-num-seqs", pf.MaxNumSeqs, &c.MaxNumSeqs},
 		{"max-batched-tokens", pf.MaxBatchedTokens, &c.MaxBatchedTokens}, {"max-model-len", pf.MaxModelLen, &c.MaxModelLen},
-		{"kv-bytes-per-token", pf.KVBytesPerToken, &c.KVBytesPerToken},
+		{"kv-bytes-per-token", pf.KVBytesPerToken, &c.KVBytesPerToken}, {"host-cache-tokens", pf.HostCacheTokens, &c.HostCacheTokens},
 	}
 	for _, f := range ints {
 		if f.v == nil {
@@ -133,6 +142,12 @@ func (pf *PresetFile) Config() (Config, error) {
 	}
 	if pf.InterconnectGBps != nil {
 		c.InterconnectGBps = *pf.InterconnectGBps
+	}
+	if pf.Engine != "" {
+		c.Kind = pf.Engine
+	}
+	if pf.SlotSimilarity != nil {
+		c.SlotSimilarity = *pf.SlotSimilarity
 	}
 	durs := []struct {
 		key string
@@ -165,11 +180,16 @@ func PresetFileOf(base string, c Config) PresetFile {
 	ip := func(v int) *int { return &v }
 	dp := func(d time.Duration) *string { s := d.String(); return &s }
 	gbps := c.InterconnectGBps
+	var sim *float64
+	var host *int
+	if c.Kind == KindLlamaCpp {
+		sim, host = &c.SlotSimilarity, ip(c.HostCacheTokens)
+	}
 	return PresetFile{
 		Base: base, BlockSize: ip(c.BlockSize), KVBlocks: ip(c.NumBlocks), MaxNumSeqs: ip(c.MaxNumSeqs),
 		MaxBatchedTokens: ip(c.MaxBatchedTokens), MaxModelLen: ip(c.MaxModelLen), KVBytesPerToken: ip(c.KVBytesPerToken),
 		InterconnectGBps: &gbps, StepOverhead: dp(c.StepOverhead), PrefillPerToken: dp(c.PrefillPerToken),
 		AttnPerMPairs: dp(c.AttnPerMPairs), DecodeStep: dp(c.DecodeStep), DecodePerSeq: dp(c.DecodePerSeq),
-		DecodePerMTokens: dp(c.DecodePerMTokens),
+		DecodePerMTokens: dp(c.DecodePerMTokens), Engine: c.Kind, SlotSimilarity: sim, HostCacheTokens: host,
 	}
 }

@@ -108,6 +108,13 @@ func (e *Engine) admit(now time.Duration, budget int) {
 	bs := e.cfg.BlockSize
 	for e.waiting.len() > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
 		s := e.waiting.front()
+		if e.slots != nil {
+			if !e.admitSlot(now, s, budget) {
+				return
+			}
+			budget -= s.n
+			continue
+		}
 		total := s.prompt + s.output
 		// Longest chain of computed cached blocks; never the whole prompt,
 		// as vLLM recomputes the last token to get its logits.

@@ -23,36 +23,10 @@ func chainOf(seed uint64, shared, n int) []prefix.Hash {
 	return out
 }
 
-// TestSlotCacheLCP: a prompt goes to the idle slot sharing most with it
-// (above the similarity threshold) and reuses that prefix; a prompt that
-// shares little takes the least recently used slot.
-func TestSlotCacheLCP(t *testing.T) {
-	var c slotCache
-	c.resize(2)
-	a, b := chainOf(1, 0, 40), chainOf(2, 0, 40)
-	ca := c.take(a, 0)
-	cb := c.take(b, 0)
-	if ca.slot == cb.slot || ca.slot < 0 || cb.slot < 0 {
-		t.Fatalf("two prompts on two idle slots took slots %d and %d", ca.slot, cb.slot)
-	}
-	c.release(ca)
-	c.release(cb)
-	next := append(chainOf(1, 0, 40), chainOf(3, 0, 10)...) // a's next turn
-	if got := c.predict(next); got != 40 {
-		t.Errorf("next turn predicted to reuse %d blocks, want 40 (its slot's prompt)", got)
-	}
-	if cl := c.take(next, 0); cl.slot != ca.slot {
-		t.Errorf("next turn took slot %d, want %d (longest common prefix)", cl.slot, ca.slot)
-	}
-	if got := c.predict(chainOf(4, 2, 40)); got != 0 {
-		t.Errorf("a prompt sharing 2 of 40 blocks (under the 0.1 similarity) predicted %d, want 0 (LRU slot)", got)
-	}
-}
-
 // TestSlotCacheDeferred: with every slot busy a prompt waits and takes
 // the first slot freed.
 func TestSlotCacheDeferred(t *testing.T) {
-	var c slotCache
+	c := newSlotCache()
 	c.resize(1)
 	first := c.take(chainOf(1, 0, 20), 0)
 	waiting := c.take(chainOf(2, 0, 20), 0)
@@ -60,34 +34,13 @@ func TestSlotCacheDeferred(t *testing.T) {
 		t.Fatalf("second prompt on one busy slot took slot %d, want to wait", waiting.slot)
 	}
 	c.release(first)
-	if waiting.slot != 0 || !c.slots[0].busy {
-		t.Errorf("after the release the waiting prompt has slot %d (busy %v), want slot 0", waiting.slot, c.slots[0].busy)
+	if waiting.slot != 0 || c.c.Idle() {
+		t.Errorf("after the release the waiting prompt has slot %d (slot idle %v), want slot 0", waiting.slot, c.c.Idle())
 	}
 	c.release(waiting)
 	c.release(waiting) // twice: no effect
-	if c.slots[0].busy {
+	if !c.c.Idle() {
 		t.Error("slot busy after its request ended")
-	}
-}
-
-// TestSlotCacheHostCache: a slot's prompt replaced by another is kept in
-// the host prompt cache, and a later prompt that continues it is loaded
-// from there.
-func TestSlotCacheHostCache(t *testing.T) {
-	var c slotCache
-	c.resize(1)
-	a := chainOf(1, 0, 30)
-	c.release(c.take(a, 0))
-	c.release(c.take(chainOf(2, 0, 30), 0)) // LRU: a is saved first
-	next := append(chainOf(1, 0, 30), chainOf(5, 0, 5)...)
-	if got := c.predict(next); got != 30 {
-		t.Errorf("a's next turn predicted %d blocks, want 30 (loaded from the host cache)", got)
-	}
-	c.take(next, 0)
-	for _, p := range c.saved {
-		if lcp(p.chain, a) == len(a) && len(p.chain) == len(a) {
-			t.Error("the loaded prompt is still in the host cache")
-		}
 	}
 }
 

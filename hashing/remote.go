@@ -183,6 +183,11 @@ func (r *remoteTokenizer) do(ctx context.Context, url string, body []byte) (*htt
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	// Tokenizing changes nothing: the transport may send it again on a
+	// fresh connection when the kept-alive one it took was closed before
+	// an answer (a key of no value is not sent; net/http,
+	// Request.isReplayable).
+	req.Header["X-Idempotency-Key"] = nil
 	return r.client.Do(req)
 }
 

@@ -505,6 +505,31 @@ func (rt *Router) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(rt.url(c.replica))
 	rt.setForwarded(pr)
 	pr.Out.Header.Del("Accept-Encoding") // bytes pass through uncompressed
+	resendable(pr.Out)
+}
+
+// resendable lets the upstream transport send req again, on a fresh
+// connection to the same replica, when the kept-alive connection it took
+// fails before any byte of an answer: the replica closed it while idle,
+// or read the request and closed it without answering (llama-server's
+// keep-alive ending as the router reuses the connection). Go's transport
+// resends on such a failure only a request it deems idempotent: it marks
+// the request so with an X-Idempotency-Key of no value, which is not sent
+// (net/http, Request.isReplayable), when its body can be replayed and the
+// client sent no key of its own. Without it, such a request failed over
+// to another replica, the replica counted as failing, or was a 502 with
+// no other. A request the replica began to answer is not resent by the
+// transport: the retrier decides.
+func resendable(req *http.Request) {
+	if !replayable(req) {
+		return
+	}
+	if _, ok := req.Header["Idempotency-Key"]; ok {
+		return
+	}
+	if _, ok := req.Header["X-Idempotency-Key"]; !ok {
+		req.Header["X-Idempotency-Key"] = nil
+	}
 }
 
 // setForwarded sets the X-Forwarded-* headers. From a peer in

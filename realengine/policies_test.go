@@ -3,6 +3,7 @@ package realengine
 import (
 	"math"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +27,8 @@ type run struct {
 	// asserted (a wall clock on a shared machine), and compared only
 	// within one run.
 	ttftP99 time.Duration
+	// reasons counts the router's decisions by reason.
+	reasons map[string]int
 }
 
 // runPolicy replays reqs through a router with policy over a fresh fleet
@@ -36,7 +39,10 @@ func runPolicy(t *testing.T, policy string, reqs []trace.Request) run {
 	reps := startFleet(t, fleetSize)
 	k := router(t, policy, proxy.Remote, reps)
 	res := replay(t, k.URL, reqs)
-	r := run{policy: policy, engines: engineCounts(t, reps)}
+	r := run{policy: policy, engines: engineCounts(t, reps), reasons: map[string]int{}}
+	for _, d := range k.Decisions(len(reqs) + 16) {
+		r.reasons[d.Reason]++
+	}
 	var usage float64
 	failed := 0
 	var ttft []time.Duration
@@ -66,6 +72,44 @@ func runPolicy(t *testing.T, policy string, reqs []trace.Request) run {
 	return r
 }
 
+// workload is one of the suite's workloads.
+type workload struct {
+	name string
+	reqs []trace.Request
+}
+
+// The suite's workloads: conversations that share nothing, where session
+// affinity is enough (7 sessions, so that round-robin takes each turn of
+// a session to another of the 4 replicas), and sessions that share
+// documents (5, so that no replica's turn of round-robin is one
+// document's).
+var (
+	chatWorkload   = workload{"chat (7 sessions × 4 turns)", chat(7, 4)}
+	sharedWorkload = workload{"shared documents (5 documents × 6 sessions × 2 turns)", shared(5, 6, 2)}
+)
+
+// measured memoizes runAll per workload: the policy tests and the
+// simulator's calibration (calibrate_test.go) read the same runs.
+var measured = struct {
+	sync.Mutex
+	runs map[string]map[string]run
+}{runs: map[string]map[string]run{}}
+
+// runsOf is runAll of w, run once per test binary.
+func runsOf(t *testing.T, w workload) map[string]run {
+	t.Helper()
+	measured.Lock()
+	defer measured.Unlock()
+	if r, ok := measured.runs[w.name]; ok {
+		return r
+	}
+	r := runAll(t, w.name, w.reqs)
+	if !t.Failed() {
+		measured.runs[w.name] = r
+	}
+	return r
+}
+
 // runAll runs every policy on reqs and logs the table.
 func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
 	t.Helper()
@@ -77,7 +121,7 @@ func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
 	t.Logf("%-13s %9s %10s %10s %10s %12s", "policy", "hit", "prefilled", "cached", "predicted", "TTFT p99")
 	for _, p := range policies {
 		r := out[p]
-		t.Logf("%-13s %8.1f%% %10.0f %10.0f %10.0f %12v", p, 100*r.engines.hitRate(), r.engines.Prompt-r.engines.Cached, r.engines.Cached, r.predicted, r.ttftP99.Round(time.Millisecond))
+		t.Logf("%-13s %8.1f%% %10.0f %10.0f %10.0f %12v  %v", p, 100*r.engines.hitRate(), r.engines.Prompt-r.engines.Cached, r.engines.Cached, r.predicted, r.ttftP99.Round(time.Millisecond), r.reasons)
 	}
 	return out
 }
@@ -89,7 +133,7 @@ func runAll(t *testing.T, name string, reqs []trace.Request) map[string]run {
 // engines reused.
 func TestPoliciesChat(t *testing.T) {
 	build(t)
-	runs := runAll(t, "chat (8 sessions × 4 turns)", chat(8, 4))
+	runs := runsOf(t, chatWorkload)
 	kv, rr, sh := runs["kv-aware"], runs["round-robin"], runs["session-hash"]
 	if kv.engines.hitRate() <= rr.engines.hitRate() {
 		t.Errorf("kv-aware hit %.3f ≤ round-robin's %.3f", kv.engines.hitRate(), rr.engines.hitRate())
@@ -108,18 +152,21 @@ func TestPoliciesChat(t *testing.T) {
 
 // TestPoliciesSharedPrefixes: on sessions that share documents across
 // sessions, where session affinity scatters a document's sessions and
-// each replica computes it again, kv-aware's predicted cached tokens are
-// within 5% of what the engines reused. Its hit rate against session
-// affinity's is logged, not asserted: over six runs (two of this size,
-// four of 4 sessions per document) it ranged from 2 points below to 15
-// above, with llama.cpp's host prompt cache (which
-// keeps every document a replica saw) and the overlap of requests
-// deciding as much as the routing.
+// each replica computes it again, kv-aware keeps a document's sessions
+// where it is cached and reuses more than session affinity, and its
+// predicted cached tokens are within 5% of what the engines reused.
+// (Before the workload was sent in arrival order, every session after
+// the first arrived at once: 30 requests on 8 slots, which kv-aware had
+// to spread, computing documents again on every replica, and its lead
+// over session-hash ranged from −2 to +15 points.)
 func TestPoliciesSharedPrefixes(t *testing.T) {
 	build(t)
-	runs := runAll(t, "shared documents (4 documents × 8 sessions × 2 turns)", shared(4, 8, 2))
+	runs := runsOf(t, sharedWorkload)
 	kv, sh := runs["kv-aware"], runs["session-hash"]
 	t.Logf("kv-aware hit %+.1f points against session-hash", 100*(kv.engines.hitRate()-sh.engines.hitRate()))
+	if kv.engines.hitRate() <= sh.engines.hitRate() {
+		t.Errorf("kv-aware hit %.3f ≤ session-hash's %.3f", kv.engines.hitRate(), sh.engines.hitRate())
+	}
 	if d := math.Abs(kv.predicted-kv.engines.Cached) / kv.engines.Cached; d > 0.05 {
 		t.Errorf("kv-aware predicted %.0f cached tokens, the engines reused %.0f: %.1f%% apart, want within 5%%", kv.predicted, kv.engines.Cached, 100*d)
 	}

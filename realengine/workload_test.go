@@ -1,8 +1,10 @@
 package realengine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -38,7 +40,7 @@ func chat(sessions, turns int) []trace.Request {
 			prompt = append(prompt, g.seg(30))
 		}
 	}
-	return reqs
+	return byArrival(reqs)
 }
 
 // shared is conversations that share prefixes across sessions: docs
@@ -63,6 +65,15 @@ func shared(docs, perDoc, turns int) []trace.Request {
 			prompt = append(prompt, g.seg(20))
 		}
 	}
+	return byArrival(reqs)
+}
+
+// byArrival sorts reqs by arrival time, as loadgen and the simulator take
+// them: loadgen sends them in order, each at its time, so a list in
+// session order would hold every later session until the first one's
+// last turn, then send them all at once.
+func byArrival(reqs []trace.Request) []trace.Request {
+	slices.SortStableFunc(reqs, func(a, b trace.Request) int { return cmp.Compare(a.At, b.At) })
 	return reqs
 }
 

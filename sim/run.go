@@ -305,7 +305,7 @@ func (r *runner) onScrape() {
 	for i := range r.reps {
 		rp := &r.reps[i]
 		if rp.alive && !rp.removed {
-			l := loadOf(rp.eng.Stats(), r.cfg.Preset.BlockSize, at(r.now))
+			l := loadOf(rp.eng.Stats(), rp.eng.Config(), at(r.now))
 			r.each(func(f *fleet.Fleet) { f.SetLoad(rp.id, l) })
 			r.trace(Step{Kind: StepScrape, Replica: i, Load: l})
 		}
@@ -318,10 +318,18 @@ func (r *runner) onScrape() {
 	}
 }
 
-// loadOf is what a scrape of an engine with stats s reads (the figures
-// emulator/metrics.go exports), taken at t.
-func loadOf(s engine.Stats, blockSize int, t time.Time) scrape.Load {
-	l := scrape.Load{Running: s.Running, Waiting: s.Waiting, BlockSize: blockSize, NumBlocks: s.TotalBlocks, CPUBlocks: s.CPUBlocks,
+// loadOf is what a scrape of an engine of config c with stats s reads
+// (the figures emulator/metrics.go exports), taken at t. A llama.cpp
+// engine's is what the live router reads of llama-server: requests
+// processing and deferred, prompt tokens and those cached, tokens
+// predicted, and its slots (GET /slots); no KV geometry or usage.
+func loadOf(s engine.Stats, c engine.Config, t time.Time) scrape.Load {
+	if c.Kind == engine.KindLlamaCpp {
+		return scrape.Load{Running: s.Running, Waiting: s.Waiting, PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits),
+			GenerationTokens: float64(s.OutputTokens), Engine: scrape.EngineLlamaCpp,
+			Slots: c.MaxNumSeqs, SlotContext: c.NumBlocks * c.BlockSize / c.MaxNumSeqs, At: t}
+	}
+	l := scrape.Load{Running: s.Running, Waiting: s.Waiting, BlockSize: c.BlockSize, NumBlocks: s.TotalBlocks, CPUBlocks: s.CPUBlocks,
 		PrefixQueries: float64(s.PrefixQueries), PrefixHits: float64(s.PrefixHits), ExternalHits: float64(s.CPUHits + s.RemoteHits),
 		GenerationTokens: float64(s.OutputTokens), At: t}
 	if s.TotalBlocks > 0 {

@@ -32,7 +32,8 @@ var calibrateHelp = help{
 		"prefill of fresh prompts of several lengths fits step-overhead, prefill-per-token\n" +
 		"and attn-per-mpairs; a long output at batch one gives decode-step (the base\n" +
 		"preset's decode-per-seq and decode-per-mtokens kept). The KV geometry comes from\n" +
-		"the engine's cache_config_info when it has one. Run it on an idle engine.",
+		"the engine's cache_config_info when it has one; a llama.cpp engine's preset is\n" +
+		"a llamacpp one of its slots and context (/slots). Run it on an idle engine.",
 	examples: []string{
 		"kvrouter calibrate --backend http://127.0.0.1:8001 --out my-engine.yaml",
 		"kvrouter calibrate --backend http://127.0.0.1:8001 --base qwen3-32b-2xh100 --sizes 256,1024,4096  # then kvrouter sim --preset-file my-engine.yaml",
@@ -149,10 +150,44 @@ func (cb *calibrator) run(ctx context.Context, baseName string, base engine.Conf
 	}
 	ctxTokens := int64(t.n + t.outputs/2)
 	c.DecodeStep = max(0, t.decode-c.StepOverhead-c.DecodePerSeq-time.Duration(ctxTokens*int64(c.DecodePerMTokens)/1e6))
-	if l, err := cb.load(ctx); err == nil && l.BlockSize > 0 && l.NumBlocks > 0 {
+	l, err := cb.load(ctx)
+	switch {
+	case err == nil && l.Engine == scrape.EngineLlamaCpp:
+		if err := cb.slots(ctx, &c); err != nil {
+			return engine.PresetFile{}, err
+		}
+	case err == nil && l.BlockSize > 0 && l.NumBlocks > 0:
 		c.BlockSize, c.NumBlocks = l.BlockSize, l.NumBlocks
 	}
 	return engine.PresetFileOf(baseName, c), nil
+}
+
+// llamaBlockSize is the block size of a llama.cpp preset: the granularity
+// at which the model compares prompts (llama.cpp reuses to the token;
+// a block of 4 loses 2 tokens per prompt on average).
+const llamaBlockSize = 4
+
+// slots makes c a llama.cpp engine of the backend's slots and context
+// (GET /slots): MaxNumSeqs slots of n_ctx tokens each, llama-server's
+// batch of 2048 tokens, its default slot similarity and host prompt
+// cache (8 GiB of the base preset's KV bytes per token).
+func (cb *calibrator) slots(ctx context.Context, c *engine.Config) error {
+	n, nCtx, err := scrape.Slots(ctx, func(ctx context.Context, url string) (io.ReadCloser, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return nil, err
+		}
+		b, err := cb.do(req)
+		return io.NopCloser(bytes.NewReader(b)), err
+	}, cb.url)
+	if err != nil {
+		return fmt.Errorf("llama.cpp's slots: %w", err)
+	}
+	c.Kind, c.MaxNumSeqs, c.MaxBatchedTokens = engine.KindLlamaCpp, n, 2048
+	c.BlockSize, c.NumBlocks, c.MaxModelLen = llamaBlockSize, n*nCtx/llamaBlockSize, nCtx
+	c.SlotSimilarity, c.HostCacheTokens = 0, 0 // the engine's defaults
+	cb.source += fmt.Sprintf(", %d slots of %d tokens", n, nCtx)
+	return nil
 }
 
 // fitPrefill fits y = a + b·x + c·x² by least squares, with a, b, c >= 0
@@ -163,6 +198,14 @@ func fitPrefill(xs, ys []float64) ([3]float64, error) {
 		if ok && f[0] >= 0 && f[1] > 0 && f[2] >= 0 {
 			return f, nil
 		}
+	}
+	// y = b·x: what a noisy engine (a loaded host) leaves.
+	var xy, xx float64
+	for i := range xs {
+		xy, xx = xy+xs[i]*ys[i], xx+xs[i]*xs[i]
+	}
+	if xx > 0 && xy > 0 {
+		return [3]float64{0, xy / xx, 0}, nil
 	}
 	return [3]float64{}, errors.New("the prefill times do not grow with the prompt: is the engine idle, and its prefix cache off for these prompts?")
 }

@@ -104,3 +104,16 @@ func TestSimPresetFile(t *testing.T) {
 		t.Error("--preset-file of a non-YAML file: no error")
 	}
 }
+
+// TestFitPrefillThroughOrigin: prefill times whose straight line would
+// start below zero (a noisy engine) are fitted through the origin, not
+// refused.
+func TestFitPrefillThroughOrigin(t *testing.T) {
+	f, err := fitPrefill([]float64{100, 200, 400, 800}, []float64{10, 26, 50, 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f[0] != 0 || f[2] != 0 || f[1] < 0.12 || f[1] > 0.13 {
+		t.Errorf("fit %v, want 0 + 0.125·x", f)
+	}
+}
