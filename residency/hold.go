@@ -51,13 +51,14 @@ func (x *Index) Release(r int, hashes []prefix.Hash, now time.Duration) {
 		if e < 0 {
 			continue
 		}
-		en := x.entry(e)
-		if en.held > 0 {
-			en.held--
+		if n := x.heldCount(e); n > 1 {
+			x.held[e] = n - 1
+			continue
+		} else if n == 1 {
+			delete(x.held, e)
+			x.entry(e).touched = now // no longer held: refreshLocked stamps it
 		}
-		if en.held == 0 {
-			x.refreshLocked(e, now)
-		}
+		x.refreshLocked(e, now)
 	}
 }
 
