@@ -18,10 +18,10 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) int32 {
 		return e
 	}
 	rep := &x.replicas[r]
-	for (rep.n >= rep.cap || x.total >= MaxEntries) && rep.tail >= 0 {
+	for (rep.n >= rep.cap || x.total >= x.maxEntries) && rep.tail >= 0 {
 		x.deleteLocked(rep.tail)
 	}
-	if x.total >= MaxEntries {
+	if x.total >= x.maxEntries {
 		return -1
 	}
 	e := x.allocLocked()

@@ -70,13 +70,15 @@ type Index struct {
 	freeEnt   int32     // head of the free entry list, linked by next; -1 if none
 	// held is, for every entry a request holds (touched heldStamp), how
 	// many hold it: few entries, so not a field of every one.
-	held     map[int32]int32
-	holders  []holder // runs of the holders of nodes with 2 to hotAt-1 holders
-	freeRun  [4]int32 // heads of the free runs by class (2, 4, 8, 16 slots), linked by their first slot; -1 if none
-	hots     []hot
-	freeHot  []int32
-	replicas []replica
-	total    int
+	held map[int32]int32
+	// maxEntries is MaxEntries (lowered by tests).
+	maxEntries int
+	holders    []holder // runs of the holders of nodes with 2 to hotAt-1 holders
+	freeRun    [4]int32 // heads of the free runs by class (2, 4, 8, 16 slots), linked by their first slot; -1 if none
+	hots       []hot
+	freeHot    []int32
+	replicas   []replica
+	total      int
 }
 
 // node is one distinct block hash.
@@ -112,14 +114,15 @@ func New(cfg Config) *Index {
 		cfg.DefaultCapacity = 1 << 16
 	}
 	x := &Index{
-		cfg:       cfg,
-		words:     (cfg.MaxReplicas + 63) / 64,
-		nodes:     newTable(),
-		freeGroup: -1,
-		freeEnt:   -1,
-		held:      map[int32]int32{},
-		freeRun:   [4]int32{-1, -1, -1, -1},
-		replicas:  make([]replica, cfg.MaxReplicas),
+		cfg:        cfg,
+		words:      (cfg.MaxReplicas + 63) / 64,
+		nodes:      newTable(),
+		freeGroup:  -1,
+		freeEnt:    -1,
+		held:       map[int32]int32{},
+		maxEntries: MaxEntries,
+		freeRun:    [4]int32{-1, -1, -1, -1},
+		replicas:   make([]replica, cfg.MaxReplicas),
 	}
 	for i := range x.replicas {
 		x.replicas[i] = replica{head: -1, tail: -1}
