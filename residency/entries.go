@@ -13,16 +13,24 @@ import (
 // holds MaxEntries); it returns the entry, or -1 when the index is full and
 // r holds nothing to evict.
 func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) int32 {
-	if e := x.findLocked(r, h); e >= 0 {
-		x.refreshLocked(e, now)
-		return e
+	i, nd, ok := x.lookupLocked(h)
+	if ok {
+		if e := x.holderLocked(nd, r); e >= 0 {
+			x.refreshLocked(e, nd, now)
+			return e
+		}
 	}
 	rep := &x.replicas[r]
+	evicted := false
 	for (rep.n >= rep.cap || x.total >= x.maxEntries) && rep.tail >= 0 {
 		x.deleteLocked(rep.tail)
+		evicted = true
 	}
 	if x.total >= x.maxEntries {
 		return -1
+	}
+	if evicted { // the table may have moved h's slot
+		i, nd, ok = x.lookupLocked(h)
 	}
 	e := x.allocLocked()
 	en := x.entry(e)
@@ -30,17 +38,16 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) int32 {
 	en.setReplica(int32(r))
 	x.pushFrontLocked(r, e)
 	x.total++
-	nd, ok := x.getNode(h)
 	switch {
 	case !ok:
-		x.putNode(h, node{head: e, count: 1})
+		x.setSlotLocked(i, false, h, node{head: e, count: 1})
 	case nd.count < 0:
 		x.hotInsertLocked(&x.hots[-nd.count-1], r, e, now)
 	case nd.count == 1:
 		off := x.allocRunLocked(2)
 		x.holders[off] = holder{entry: nd.head, replica: x.entry(nd.head).replica()}
 		x.holders[off+1] = holder{entry: e, replica: int32(r)}
-		x.putNode(h, node{head: off, count: 2})
+		x.setSlotLocked(i, true, h, node{head: off, count: 2})
 	default:
 		if c := int(nd.count); c == runCap(c) { // full: move to a run twice as long
 			off := x.allocRunLocked(2 * c)
@@ -53,14 +60,15 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) int32 {
 		if nd.count >= hotAt {
 			nd = x.promoteLocked(nd)
 		}
-		x.putNode(h, nd)
+		x.setSlotLocked(i, true, h, nd)
 	}
 	return e
 }
 
-// refreshLocked stamps entry e with now and moves it to its replica's front.
-func (x *Index) refreshLocked(e int32, now time.Duration) {
-	x.stampLocked(e, now)
+// refreshLocked stamps entry e, of node nd, with now and moves it to its
+// replica's front.
+func (x *Index) refreshLocked(e int32, nd node, now time.Duration) {
+	x.stampNodeLocked(e, nd, now)
 	r := int(x.entry(e).replica())
 	x.unlinkLocked(r, e)
 	x.pushFrontLocked(r, e)
@@ -69,12 +77,18 @@ func (x *Index) refreshLocked(e int32, now time.Duration) {
 // stampLocked sets entry e's touched stamp to now, or keeps heldStamp
 // while it is held, in its hot holder set too.
 func (x *Index) stampLocked(e int32, now time.Duration) {
+	nd, _ := x.getNode(x.entry(e).hash)
+	x.stampNodeLocked(e, nd, now)
+}
+
+// stampNodeLocked is stampLocked of an entry of node nd.
+func (x *Index) stampNodeLocked(e int32, nd node, now time.Duration) {
 	en := x.entry(e)
 	if en.touched == heldStamp {
 		now = heldStamp
 	}
 	en.touched = now
-	if nd, _ := x.getNode(en.hash); nd.count < 0 {
+	if nd.count < 0 {
 		hb := &x.hots[-nd.count-1]
 		k := hb.rank(int(en.replica()))
 		old := hb.touched[k]
@@ -91,6 +105,12 @@ func (x *Index) findLocked(r int, h prefix.Hash) int32 {
 	if !ok {
 		return -1
 	}
+	return x.holderLocked(nd, r)
+}
+
+// holderLocked returns the entry of replica r among the holders of nd, or
+// -1.
+func (x *Index) holderLocked(nd node, r int) int32 {
 	if nd.count < 0 {
 		hb := &x.hots[-nd.count-1]
 		if hb.bits[r>>6]&(1<<(r&63)) == 0 {
@@ -154,7 +174,7 @@ func (x *Index) deleteLocked(e int32) {
 	r := int(en.replica())
 	x.unlinkLocked(r, e)
 	x.total--
-	nd, _ := x.getNode(en.hash)
+	i, nd, _ := x.lookupLocked(en.hash)
 	if nd.count < 0 {
 		hi := -nd.count - 1
 		hb := &x.hots[hi]
@@ -163,10 +183,10 @@ func (x *Index) deleteLocked(e int32) {
 		hb.touched = slices.Delete(hb.touched, k, k+1)
 		hb.entries = slices.Delete(hb.entries, k, k+1)
 		if len(hb.entries) < coldAt {
-			x.setNodeLocked(en.hash, x.demoteLocked(hi))
+			x.setNodeLocked(i, en.hash, x.demoteLocked(hi))
 		}
 	} else {
-		x.setNodeLocked(en.hash, x.coldDeleteLocked(nd, e))
+		x.setNodeLocked(i, en.hash, x.coldDeleteLocked(nd, e))
 	}
 	if en.touched == heldStamp {
 		delete(x.held, e)
@@ -174,13 +194,14 @@ func (x *Index) deleteLocked(e int32) {
 	x.freeLocked(e)
 }
 
-// setNodeLocked sets h's node, deleting h when nd has no holder.
-func (x *Index) setNodeLocked(h prefix.Hash, nd node) {
+// setNodeLocked sets h's node in its slot i, deleting h when nd has no
+// holder.
+func (x *Index) setNodeLocked(i uint64, h prefix.Hash, nd node) {
 	if nd.count == 0 {
-		x.delNode(h)
+		x.delSlotLocked(i)
 		return
 	}
-	x.putNode(h, nd)
+	x.setSlotLocked(i, true, h, nd)
 }
 
 // coldDeleteLocked removes holder e from cold node nd and returns the node

@@ -47,7 +47,11 @@ func (x *Index) Release(r int, hashes []prefix.Hash, now time.Duration) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for i := len(hashes) - 1; i >= 0; i-- {
-		e := x.findLocked(r, hashes[i])
+		nd, ok := x.getNode(hashes[i])
+		if !ok {
+			continue
+		}
+		e := x.holderLocked(nd, r)
 		if e < 0 {
 			continue
 		}
@@ -58,7 +62,7 @@ func (x *Index) Release(r int, hashes []prefix.Hash, now time.Duration) {
 			delete(x.held, e)
 			x.entry(e).touched = now // no longer held: refreshLocked stamps it
 		}
-		x.refreshLocked(e, now)
+		x.refreshLocked(e, nd, now)
 	}
 }
 

@@ -7,19 +7,20 @@
 // Remove, Clear), and answers Match: for every replica, how many leading
 // blocks of a request it holds, in one walk over the request's hashes.
 //
-// Layout, for bounded and compact memory (about 31 bytes per (block,
-// replica) at 10 million, BenchmarkIndexMemory): one 24-byte entry per
-// (block, replica) in a chunked slab, holding the block's hash, its last
-// touch and its replica's LRU links (int32 ids, with the replica's id in
-// their spare bits); one 4-byte slot per distinct block hash in an
-// open-addressing table. A block held by one replica (most of them) is
-// its slot's reference to its entry. A block held by a few (2 to 15) is a
-// group: its hash and a run of their entry and replica indices in a shared
-// arena (8 bytes a holder, runs of 2, 4, 8 or 16 slots), so that Match
-// reads them without chasing a chain or loading the entries; by many
-// (hot: 16 or more, such as a shared system prompt) it keeps a bitset of
-// its holders and their last-touched times by rank, so Match crosses it
-// with a few word operations however many replicas hold it.
+// Layout, for bounded and compact memory (29 to 35 bytes per (block,
+// replica) as the table fills, 31 at 10 million: BenchmarkIndexMemory):
+// one 24-byte entry per (block, replica) in a chunked slab, holding the
+// block's hash, its last touch and its replica's LRU links (int32 ids,
+// with the replica's id in their spare bits); one 4-byte slot per
+// distinct block hash in an open-addressing table. A block held by one
+// replica (most of them) is its slot's reference to its entry. A block
+// held by a few (2 to 15) is a group: its hash and a run of their entry
+// and replica indices in a shared arena (8 bytes a holder, runs of 2, 4,
+// 8 or 16 slots), so that Match reads them without chasing a chain or
+// loading the entries; by many (hot: 16 or more, such as a shared system
+// prompt) it keeps a bitset of its holders and their last-touched times
+// by rank, so Match crosses it with a few word operations however many
+// replicas hold it.
 package residency
 
 import (

@@ -80,23 +80,46 @@ func (x *Index) slotOf(h prefix.Hash) (uint64, bool) {
 
 // getNode returns h's node.
 func (x *Index) getNode(h prefix.Hash) (node, bool) {
-	i, ok := x.slotOf(h)
-	if !ok {
-		return node{}, false
+	_, nd, ok := x.lookupLocked(h)
+	return nd, ok
+}
+
+// lookupLocked returns h's slot and node, or the empty slot ending its
+// probe run, no node and false.
+func (x *Index) lookupLocked(h prefix.Hash) (uint64, node, bool) {
+	t := &x.nodes
+	tag := tagOf(h)
+	for i := t.home(h); ; i = (i + 1) & t.mask {
+		s := t.slots[i]
+		if s == 0 {
+			return i, node{}, false
+		}
+		if s&tagMask != tag {
+			continue
+		}
+		id := int32(s&idMask) - 1
+		if s&groupRef != 0 {
+			if g := &x.groups[id]; g.hash == h {
+				return i, g.nd, true
+			}
+		} else if x.entry(id).hash == h {
+			return i, node{head: id, count: 1}, true
+		}
 	}
-	s := x.nodes.slots[i]
-	id := int32(s&idMask) - 1
-	if s&groupRef != 0 {
-		return x.groups[id].nd, true
-	}
-	return node{head: id, count: 1}, true
 }
 
 // putNode sets h's node; nd.count must not be zero, and with count 1
 // nd.head must be an entry of h.
 func (x *Index) putNode(h prefix.Hash, nd node) {
-	t := &x.nodes
 	i, ok := x.slotOf(h)
+	x.setSlotLocked(i, ok, h, nd)
+}
+
+// setSlotLocked sets h's node in slot i, h's slot (found) or the empty
+// slot ending its probe run, as lookupLocked returned it with no write
+// since; nd as putNode's.
+func (x *Index) setSlotLocked(i uint64, found bool, h prefix.Hash, nd node) {
+	t := &x.nodes
 	old := t.slots[i]
 	var s uint32
 	switch {
@@ -112,7 +135,7 @@ func (x *Index) putNode(h prefix.Hash, nd node) {
 		s = groupRef | uint32(x.allocGroupLocked(h, nd)+1)
 	}
 	t.slots[i] = s | tagOf(h)
-	if !ok {
+	if !found {
 		t.n++
 		if t.n*4 > len(t.slots)*3 {
 			x.growTable()
@@ -120,13 +143,17 @@ func (x *Index) putNode(h prefix.Hash, nd node) {
 	}
 }
 
-// delNode removes h, shifting later slots of its probe run back.
+// delNode removes h.
 func (x *Index) delNode(h prefix.Hash) {
-	t := &x.nodes
-	i, ok := x.slotOf(h)
-	if !ok {
-		return
+	if i, ok := x.slotOf(h); ok {
+		x.delSlotLocked(i)
 	}
+}
+
+// delSlotLocked empties slot i, shifting later slots of its probe run
+// back.
+func (x *Index) delSlotLocked(i uint64) {
+	t := &x.nodes
 	if s := t.slots[i]; s&groupRef != 0 {
 		x.freeGroupLocked(int32(s&idMask) - 1)
 	}
