@@ -155,7 +155,8 @@ func checkHolders(t *testing.T, x *Index) {
 			continue
 		}
 		s := struct{ hash prefix.Hash }{x.keyOf(ref)}
-		if j, ok := x.slotOf(s.hash); !ok || j != uint64(i) || ref&tagMask != tagOf(s.hash) {
+		dist := distBits((uint64(i) - x.nodes.home(s.hash)) & x.nodes.mask)
+		if j, ok := x.slotOf(s.hash); !ok || j != uint64(i) || ref&tagMask != tagOf(s.hash) || ref&distMask != dist {
 			t.Fatalf("slot %d (%#x): its key %d is found at %d, %v", i, ref, s.hash, j, ok)
 		}
 		nd, _ := x.getNode(s.hash)

@@ -9,10 +9,13 @@ import "github.com/kvrouter/kvrouter/prefix"
 //
 // A slot is 4 bytes, not the key and its node: it refers to the block's
 // only entry (most blocks have one holder), whose hash is the key, or to a
-// group (a block with several holders: its hash and node), and keeps 5
+// group (a block with several holders: its hash and node). It keeps its
+// key's distance from its home slot (up to 6; 7 means 7 or more) and 2
 // bits of the hash as a tag, so that a probe rarely loads a key that is
-// not its own. Zero is an empty slot. The table's methods are the Index's,
-// which resolve references.
+// not its own (only one of its home, and of its tag), and a deletion
+// knows the homes of the keys it shifts back without loading them. Zero
+// is an empty slot. The table's methods are the Index's, which resolve
+// references.
 type table struct {
 	slots []uint32
 	mask  uint64
@@ -21,10 +24,14 @@ type table struct {
 }
 
 // A slot: the id plus one of an entry, or of a group when groupRef is set,
-// in its low idBits, and the tag between them.
+// in its low idBits, then the distance and the tag.
 const (
-	groupRef = 1 << 31
-	tagMask  = 0x1f << idBits
+	groupRef  = 1 << 31
+	distShift = idBits
+	distMask  = 7 << distShift
+	farDist   = 7 // a distance of 7 or more
+	tagShift  = idBits + 3
+	tagMask   = 3 << tagShift
 )
 
 // group is a block with several holders (a node with count > 1, or hot).
@@ -50,7 +57,29 @@ func (t *table) home(h prefix.Hash) uint64 {
 // tagOf returns h's tag bits, from another multiply than home's so that
 // keys sharing a home rarely share a tag.
 func tagOf(h prefix.Hash) uint32 {
-	return uint32(uint64(h)*0xBF58476D1CE4E5B9>>59) << idBits
+	return uint32(uint64(h)*0xBF58476D1CE4E5B9>>62) << tagShift
+}
+
+// distBits returns the bits of a distance d from home.
+func distBits(d uint64) uint32 { return uint32(min(d, farDist)) << distShift }
+
+// mayHold reports whether slot s, d slots from the home of a key whose
+// tag is tag, may hold that key: a key of that home and that tag.
+func mayHold(s, tag uint32, d uint64) bool {
+	if s&tagMask != tag {
+		return false
+	}
+	sd := uint64(s&distMask) >> distShift
+	return sd == min(d, farDist)
+}
+
+// homeOf returns the home of the key of slot s at position j.
+func (x *Index) homeOf(s uint32, j uint64) uint64 {
+	t := &x.nodes
+	if d := uint64(s&distMask) >> distShift; d < farDist {
+		return (j - d) & t.mask
+	}
+	return t.home(x.keyOf(s))
 }
 
 // keyOf returns the hash slot s refers to.
@@ -67,12 +96,12 @@ func (x *Index) keyOf(s uint32) prefix.Hash {
 func (x *Index) slotOf(h prefix.Hash) (uint64, bool) {
 	t := &x.nodes
 	tag := tagOf(h)
-	for i := t.home(h); ; i = (i + 1) & t.mask {
+	for i, d := t.home(h), uint64(0); ; i, d = (i+1)&t.mask, d+1 {
 		s := t.slots[i]
 		if s == 0 {
 			return i, false
 		}
-		if s&tagMask == tag && x.keyOf(s) == h {
+		if mayHold(s, tag, d) && x.keyOf(s) == h {
 			return i, true
 		}
 	}
@@ -89,12 +118,12 @@ func (x *Index) getNode(h prefix.Hash) (node, bool) {
 func (x *Index) lookupLocked(h prefix.Hash) (uint64, node, bool) {
 	t := &x.nodes
 	tag := tagOf(h)
-	for i := t.home(h); ; i = (i + 1) & t.mask {
+	for i, d := t.home(h), uint64(0); ; i, d = (i+1)&t.mask, d+1 {
 		s := t.slots[i]
 		if s == 0 {
 			return i, node{}, false
 		}
-		if s&tagMask != tag {
+		if !mayHold(s, tag, d) {
 			continue
 		}
 		id := int32(s&idMask) - 1
@@ -134,7 +163,7 @@ func (x *Index) setSlotLocked(i uint64, found bool, h prefix.Hash, nd node) {
 	default:
 		s = groupRef | uint32(x.allocGroupLocked(h, nd)+1)
 	}
-	t.slots[i] = s | tagOf(h)
+	t.slots[i] = s | tagOf(h) | distBits((i-t.home(h))&t.mask)
 	if !found {
 		t.n++
 		if t.n*4 > len(t.slots)*3 {
@@ -164,9 +193,9 @@ func (x *Index) delSlotLocked(i uint64) {
 			break
 		}
 		// s may move to i if its home is not in (i, j] cyclically.
-		k := t.home(x.keyOf(s))
+		k := x.homeOf(s, j)
 		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
-			t.slots[i] = s
+			t.slots[i] = s&^distMask | distBits((i-k)&t.mask)
 			i = j
 		}
 	}
@@ -184,11 +213,12 @@ func (x *Index) growTable() {
 		if s == 0 {
 			continue
 		}
-		i := t.home(x.keyOf(s))
+		k := t.home(x.keyOf(s))
+		i := k
 		for t.slots[i] != 0 {
 			i = (i + 1) & t.mask
 		}
-		t.slots[i] = s
+		t.slots[i] = s&^distMask | distBits((i-k)&t.mask)
 	}
 }
 
