@@ -9,32 +9,45 @@ import (
 )
 
 // upsertLocked inserts or refreshes (r, h) at now and makes it r's most
-// recent entry, evicting r's oldest entry first if r is full; it returns
-// the entry.
+// recent entry, evicting r's oldest entry first if r is full (or the index
+// holds MaxEntries); it returns the entry, or -1 when the index is full and
+// r holds nothing to evict.
 func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) int32 {
-	if e := x.findLocked(r, h); e >= 0 {
-		x.refreshLocked(e, now)
-		return e
+	i, nd, ok := x.lookupLocked(h)
+	if ok {
+		if e := x.holderLocked(nd, r); e >= 0 {
+			x.refreshLocked(e, nd, now)
+			return e
+		}
 	}
 	rep := &x.replicas[r]
-	for rep.n >= rep.cap && rep.tail >= 0 {
+	evicted := false
+	for (rep.n >= rep.cap || x.total >= x.maxEntries) && rep.tail >= 0 {
 		x.deleteLocked(rep.tail)
+		evicted = true
+	}
+	if x.total >= x.maxEntries {
+		return -1
+	}
+	if evicted { // the table may have moved h's slot
+		i, nd, ok = x.lookupLocked(h)
 	}
 	e := x.allocLocked()
-	*x.entry(e) = entry{touched: now, hash: h, replica: int32(r), prev: -1, next: -1}
+	en := x.entry(e)
+	*en = entry{touched: now, hash: h}
+	en.setReplica(int32(r))
 	x.pushFrontLocked(r, e)
 	x.total++
-	nd, ok := x.nodes.get(h)
 	switch {
 	case !ok:
-		x.nodes.put(h, node{head: e, count: 1})
+		x.setSlotLocked(i, false, h, node{head: e, count: 1})
 	case nd.count < 0:
 		x.hotInsertLocked(&x.hots[-nd.count-1], r, e, now)
 	case nd.count == 1:
 		off := x.allocRunLocked(2)
-		x.holders[off] = holder{entry: nd.head, replica: x.entry(nd.head).replica}
+		x.holders[off] = holder{entry: nd.head, replica: x.entry(nd.head).replica()}
 		x.holders[off+1] = holder{entry: e, replica: int32(r)}
-		x.nodes.put(h, node{head: off, count: 2})
+		x.setSlotLocked(i, true, h, node{head: off, count: 2})
 	default:
 		if c := int(nd.count); c == runCap(c) { // full: move to a run twice as long
 			off := x.allocRunLocked(2 * c)
@@ -47,30 +60,37 @@ func (x *Index) upsertLocked(r int, h prefix.Hash, now time.Duration) int32 {
 		if nd.count >= hotAt {
 			nd = x.promoteLocked(nd)
 		}
-		x.nodes.put(h, nd)
+		x.setSlotLocked(i, true, h, nd)
 	}
 	return e
 }
 
-// refreshLocked stamps entry e with now and moves it to its replica's front.
-func (x *Index) refreshLocked(e int32, now time.Duration) {
-	x.stampLocked(e, now)
-	r := int(x.entry(e).replica)
+// refreshLocked stamps entry e, of node nd, with now and moves it to its
+// replica's front.
+func (x *Index) refreshLocked(e int32, nd node, now time.Duration) {
+	x.stampNodeLocked(e, nd, now)
+	r := int(x.entry(e).replica())
 	x.unlinkLocked(r, e)
 	x.pushFrontLocked(r, e)
 }
 
-// stampLocked sets entry e's touched stamp to now, or to heldStamp while
-// it is held, in its hot holder set too.
+// stampLocked sets entry e's touched stamp to now, or keeps heldStamp
+// while it is held, in its hot holder set too.
 func (x *Index) stampLocked(e int32, now time.Duration) {
+	nd, _ := x.getNode(x.entry(e).hash)
+	x.stampNodeLocked(e, nd, now)
+}
+
+// stampNodeLocked is stampLocked of an entry of node nd.
+func (x *Index) stampNodeLocked(e int32, nd node, now time.Duration) {
 	en := x.entry(e)
-	if en.held > 0 {
+	if en.touched == heldStamp {
 		now = heldStamp
 	}
 	en.touched = now
-	if nd, _ := x.nodes.get(en.hash); nd.count < 0 {
+	if nd.count < 0 {
 		hb := &x.hots[-nd.count-1]
-		k := hb.rank(int(en.replica))
+		k := hb.rank(int(en.replica()))
 		old := hb.touched[k]
 		hb.touched[k] = now
 		if old == hb.oldest && x.cfg.TTL > 0 {
@@ -81,10 +101,16 @@ func (x *Index) stampLocked(e int32, now time.Duration) {
 
 // findLocked returns the entry of (r, h), or -1.
 func (x *Index) findLocked(r int, h prefix.Hash) int32 {
-	nd, ok := x.nodes.get(h)
+	nd, ok := x.getNode(h)
 	if !ok {
 		return -1
 	}
+	return x.holderLocked(nd, r)
+}
+
+// holderLocked returns the entry of replica r among the holders of nd, or
+// -1.
+func (x *Index) holderLocked(nd node, r int) int32 {
 	if nd.count < 0 {
 		hb := &x.hots[-nd.count-1]
 		if hb.bits[r>>6]&(1<<(r&63)) == 0 {
@@ -93,7 +119,7 @@ func (x *Index) findLocked(r int, h prefix.Hash) int32 {
 		return hb.entries[hb.rank(r)]
 	}
 	if nd.count == 1 {
-		if int(x.entry(nd.head).replica) == r {
+		if int(x.entry(nd.head).replica()) == r {
 			return nd.head
 		}
 		return -1
@@ -145,10 +171,10 @@ func (x *Index) freeRunLocked(off int32, c int) {
 // deleteLocked removes entry e from its replica and its node, and frees it.
 func (x *Index) deleteLocked(e int32) {
 	en := *x.entry(e)
-	r := int(en.replica)
+	r := int(en.replica())
 	x.unlinkLocked(r, e)
 	x.total--
-	nd, _ := x.nodes.get(en.hash)
+	i, nd, _ := x.lookupLocked(en.hash)
 	if nd.count < 0 {
 		hi := -nd.count - 1
 		hb := &x.hots[hi]
@@ -157,22 +183,25 @@ func (x *Index) deleteLocked(e int32) {
 		hb.touched = slices.Delete(hb.touched, k, k+1)
 		hb.entries = slices.Delete(hb.entries, k, k+1)
 		if len(hb.entries) < coldAt {
-			x.setNodeLocked(en.hash, x.demoteLocked(hi))
+			x.setNodeLocked(i, en.hash, x.demoteLocked(hi))
 		}
 	} else {
-		x.setNodeLocked(en.hash, x.coldDeleteLocked(nd, e))
+		x.setNodeLocked(i, en.hash, x.coldDeleteLocked(nd, e))
 	}
-	*x.entry(e) = entry{next: x.freeEnt}
-	x.freeEnt = e
+	if en.touched == heldStamp {
+		delete(x.held, e)
+	}
+	x.freeLocked(e)
 }
 
-// setNodeLocked sets h's node, deleting h when nd has no holder.
-func (x *Index) setNodeLocked(h prefix.Hash, nd node) {
+// setNodeLocked sets h's node in its slot i, deleting h when nd has no
+// holder.
+func (x *Index) setNodeLocked(i uint64, h prefix.Hash, nd node) {
 	if nd.count == 0 {
-		x.nodes.del(h)
+		x.delSlotLocked(i)
 		return
 	}
-	x.nodes.put(h, nd)
+	x.setSlotLocked(i, true, h, nd)
 }
 
 // coldDeleteLocked removes holder e from cold node nd and returns the node
@@ -206,37 +235,14 @@ func (x *Index) coldDeleteLocked(nd node, e int32) node {
 	return nd
 }
 
-// entry returns entry e.
-func (x *Index) entry(e int32) *entry { return &x.entries[e] }
-
-// slabStep is the fewest entries the slab grows by.
-const slabStep = 1 << 14
-
-// allocLocked returns a free entry index.
-func (x *Index) allocLocked() int32 {
-	if e := x.freeEnt; e >= 0 {
-		x.freeEnt = x.entry(e).next
-		return e
-	}
-	if len(x.entries) == cap(x.entries) {
-		// Grow by an eighth, not append's quarter: at most about 3.5 bytes
-		// per entry of spare capacity, in one flat slab (a chunked one
-		// costs Match an extra dependent load per entry).
-		grown := make([]entry, len(x.entries), cap(x.entries)+max(cap(x.entries)/8, slabStep))
-		copy(grown, x.entries)
-		x.entries = grown
-	}
-	x.entries = append(x.entries, entry{})
-	return int32(len(x.entries) - 1)
-}
-
 // pushFrontLocked links e at the front of r's LRU list.
 func (x *Index) pushFrontLocked(r int, e int32) {
 	rep := &x.replicas[r]
 	en := x.entry(e)
-	en.prev, en.next = -1, rep.head
+	en.setPrev(-1)
+	en.setNext(rep.head)
 	if rep.head >= 0 {
-		x.entry(rep.head).prev = e
+		x.entry(rep.head).setPrev(e)
 	} else {
 		rep.tail = e
 	}
@@ -248,17 +254,19 @@ func (x *Index) pushFrontLocked(r int, e int32) {
 func (x *Index) unlinkLocked(r int, e int32) {
 	rep := &x.replicas[r]
 	en := x.entry(e)
-	if en.prev >= 0 {
-		x.entry(en.prev).next = en.next
+	prev, next := en.prev(), en.next()
+	if prev >= 0 {
+		x.entry(prev).setNext(next)
 	} else {
-		rep.head = en.next
+		rep.head = next
 	}
-	if en.next >= 0 {
-		x.entry(en.next).prev = en.prev
+	if next >= 0 {
+		x.entry(next).setPrev(prev)
 	} else {
-		rep.tail = en.prev
+		rep.tail = prev
 	}
-	en.prev, en.next = -1, -1
+	en.setPrev(-1)
+	en.setNext(-1)
 	rep.n--
 }
 
@@ -286,7 +294,7 @@ func (x *Index) promoteLocked(nd node) node {
 	for _, h := range hs {
 		e := h.entry
 		en := x.entry(e)
-		k := hb.rank(int(en.replica))
+		k := hb.rank(int(en.replica()))
 		hb.touched[k], hb.entries[k] = en.touched, e
 		hb.oldest = min(hb.oldest, en.touched)
 	}
@@ -305,7 +313,7 @@ func (x *Index) demoteLocked(hi int32) node {
 	default:
 		nd = node{head: x.allocRunLocked(runCap(n)), count: int32(n)}
 		for k, e := range hb.entries {
-			x.holders[int(nd.head)+k] = holder{entry: e, replica: x.entry(e).replica}
+			x.holders[int(nd.head)+k] = holder{entry: e, replica: x.entry(e).replica()}
 		}
 	}
 	clear(hb.bits)

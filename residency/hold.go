@@ -47,17 +47,22 @@ func (x *Index) Release(r int, hashes []prefix.Hash, now time.Duration) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for i := len(hashes) - 1; i >= 0; i-- {
-		e := x.findLocked(r, hashes[i])
+		nd, ok := x.getNode(hashes[i])
+		if !ok {
+			continue
+		}
+		e := x.holderLocked(nd, r)
 		if e < 0 {
 			continue
 		}
-		en := x.entry(e)
-		if en.held > 0 {
-			en.held--
+		if n := x.heldCount(e); n > 1 {
+			x.held[e] = n - 1
+			continue
+		} else if n == 1 {
+			delete(x.held, e)
+			x.entry(e).touched = now // no longer held: refreshLocked stamps it
 		}
-		if en.held == 0 {
-			x.refreshLocked(e, now)
-		}
+		x.refreshLocked(e, nd, now)
 	}
 }
 

@@ -7,16 +7,20 @@
 // Remove, Clear), and answers Match: for every replica, how many leading
 // blocks of a request it holds, in one walk over the request's hashes.
 //
-// Layout, for bounded and compact memory: one entry (32 bytes) per
-// (block, replica) in a slab, linked into its replica's LRU list with int32
-// links; one map slot per distinct block hash (about 26 bytes amortised).
-// A block held by one replica points at its entry; by a few (2 to 15), at
-// a run of their entry and replica indices in a shared arena (8 bytes a
-// holder, runs of 2, 4, 8 or 16 slots), so that Match reads them without
-// chasing a chain or loading the entries; by many (hot: 16 or more, such as
-// a shared system prompt) it keeps a bitset of its holders and their
-// last-touched times by rank, so Match crosses it with a few word
-// operations however many replicas hold it.
+// Layout, for bounded and compact memory (29 to 35 bytes per (block,
+// replica) as the table fills, 31 at 10 million: BenchmarkIndexMemory):
+// one 24-byte entry per (block, replica) in a chunked slab, holding the
+// block's hash, its last touch and its replica's LRU links (int32 ids,
+// with the replica's id in their spare bits); one 4-byte slot per
+// distinct block hash in an open-addressing table. A block held by one
+// replica (most of them) is its slot's reference to its entry. A block
+// held by a few (2 to 15) is a group: its hash and a run of their entry
+// and replica indices in a shared arena (8 bytes a holder, runs of 2, 4,
+// 8 or 16 slots), so that Match reads them without chasing a chain or
+// loading the entries; by many (hot: 16 or more, such as a shared system
+// prompt) it keeps a bitset of its holders and their last-touched times
+// by rank, so Match crosses it with a few word operations however many
+// replicas hold it.
 package residency
 
 import (
@@ -59,16 +63,23 @@ type Index struct {
 	cfg   Config
 	words int // uint64 words of a replica bitset
 
-	mu       sync.RWMutex
-	nodes    table
-	entries  []entry  // grown by allocLocked; freed entries go to freeEnt
-	freeEnt  int32    // head of the free entry list, linked by next; -1 if none
-	holders  []holder // runs of the holders of nodes with 2 to hotAt-1 holders
-	freeRun  [4]int32 // heads of the free runs by class (2, 4, 8, 16 slots), linked by their first slot; -1 if none
-	hots     []hot
-	freeHot  []int32
-	replicas []replica
-	total    int
+	mu        sync.RWMutex
+	nodes     table
+	groups    []group   // blocks with several holders, by id (table references)
+	freeGroup int32     // head of the free group list; -1 if none
+	chunks    [][]entry // the entries (slab.go); freed entries go to freeEnt
+	freeEnt   int32     // head of the free entry list, linked by next; -1 if none
+	// held is, for every entry a request holds (touched heldStamp), how
+	// many hold it: few entries, so not a field of every one.
+	held map[int32]int32
+	// maxEntries is MaxEntries (lowered by tests).
+	maxEntries int
+	holders    []holder // runs of the holders of nodes with 2 to hotAt-1 holders
+	freeRun    [4]int32 // heads of the free runs by class (2, 4, 8, 16 slots), linked by their first slot; -1 if none
+	hots       []hot
+	freeHot    []int32
+	replicas   []replica
+	total      int
 }
 
 // node is one distinct block hash.
@@ -77,18 +88,6 @@ type node struct {
 	// holders' run in Index.holders when count is 2 to hotAt-1, -1 if hot.
 	head  int32
 	count int32 // holders (cold); -(hot index + 1) when hot
-}
-
-// entry is one (block, replica): 32 bytes.
-type entry struct {
-	// touched is the last touch, or heldStamp while held > 0.
-	touched    time.Duration
-	hash       prefix.Hash
-	replica    int32
-	prev, next int32 // replica LRU list, most recent first; -1 ends
-	// held is the requests in flight on the replica that hold the block
-	// (Hold less Release).
-	held int32
 }
 
 // hot is the holder set of a block held by many replicas.
@@ -116,12 +115,15 @@ func New(cfg Config) *Index {
 		cfg.DefaultCapacity = 1 << 16
 	}
 	x := &Index{
-		cfg:      cfg,
-		words:    (cfg.MaxReplicas + 63) / 64,
-		nodes:    newTable(),
-		freeEnt:  -1,
-		freeRun:  [4]int32{-1, -1, -1, -1},
-		replicas: make([]replica, cfg.MaxReplicas),
+		cfg:        cfg,
+		words:      (cfg.MaxReplicas + 63) / 64,
+		nodes:      newTable(),
+		freeGroup:  -1,
+		freeEnt:    -1,
+		held:       map[int32]int32{},
+		maxEntries: MaxEntries,
+		freeRun:    [4]int32{-1, -1, -1, -1},
+		replicas:   make([]replica, cfg.MaxReplicas),
 	}
 	for i := range x.replicas {
 		x.replicas[i] = replica{head: -1, tail: -1}
@@ -231,9 +233,9 @@ func (x *Index) store(r int, hashes []prefix.Hash, now time.Duration, hold bool)
 	x.expireLocked(r, now)
 	for i := len(hashes) - 1; i >= 0; i-- {
 		e := x.upsertLocked(r, hashes[i], now)
-		if hold {
-			x.entry(e).held++
-			x.stampLocked(e, now)
+		if hold && e >= 0 {
+			x.held[e] = x.heldCount(e) + 1
+			x.stampLocked(e, heldStamp)
 		}
 	}
 }
@@ -345,7 +347,7 @@ func (x *Index) Hashes(r int) []prefix.Hash {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	out := make([]prefix.Hash, 0, x.replicas[r].n)
-	for e := x.replicas[r].head; e >= 0; e = x.entry(e).next {
+	for e := x.replicas[r].head; e >= 0; e = x.entry(e).next() {
 		out = append(out, x.entry(e).hash)
 	}
 	return out

@@ -43,7 +43,7 @@ func (x *Index) Match(hashes []prefix.Hash, now time.Duration, match []int, age 
 		// Look a batch up first, up to its first miss.
 		n := 0
 		for _, h := range hashes[i:min(i+lookahead, len(hashes))] {
-			nd, ok := x.nodes.get(h)
+			nd, ok := x.getNode(h)
 			if !ok {
 				break
 			}
@@ -155,7 +155,7 @@ func (m *matcher) crossCold(nd node, alive, next []uint64, first bool) bool {
 	if nd.count > 1 {
 		hs = m.x.run(nd)
 	} else {
-		one[0].replica = m.x.entry(nd.head).replica
+		one[0].replica = m.x.entry(nd.head).replica()
 	}
 	if !first {
 		// Count the alive holders first, reading only: a node that keeps
@@ -211,7 +211,7 @@ func (m *matcher) drop(alive, next []uint64, i int) {
 	if m.prev.count > 1 {
 		hs = m.x.run(m.prev)
 	} else if m.prev.count == 1 {
-		one[0].replica = m.x.entry(m.prev.head).replica
+		one[0].replica = m.x.entry(m.prev.head).replica()
 	}
 	for j, a := range alive {
 		d := a &^ next[j]

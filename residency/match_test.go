@@ -150,14 +150,22 @@ func TestMatchShared(t *testing.T) {
 func checkHolders(t *testing.T, x *Index) {
 	t.Helper()
 	total := 0
-	for _, s := range x.nodes.slots {
-		nd := s.nd
+	for i, ref := range x.nodes.slots {
+		if ref == 0 {
+			continue
+		}
+		s := struct{ hash prefix.Hash }{x.keyOf(ref)}
+		dist := distBits((uint64(i) - x.nodes.home(s.hash)) & x.nodes.mask)
+		if j, ok := x.slotOf(s.hash); !ok || j != uint64(i) || ref&tagMask != tagOf(s.hash) || ref&distMask != dist {
+			t.Fatalf("slot %d (%#x): its key %d is found at %d, %v", i, ref, s.hash, j, ok)
+		}
+		nd, _ := x.getNode(s.hash)
 		switch {
 		case nd.count == 0:
-			continue
+			t.Fatalf("slot %d: node of no holder", i)
 		case nd.count == 1:
-			if x.entry(nd.head).hash != s.hash {
-				t.Fatalf("node %d: its entry holds %d", s.hash, x.entry(nd.head).hash)
+			if ref&groupRef != 0 {
+				t.Fatalf("node %d: one holder in a group", s.hash)
 			}
 			total++
 		case nd.count > 1:
@@ -167,8 +175,8 @@ func checkHolders(t *testing.T, x *Index) {
 			seen := map[int32]bool{}
 			for _, h := range x.run(nd) {
 				en := x.entry(h.entry)
-				if en.hash != s.hash || en.replica != h.replica || seen[h.replica] {
-					t.Fatalf("node %d: holder %+v has entry hash %d replica %d (seen %v)", s.hash, h, en.hash, en.replica, seen[h.replica])
+				if en.hash != s.hash || en.replica() != h.replica || seen[h.replica] {
+					t.Fatalf("node %d: holder %+v has entry hash %d replica %d (seen %v)", s.hash, h, en.hash, en.replica(), seen[h.replica])
 				}
 				seen[h.replica] = true
 			}
@@ -180,7 +188,7 @@ func checkHolders(t *testing.T, x *Index) {
 				for ; b != 0; b &= b - 1 {
 					r := j<<6 | bits.TrailingZeros64(b)
 					en := x.entry(hb.entries[k])
-					if en.hash != s.hash || int(en.replica) != r || en.touched != hb.touched[k] {
+					if en.hash != s.hash || int(en.replica()) != r || en.touched != hb.touched[k] {
 						t.Fatalf("hot node %d: rank %d replica %d has entry %+v", s.hash, k, r, *en)
 					}
 					k++
