@@ -335,6 +335,7 @@ func withSLO(rng *rand.Rand, r *Request, s *Snapshot) {
 		rt := &s.Replicas[i].Rates
 		rt.Spread = []float64{0, 0.01, 0.3, 2}[rng.IntN(4)]
 		rt.DecodeSpread = []float64{0, 0.01, 0.3, 2}[rng.IntN(4)]
+		s.Replicas[i].PrefillWork = time.Duration(rng.IntN(3)) * time.Duration(rng.IntN(2000)) * time.Millisecond
 	}
 }
 
