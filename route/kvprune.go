@@ -104,10 +104,9 @@ func (q *kvRequest) lowContext(batch, context float64) float64 {
 // of any replica were cached here (exact when nothing matches here and
 // nothing can be imported or loaded), in at least one iteration of that
 // batch, its stall of the batch and the wait of the arrivals behind it;
-// the decode at its floor, the fleet's mean batch (a replica's batch over
-// a decode is never below it: see life) and lowContext; and for a request
-// with an SLO, its own misses at those floors of its time to first token
-// and of its decode. Each term of price
+// the decode and its slowdown of the batch's as price has them (life,
+// lifeContext); and for a request with an SLO, its own misses at that
+// floor of its time to first token and at its decode. Each term of price
 // is at least its counterpart here (a seat's wait, an import's or a
 // load's time and memory only add; a new session's later turns add, and
 // the share of its copy they take back is at most the prefill of the
@@ -134,19 +133,21 @@ func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 	queued := queuedTokens(rp, fresh, q.tokens)
 	wait := rt.queueNS(queued, rt.stepNS(batch, context), rt.DecodeScale)
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
-	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
-	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
+	// The decode and its slowdown of the others' as price has them, over
+	// the batch the request meets on average (life).
+	life := q.life(batch, q.kept(rp))
+	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
+	decode := q.out * (rt.stepNS(life, q.lifeContext(batch, context, life)) + grow) * rt.DecodeScale
+	total := ttftWeight*(wait+prefill) + decode + life*q.out*grow*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
 	if q.slo.on() && total <= above {
-		// The request's own misses at these floors of its time to first
-		// token and of its decode (over is increasing; the others' are
+		// The request's own misses at this floor of its time to first
+		// token and at its decode (over is increasing; the others' are
 		// never negative).
-		grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
-		own := q.out * (rt.stepNS(q.meanBatch, q.lowContext(batch, context)) + grow) * rt.DecodeScale
-		low, out := q.lowMisses(&rp.Rates, total, above, wait+prefill, own)
-		if out || q.highMisses(&rp.Rates, total, wait+prefill, own) <= above {
+		low, out := q.lowMisses(&rp.Rates, total, above, wait+prefill, decode)
+		if out || q.highMisses(&rp.Rates, total, wait+prefill, decode) <= above {
 			return low // priced out, or in, without the tail's Erfc
 		}
-		cost, _ := q.ownMisses(&rp.Rates, wait+prefill, own)
+		cost, _ := q.ownMisses(&rp.Rates, wait+prefill, decode)
 		total += cost
 	}
 	return total
