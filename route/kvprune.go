@@ -28,11 +28,12 @@ type kvBounds struct {
 	// match of any replica, the least any replica's prefill can cost
 	// (bound); iters0 the iterations a prefill of the whole prompt takes.
 	computeDeep, iters0 float64
-	// decodeFloor is the least decode and decode slowdown of others the
-	// request can cost on a replica of rt with no KV context, unscaled;
-	// outPerToken what each token of the replica's averaged context adds
-	// to its decode (bound, quick).
-	decodeFloor, outPerToken float64
+	// The decode and its slowdown of the others', unscaled, on a replica
+	// of rt whose batch over the decode averages life and their context
+	// lifeContext, is decodeFixed + life·decodePerSeq +
+	// lifeContext·outPerToken; the request's own decode alone has
+	// ownPerSeq for decodePerSeq (quick, quickMisses).
+	decodeFixed, decodePerSeq, ownPerSeq, outPerToken float64
 	// first is a candidate (a healthy replica), or −1; candidates is
 	// their number.
 	first, candidates int
@@ -71,7 +72,9 @@ func (q *kvRequest) setBounds() {
 	q.computeDeep = q.rt.prefillNS(q.tokens-q.deepMatch, q.deepMatch)
 	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
-	q.decodeFloor = q.out * (q.rt.stepNS(q.meanBatch, 0) + grow + q.meanBatch*grow)
+	q.decodeFixed = q.out * (float64(q.rt.DecodeStep) + grow)
+	q.ownPerSeq = q.out * float64(q.rt.DecodePerSeq)
+	q.decodePerSeq = q.out * (float64(q.rt.DecodePerSeq) + grow)
 	q.outPerToken = q.out * float64(q.rt.DecodePerMTokens) * 1e-6
 }
 
@@ -92,10 +95,13 @@ func (q *kvRequest) likely(rs []Replica) int {
 	return first
 }
 
-// lowContext is a lower bound of lifeContext for any batch average
-// (life is at least the fleet's mean batch): bound's and quick's.
-func (q *kvRequest) lowContext(batch, context float64) float64 {
-	return context*q.persist + max(q.meanBatch-batch*q.persist, 0)*q.perSeq
+// lowLife is a lower bound of life, and lowLife's lifeContext, for a
+// replica of batch sequences holding context tokens: the target it keeps
+// is at least the fleet's mean batch (kept), and life grows with it.
+// (lowLife is at least batch × persist, so the context needs no max.)
+func (q *kvRequest) lowLife(batch, context float64) (life, lifeContext float64) {
+	life = q.meanBatch + max(batch-q.meanBatch, 0)*q.persist
+	return life, context*q.persist + (life-batch*q.persist)*q.perSeq
 }
 
 // bound is a lower bound of price's total for replica i. It keeps the
@@ -209,15 +215,36 @@ func (q *kvRequest) path(i int) uint8 {
 }
 
 // quick is a lower bound of bound's total for candidate i, cheaper to
-// take from its summary row: the decode at its floor, the prefill's
-// compute as bound takes it, ttftWeight times and once for each sequence
-// it stalls, and the router's own queue ahead of it, ttftWeight times.
-// It takes q.rt's preset fields for the replica's, so it holds only on a
-// fleet of one preset (!q.mixed), once screen has set q.computes.
+// take from its summary row: the decode and its slowdown of the others'
+// at lowLife, the prefill's compute as bound takes it, ttftWeight times
+// and once for each sequence it stalls, and the router's own queue ahead
+// of it, ttftWeight times. It takes q.rt's preset fields for the
+// replica's, so it holds only on a fleet of one preset (!q.mixed), once
+// screen has set q.computes.
 func (q *kvRequest) quick(i int) float64 {
 	t := &q.rows[i]
-	return (q.decodeFloor+q.outPerToken*q.lowContext(t.batch, t.context))*t.decodeScale +
+	life, context := q.lowLife(t.batch, t.context)
+	return (q.decodeFixed+life*q.decodePerSeq+q.outPerToken*context)*t.decodeScale +
 		q.computes[q.path(i)&3]*(t.stall+t.stallInv*q.invScale) + t.queue
+}
+
+// quickMisses is lb, candidate i's quick bound, plus its own misses
+// (lowMisses) at floors of its time to first token and of its decode
+// from its row: the router's own queue and the prefill's compute as
+// quick has them, and the decode at lowLife. It stops at a value past
+// above once the first is, and is at most bound's total, so a candidate
+// it puts past above need not be bounded. For a request with an SLO on a
+// fleet of one preset, once screen has run.
+func (q *kvRequest) quickMisses(i int, lb, above float64) float64 {
+	t, raw := &q.rows[i], &q.reps[i].Rates
+	scale := raw.Scale
+	if !(scale > 0) { // as rates fills it
+		scale = 1
+	}
+	life, context := q.lowLife(t.batch, t.context)
+	decode := (q.decodeFixed + life*q.ownPerSeq + q.outPerToken*context) * t.decodeScale
+	low, _ := q.lowMisses(raw, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*scale, decode)
+	return low
 }
 
 // screen fills sc.quick with each replica's quick bound (+Inf for one
@@ -257,16 +284,17 @@ func (q *kvRequest) screen(sc *screen) int {
 	// Every row as if its prefill were the whole prompt's (a row that is
 	// not a candidate has an infinite queue, so its bound is too), then
 	// the hits on their own paths.
-	floor, perToken, persist, mean, perSeq, invScale := q.decodeFloor, q.outPerToken, q.persist, q.meanBatch, q.perSeq, q.invScale
+	fixed, perLife, perToken, persist, mean, perSeq, invScale := q.decodeFixed, q.decodePerSeq, q.outPerToken, q.persist, q.meanBatch, q.perSeq, q.invScale
 	quick, rows := sc.quick[:len(q.rows)], q.rows
 	for i := range quick {
 		t := &rows[i]
-		short := mean - t.batch*persist // lowContext's, with its max as a branch
-		if short < 0 {
-			short = 0
+		excess := t.batch - mean // lowLife's, with its max as a branch
+		if excess < 0 {
+			excess = 0
 		}
-		low := t.context*persist + short*perSeq
-		quick[i] = (floor+perToken*low)*t.decodeScale + whole*(t.stall+t.stallInv*invScale) + t.queue
+		life := mean + excess*persist
+		context := t.context*persist + (life-t.batch*persist)*perSeq
+		quick[i] = (fixed+life*perLife+perToken*context)*t.decodeScale + whole*(t.stall+t.stallInv*invScale) + t.queue
 	}
 	for _, i := range q.hits {
 		quick[i] = q.quick(i)
@@ -318,13 +346,14 @@ func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 		sc.quick[pinned] = math.Inf(-1)
 	}
 	priced, above := 0, c.total*(1+1e-9)
+	misses := q.slo.on() && !q.mixed
 	for i, lb := range sc.quick {
 		switch {
 		case lb > above || q.rows[i].preset < 0: // pruned, or not a candidate
 			continue
 		case i == first:
 			c.record(firstCost)
-		case i != pinned && q.bound(&rs[i], i, above) > above:
+		case i != pinned && (misses && q.quickMisses(i, lb, above) > above || q.bound(&rs[i], i, above) > above):
 			continue
 		default:
 			c.price(q, i)
