@@ -106,38 +106,42 @@ func (q *kvRequest) lowLife(batch, context float64) (life, lifeContext float64) 
 
 // bound is a lower bound of price's total for replica i. It keeps the
 // terms that tell replicas apart cheaply: the queue ahead and the running
-// batch, as price has them; the prefill's compute as if the deepest match
-// of any replica were cached here (exact when nothing matches here and
-// nothing can be imported or loaded), in at least one iteration of that
-// batch, its stall of the batch and the wait of the arrivals behind it;
+// batch, as price has them; the prefill's compute as if its whole match
+// were cached here (exact when nothing matches here and nothing can be
+// imported or loaded; for a new session, the deepest match of any
+// replica), in as many iterations of that batch as that takes, its stall
+// of the batch and the wait of the arrivals behind it;
 // the decode and its slowdown of the batch's as price has them (life,
-// lifeContext); and for a request with an SLO, its own misses at that
-// floor of its time to first token and at its decode. Each term of price
+// lifeContext); and for a request with an SLO, the miss term at these
+// floors (boundMisses). Each term of price
 // is at least its counterpart here (a seat's wait, an import's or a
 // load's time and memory only add; a new session's later turns add, and
 // the share of its copy they take back is at most the prefill of the
 // holders' prefix, which the deepest match leaves out), so a candidate
 // whose bound exceeds a priced one's Total cannot win. Past above, the
-// bound already prunes, and the misses are left out. Only whether the
-// bound exceeds above matters to a scan, so the misses' normal tails are
-// taken from a table first (lowMisses, highMisses), and exactly (Erfc)
-// only when the table's bounds of them fall on either side of above: the
-// candidates priced are those the exact tails would price.
+// bound already prunes, and the misses are left out: only whether the
+// bound exceeds above matters to a scan.
 func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 	rt := q.rates(&rp.Rates)
 	compute, iters := q.compute0, q.iters0
 	switch {
 	case q.pw.from >= 0, q.srcLeg.from >= 0, i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
 		compute, iters = 0, 1 // a prefill worker, a holder's leg, or its CPU tier, may compute or hold it all
-	case matchOf(q.r, i) > 0 || q.turns > 0:
-		// It may cache some of the prompt, or share most of its copy's
-		// prefill with the sessions after this one (shared).
+	case q.turns > 0:
+		// It may share most of its copy's prefill with the sessions
+		// after this one (shared).
 		compute, iters = q.computeDeep, 1
+	case matchOf(q.r, i) > 0:
+		// It caches at most its match, on its GPU or its CPU tier
+		// (cached, tiered).
+		m := q.matched(i)
+		compute, iters = rt.prefillNS(q.tokens-m, m), math.Ceil(max(q.tokens-m, 1)/float64(rt.MaxBatchedTokens))
 	}
 	fresh := isFresh(rp, kvStaleAfter)
 	batch, context := q.batch(rp, fresh)
 	queued := queuedTokens(rp, fresh, q.tokens)
-	wait := rt.queueNS(queued, rt.stepNS(batch, context), rt.DecodeScale)
+	step := rt.stepNS(batch, context)
+	wait := rt.queueNS(queued, step, rt.DecodeScale)
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
 	// The decode and its slowdown of the others' as price has them, over
 	// the batch the request meets on average (life).
@@ -145,18 +149,38 @@ func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
 	decode := q.out * (rt.stepNS(life, q.lifeContext(batch, context, life)) + grow) * rt.DecodeScale
 	total := ttftWeight*(wait+prefill) + decode + life*q.out*grow*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
-	if q.slo.on() && total <= above {
-		// The request's own misses at this floor of its time to first
-		// token and at its decode (over is increasing; the others' are
-		// never negative).
-		low, out := q.lowMisses(&rp.Rates, total, above, wait+prefill, decode)
-		if out || q.highMisses(&rp.Rates, total, wait+prefill, decode) <= above {
-			return low // priced out, or in, without the tail's Erfc
-		}
-		cost, _ := q.ownMisses(&rp.Rates, wait+prefill, decode)
-		total += cost
+	if !q.slo.on() || total > above {
+		return total
 	}
-	return total
+	st := kvStall{batch: batch, step: step * rt.DecodeScale, queued: queued * float64(rt.PrefillPerToken) * rt.Scale,
+		compute: compute * rt.Scale, grow: grow * rt.DecodeScale, joiners: q.arrivals / rt.DecodeScale * prefill}
+	return q.boundMisses(rp, total, above, wait+prefill, decode, &st)
+}
+
+// boundMisses is bound's total with the miss term at bound's floors: the
+// request's own misses at its floor of the time to first token, ttft,
+// and at its decode (over is increasing), and then, while that does not
+// exceed above, the others' (pushedMisses) at the floors of the
+// prefill's compute and of the arrivals during it (st). The own misses'
+// normal tails are taken from a table (lowMisses, highMisses), and
+// exactly (Erfc) only when the table's bounds of them fall on either side
+// of above; the others' exactly, which costs less than the price it may
+// spare.
+func (q *kvRequest) boundMisses(rp *Replica, total, above, ttft, decode float64, st *kvStall) float64 {
+	sT, sI := spreads(&rp.Rates)
+	low, out := q.lowMisses(sT, sI, total, above, ttft, decode)
+	switch {
+	case out:
+		return low
+	case q.highMisses(&rp.Rates, total, ttft, decode) <= above:
+		total = low
+	default:
+		cost, _ := q.ownMisses(&rp.Rates, ttft, decode)
+		if total += cost; total > above {
+			return total
+		}
+	}
+	return total + max(q.pushedMisses(rp, st), 0)
 }
 
 // screen is a pick's scratch: a Summary of the snapshot when it carries
@@ -236,14 +260,10 @@ func (q *kvRequest) quick(i int) float64 {
 // it puts past above need not be bounded. For a request with an SLO on a
 // fleet of one preset, once screen has run.
 func (q *kvRequest) quickMisses(i int, lb, above float64) float64 {
-	t, raw := &q.rows[i], &q.reps[i].Rates
-	scale := raw.Scale
-	if !(scale > 0) { // as rates fills it
-		scale = 1
-	}
+	t := &q.rows[i]
 	life, context := q.lowLife(t.batch, t.context)
 	decode := (q.decodeFixed + life*q.ownPerSeq + q.outPerToken*context) * t.decodeScale
-	low, _ := q.lowMisses(raw, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*scale, decode)
+	low, _ := q.lowMisses(t.spread, t.decodeSpread, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*t.scale, decode)
 	return low
 }
 
