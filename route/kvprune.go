@@ -252,6 +252,32 @@ func (q *kvRequest) quick(i int) float64 {
 		q.computes[q.path(i)&3]*(t.stall+t.stallInv*q.invScale) + t.queue
 }
 
+// missFloor is a floor of the request's own misses, in ns of Total, on
+// every candidate of a fleet of one preset (0 without an ITL bound), for
+// a pruned scan to add to each quick bound: the decode's tail at the
+// least decode quickMisses can take on any (lowLife is at least the
+// fleet's mean batch, and its context at least that batch's share
+// 1 − persist of the fleet's mean context per sequence), at the least
+// DecodeScale and spread of the candidates that make the tail least,
+// rounded as lowMisses rounds it.
+func (q *kvRequest) missFloor() float64 {
+	if q.slo.itl <= 0 || q.mixed {
+		return 0
+	}
+	scale, least, most := math.Inf(1), math.Inf(1), 0.0
+	for i := range q.rows {
+		if t := &q.rows[i]; t.preset >= 0 {
+			scale, least, most = min(scale, t.decodeScale), min(least, t.decodeSpread), max(most, t.decodeSpread)
+		}
+	}
+	mean := q.meanBatch
+	decode := (q.decodeFixed + mean*q.ownPerSeq + q.outPerToken*(mean*(1-q.persist)*q.perSeq)) * scale
+	// The tail is monotone in the spread, rising under the bound and
+	// falling past it: least at one end.
+	p := min(lowOver(decode/q.out, q.slo.logITL, least), lowOver(decode/q.out, q.slo.logITL, most))
+	return (1 - (1 - p)) * q.slo.price
+}
+
 // quickMisses is lb, candidate i's quick bound, plus its own misses
 // (lowMisses) at floors of its time to first token and of its decode
 // from its row: the router's own queue and the prefill's compute as
@@ -366,10 +392,10 @@ func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 		sc.quick[pinned] = math.Inf(-1)
 	}
 	priced, above := 0, c.total*(1+1e-9)
-	misses := q.slo.on() && !q.mixed
+	misses, floor := q.slo.on() && !q.mixed, q.missFloor()
 	for i, lb := range sc.quick {
 		switch {
-		case lb > above || q.rows[i].preset < 0: // pruned, or not a candidate
+		case lb+floor > above || q.rows[i].preset < 0: // pruned, or not a candidate
 			continue
 		case i == first:
 			c.record(firstCost)
