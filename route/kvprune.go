@@ -265,9 +265,19 @@ func (q *kvRequest) missFloor() float64 {
 		return 0
 	}
 	scale, least, most := math.Inf(1), math.Inf(1), 0.0
-	for i := range q.rows {
-		if t := &q.rows[i]; t.preset >= 0 {
-			scale, least, most = min(scale, t.decodeScale), min(least, t.decodeSpread), max(most, t.decodeSpread)
+	for i := range q.rows { // comparisons, not min and max, which order NaNs and zeros
+		t := &q.rows[i]
+		if t.preset < 0 {
+			continue
+		}
+		if t.decodeScale < scale {
+			scale = t.decodeScale
+		}
+		if t.decodeSpread < least {
+			least = t.decodeSpread
+		}
+		if t.decodeSpread > most {
+			most = t.decodeSpread
 		}
 	}
 	mean := q.meanBatch
