@@ -318,6 +318,11 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 			if ql := q.quick(i); !q.mixed && sc.quick[i] != ql {
 				t.Fatalf("case %d: candidate %d screened at %g, quick bound %g", c, i, sc.quick[i], ql)
 			}
+			if qm := q.quickMisses(i, sc.quick[i], math.Inf(1)); q.slo.on() && !q.mixed && !le(qm, lb) {
+				t.Fatalf("case %d: candidate %d quick bound with misses %g above its bound %g", c, i, qm, lb)
+			} else if f := q.missFloor(); q.slo.on() && !q.mixed && !le(sc.quick[i]+f, qm) {
+				t.Fatalf("case %d: candidate %d quick bound with the misses' floor %g above it with its own misses %g", c, i, sc.quick[i]+f, qm)
+			}
 		}
 	}
 	if pruned == 0 {

@@ -145,19 +145,31 @@ func (q *kvRequest) stall(rp *Replica, rt *Rates, batch float64) float64 {
 // bound loses to one that keeps them under.
 func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvStall) (cost, miss float64) {
 	cost, miss = q.ownMisses(&rp.Rates, ttft, decode)
+	if pushed := q.pushedMisses(rp, st); pushed > 0 {
+		cost += pushed
+	}
+	return cost, miss
+}
+
+// pushedMisses is the others' expected misses of misses, in ns of Total:
+// those the placement pushes over their ITL bound, of the sequences on
+// replica rp and those that join while its prefill runs (st). Zero or
+// less when it pushes none. It grows with st.compute and st.joiners, so
+// that at their floors it is a floor (bound).
+func (q *kvRequest) pushedMisses(rp *Replica, st *kvStall) float64 {
 	s := &q.slo
 	if s.itl <= 0 || st.batch+st.joiners <= 0 {
-		return cost, miss
+		return 0
 	}
 	_, sI := spreads(&rp.Rates)
 	n := q.harmonic(rp, st.batch)
 	before := st.step + st.stall
 	after := before + st.grow + st.compute/n
 	pushed := over(after, s.logITL, sI) - over(before, s.logITL, sI)
-	if pushed > 0 {
-		cost += (st.batch + st.joiners/2) * pushed * s.missPrice(n)
+	if pushed <= 0 {
+		return 0
 	}
-	return cost, miss
+	return (st.batch + st.joiners/2) * pushed * s.missPrice(n)
 }
 
 // ownMisses is the request's own expected misses, in ns of Total, and
@@ -249,11 +261,11 @@ func lowLog(x float64) float64 {
 }
 
 // lowMisses is a lower bound of total plus ownMisses' cost, from
-// lowOver, and whether it exceeds above: a candidate that it prices out
-// of a scan (bound), ownMisses would too. The time to first token's alone
-// often does, which spares the decode's tail.
-func (q *kvRequest) lowMisses(raw *Rates, total, above, ttft, decode float64) (float64, bool) {
-	sT, sI := spreads(raw)
+// lowOver, at the spreads sT and sI (spreads), and whether it exceeds
+// above: a candidate that it prices out of a scan (bound), ownMisses
+// would too. The time to first token's alone often does, which spares
+// the decode's tail.
+func (q *kvRequest) lowMisses(sT, sI, total, above, ttft, decode float64) (float64, bool) {
 	s := &q.slo
 	pT, pI := 0.0, 0.0
 	if s.ttft > 0 {

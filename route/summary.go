@@ -68,6 +68,10 @@ type summaryRow struct {
 	// there, ttftWeight times, at its Scale, and +Inf for a replica that
 	// is not a candidate, so that its quick bound is too (screen).
 	decodeScale, stall, stallInv, queue float64
+	// scale is its Rates' Scale, with the default, and spread and
+	// decodeSpread its spreads (spreads), for the request's own misses
+	// (quickMisses).
+	scale, spread, decodeSpread float64
 	// preset indexes Summary.presets; −1 for a replica that is not a
 	// candidate (unhealthy).
 	preset int32
@@ -221,7 +225,9 @@ func (m *Summary) row(out *summaryRow, s *Snapshot, i int) {
 	if rp.Outputs > 0 && rp.InvOutput > 0 {
 		stall, stallInv = scale*ttftWeight, scale*batch*rp.InvOutput/float64(rp.Outputs)
 	}
+	spread, decodeSpread := spreads(&rp.Rates)
 	*out = summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: stall, stallInv: stallInv,
+		scale: scale, spread: spread, decodeSpread: decodeSpread,
 		outputs: int64(rp.Outputs), invOutput: nanoInv(rp.InvOutput), work: int64(rp.PrefillWork),
 		queue: ttftWeight * float64(rp.PrefillTokens) * float64(perToken) * scale, fresh: fresh}
 }
