@@ -161,3 +161,58 @@ func TestKVAwareMissCountsTheStallBeside(t *testing.T) {
 		t.Errorf("a: the prefill should push its decodes over the bound: rise %.3f", pushed)
 	}
 }
+
+// TestKVAwareMissOverTheOutputsSpread: a batch of 10, five answers of 20
+// tokens and five of 500 (n̄ = 10/0.26 ≈ 38, the harmonic mean), and an
+// ITL bound just above its step. The others' term takes 1/n lognormal
+// with the batch's mean and mean square of it (Replica.InvOutput,
+// InvOutput2), σ² = ln(m₂/m₁²), and sums the rise of a miss, times its
+// price at each node's n, over the three-point Gauss–Hermite rule. The
+// long answers, which the prefill leaves under the bound more often and
+// whose misses cost more, weigh as they do: the term is above what the
+// harmonic mean alone prices, and it equals it for a batch of alike
+// answers (m₂ = m₁²).
+func TestKVAwareMissOverTheOutputsSpread(t *testing.T) {
+	const out = 100
+	inv, inv2 := 5/20.0+5/500.0, 5/400.0+5/250000.0
+	rp := Replica{ID: "b", Healthy: true, CacheBlocks: 28000, InFlight: 10, Decoding: 10, DecodeBlocks: 10 * 2048 / 16,
+		Outputs: 10, InvOutput: inv, InvOutput2: inv2, Rates: Rates{Spread: 0.3, DecodeSpread: 0.2}}
+	rt := Rates{}.WithDefaults()
+	step := rt.stepNS(10, 10*2048)
+	r := &Request{ID: "m", Hash: 7, Tokens: 1024, Blocks: 64, MaxTokens: out, Pinned: -1, Costs: make([]Cost, 0, 1),
+		SLO: SLO{TTFT: time.Second, ITL: time.Duration(1.3 * step)}}
+	pick := func(rp Replica) Cost {
+		r.Costs = r.Costs[:0]
+		return KVAware{}.Pick(r, &Snapshot{Replicas: []Replica{rp}}).Costs[0]
+	}
+	k := pick(rp)
+	sI, itl := 0.2, float64(r.SLO.ITL)
+	own := 1 - (1-normal(float64(k.Wait+k.Prefill), float64(r.SLO.TTFT), 0.3))*(1-normal(float64(k.Decode)/out, itl, sI))
+	grow := float64(rt.DecodePerSeq) + (1024+out/2)*float64(rt.DecodePerMTokens)*1e-6
+	compute := rt.prefillNS(1024, 0)
+	joiners := 10 / (256 * step) * float64(k.Prefill)
+	m1, m2 := inv/10, inv2/10
+	sd := math.Sqrt(math.Log(m2 / (m1 * m1)))
+	pushed := 0.0
+	for _, node := range []struct{ z, w float64 }{{0, 2.0 / 3}, {-math.Sqrt(3), 1.0 / 6}, {math.Sqrt(3), 1.0 / 6}} {
+		x := m1 * math.Exp(sd*node.z-sd*sd/2)
+		pushed += node.w * (normal(step+grow+compute*x, itl, sI) - normal(step, itl, sI)) * (2*float64(r.SLO.TTFT) + itl/x)
+	}
+	others := (10 + joiners/2) * pushed
+	want := own*(2*float64(r.SLO.TTFT)+out*itl) + others
+	if got := float64(k.Misses); math.Abs(got-want) > 1e-5*want {
+		t.Errorf("spread batch: Misses %v, want own %v + others %v", k.Misses, time.Duration(want-others), time.Duration(others))
+	}
+
+	alike := rp
+	alike.InvOutput2 = inv * inv / 10 // m₂ = m₁²: no spread
+	k2 := pick(alike)
+	n := 10 / inv
+	harmonic := (10 + joiners/2) * (normal(step+grow+compute/n, itl, sI) - normal(step, itl, sI)) * (2*float64(r.SLO.TTFT) + n*itl)
+	if got, want := float64(k2.Misses), own*(2*float64(r.SLO.TTFT)+out*itl)+harmonic; math.Abs(got-want) > 1e-5*want {
+		t.Errorf("alike batch: Misses %v, want the harmonic mean's %v", k2.Misses, time.Duration(want))
+	}
+	if others <= harmonic {
+		t.Errorf("others over the spread %v, at the harmonic mean %v: want more", time.Duration(others), time.Duration(harmonic))
+	}
+}
