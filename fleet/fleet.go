@@ -193,9 +193,8 @@ type replica struct {
 	// The router's own accounting, released by Ticket.Done.
 	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
 	// outputs are its requests in flight that said their output
-	// (Claim.Output), invOut the sum of 1e9/output over them and invOut2
-	// of 1e12/output².
-	outputs, invOut, invOut2 atomic.Int64
+	// (Claim.Output), and invOut the sum of 1e9/output over them.
+	outputs, invOut atomic.Int64
 	// share and shareSeq are route.Replica.Share (float64 bits) and
 	// ShareSeq, written under mu (arrived).
 	share, shareSeq atomic.Uint64

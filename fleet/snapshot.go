@@ -296,7 +296,6 @@ func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *p
 		DecodeBlocks:  int(d.div(max(r.decodeTokens.Load(), 0) + pl.DecodeTokens + int64(d) - 1)),
 		Outputs:       int(max(r.outputs.Load(), 0)),
 		InvOutput:     float64(max(r.invOut.Load(), 0)) / 1e9,
-		InvOutput2:    float64(max(r.invOut2.Load(), 0)) / 1e12,
 		PrefillWork:   time.Duration(max(r.work.Load(), 0)),
 		Share:         math.Float64frombits(r.share.Load()),
 		ShareSeq:      r.shareSeq.Load(),

@@ -151,7 +151,6 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time, t *Ticket) *Ticket {
 	if c.Output > 0 {
 		r.outputs.Add(1)
 		r.invOut.Add(1e9 / int64(c.Output))
-		r.invOut2.Add(1e12 / (int64(c.Output) * int64(c.Output)))
 	}
 	r.changed()
 	if w := f.needs.Window; w > 0 && c.PrefillTokens > 0 {
@@ -239,7 +238,6 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 	if t.claim.Output > 0 {
 		r.outputs.Add(-1)
 		r.invOut.Add(-1e9 / int64(t.claim.Output))
-		r.invOut2.Add(-1e12 / (int64(t.claim.Output) * int64(t.claim.Output)))
 	}
 	r.inFlight.Add(-1)
 	t.releaseBlocks(now)

@@ -131,11 +131,11 @@ func (q *kvRequest) stall(rp *Replica, rt *Rates, batch float64) float64 {
 // the prefill runs, decodes at the iteration now plus the stall per
 // token of the prefills run beside it (stall). The placement adds its
 // own step's share and its prefill's stall, spread over their output (a
-// stall of c adds c/n to the mean gap of an answer of n tokens, n spread
-// over the batch's outputs as outputSpread has it): the extra probability
-// that this pushes a sequence over the ITL bound, times the sequences
-// (the joiners at half: they meet half the prefill on average), is the
-// others' expected misses, each priced at its own output's budget. The request's own inter-token latency leaves the stall out:
+// stall of c adds c/n to the mean gap of an answer of n tokens; n the
+// batch's harmonic mean output): the extra probability that this pushes
+// a sequence over the ITL bound, times the sequences (the joiners at
+// half: they meet half the prefill on average), is the others' expected
+// misses. The request's own inter-token latency leaves the stall out:
 // the prefills that will stall its decode are not yet routed, and each
 // of them prices, in its own others' term, the misses it causes here;
 // counted in this one's too, the same misses would be priced twice.
@@ -164,54 +164,12 @@ func (q *kvRequest) pushedMisses(rp *Replica, st *kvStall) float64 {
 	_, sI := spreads(&rp.Rates)
 	n := q.harmonic(rp, st.batch)
 	before := st.step + st.stall
-	was := over(before, s.logITL, sI)
-	// The batch's 1/n, of mean 1/n̄, at the nodes of outputSpread: a
-	// sequence of n tokens meets the stall as compute/n per token, and
-	// its miss costs its own budget.
-	sd, pushed := outputSpread(rp), 0.0
-	for k, z := range hermiteZ {
-		if sd == 0 && k > 0 {
-			break
-		}
-		x, w := 1/n, 1.0
-		if sd > 0 {
-			x, w = x*math.Exp(sd*z-sd*sd/2), hermiteW[k]
-		}
-		if p := over(before+st.grow+st.compute*x, s.logITL, sI) - was; p > 0 {
-			pushed += w * p * s.missPrice(1/x)
-		}
-	}
-	return (st.batch + st.joiners/2) * pushed
-}
-
-// hermiteZ and hermiteW are the three-point Gauss–Hermite rule for the
-// mean of f(Z), Z standard normal: f(0)·2/3 + (f(−√3) + f(√3))/6, exact
-// for polynomials of degree up to five. Its first node is the median.
-var (
-	hermiteZ = [3]float64{0, -math.Sqrt(3), math.Sqrt(3)}
-	hermiteW = [3]float64{2.0 / 3, 1.0 / 6, 1.0 / 6}
-)
-
-// outputSpread is the standard deviation of log(1/n) over the sequences
-// on replica rp whose requests said their output n, taking 1/n as
-// lognormal: its mean m₁ and mean square m₂ (Replica.InvOutput,
-// InvOutput2) give σ² = ln(m₂/m₁²). Zero with fewer than two, or all
-// alike. The outputs of a batch spread widely (a lognormal of σ 0.7 on
-// unique), and a stall of c lengthens a short answer's mean gap by c/n
-// much more than the harmonic mean's, and a long answer's miss costs
-// more (its budget n × the ITL bound): priced at n̄ alone, a batch whose
-// mean sequence a prefill already pushes far over its bound seems to lose
-// nothing more to a second one, while its long answers, still under it
-// and worth more, do.
-func outputSpread(rp *Replica) float64 {
-	if rp.Outputs < 2 || rp.InvOutput <= 0 || rp.InvOutput2 <= 0 {
+	after := before + st.grow + st.compute/n
+	pushed := over(after, s.logITL, sI) - over(before, s.logITL, sI)
+	if pushed <= 0 {
 		return 0
 	}
-	m1, m2 := rp.InvOutput/float64(rp.Outputs), rp.InvOutput2/float64(rp.Outputs)
-	if v := math.Log(m2 / (m1 * m1)); v > 0 {
-		return math.Sqrt(v)
-	}
-	return 0
+	return (st.batch + st.joiners/2) * pushed * s.missPrice(n)
 }
 
 // ownMisses is the request's own expected misses, in ns of Total, and

@@ -20,18 +20,15 @@
 //	Memory  = (memory + displaced)·Scale, displaced = (ttftWeight + B̄)·Displaced·copy         memory, displaced, copied, holds
 //	Future  = future − shared, future = FutureTurns·turn(kept batch)                          future, turn, shared
 //	Misses  = P(miss)·(ttftWeight·SLO.TTFT + out·SLO.ITL)                                   misses, over, kvSLO.price
-//	          + (B + joiners/2)·E_n[(Φ(itl′) − Φ(itl))·(ttftWeight·SLO.TTFT + n·SLO.ITL)], 0 without an SLO
+//	          + (B + joiners/2)·[Φ(itl′) − Φ(itl)]·(ttftWeight·SLO.TTFT + n̄·SLO.ITL), 0 without an SLO
 //	          P(miss) = 1 − (1 − Φ(TTFT))(1 − Φ(ITL)), TTFT = Wait + Load|Leg + Prefill, ITL = Decode/out
-//	          itl = step + stall, itl′ = itl + Δ + compute/n, joiners = λ·Prefill
-//	          E_n over 1/n lognormal, mean 1/n̄, σ² = ln(m₂/m₁²), three-point Gauss–Hermite  outputSpread, hermiteZ
+//	          itl = step + stall, itl′ = itl + Δ + compute/n̄, joiners = λ·Prefill
 //	          stall = (P·persist + P̄·(1 − persist))·Scale/n̄, the prefill run per output token  stall
 //	          Φ(x) = P(x·e^ε > bound), ε ~ N(0, Spread²) (DecodeSpread for ITLs)    spreads, PriorSpread
 //
 // with B and K the replica's batch and its KV context (batch), step =
 // stepNS(B, K), Δ what one more sequence of this request adds to a step,
 // B̄ the fleet's mean batch, n̄ the harmonic mean output of the batch,
-// m₁ and m₂ the mean 1/output and 1/output² of its sequences that said
-// theirs (Replica.InvOutput, InvOutput2),
 // λ the per-replica arrival rate, P the prefill compute of the router's
 // requests in flight on the replica (Replica.PrefillWork) and P̄ the
 // candidates' mean of it, persist the share of the replica's state that

@@ -44,11 +44,9 @@ type Replica struct {
 	// Outputs is the router's requests in flight here that said their
 	// output length (max_tokens), and InvOutput the sum of 1/output over
 	// them: a stall of the batch matters to each sequence per token
-	// (KVAware, Others). InvOutput2 is the sum of 1/output²: with
-	// InvOutput, how far their outputs spread (kv-aware's miss term).
-	Outputs    int
-	InvOutput  float64
-	InvOutput2 float64
+	// (KVAware, Others).
+	Outputs   int
+	InvOutput float64
 	// DecodeBlocks is the KV footprint, in blocks of Snapshot.BlockSize
 	// tokens, of the requests this router has in flight here.
 	DecodeBlocks int
