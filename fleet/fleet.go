@@ -218,6 +218,10 @@ type replica struct {
 	// finished here (at their first token), in all: what lengthened the
 	// iterations of the requests decoding meanwhile (observeITL).
 	prefilled atomic.Int64
+	// work is the predicted time, at Scale 1, of the prefills of the
+	// router's requests in flight here, done or not
+	// (route.Replica.PrefillWork), released by Ticket.Done.
+	work atomic.Int64
 	// Feedback totals, for the View (see view.Replica).
 	completed, failed                           atomic.Int64
 	promptTokens, actualCached, predictedCached atomic.Int64

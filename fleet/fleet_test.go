@@ -238,9 +238,11 @@ func TestSnapshotContents(t *testing.T) {
 	now := t0.Add(7 * time.Second)
 	f.Snapshot(&s, now, 16)
 	rates := route.Rates{PrefillPerToken: 50 * time.Microsecond, DecodeStep: 20 * time.Millisecond, MaxSeqs: 128, Scale: 1, DecodeScale: 1, HitScale: 1}
+	full := preset.WithDefaults()
+	work := full.PrefillTime(1000, 0) + full.PrefillTime(200, 0) // both in flight, prefilled or not
 	want := route.Snapshot{BlockSize: 16, Replicas: []route.Replica{
 		{ID: a, Healthy: true, Running: 4, Waiting: 2, KVUsage: 0.5, Scraped: true, LoadAge: 7 * time.Second,
-			InFlight: 2, PrefillTokens: 1000, Decoding: 1, DecodeBlocks: 83, RecentPrefill: 1200,
+			InFlight: 2, PrefillTokens: 1000, Decoding: 1, DecodeBlocks: 83, PrefillWork: work, RecentPrefill: 1200,
 			CacheBlocks: 2000, Rates: rates},
 		{ID: b, Healthy: true, CacheBlocks: 500, Rates: rates},
 		{ID: c, Healthy: false, CacheBlocks: 500, Rates: rates},
@@ -256,6 +258,10 @@ func TestSnapshotContents(t *testing.T) {
 	}
 	t1.Done(t0, NoUsage, nil)
 	t2.Done(t0, NoUsage, nil)
+	f.Snapshot(&s, now, 16)
+	if got := s.Replicas[0].PrefillWork; got != 0 {
+		t.Errorf("PrefillWork after both are done = %v, want 0", got)
+	}
 
 	allocs := testing.AllocsPerRun(100, func() { f.Snapshot(&s, now, 16) })
 	if allocs != 0 {

@@ -296,6 +296,7 @@ func (f *Fleet) fill(out *route.Replica, r *replica, d divider, prior priors) *p
 		DecodeBlocks:  int(d.div(max(r.decodeTokens.Load(), 0) + pl.DecodeTokens + int64(d) - 1)),
 		Outputs:       int(max(r.outputs.Load(), 0)),
 		InvOutput:     float64(max(r.invOut.Load(), 0)) / 1e9,
+		PrefillWork:   time.Duration(max(r.work.Load(), 0)),
 		Share:         math.Float64frombits(r.share.Load()),
 		ShareSeq:      r.shareSeq.Load(),
 	}

@@ -146,6 +146,8 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time, t *Ticket) *Ticket {
 	r.inFlight.Add(1)
 	r.prefillTokens.Add(int64(c.PrefillTokens))
 	r.decodeTokens.Add(int64(c.Tokens))
+	prefill := f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)
+	r.work.Add(int64(prefill))
 	if c.Output > 0 {
 		r.outputs.Add(1)
 		r.invOut.Add(1e9 / int64(c.Output))
@@ -157,7 +159,7 @@ func (f *Fleet) acquire(r *replica, c Claim, now time.Time, t *Ticket) *Ticket {
 		r.mu.Unlock()
 	}
 	t.f, t.r, t.claim, t.sent = f, r, c, now
-	t.scrapes, t.prefill = r.scrapes.Load(), f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)
+	t.scrapes, t.prefill = r.scrapes.Load(), prefill
 	return t
 }
 
@@ -232,6 +234,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 		r.decoding.Add(-1)
 	}
 	r.decodeTokens.Add(-int64(t.claim.Tokens))
+	r.work.Add(-int64(t.prefill))
 	if t.claim.Output > 0 {
 		r.outputs.Add(-1)
 		r.invOut.Add(-1e9 / int64(t.claim.Output))

@@ -318,6 +318,11 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 			if ql := q.quick(i); !q.mixed && sc.quick[i] != ql {
 				t.Fatalf("case %d: candidate %d screened at %g, quick bound %g", c, i, sc.quick[i], ql)
 			}
+			if qm := q.quickMisses(i, sc.quick[i], math.Inf(1)); q.slo.on() && !q.mixed && !le(qm, lb) {
+				t.Fatalf("case %d: candidate %d quick bound with misses %g above its bound %g", c, i, qm, lb)
+			} else if f := q.missFloor(); q.slo.on() && !q.mixed && !le(sc.quick[i]+f, qm) {
+				t.Fatalf("case %d: candidate %d quick bound with the misses' floor %g above it with its own misses %g", c, i, sc.quick[i]+f, qm)
+			}
 		}
 	}
 	if pruned == 0 {
@@ -335,6 +340,7 @@ func withSLO(rng *rand.Rand, r *Request, s *Snapshot) {
 		rt := &s.Replicas[i].Rates
 		rt.Spread = []float64{0, 0.01, 0.3, 2}[rng.IntN(4)]
 		rt.DecodeSpread = []float64{0, 0.01, 0.3, 2}[rng.IntN(4)]
+		s.Replicas[i].PrefillWork = time.Duration(rng.IntN(3)) * time.Duration(rng.IntN(2000)) * time.Millisecond
 	}
 }
 

@@ -82,13 +82,40 @@ func spreads(raw *Rates) (prefill, decode float64) {
 }
 
 // kvStall is what a placement does to the decodes on its replica, for
-// the miss term: the running batch and its iteration, and the prefill
-// compute (at Scale) that stalls them, queued ahead and its own.
+// the miss term: the running batch and its iteration, the prefill
+// compute that stalls each of their tokens (stall) and the placement's
+// own prefill's, at Scale.
 type kvStall struct {
-	batch, step     float64 // sequences, and one decode iteration of them at DecodeScale
-	queued, compute float64 // prefill compute ahead of it and its own, at Scale
-	grow            float64 // what one more sequence adds to their step, at DecodeScale
-	joiners         float64 // the requests expected to join while its prefill runs
+	batch, step    float64 // sequences, and one decode iteration of them at DecodeScale
+	stall, compute float64 // prefill compute per output token of theirs (stall), and its own prefill's, at Scale
+	grow           float64 // what one more sequence adds to their step, at DecodeScale
+	joiners        float64 // the requests expected to join while its prefill runs
+}
+
+// stall is the prefill compute, in ns at Scale, that each output token of
+// a sequence decoding on replica rp waits for, on average over its
+// decode. Chunked prefills run in the same iterations as the decodes, so
+// a sequence's mean inter-token latency is its decode step plus the
+// prefill compute run on the replica while it decodes, over its output.
+// Prefills arrive there at λ with compute c̄ each, a share ρ = λc̄ of the
+// replica's time, so each token waits ρ × ITL on average. By Little's
+// law the prefill compute of the requests in flight there, done or not
+// (Replica.PrefillWork), is P = λc̄T̄, T̄ their mean stay; and their
+// number λT̄ over the sum of their 1/n (λ × ITL, each staying n
+// iterations) is the harmonic mean output n̄ (harmonic), so T̄ = n̄ × ITL
+// and ρ × ITL = P/n̄: the stall per token, whatever a sequence's own
+// output. Over the request's decode, the work in flight relaxes to the
+// fleet's mean as its context does (lifeContext): persist of P stays,
+// the rest is the candidates' mean (meanWork). Its prefill queued ahead
+// is part of P. The engine's DecodeScale leaves these stalls out
+// (fleet's observeITL takes them off), so the decode's step does not
+// count them already. Zero with no prefill in flight anywhere.
+func (q *kvRequest) stall(rp *Replica, rt *Rates, batch float64) float64 {
+	w := float64(rp.PrefillWork)*q.persist + q.meanWork*(1-q.persist)
+	if w <= 0 {
+		return 0
+	}
+	return w * rt.Scale / q.harmonic(rp, batch)
 }
 
 // misses is the miss term of a candidate, in ns of Total, and the
@@ -101,32 +128,48 @@ type kvStall struct {
 // taken as independent: 1 − (1 − p_ttft)(1 − p_itl).
 //
 // The others': each sequence on the replica, and each that joins while
-// the prefill runs, decodes at the iteration now plus its share of the
-// stall of the prefills queued ahead, spread over its output (a stall of
-// c adds c/n to the mean gap of an answer of n tokens; n the batch's
-// harmonic mean output). The placement adds its own step's share and its
-// prefill's stall: the extra probability that this pushes a sequence
-// over the ITL bound, times the sequences (the joiners at half: they
-// meet half the prefill on average), is the others' expected misses.
+// the prefill runs, decodes at the iteration now plus the stall per
+// token of the prefills run beside it (stall). The placement adds its
+// own step's share and its prefill's stall, spread over their output (a
+// stall of c adds c/n to the mean gap of an answer of n tokens; n the
+// batch's harmonic mean output): the extra probability that this pushes
+// a sequence over the ITL bound, times the sequences (the joiners at
+// half: they meet half the prefill on average), is the others' expected
+// misses. The request's own inter-token latency leaves the stall out:
+// the prefills that will stall its decode are not yet routed, and each
+// of them prices, in its own others' term, the misses it causes here;
+// counted in this one's too, the same misses would be priced twice.
 //
 // Each miss is priced at its request's budget (kvSLO.price), so a
 // placement that costs less in the sum but pushes requests over their
 // bound loses to one that keeps them under.
 func (q *kvRequest) misses(rp *Replica, rt *Rates, ttft, decode float64, st *kvStall) (cost, miss float64) {
 	cost, miss = q.ownMisses(&rp.Rates, ttft, decode)
+	if pushed := q.pushedMisses(rp, st); pushed > 0 {
+		cost += pushed
+	}
+	return cost, miss
+}
+
+// pushedMisses is the others' expected misses of misses, in ns of Total:
+// those the placement pushes over their ITL bound, of the sequences on
+// replica rp and those that join while its prefill runs (st). Zero or
+// less when it pushes none. It grows with st.compute and st.joiners, so
+// that at their floors it is a floor (bound).
+func (q *kvRequest) pushedMisses(rp *Replica, st *kvStall) float64 {
 	s := &q.slo
 	if s.itl <= 0 || st.batch+st.joiners <= 0 {
-		return cost, miss
+		return 0
 	}
 	_, sI := spreads(&rp.Rates)
 	n := q.harmonic(rp, st.batch)
-	before := st.step + st.queued/n
+	before := st.step + st.stall
 	after := before + st.grow + st.compute/n
 	pushed := over(after, s.logITL, sI) - over(before, s.logITL, sI)
-	if pushed > 0 {
-		cost += (st.batch + st.joiners/2) * pushed * s.missPrice(n)
+	if pushed <= 0 {
+		return 0
 	}
-	return cost, miss
+	return (st.batch + st.joiners/2) * pushed * s.missPrice(n)
 }
 
 // ownMisses is the request's own expected misses, in ns of Total, and
@@ -218,11 +261,11 @@ func lowLog(x float64) float64 {
 }
 
 // lowMisses is a lower bound of total plus ownMisses' cost, from
-// lowOver, and whether it exceeds above: a candidate that it prices out
-// of a scan (bound), ownMisses would too. The time to first token's alone
-// often does, which spares the decode's tail.
-func (q *kvRequest) lowMisses(raw *Rates, total, above, ttft, decode float64) (float64, bool) {
-	sT, sI := spreads(raw)
+// lowOver, at the spreads sT and sI (spreads), and whether it exceeds
+// above: a candidate that it prices out of a scan (bound), ownMisses
+// would too. The time to first token's alone often does, which spares
+// the decode's tail.
+func (q *kvRequest) lowMisses(sT, sI, total, above, ttft, decode float64) (float64, bool) {
 	s := &q.slo
 	pT, pI := 0.0, 0.0
 	if s.ttft > 0 {

@@ -109,3 +109,55 @@ func TestKVAwareMissRefusesWhatTheSumTakes(t *testing.T) {
 		t.Errorf("miss probability a %.3f, b %.3f, decision %.3f: want a's higher, the decision b's", a.Miss, b.Miss, d.Miss)
 	}
 }
+
+// TestKVAwareMissCountsTheStallBeside: a long prompt, and two replicas
+// decoding alike, 8 answers of 100 tokens; a has 2 s of prefill compute
+// in flight (its requests' prompts), b 0.2 s and 2,000 prompt tokens
+// queued. Without the work in flight, as the miss term had it, the
+// decodes of both sit at their step, far under an ITL bound 10% above
+// a's step plus its stall, and b's queue sends the request to a. With it,
+// a's decodes already wait P/n̄ per token for the prefills beside them:
+// the 8,000-token prefill pushes them over the bound, and the request
+// goes to b. The others' term is exact: the batch, times the rise of
+// their chance of a miss from step + stall to that plus Δ + compute/n̄,
+// times their miss price.
+func TestKVAwareMissCountsTheStallBeside(t *testing.T) {
+	const out, n = 200, 100.0
+	spread := Rates{Spread: 0.25, DecodeSpread: 0.2}
+	batch := Replica{Healthy: true, InFlight: 8, Decoding: 8, DecodeBlocks: 8 * 4000 / 16, Outputs: 8, InvOutput: 8 / n,
+		CacheBlocks: 100000, Rates: spread}
+	a, b := batch, batch
+	a.ID, b.ID, b.PrefillTokens = "a", "b", 2000
+	s := &Snapshot{Replicas: []Replica{a, b}}
+	rt := Rates{}.WithDefaults()
+	persist := (1 - math.Exp(-out/256.0)) / (out / 256.0) // decodeLen = out / kvMeanOutput
+	mean := (2*time.Second + 200*time.Millisecond).Seconds() / 2 * 1e9
+	stall := func(w time.Duration) float64 { return (float64(w)*persist + mean*(1-persist)) / n }
+	step := rt.stepNS(8, 8*4000)
+	r := &Request{ID: "long", Hash: 7, Tokens: 8000, Blocks: 500, MaxTokens: out, Pinned: -1, Costs: make([]Cost, 0, 2),
+		SLO: SLO{TTFT: 4 * time.Second, ITL: time.Duration(1.1 * (step + stall(2*time.Second)))}}
+	if d := (KVAware{}).Pick(r, s); d.Replica != 0 {
+		t.Fatalf("without the work in flight: replica %d, want a, the premise; costs %+v", d.Replica, d.Costs)
+	}
+	s.Replicas[0].PrefillWork, s.Replicas[1].PrefillWork = 2*time.Second, 200*time.Millisecond
+	r.Costs = r.Costs[:0]
+	d := KVAware{}.Pick(r, s)
+	if d.Replica != 1 {
+		t.Fatalf("with it: replica %d, want b; costs %+v", d.Replica, d.Costs)
+	}
+	ka := d.Costs[0]
+	grow := float64(rt.DecodePerSeq) + (8000+out/2)*float64(rt.DecodePerMTokens)*1e-6
+	before := step + stall(2*time.Second)
+	after := before + grow + rt.prefillNS(8000, 0)/n
+	pushed := normal(after, float64(r.SLO.ITL), 0.2) - normal(before, float64(r.SLO.ITL), 0.2)
+	joiners := 8 / (256 * step) * float64(ka.Prefill) // λ, the mean batch over kvMeanOutput steps, times the prefill
+	others := (8 + joiners/2) * pushed * (2*float64(r.SLO.TTFT) + n*float64(r.SLO.ITL))
+	own := 1 - (1-normal(float64(ka.Wait+ka.Prefill), float64(r.SLO.TTFT), 0.25))*(1-normal(float64(ka.Decode)/out, float64(r.SLO.ITL), 0.2))
+	want := own*(2*float64(r.SLO.TTFT)+out*float64(r.SLO.ITL)) + others
+	if got := float64(ka.Misses); math.Abs(got-want) > 1e-5*want {
+		t.Errorf("a: Misses %v, want own %v + others %v", ka.Misses, time.Duration(want-others), time.Duration(others))
+	}
+	if pushed < 0.3 {
+		t.Errorf("a: the prefill should push its decodes over the bound: rise %.3f", pushed)
+	}
+}

@@ -22,13 +22,17 @@
 //	Misses  = P(miss)·(ttftWeight·SLO.TTFT + out·SLO.ITL)                                   misses, over, kvSLO.price
 //	          + (B + joiners/2)·[Φ(itl′) − Φ(itl)]·(ttftWeight·SLO.TTFT + n̄·SLO.ITL), 0 without an SLO
 //	          P(miss) = 1 − (1 − Φ(TTFT))(1 − Φ(ITL)), TTFT = Wait + Load|Leg + Prefill, ITL = Decode/out
-//	          itl = step + queued compute/n̄, itl′ = itl + Δ + compute/n̄, joiners = λ·Prefill
+//	          itl = step + stall, itl′ = itl + Δ + compute/n̄, joiners = λ·Prefill
+//	          stall = (P·persist + P̄·(1 − persist))·Scale/n̄, the prefill run per output token  stall
 //	          Φ(x) = P(x·e^ε > bound), ε ~ N(0, Spread²) (DecodeSpread for ITLs)    spreads, PriorSpread
 //
 // with B and K the replica's batch and its KV context (batch), step =
 // stepNS(B, K), Δ what one more sequence of this request adds to a step,
 // B̄ the fleet's mean batch, n̄ the harmonic mean output of the batch,
-// λ the per-replica arrival rate, and Load, a holder's Leg, a prefill
+// λ the per-replica arrival rate, P the prefill compute of the router's
+// requests in flight on the replica (Replica.PrefillWork) and P̄ the
+// candidates' mean of it, persist the share of the replica's state that
+// lasts through the request's decode (lifeContext), and Load, a holder's Leg, a prefill
 // worker's Leg or none, whichever of the four placements prices least
 // (price). kvprune.go bounds Total
 // from below to skip candidates on a large fleet; this file does not
@@ -195,7 +199,7 @@ func (q *kvRequest) priceWith(rp *Replica, i int, rt *Rates, local, cached, load
 		Decode: ns(decode), Others: ns(others), Memory: ns(memory), Future: ns(future),
 		Total: ns(total), Import: imp, Load: ns(load)}
 	if q.slo.on() {
-		st := kvStall{batch: batch, step: step * rt.DecodeScale, queued: queued * float64(rt.PrefillPerToken) * rt.Scale,
+		st := kvStall{batch: batch, step: step * rt.DecodeScale, stall: q.stall(rp, rt, batch),
 			compute: compute * rt.Scale, grow: grow * rt.DecodeScale, joiners: q.arrivals / rt.DecodeScale * prefill}
 		total = q.missTerms(rp, rt, &k, total, wait+float64(imp.Time)+load+prefill, decode, &st)
 	}

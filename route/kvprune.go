@@ -28,11 +28,12 @@ type kvBounds struct {
 	// match of any replica, the least any replica's prefill can cost
 	// (bound); iters0 the iterations a prefill of the whole prompt takes.
 	computeDeep, iters0 float64
-	// decodeFloor is the least decode and decode slowdown of others the
-	// request can cost on a replica of rt with no KV context, unscaled;
-	// outPerToken what each token of the replica's averaged context adds
-	// to its decode (bound, quick).
-	decodeFloor, outPerToken float64
+	// The decode and its slowdown of the others', unscaled, on a replica
+	// of rt whose batch over the decode averages life and their context
+	// lifeContext, is decodeFixed + life·decodePerSeq +
+	// lifeContext·outPerToken; the request's own decode alone has
+	// ownPerSeq for decodePerSeq (quick, quickMisses).
+	decodeFixed, decodePerSeq, ownPerSeq, outPerToken float64
 	// first is a candidate (a healthy replica), or −1; candidates is
 	// their number.
 	first, candidates int
@@ -71,7 +72,9 @@ func (q *kvRequest) setBounds() {
 	q.computeDeep = q.rt.prefillNS(q.tokens-q.deepMatch, q.deepMatch)
 	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
-	q.decodeFloor = q.out * (q.rt.stepNS(q.meanBatch, 0) + grow + q.meanBatch*grow)
+	q.decodeFixed = q.out * (float64(q.rt.DecodeStep) + grow)
+	q.ownPerSeq = q.out * float64(q.rt.DecodePerSeq)
+	q.decodePerSeq = q.out * (float64(q.rt.DecodePerSeq) + grow)
 	q.outPerToken = q.out * float64(q.rt.DecodePerMTokens) * 1e-6
 }
 
@@ -92,64 +95,92 @@ func (q *kvRequest) likely(rs []Replica) int {
 	return first
 }
 
-// lowContext is a lower bound of lifeContext for any batch average
-// (life is at least the fleet's mean batch): bound's and quick's.
-func (q *kvRequest) lowContext(batch, context float64) float64 {
-	return context*q.persist + max(q.meanBatch-batch*q.persist, 0)*q.perSeq
+// lowLife is a lower bound of life, and lowLife's lifeContext, for a
+// replica of batch sequences holding context tokens: the target it keeps
+// is at least the fleet's mean batch (kept), and life grows with it.
+// (lowLife is at least batch × persist, so the context needs no max.)
+func (q *kvRequest) lowLife(batch, context float64) (life, lifeContext float64) {
+	life = q.meanBatch + max(batch-q.meanBatch, 0)*q.persist
+	return life, context*q.persist + (life-batch*q.persist)*q.perSeq
 }
 
 // bound is a lower bound of price's total for replica i. It keeps the
 // terms that tell replicas apart cheaply: the queue ahead and the running
-// batch, as price has them; the prefill's compute as if the deepest match
-// of any replica were cached here (exact when nothing matches here and
-// nothing can be imported or loaded), in at least one iteration of that
-// batch, its stall of the batch and the wait of the arrivals behind it;
-// the decode at its floor, the fleet's mean batch (a replica's batch over
-// a decode is never below it: see life) and lowContext; and for a request
-// with an SLO, its own misses at those floors of its time to first token
-// and of its decode. Each term of price
+// batch, as price has them; the prefill's compute as if its whole match
+// were cached here (exact when nothing matches here and nothing can be
+// imported or loaded; for a new session, the deepest match of any
+// replica), in as many iterations of that batch as that takes, its stall
+// of the batch and the wait of the arrivals behind it;
+// the decode and its slowdown of the batch's as price has them (life,
+// lifeContext); and for a request with an SLO, the miss term at these
+// floors (boundMisses). Each term of price
 // is at least its counterpart here (a seat's wait, an import's or a
 // load's time and memory only add; a new session's later turns add, and
 // the share of its copy they take back is at most the prefill of the
 // holders' prefix, which the deepest match leaves out), so a candidate
 // whose bound exceeds a priced one's Total cannot win. Past above, the
-// bound already prunes, and the misses are left out. Only whether the
-// bound exceeds above matters to a scan, so the misses' normal tails are
-// taken from a table first (lowMisses, highMisses), and exactly (Erfc)
-// only when the table's bounds of them fall on either side of above: the
-// candidates priced are those the exact tails would price.
+// bound already prunes, and the misses are left out: only whether the
+// bound exceeds above matters to a scan.
 func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 	rt := q.rates(&rp.Rates)
 	compute, iters := q.compute0, q.iters0
 	switch {
 	case q.pw.from >= 0, q.srcLeg.from >= 0, i < len(q.r.Offloaded) && q.r.Offloaded[i] > 0:
 		compute, iters = 0, 1 // a prefill worker, a holder's leg, or its CPU tier, may compute or hold it all
-	case matchOf(q.r, i) > 0 || q.turns > 0:
-		// It may cache some of the prompt, or share most of its copy's
-		// prefill with the sessions after this one (shared).
+	case q.turns > 0:
+		// It may share most of its copy's prefill with the sessions
+		// after this one (shared).
 		compute, iters = q.computeDeep, 1
+	case matchOf(q.r, i) > 0:
+		// It caches at most its match, on its GPU or its CPU tier
+		// (cached, tiered).
+		m := q.matched(i)
+		compute, iters = rt.prefillNS(q.tokens-m, m), math.Ceil(max(q.tokens-m, 1)/float64(rt.MaxBatchedTokens))
 	}
 	fresh := isFresh(rp, kvStaleAfter)
 	batch, context := q.batch(rp, fresh)
 	queued := queuedTokens(rp, fresh, q.tokens)
-	wait := rt.queueNS(queued, rt.stepNS(batch, context), rt.DecodeScale)
+	step := rt.stepNS(batch, context)
+	wait := rt.queueNS(queued, step, rt.DecodeScale)
 	prefill := compute*rt.Scale + iters*rt.iterNS(batch, context)*rt.DecodeScale
-	decode := q.decodeFloor + q.outPerToken*q.lowContext(batch, context)
-	total := ttftWeight*(wait+prefill) + decode*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
-	if q.slo.on() && total <= above {
-		// The request's own misses at these floors of its time to first
-		// token and of its decode (over is increasing; the others' are
-		// never negative).
-		grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
-		own := q.out * (rt.stepNS(q.meanBatch, q.lowContext(batch, context)) + grow) * rt.DecodeScale
-		low, out := q.lowMisses(&rp.Rates, total, above, wait+prefill, own)
-		if out || q.highMisses(&rp.Rates, total, wait+prefill, own) <= above {
-			return low // priced out, or in, without the tail's Erfc
-		}
-		cost, _ := q.ownMisses(&rp.Rates, wait+prefill, own)
-		total += cost
+	// The decode and its slowdown of the others' as price has them, over
+	// the batch the request meets on average (life).
+	life := q.life(batch, q.kept(rp))
+	grow := float64(rt.DecodePerSeq) + q.ctx*float64(rt.DecodePerMTokens)*1e-6
+	decode := q.out * (rt.stepNS(life, q.lifeContext(batch, context, life)) + grow) * rt.DecodeScale
+	total := ttftWeight*(wait+prefill) + decode + life*q.out*grow*rt.DecodeScale + q.stalled(rp, batch)*compute*rt.Scale + ttftWeight*q.behind(rt, wait, prefill)
+	if !q.slo.on() || total > above {
+		return total
 	}
-	return total
+	st := kvStall{batch: batch, step: step * rt.DecodeScale, stall: q.stall(rp, rt, batch),
+		compute: compute * rt.Scale, grow: grow * rt.DecodeScale, joiners: q.arrivals / rt.DecodeScale * prefill}
+	return q.boundMisses(rp, total, above, wait+prefill, decode, &st)
+}
+
+// boundMisses is bound's total with the miss term at bound's floors: the
+// request's own misses at its floor of the time to first token, ttft,
+// and at its decode (over is increasing), and then, while that does not
+// exceed above, the others' (pushedMisses) at the floors of the
+// prefill's compute and of the arrivals during it (st). The own misses'
+// normal tails are taken from a table (lowMisses, highMisses), and
+// exactly (Erfc) only when the table's bounds of them fall on either side
+// of above; the others' exactly, which costs less than the price it may
+// spare.
+func (q *kvRequest) boundMisses(rp *Replica, total, above, ttft, decode float64, st *kvStall) float64 {
+	sT, sI := spreads(&rp.Rates)
+	low, out := q.lowMisses(sT, sI, total, above, ttft, decode)
+	switch {
+	case out:
+		return low
+	case q.highMisses(&rp.Rates, total, ttft, decode) <= above:
+		total = low
+	default:
+		cost, _ := q.ownMisses(&rp.Rates, ttft, decode)
+		if total += cost; total > above {
+			return total
+		}
+	}
+	return total + max(q.pushedMisses(rp, st), 0)
 }
 
 // screen is a pick's scratch: a Summary of the snapshot when it carries
@@ -208,15 +239,68 @@ func (q *kvRequest) path(i int) uint8 {
 }
 
 // quick is a lower bound of bound's total for candidate i, cheaper to
-// take from its summary row: the decode at its floor, the prefill's
-// compute as bound takes it, ttftWeight times and once for each sequence
-// it stalls, and the router's own queue ahead of it, ttftWeight times.
-// It takes q.rt's preset fields for the replica's, so it holds only on a
-// fleet of one preset (!q.mixed), once screen has set q.computes.
+// take from its summary row: the decode and its slowdown of the others'
+// at lowLife, the prefill's compute as bound takes it, ttftWeight times
+// and once for each sequence it stalls, and the router's own queue ahead
+// of it, ttftWeight times. It takes q.rt's preset fields for the
+// replica's, so it holds only on a fleet of one preset (!q.mixed), once
+// screen has set q.computes.
 func (q *kvRequest) quick(i int) float64 {
 	t := &q.rows[i]
-	return (q.decodeFloor+q.outPerToken*q.lowContext(t.batch, t.context))*t.decodeScale +
+	life, context := q.lowLife(t.batch, t.context)
+	return (q.decodeFixed+life*q.decodePerSeq+q.outPerToken*context)*t.decodeScale +
 		q.computes[q.path(i)&3]*(t.stall+t.stallInv*q.invScale) + t.queue
+}
+
+// missFloor is a floor of the request's own misses, in ns of Total, on
+// every candidate of a fleet of one preset (0 without an ITL bound), for
+// a pruned scan to add to each quick bound: the decode's tail at the
+// least decode quickMisses can take on any (lowLife is at least the
+// fleet's mean batch, and its context at least that batch's share
+// 1 − persist of the fleet's mean context per sequence), at the least
+// DecodeScale and spread of the candidates that make the tail least,
+// rounded as lowMisses rounds it.
+func (q *kvRequest) missFloor() float64 {
+	if q.slo.itl <= 0 || q.mixed {
+		return 0
+	}
+	scale, least, most := math.Inf(1), math.Inf(1), 0.0
+	for i := range q.rows { // comparisons, not min and max, which order NaNs and zeros
+		t := &q.rows[i]
+		if t.preset < 0 {
+			continue
+		}
+		if t.decodeScale < scale {
+			scale = t.decodeScale
+		}
+		if t.decodeSpread < least {
+			least = t.decodeSpread
+		}
+		if t.decodeSpread > most {
+			most = t.decodeSpread
+		}
+	}
+	mean := q.meanBatch
+	decode := (q.decodeFixed + mean*q.ownPerSeq + q.outPerToken*(mean*(1-q.persist)*q.perSeq)) * scale
+	// The tail is monotone in the spread, rising under the bound and
+	// falling past it: least at one end.
+	p := min(lowOver(decode/q.out, q.slo.logITL, least), lowOver(decode/q.out, q.slo.logITL, most))
+	return (1 - (1 - p)) * q.slo.price
+}
+
+// quickMisses is lb, candidate i's quick bound, plus its own misses
+// (lowMisses) at floors of its time to first token and of its decode
+// from its row: the router's own queue and the prefill's compute as
+// quick has them, and the decode at lowLife. It stops at a value past
+// above once the first is, and is at most bound's total, so a candidate
+// it puts past above need not be bounded. For a request with an SLO on a
+// fleet of one preset, once screen has run.
+func (q *kvRequest) quickMisses(i int, lb, above float64) float64 {
+	t := &q.rows[i]
+	life, context := q.lowLife(t.batch, t.context)
+	decode := (q.decodeFixed + life*q.ownPerSeq + q.outPerToken*context) * t.decodeScale
+	low, _ := q.lowMisses(t.spread, t.decodeSpread, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*t.scale, decode)
+	return low
 }
 
 // screen fills sc.quick with each replica's quick bound (+Inf for one
@@ -256,16 +340,17 @@ func (q *kvRequest) screen(sc *screen) int {
 	// Every row as if its prefill were the whole prompt's (a row that is
 	// not a candidate has an infinite queue, so its bound is too), then
 	// the hits on their own paths.
-	floor, perToken, persist, mean, perSeq, invScale := q.decodeFloor, q.outPerToken, q.persist, q.meanBatch, q.perSeq, q.invScale
+	fixed, perLife, perToken, persist, mean, perSeq, invScale := q.decodeFixed, q.decodePerSeq, q.outPerToken, q.persist, q.meanBatch, q.perSeq, q.invScale
 	quick, rows := sc.quick[:len(q.rows)], q.rows
 	for i := range quick {
 		t := &rows[i]
-		short := mean - t.batch*persist // lowContext's, with its max as a branch
-		if short < 0 {
-			short = 0
+		excess := t.batch - mean // lowLife's, with its max as a branch
+		if excess < 0 {
+			excess = 0
 		}
-		low := t.context*persist + short*perSeq
-		quick[i] = (floor+perToken*low)*t.decodeScale + whole*(t.stall+t.stallInv*invScale) + t.queue
+		life := mean + excess*persist
+		context := t.context*persist + (life-t.batch*persist)*perSeq
+		quick[i] = (fixed+life*perLife+perToken*context)*t.decodeScale + whole*(t.stall+t.stallInv*invScale) + t.queue
 	}
 	for _, i := range q.hits {
 		quick[i] = q.quick(i)
@@ -317,13 +402,14 @@ func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 		sc.quick[pinned] = math.Inf(-1)
 	}
 	priced, above := 0, c.total*(1+1e-9)
+	misses, floor := q.slo.on() && !q.mixed, q.missFloor()
 	for i, lb := range sc.quick {
 		switch {
-		case lb > above || q.rows[i].preset < 0: // pruned, or not a candidate
+		case lb+floor > above || q.rows[i].preset < 0: // pruned, or not a candidate
 			continue
 		case i == first:
 			c.record(firstCost)
-		case i != pinned && q.bound(&rs[i], i, above) > above:
+		case i != pinned && (misses && q.quickMisses(i, lb, above) > above || q.bound(&rs[i], i, above) > above):
 			continue
 		default:
 			c.price(q, i)

@@ -74,6 +74,9 @@ type kvRequest struct {
 	rows []summaryRow
 	// slo is the request's SLO as the miss term prices it (kvmiss.go).
 	slo kvSLO
+	// meanWork is the candidates' mean Replica.PrefillWork, in ns at
+	// Scale 1 (stall).
+	meanWork float64
 	// kvBounds is what the pruned scan above kvPruneAbove replicas
 	// derives of the request (kvprune.go).
 	kvBounds
@@ -103,6 +106,9 @@ func newKVRequest(p KVAware, r *Request, s *Snapshot, sum *Summary, hits []int) 
 	if sum.outputs > 0 && sum.invOutput > 0 {
 		q.invMean = float64(sum.invOutput) * 1e-9 / float64(sum.outputs)
 		q.invScale = 1 / q.invMean
+	}
+	if sum.candidates > 0 {
+		q.meanWork = float64(sum.work) / float64(sum.candidates)
 	}
 	matches := r.Match[:min(len(r.Match), len(q.rows))]
 	holders := q.readMatches(matches, hits)

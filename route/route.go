@@ -50,6 +50,11 @@ type Replica struct {
 	// DecodeBlocks is the KV footprint, in blocks of Snapshot.BlockSize
 	// tokens, of the requests this router has in flight here.
 	DecodeBlocks int
+	// PrefillWork is the predicted prefill time, at Scale 1, of the
+	// router's requests in flight here (their uncached prompts, done or
+	// not): by Little's law, the prefill compute that runs in the
+	// iterations of a sequence decoding here (kv-aware's miss term).
+	PrefillWork time.Duration
 	// RecentPrefill is the prompt tokens (uncached part) routed here over the
 	// last Needs.Window; zero when no window was asked for.
 	RecentPrefill int

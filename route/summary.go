@@ -43,7 +43,9 @@ type Summary struct {
 	// outputs and invOutput sum the candidates' Replica.Outputs and
 	// InvOutput (in units of 1e−9): their mean 1/output is the ratio.
 	outputs, invOutput int64
-	ref                int
+	// work sums the candidates' PrefillWork, in ns.
+	work int64
+	ref  int
 	// prefillers is the rows of prefill workers that take legs now
 	// (Replica.Prefills).
 	prefillers int
@@ -66,6 +68,10 @@ type summaryRow struct {
 	// there, ttftWeight times, at its Scale, and +Inf for a replica that
 	// is not a candidate, so that its quick bound is too (screen).
 	decodeScale, stall, stallInv, queue float64
+	// scale is its Rates' Scale, with the default, and spread and
+	// decodeSpread its spreads (spreads), for the request's own misses
+	// (quickMisses).
+	scale, spread, decodeSpread float64
 	// preset indexes Summary.presets; −1 for a replica that is not a
 	// candidate (unhealthy).
 	preset int32
@@ -73,8 +79,8 @@ type summaryRow struct {
 	// StaleAfter); prefills is Replica.Prefills.
 	fresh, prefills bool
 	// outputs and invOutput are its Outputs and InvOutput (in units of
-	// 1e−9), for the totals.
-	outputs, invOutput int64
+	// 1e−9), and work its PrefillWork in ns, for the totals.
+	outputs, invOutput, work int64
 }
 
 // nanoInv is x in integer units of 1e−9, so that sums of them stay exact.
@@ -108,7 +114,7 @@ func (m *Summary) size(n int) {
 	m.rows = m.rows[:n]
 	m.presets, m.inPreset, m.presetsIn = m.presets[:0], m.inPreset[:0], 0
 	m.candidates, m.seqs, m.tokens, m.ref, m.prefillers = 0, 0, 0, -1, 0
-	m.outputs, m.invOutput = 0, 0
+	m.outputs, m.invOutput, m.work = 0, 0, 0
 }
 
 // Len is the replicas m summarises.
@@ -162,6 +168,7 @@ func (m *Summary) count(row *summaryRow, sign int) {
 	m.tokens += int64(sign) * int64(row.context)
 	m.outputs += int64(sign) * row.outputs
 	m.invOutput += int64(sign) * row.invOutput
+	m.work += int64(sign) * row.work
 	k := &m.inPreset[row.preset]
 	if *k == 0 || *k+sign == 0 {
 		m.presetsIn += sign
@@ -218,8 +225,10 @@ func (m *Summary) row(out *summaryRow, s *Snapshot, i int) {
 	if rp.Outputs > 0 && rp.InvOutput > 0 {
 		stall, stallInv = scale*ttftWeight, scale*batch*rp.InvOutput/float64(rp.Outputs)
 	}
+	spread, decodeSpread := spreads(&rp.Rates)
 	*out = summaryRow{batch: batch, context: context, decodeScale: decodeScale, stall: stall, stallInv: stallInv,
-		outputs: int64(rp.Outputs), invOutput: nanoInv(rp.InvOutput),
+		scale: scale, spread: spread, decodeSpread: decodeSpread,
+		outputs: int64(rp.Outputs), invOutput: nanoInv(rp.InvOutput), work: int64(rp.PrefillWork),
 		queue: ttftWeight * float64(rp.PrefillTokens) * float64(perToken) * scale, fresh: fresh}
 }
 
@@ -256,7 +265,7 @@ func (m *Summary) Check(s *Snapshot) error {
 	var full Summary
 	full.staleAfter = m.staleAfter
 	full.fill(s)
-	if full.candidates != m.candidates || full.prefillers != m.prefillers || full.outputs != m.outputs || full.invOutput != m.invOutput || full.seqs != m.seqs || full.tokens != m.tokens || full.presetsIn != m.presetsIn ||
+	if full.candidates != m.candidates || full.prefillers != m.prefillers || full.outputs != m.outputs || full.invOutput != m.invOutput || full.work != m.work || full.seqs != m.seqs || full.tokens != m.tokens || full.presetsIn != m.presetsIn ||
 		(full.ref < 0) != (m.ref < 0) || m.ref >= 0 && m.rows[m.ref].preset < 0 {
 		return fmt.Errorf("summary totals %d candidates, %d seqs, %d tokens, %d presets, ref %d; are %d, %d, %d, %d",
 			m.candidates, m.seqs, m.tokens, m.presetsIn, m.ref, full.candidates, full.seqs, full.tokens, full.presetsIn)
