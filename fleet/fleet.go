@@ -222,13 +222,14 @@ type replica struct {
 	completed, failed                           atomic.Int64
 	promptTokens, actualCached, predictedCached atomic.Int64
 
-	// mu guards load, scraped, cal, dcal, churn, rates, recent and the
-	// shares.
+	// mu guards load, scraped, cal, dcal, scal, churn, rates, recent and
+	// the shares.
 	mu        sync.Mutex
 	load      scrape.Load
 	scraped   bool
 	cal       Calibrator     // Scale, from times to first token
 	dcal      Calibrator     // DecodeScale, from inter-token latencies
+	scal      Calibrator     // DecodeSpread before dcal observes, from streaming decodes (Token)
 	hits      hitTally       // HitScale, from the engines' cached tokens
 	displaced displacedTally // Displaced, from the engines' cached tokens
 	churn     Churn
@@ -488,6 +489,9 @@ func (f *Fleet) updateLocked(r *replica) {
 	r.rates.Scale = r.calShare.set(&f.cal, &r.cal)
 	r.rates.DecodeScale = r.dcalShare.set(&f.dcal, &r.dcal)
 	r.rates.Spread, r.rates.DecodeSpread = r.cal.Spread(), r.dcal.Spread()
+	if r.dcal.Observations() == 0 {
+		r.rates.DecodeSpread = r.scal.Spread() // progress.go
+	}
 	r.rates.HitScale = r.hits.scale()
 	r.rates.Displaced = r.displaced.share()
 	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0
