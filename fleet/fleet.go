@@ -75,9 +75,9 @@ type Config struct {
 	CacheBlocks int
 	// Sessions bound a session to its replica: for how long, and how many.
 	Sessions
-	// Calibration is the template of each replica's two Calibrators (their
-	// tuning fields), for Scale and DecodeScale; the zero value uses the
-	// Calibrator defaults.
+	// Calibration is the template of each replica's Calibrators (their
+	// tuning fields), for Scale, DecodeScale and the streaming decodes'
+	// DecodeSpread; the zero value uses the Calibrator defaults.
 	Calibration Calibrator
 	// OverlayTTL is the life of the precise mode's just-routed overlay;
 	// zero means residency.DefaultOverlayTTL.
@@ -370,7 +370,7 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	}
 	r := &replica{id: rc.ID, index: i, role: rc.Role, maxSeqs: max(rc.MaxNumSeqs, 0), ver: &f.vers[i], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.dev, r.cal.n = 0, 0, 0
-	r.dcal = r.cal
+	r.dcal, r.scal = r.cal, r.cal
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
