@@ -253,21 +253,21 @@ func (q *kvRequest) quick(i int) float64 {
 }
 
 // missFloor is a floor of the request's own misses, in ns of Total, on
-// every candidate of a fleet of one preset (0 without an ITL bound), for
-// a pruned scan to add to each quick bound: the decode's tail at the
-// least decode quickMisses can take on any (lowLife is at least the
-// fleet's mean batch, and its context at least that batch's share
-// 1 − persist of the fleet's mean context per sequence), at the least
-// DecodeScale and spread of the candidates that make the tail least,
-// rounded as lowMisses rounds it.
-func (q *kvRequest) missFloor() float64 {
+// every candidate of a fleet of one preset whose quick bound is at most
+// above (0 without an ITL bound), for a pruned scan to add to each of
+// those: the decode's tail at the least decode quickMisses can take on
+// any (lowLife is at least the fleet's mean batch, and its context at
+// least that batch's share 1 − persist of the fleet's mean context per
+// sequence), at the least DecodeScale and spread of those candidates
+// that make the tail least, rounded as lowMisses rounds it.
+func (q *kvRequest) missFloor(quick []float64, above float64) float64 {
 	if q.slo.itl <= 0 || q.mixed {
 		return 0
 	}
 	scale, least, most := math.Inf(1), math.Inf(1), 0.0
-	for i := range q.rows { // comparisons, not min and max, which order NaNs and zeros
+	for i, lb := range quick { // comparisons, not min and max, which order NaNs and zeros
 		t := &q.rows[i]
-		if t.preset < 0 {
+		if lb > above || t.preset < 0 {
 			continue
 		}
 		if t.decodeScale < scale {
@@ -402,7 +402,7 @@ func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 		sc.quick[pinned] = math.Inf(-1)
 	}
 	priced, above := 0, c.total*(1+1e-9)
-	misses, floor := q.slo.on() && !q.mixed, q.missFloor()
+	misses, floor := q.slo.on() && !q.mixed, q.missFloor(sc.quick, above)
 	for i, lb := range sc.quick {
 		switch {
 		case lb+floor > above || q.rows[i].preset < 0: // pruned, or not a candidate
