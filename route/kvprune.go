@@ -159,28 +159,25 @@ func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 
 // boundMisses is bound's total with the miss term at bound's floors: the
 // request's own misses at its floor of the time to first token, ttft,
-// and at its decode (over is increasing), and then, while that does not
-// exceed above, the others' (pushedMisses) at the floors of the
-// prefill's compute and of the arrivals during it (st). The own misses'
-// normal tails are taken from a table (lowMisses, highMisses), and
-// exactly (Erfc) only when the table's bounds of them fall on either side
-// of above; the others' exactly, which costs less than the price it may
-// spare.
+// and at its decode (over is increasing), and, while they do not exceed
+// above, the others' (pushedMisses) at the floors of the prefill's
+// compute and of the arrivals during it (st). The own misses' normal
+// tails are taken from a table (lowMisses, highMisses), and exactly
+// (Erfc) only when the table's bounds of them, with the others', fall on
+// either side of above; the others' exactly, which costs less than the
+// price it may spare.
 func (q *kvRequest) boundMisses(rp *Replica, total, above, ttft, decode float64, st *kvStall) float64 {
 	sT, sI := spreads(&rp.Rates)
 	low, out := q.lowMisses(sT, sI, total, above, ttft, decode)
-	switch {
-	case out:
+	if out {
 		return low
-	case q.highMisses(&rp.Rates, total, ttft, decode) <= above:
-		total = low
-	default:
-		cost, _ := q.ownMisses(&rp.Rates, ttft, decode)
-		if total += cost; total > above {
-			return total
-		}
 	}
-	return total + max(q.pushedMisses(rp, st), 0)
+	pushed := max(q.pushedMisses(rp, st), 0)
+	if low+pushed > above || q.highMisses(&rp.Rates, total, ttft, decode)+pushed <= above {
+		return low + pushed // priced out, or in, without the own tails' Erfc
+	}
+	cost, _ := q.ownMisses(&rp.Rates, ttft, decode)
+	return total + cost + pushed
 }
 
 // screen is a pick's scratch: a Summary of the snapshot when it carries
