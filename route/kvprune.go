@@ -40,6 +40,13 @@ type kvBounds struct {
 	// computes is the compute of the prompt that bounds a prefill's on
 	// each path (screen sets it).
 	computes [4]float64
+	// invOut is 1/out: quickMisses and missFloor take a decode's mean
+	// inter-token latency as decode × invOut, which may round a little
+	// above decode/out, far less than lowLog's margin under ln.
+	invOut float64
+	// itlFirst says lowMisses takes the decode's tail before the time to
+	// first token's (scanPruned sets it).
+	itlFirst bool
 	// mixed says the healthy replicas' Rates differ in more than their
 	// learned fields (Horizon, the scales, ...): a fleet of several
 	// presets, which quick cannot price from one.
@@ -69,6 +76,7 @@ func (q *kvRequest) tierHits(matches []int) {
 
 // setBounds fills q's bounds for the preset of q.rt (setRates).
 func (q *kvRequest) setBounds() {
+	q.invOut = 1 / q.out
 	q.computeDeep = q.rt.prefillNS(q.tokens-q.deepMatch, q.deepMatch)
 	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
@@ -168,7 +176,7 @@ func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 // price it may spare.
 func (q *kvRequest) boundMisses(rp *Replica, total, above, ttft, decode float64, st *kvStall) float64 {
 	sT, sI := spreads(&rp.Rates)
-	low, out := q.lowMisses(sT, sI, total, above, ttft, decode)
+	low, out := q.lowMisses(sT, sI, total, above, ttft, decode/q.out)
 	if out {
 		return low
 	}
@@ -278,10 +286,10 @@ func (q *kvRequest) missFloor(quick []float64, above float64) float64 {
 		}
 	}
 	mean := q.meanBatch
-	decode := (q.decodeFixed + mean*q.ownPerSeq + q.outPerToken*(mean*(1-q.persist)*q.perSeq)) * scale
+	itl := (q.decodeFixed + mean*q.ownPerSeq + q.outPerToken*(mean*(1-q.persist)*q.perSeq)) * scale * q.invOut
 	// The tail is monotone in the spread, rising under the bound and
 	// falling past it: least at one end.
-	p := min(lowOver(decode/q.out, q.slo.logITL, least), lowOver(decode/q.out, q.slo.logITL, most))
+	p := min(lowOver(itl, q.slo.logITL, least), lowOver(itl, q.slo.logITL, most))
 	return (1 - (1 - p)) * q.slo.price
 }
 
@@ -295,8 +303,8 @@ func (q *kvRequest) missFloor(quick []float64, above float64) float64 {
 func (q *kvRequest) quickMisses(i int, lb, above float64) float64 {
 	t := &q.rows[i]
 	life, context := q.lowLife(t.batch, t.context)
-	decode := (q.decodeFixed + life*q.ownPerSeq + q.outPerToken*context) * t.decodeScale
-	low, _ := q.lowMisses(t.spread, t.decodeSpread, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*t.scale, decode)
+	itl := (q.decodeFixed + life*q.ownPerSeq + q.outPerToken*context) * t.decodeScale * q.invOut
+	low, _ := q.lowMisses(t.spread, t.decodeSpread, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*t.scale, itl)
 	return low
 }
 
@@ -394,6 +402,13 @@ func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 	first := q.screen(sc)
 	firstCost, total := q.price(&rs[first], first)
 	c.consider(q, first, &firstCost, total)
+	if q.slo.on() {
+		// The tail that is the larger on the first candidate is the one
+		// more likely to price the others out alone (lowMisses).
+		sT, sI := spreads(&rs[first].Rates)
+		ttft, itl := float64(firstCost.Wait+firstCost.Prefill), float64(firstCost.Decode)*q.invOut
+		q.itlFirst = q.slo.itl > 0 && lowOver(itl, q.slo.logITL, sI) > lowOver(ttft, q.slo.logTTFT, sT)
+	}
 	pinned := q.r.Pinned
 	if pinned >= 0 && pinned < len(rs) && q.rows[pinned].preset >= 0 {
 		sc.quick[pinned] = math.Inf(-1)
