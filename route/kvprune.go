@@ -197,6 +197,9 @@ type screen struct {
 	quick  []float64
 	priced []bool
 	hits   []int // kvRequest.hits's buffer
+	// top are the replicas of the least quick bounds, least first (−1:
+	// none), which screen finds.
+	top [4]int
 }
 
 var screens = sync.Pool{New: func() any { return new(screen) }}
@@ -335,7 +338,6 @@ func (q *kvRequest) screen(sc *screen) int {
 		whole, deep = 0, 0
 	}
 	q.computes = [4]float64{pathWhole: whole, pathDeep: deep, pathTier: 0}
-	best, least := q.first, math.Inf(1)
 	// quick, for every row, with what it reads of q hoisted: the same
 	// operations in the same order (TestKVAwarePruningMatchesFullPricing
 	// compares the two). This is the one hand-inlined copy of a formula
@@ -360,8 +362,37 @@ func (q *kvRequest) screen(sc *screen) int {
 	for _, i := range q.hits {
 		quick[i] = q.quick(i)
 	}
-	for i, lb := range quick { // apart: the loops above carry nothing
-		if lb < least {
+	// The least bounds, apart (the loops above carry nothing): the
+	// first replaces the last of sc.top only where it is less.
+	top, least := [len(sc.top)]int{q.first, -1, -1, -1}, [len(sc.top)]float64{math.Inf(1), math.Inf(1), math.Inf(1), math.Inf(1)}
+	last := len(top) - 1
+	for i, lb := range quick {
+		if lb < least[last] {
+			k := last
+			for ; k > 0 && lb < least[k-1]; k-- {
+				top[k], least[k] = top[k-1], least[k-1]
+			}
+			top[k], least[k] = i, lb
+		}
+	}
+	sc.top = top
+	return top[0]
+}
+
+// likeliest is the replica a pruned scan for a request with an SLO
+// prices first: of those of the least quick bounds (sc.top), the one
+// whose own misses add least (quickMisses), so that a candidate the
+// misses make dear does not set the first price.
+func (q *kvRequest) likeliest(sc *screen, best int) int {
+	if q.mixed {
+		return best
+	}
+	least := math.Inf(1)
+	for _, i := range sc.top {
+		if i < 0 || q.rows[i].preset < 0 {
+			continue
+		}
+		if lb := q.quickMisses(i, sc.quick[i], math.Inf(1)); lb < least {
 			best, least = i, lb
 		}
 	}
@@ -400,6 +431,9 @@ func (q *kvRequest) deepest(rs []Replica, floor int) int {
 func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 	rs := q.reps
 	first := q.screen(sc)
+	if q.slo.on() {
+		first = q.likeliest(sc, first)
+	}
 	firstCost, total := q.price(&rs[first], first)
 	c.consider(q, first, &firstCost, total)
 	if q.slo.on() {
