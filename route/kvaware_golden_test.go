@@ -320,7 +320,7 @@ func TestKVAwarePruningMatchesFullPricing(t *testing.T) {
 			}
 			if qm := q.quickMisses(i, sc.quick[i], math.Inf(1)); q.slo.on() && !q.mixed && !le(qm, lb) {
 				t.Fatalf("case %d: candidate %d quick bound with misses %g above its bound %g", c, i, qm, lb)
-			} else if f := q.missFloor(); q.slo.on() && !q.mixed && !le(sc.quick[i]+f, qm) {
+			} else if f := q.missFloor(sc.quick, sc.quick[i]); q.slo.on() && !q.mixed && !le(sc.quick[i]+f, qm) {
 				t.Fatalf("case %d: candidate %d quick bound with the misses' floor %g above it with its own misses %g", c, i, sc.quick[i]+f, qm)
 			}
 		}

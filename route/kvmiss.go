@@ -261,13 +261,21 @@ func lowLog(x float64) float64 {
 }
 
 // lowMisses is a lower bound of total plus ownMisses' cost, from
-// lowOver, at the spreads sT and sI (spreads), and whether it exceeds
-// above: a candidate that it prices out of a scan (bound), ownMisses
-// would too. The time to first token's alone often does, which spares
-// the decode's tail.
-func (q *kvRequest) lowMisses(sT, sI, total, above, ttft, decode float64) (float64, bool) {
+// lowOver, for a time to first token of at least ttft and a mean
+// inter-token latency of at least itl (decode/output), at the spreads sT
+// and sI (spreads), and whether it exceeds above: a candidate that it
+// prices out of a scan (bound), ownMisses would too. One tail alone
+// often does, which spares the other: the time to first token's first,
+// or the decode's with q.itlFirst.
+func (q *kvRequest) lowMisses(sT, sI, total, above, ttft, itl float64) (float64, bool) {
 	s := &q.slo
 	pT, pI := 0.0, 0.0
+	if s.itl > 0 && q.itlFirst {
+		pI = lowOver(itl, s.logITL, sI)
+		if low := total + (1-(1-pI))*s.price; low > above { // as pT's below
+			return low, true
+		}
+	}
 	if s.ttft > 0 {
 		pT = lowOver(ttft, s.logTTFT, sT)
 		// 1 − (1 − pT) is ownMiss's miss at pI = 0, rounded as it rounds
@@ -276,8 +284,8 @@ func (q *kvRequest) lowMisses(sT, sI, total, above, ttft, decode float64) (float
 			return low, true
 		}
 	}
-	if s.itl > 0 {
-		pI = lowOver(decode/q.out, s.logITL, sI)
+	if s.itl > 0 && !q.itlFirst {
+		pI = lowOver(itl, s.logITL, sI)
 	}
 	low := total + (1-(1-pT)*(1-pI))*s.price
 	return low, low > above

@@ -40,6 +40,13 @@ type kvBounds struct {
 	// computes is the compute of the prompt that bounds a prefill's on
 	// each path (screen sets it).
 	computes [4]float64
+	// invOut is 1/out: quickMisses and missFloor take a decode's mean
+	// inter-token latency as decode × invOut, which may round a little
+	// above decode/out, far less than lowLog's margin under ln.
+	invOut float64
+	// itlFirst says lowMisses takes the decode's tail before the time to
+	// first token's (scanPruned sets it).
+	itlFirst bool
 	// mixed says the healthy replicas' Rates differ in more than their
 	// learned fields (Horizon, the scales, ...): a fleet of several
 	// presets, which quick cannot price from one.
@@ -69,6 +76,7 @@ func (q *kvRequest) tierHits(matches []int) {
 
 // setBounds fills q's bounds for the preset of q.rt (setRates).
 func (q *kvRequest) setBounds() {
+	q.invOut = 1 / q.out
 	q.computeDeep = q.rt.prefillNS(q.tokens-q.deepMatch, q.deepMatch)
 	q.iters0 = math.Ceil(max(q.tokens, 1) / float64(q.rt.MaxBatchedTokens))
 	grow := float64(q.rt.DecodePerSeq) + q.ctx*float64(q.rt.DecodePerMTokens)*1e-6
@@ -159,28 +167,25 @@ func (q *kvRequest) bound(rp *Replica, i int, above float64) float64 {
 
 // boundMisses is bound's total with the miss term at bound's floors: the
 // request's own misses at its floor of the time to first token, ttft,
-// and at its decode (over is increasing), and then, while that does not
-// exceed above, the others' (pushedMisses) at the floors of the
-// prefill's compute and of the arrivals during it (st). The own misses'
-// normal tails are taken from a table (lowMisses, highMisses), and
-// exactly (Erfc) only when the table's bounds of them fall on either side
-// of above; the others' exactly, which costs less than the price it may
-// spare.
+// and at its decode (over is increasing), and, while they do not exceed
+// above, the others' (pushedMisses) at the floors of the prefill's
+// compute and of the arrivals during it (st). The own misses' normal
+// tails are taken from a table (lowMisses, highMisses), and exactly
+// (Erfc) only when the table's bounds of them, with the others', fall on
+// either side of above; the others' exactly, which costs less than the
+// price it may spare.
 func (q *kvRequest) boundMisses(rp *Replica, total, above, ttft, decode float64, st *kvStall) float64 {
 	sT, sI := spreads(&rp.Rates)
-	low, out := q.lowMisses(sT, sI, total, above, ttft, decode)
-	switch {
-	case out:
+	low, out := q.lowMisses(sT, sI, total, above, ttft, decode/q.out)
+	if out {
 		return low
-	case q.highMisses(&rp.Rates, total, ttft, decode) <= above:
-		total = low
-	default:
-		cost, _ := q.ownMisses(&rp.Rates, ttft, decode)
-		if total += cost; total > above {
-			return total
-		}
 	}
-	return total + max(q.pushedMisses(rp, st), 0)
+	pushed := max(q.pushedMisses(rp, st), 0)
+	if low+pushed > above || q.highMisses(&rp.Rates, total, ttft, decode)+pushed <= above {
+		return low + pushed // priced out, or in, without the own tails' Erfc
+	}
+	cost, _ := q.ownMisses(&rp.Rates, ttft, decode)
+	return total + cost + pushed
 }
 
 // screen is a pick's scratch: a Summary of the snapshot when it carries
@@ -192,6 +197,9 @@ type screen struct {
 	quick  []float64
 	priced []bool
 	hits   []int // kvRequest.hits's buffer
+	// top are the replicas of the least quick bounds, least first (−1:
+	// none), which screen finds.
+	top [4]int
 }
 
 var screens = sync.Pool{New: func() any { return new(screen) }}
@@ -253,21 +261,21 @@ func (q *kvRequest) quick(i int) float64 {
 }
 
 // missFloor is a floor of the request's own misses, in ns of Total, on
-// every candidate of a fleet of one preset (0 without an ITL bound), for
-// a pruned scan to add to each quick bound: the decode's tail at the
-// least decode quickMisses can take on any (lowLife is at least the
-// fleet's mean batch, and its context at least that batch's share
-// 1 − persist of the fleet's mean context per sequence), at the least
-// DecodeScale and spread of the candidates that make the tail least,
-// rounded as lowMisses rounds it.
-func (q *kvRequest) missFloor() float64 {
+// every candidate of a fleet of one preset whose quick bound is at most
+// above (0 without an ITL bound), for a pruned scan to add to each of
+// those: the decode's tail at the least decode quickMisses can take on
+// any (lowLife is at least the fleet's mean batch, and its context at
+// least that batch's share 1 − persist of the fleet's mean context per
+// sequence), at the least DecodeScale and spread of those candidates
+// that make the tail least, rounded as lowMisses rounds it.
+func (q *kvRequest) missFloor(quick []float64, above float64) float64 {
 	if q.slo.itl <= 0 || q.mixed {
 		return 0
 	}
 	scale, least, most := math.Inf(1), math.Inf(1), 0.0
-	for i := range q.rows { // comparisons, not min and max, which order NaNs and zeros
+	for i, lb := range quick { // comparisons, not min and max, which order NaNs and zeros
 		t := &q.rows[i]
-		if t.preset < 0 {
+		if lb > above || t.preset < 0 {
 			continue
 		}
 		if t.decodeScale < scale {
@@ -281,10 +289,10 @@ func (q *kvRequest) missFloor() float64 {
 		}
 	}
 	mean := q.meanBatch
-	decode := (q.decodeFixed + mean*q.ownPerSeq + q.outPerToken*(mean*(1-q.persist)*q.perSeq)) * scale
+	itl := (q.decodeFixed + mean*q.ownPerSeq + q.outPerToken*(mean*(1-q.persist)*q.perSeq)) * scale * q.invOut
 	// The tail is monotone in the spread, rising under the bound and
 	// falling past it: least at one end.
-	p := min(lowOver(decode/q.out, q.slo.logITL, least), lowOver(decode/q.out, q.slo.logITL, most))
+	p := min(lowOver(itl, q.slo.logITL, least), lowOver(itl, q.slo.logITL, most))
 	return (1 - (1 - p)) * q.slo.price
 }
 
@@ -298,8 +306,8 @@ func (q *kvRequest) missFloor() float64 {
 func (q *kvRequest) quickMisses(i int, lb, above float64) float64 {
 	t := &q.rows[i]
 	life, context := q.lowLife(t.batch, t.context)
-	decode := (q.decodeFixed + life*q.ownPerSeq + q.outPerToken*context) * t.decodeScale
-	low, _ := q.lowMisses(t.spread, t.decodeSpread, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*t.scale, decode)
+	itl := (q.decodeFixed + life*q.ownPerSeq + q.outPerToken*context) * t.decodeScale * q.invOut
+	low, _ := q.lowMisses(t.spread, t.decodeSpread, lb, above, t.queue/ttftWeight+q.computes[q.path(i)&3]*t.scale, itl)
 	return low
 }
 
@@ -330,7 +338,6 @@ func (q *kvRequest) screen(sc *screen) int {
 		whole, deep = 0, 0
 	}
 	q.computes = [4]float64{pathWhole: whole, pathDeep: deep, pathTier: 0}
-	best, least := q.first, math.Inf(1)
 	// quick, for every row, with what it reads of q hoisted: the same
 	// operations in the same order (TestKVAwarePruningMatchesFullPricing
 	// compares the two). This is the one hand-inlined copy of a formula
@@ -355,8 +362,37 @@ func (q *kvRequest) screen(sc *screen) int {
 	for _, i := range q.hits {
 		quick[i] = q.quick(i)
 	}
-	for i, lb := range quick { // apart: the loops above carry nothing
-		if lb < least {
+	// The least bounds, apart (the loops above carry nothing): the
+	// first replaces the last of sc.top only where it is less.
+	top, least := [len(sc.top)]int{q.first, -1, -1, -1}, [len(sc.top)]float64{math.Inf(1), math.Inf(1), math.Inf(1), math.Inf(1)}
+	last := len(top) - 1
+	for i, lb := range quick {
+		if lb < least[last] {
+			k := last
+			for ; k > 0 && lb < least[k-1]; k-- {
+				top[k], least[k] = top[k-1], least[k-1]
+			}
+			top[k], least[k] = i, lb
+		}
+	}
+	sc.top = top
+	return top[0]
+}
+
+// likeliest is the replica a pruned scan for a request with an SLO
+// prices first: of those of the least quick bounds (sc.top), the one
+// whose own misses add least (quickMisses), so that a candidate the
+// misses make dear does not set the first price.
+func (q *kvRequest) likeliest(sc *screen, best int) int {
+	if q.mixed {
+		return best
+	}
+	least := math.Inf(1)
+	for _, i := range sc.top {
+		if i < 0 || q.rows[i].preset < 0 {
+			continue
+		}
+		if lb := q.quickMisses(i, sc.quick[i], math.Inf(1)); lb < least {
 			best, least = i, lb
 		}
 	}
@@ -395,14 +431,24 @@ func (q *kvRequest) deepest(rs []Replica, floor int) int {
 func (c *kvChoice) scanPruned(q *kvRequest, sc *screen) {
 	rs := q.reps
 	first := q.screen(sc)
+	if q.slo.on() {
+		first = q.likeliest(sc, first)
+	}
 	firstCost, total := q.price(&rs[first], first)
 	c.consider(q, first, &firstCost, total)
+	if q.slo.on() {
+		// The tail that is the larger on the first candidate is the one
+		// more likely to price the others out alone (lowMisses).
+		sT, sI := spreads(&rs[first].Rates)
+		ttft, itl := float64(firstCost.Wait+firstCost.Prefill), float64(firstCost.Decode)*q.invOut
+		q.itlFirst = q.slo.itl > 0 && lowOver(itl, q.slo.logITL, sI) > lowOver(ttft, q.slo.logTTFT, sT)
+	}
 	pinned := q.r.Pinned
 	if pinned >= 0 && pinned < len(rs) && q.rows[pinned].preset >= 0 {
 		sc.quick[pinned] = math.Inf(-1)
 	}
 	priced, above := 0, c.total*(1+1e-9)
-	misses, floor := q.slo.on() && !q.mixed, q.missFloor()
+	misses, floor := q.slo.on() && !q.mixed, q.missFloor(sc.quick, above)
 	for i, lb := range sc.quick {
 		switch {
 		case lb+floor > above || q.rows[i].preset < 0: // pruned, or not a candidate
