@@ -343,8 +343,10 @@ const (
 	// DefaultPassThrough are the paths an OpenAI (or vLLM) client uses
 	// besides the routed ones; the engines' admin paths (/sleep,
 	// /collective_rpc, /v1/load_lora_adapter, /reset_prefix_cache, ...)
-	// are not among them.
-	DefaultPassThrough = "/v1/models,/v1/embeddings,/v1/audio/,/v1/responses,/v1/score,/v1/rerank,/v2/rerank,/rerank,/score," +
+	// are not among them. POST /v1/responses is routed; below it a
+	// stored response's own paths (GET and DELETE /v1/responses/{id})
+	// pass through, to the replica that holds it.
+	DefaultPassThrough = "/v1/models,/v1/embeddings,/v1/audio/,/v1/responses/,/v1/score,/v1/rerank,/v2/rerank,/rerank,/score," +
 		"/pooling,/classify,/tokenize,/detokenize,/version"
 
 	DefaultMaxHeaderBytes    = 64 << 10

@@ -237,16 +237,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		c.inj = appendInjectUsage(c.inj[:0], body, p)
 		body, c.strip = c.inj, true
 	}
-	c.sessionOf(r, p)
-	if c.priority, ok = priorityOf(r); !ok {
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
-		return
-	}
-	if !c.setSLO(w, r) {
-		return
-	}
-	c.ctx, c.in = r.Context(), r.Header
-	if !c.route(w) {
+	if !c.admitRoute(w, r, p) {
 		return
 	}
 	if body, ok = c.disaggregate(w, c.xbody[:0], body); !ok {
@@ -255,9 +246,32 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if c.transfer().Blocks > 0 {
 		c.xbody = body
 	}
+	c.forward(w, r, body)
+}
+
+// admitRoute takes a parsed prompt p of r from its session to its
+// replica: the session, the priority, the SLO, the decision. It reports
+// whether the call was routed; if not, w has the answer.
+func (c *call) admitRoute(w http.ResponseWriter, r *http.Request, p *prefix.Prompt) bool {
+	c.sessionOf(r, p)
+	var ok bool
+	if c.priority, ok = priorityOf(r); !ok {
+		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
+		return false
+	}
+	if !c.setSLO(w, r) {
+		return false
+	}
+	c.ctx, c.in = r.Context(), r.Header
+	return c.route(w)
+}
+
+// forward sends r, with body, to the call's replica through the reverse
+// proxy.
+func (c *call) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
 	c.setBody(out, body)
-	rt.rp.ServeHTTP(w, out)
+	c.rt.rp.ServeHTTP(w, out)
 }
 
 // sessionOf finds the request's session id: the configured header, else
