@@ -92,6 +92,13 @@ type call struct {
 
 	*bufs // borrowed from Router.pool until finish
 
+	// sc is the decision's buffers, what the policy saw and chose (read
+	// it through seen), borrowed from Router.scratches at the first
+	// decision and given back with the call (recycle): not in bufs, so
+	// that the garbage collector's emptying of the call pool does not
+	// make the next decision allocate a snapshot of every replica anew.
+	sc *fleet.Scratch
+
 	sloState // the request's SLO and how it fared (slo.go)
 
 	resp *respCall // a Responses API request's own state (responses.go); nil for others
@@ -155,7 +162,6 @@ type scratch struct {
 	xbody []byte // body with kv_transfer_params added
 	whole []byte // a non-streamed answer read whole (readWhole)
 	hs    hashing.Scratch
-	sc    fleet.Scratch // the decision: what the policy saw and chose
 	hdr   []byte
 }
 
@@ -494,7 +500,10 @@ func (c *call) pick(w http.ResponseWriter) bool {
 // decideNow lets the fleet decide the call now and returns when.
 func (c *call) decideNow() time.Time {
 	t0 := c.rt.now()
-	c.dec, c.ticket = c.rt.st.fleet.Decide(&c.freq, c.exclude(), t0, &c.sc)
+	if c.sc == nil {
+		c.sc = c.rt.scratches.get()
+	}
+	c.dec, c.ticket = c.rt.st.fleet.Decide(&c.freq, c.exclude(), t0, c.sc)
 	c.decide += c.rt.now().Sub(t0)
 	return t0
 }
