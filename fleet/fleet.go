@@ -192,6 +192,9 @@ type replica struct {
 	member atomic.Int32
 	// The router's own accounting, released by Ticket.Done.
 	inFlight, prefillTokens, decoding, decodeTokens atomic.Int64
+	// watch, when set, is closed and cleared at the next request charged
+	// to the replica or released from it (Activity).
+	watch atomic.Pointer[chan struct{}]
 	// outputs are its requests in flight that said their output
 	// (Claim.Output), and invOut the sum of 1e9/output over them.
 	outputs, invOut atomic.Int64

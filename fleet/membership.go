@@ -188,6 +188,32 @@ func (f *Fleet) Draining(id string) bool {
 	return r != nil && r.member.Load() == memberDraining
 }
 
+// Activity returns a channel that closes when the router next charges a
+// request to replica id or releases one from it (nil for an unknown id):
+// scrape.Scraper's Activity, so that an idle replica's scrapes back off
+// and its traffic brings them back. Each call replaces the channel of the
+// one before, which then never closes.
+func (f *Fleet) Activity(id string) <-chan struct{} {
+	r := f.lookup(id)
+	if r == nil {
+		return nil
+	}
+	ch := make(chan struct{})
+	r.watch.Store(&ch)
+	return ch
+}
+
+// moved closes and clears r's Activity channel, if any: at a request
+// charged or released. It costs one atomic load when there is none.
+func (r *replica) moved() {
+	if r.watch.Load() == nil {
+		return
+	}
+	if ch := r.watch.Swap(nil); ch != nil {
+		close(*ch)
+	}
+}
+
 // InFlight returns the requests in flight on replica id (zero for an
 // unknown id).
 func (f *Fleet) InFlight(id string) int {

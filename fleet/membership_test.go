@@ -172,3 +172,39 @@ func TestMembershipConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestActivity: a replica's Activity channel closes at the next request
+// charged to it and at the next released from it, not at another
+// replica's; an unknown replica has none.
+func TestActivity(t *testing.T) {
+	f := newFleet(t, Config{})
+	open := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return false
+		default:
+			return true
+		}
+	}
+	moved := f.Activity(a)
+	other, _ := f.Acquire(b, Claim{PrefillTokens: 10}, t0)
+	if !open(moved) {
+		t.Fatal("a request to b closed a's channel")
+	}
+	tk, _ := f.Acquire(a, Claim{PrefillTokens: 10}, t0)
+	if open(moved) {
+		t.Fatal("a request to a left its channel open")
+	}
+	moved = f.Activity(a)
+	other.Done(t0, Usage{}, nil)
+	if !open(moved) {
+		t.Fatal("b's release closed a's channel")
+	}
+	tk.Done(t0, Usage{}, nil)
+	if open(moved) {
+		t.Fatal("a's release left its channel open")
+	}
+	if f.Activity("http://unknown:1") != nil {
+		t.Error("an unknown replica has a channel")
+	}
+}

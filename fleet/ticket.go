@@ -148,6 +148,7 @@ func (f *Fleet) Acquire(id string, c Claim, now time.Time) (*Ticket, error) {
 func (f *Fleet) acquire(r *replica, c Claim, now time.Time, t *Ticket) *Ticket {
 	c.PrefillTokens, c.Tokens = max(c.PrefillTokens, 0), max(c.Tokens, 0)
 	r.inFlight.Add(1)
+	r.moved()
 	r.prefillTokens.Add(int64(c.PrefillTokens))
 	r.decodeTokens.Add(int64(c.Tokens))
 	prefill := f.preset.PrefillTime(c.PrefillTokens, c.PredictedCached)
@@ -244,6 +245,7 @@ func (t *Ticket) Done(now time.Time, u Usage, err error) {
 		r.invOut.Add(-1e9 / int64(t.claim.Output))
 	}
 	r.inFlight.Add(-1)
+	r.moved()
 	t.releaseBlocks(now)
 	t.releaseSlot()
 	t.leftScrape(now)

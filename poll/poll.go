@@ -34,6 +34,13 @@ type Loop[T any] struct {
 	// target is removed or the group stops. It is called from the loop's
 	// own goroutine, so calls for one target and loop are ordered.
 	Do func(ctx context.Context, id string, v T)
+	// Skip, if set, is asked after each run of Do how many periods to
+	// leave out before the next run, and for a channel whose closing ends
+	// that wait at the next period's start: a loop that backs off while
+	// its target is idle, waking no goroutine meanwhile. Zero periods, or
+	// nil, means the next period, as without Skip. It is called from the
+	// loop's own goroutine.
+	Skip func(id string, v T) (periods int, wake <-chan struct{})
 }
 
 // Group is a set of targets, each an id with a value of type T, that runs
@@ -163,29 +170,54 @@ func (g *Group[T]) startLocked(id string, e *entry[T]) {
 			if l.Immediate {
 				first = 0
 			}
-			every(ctx, first, l.Period, func(ctx context.Context) { l.Do(ctx, id, e.v) })
+			var skip func() (int, <-chan struct{})
+			if l.Skip != nil {
+				skip = func() (int, <-chan struct{}) { return l.Skip(id, e.v) }
+			}
+			every(ctx, first, l.Period, func(ctx context.Context) { l.Do(ctx, id, e.v) }, skip)
 		})
 	}
 }
 
 // every calls do first after first, then every period, until ctx is done.
 // The period is fixed: a slow call delays the next one only by what it
-// overran.
-func every(ctx context.Context, first, period time.Duration, do func(context.Context)) {
+// overran. skip, if not nil, is asked after each call for the periods to
+// leave out before the next (Loop.Skip) and a channel whose closing moves
+// the next call to the start of the next period.
+func every(ctx context.Context, first, period time.Duration, do func(context.Context), skip func() (int, <-chan struct{})) {
 	timer := time.NewTimer(first)
 	defer timer.Stop()
+	var (
+		start time.Time
+		due   time.Duration   // the next call's time after start
+		wake  <-chan struct{} // nil (never ready) but while periods are left out
+	)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-wake:
+			wake = nil
+			if el := time.Since(start); el < due {
+				timer.Reset(period - el%period)
+				continue
+			}
 		case <-timer.C:
 		}
-		start := time.Now()
+		wake = nil
+		start = time.Now()
 		do(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		timer.Reset(max(period-time.Since(start), 0))
+		n := 0
+		if skip != nil {
+			if n, wake = skip(); n <= 0 {
+				n, wake = 0, nil
+			}
+		}
+		due = time.Duration(n+1) * period
+		timer.Reset(max(due-time.Since(start), 0))
 	}
 }
 

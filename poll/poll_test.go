@@ -66,13 +66,44 @@ func TestEveryTiming(t *testing.T) {
 						cancel()
 					}
 					time.Sleep(tt.work) // synctest: advances the bubble's clock
-				})
+				}, nil)
 				if want := tt.want(Offset(id, period)); !slices.Equal(starts, want) {
 					t.Errorf("got starts %v, want %v", starts, want)
 				}
 			})
 		})
 	}
+}
+
+// TestEverySkip: a run's Skip leaves periods out, and its wake channel
+// brings the next run to the start of the next period, on a fake clock.
+func TestEverySkip(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period = 100 * time.Millisecond
+		begin := time.Now()
+		var starts []time.Duration
+		wake := make(chan struct{})
+		skips := []int{0, 2, 3, 0}
+		ctx, cancel := context.WithCancel(t.Context())
+		go func() {
+			time.Sleep(450 * time.Millisecond) // synctest: the wake falls inside the 3 periods left out after the run at 300 ms
+			close(wake)
+		}()
+		every(ctx, 0, period, func(context.Context) {
+			starts = append(starts, time.Since(begin))
+			if len(starts) == len(skips)+1 {
+				cancel()
+			}
+		}, func() (int, <-chan struct{}) {
+			return skips[len(starts)-1], wake
+		})
+		// Runs at 0; skip 0: 100; skip 2: 400; skip 3 (due at 800), woken
+		// at 450: 500; skip 0: 600.
+		want := []time.Duration{0, 100 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond, 600 * time.Millisecond}
+		if !slices.Equal(starts, want) {
+			t.Errorf("got starts %v, want %v", starts, want)
+		}
+	})
 }
 
 // TestImmediate: an Immediate loop's first run is at once, the next a

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"log/slog"
+	"time"
 )
 
 // logAccess writes the access log line of a finished call (a routed
@@ -61,7 +62,11 @@ func (rt *Router) logAccess(c *call) {
 	if c.span != nil {
 		a = append(a, slog.String("trace_id", c.span.SpanContext().TraceID().String()))
 	}
-	rt.log.LogAttrs(ctx, slog.LevelInfo, "request", a...)
+	// A record without a caller's pc: Logger.LogAttrs would walk the
+	// stack for one at every request, and no handler shows a source.
+	rec := slog.NewRecord(time.Now(), slog.LevelInfo, "request", 0)
+	rec.AddAttrs(a...)
+	rt.log.Handler().Handle(ctx, rec)
 }
 
 // appendTokens appends a token count the engine reported (n >= 0).

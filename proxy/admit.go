@@ -179,8 +179,8 @@ func (c *call) saturated(w http.ResponseWriter, code, msg string) bool {
 // Backlog), within 1 s..1 min.
 func (c *call) retryAfter(bound time.Duration) time.Duration {
 	best := time.Duration(-1)
-	for i := range c.sc.Snapshot.Replicas {
-		rp := &c.sc.Snapshot.Replicas[i]
+	for i := range c.seen().Snapshot.Replicas {
+		rp := &c.seen().Snapshot.Replicas[i]
 		if b := c.rt.cfg.Admission.Backlog(rp, c.freq.Tokens); rp.Healthy && (best < 0 || b < best) {
 			best = b
 		}

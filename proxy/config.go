@@ -72,6 +72,11 @@ type Config struct {
 	ChunkChars int `yaml:"chunk-chars"`
 	// ScrapeInterval is how often each replica's /metrics is read.
 	ScrapeInterval time.Duration `yaml:"scrape-interval"`
+	// ScrapeIdleInterval is the longest gap between scrapes of an idle
+	// replica (scrape.Scraper.IdleInterval): one whose load metrics did
+	// not change and that the router sent nothing since. Zero, or not
+	// more than ScrapeInterval, means no backoff.
+	ScrapeIdleInterval time.Duration `yaml:"scrape-idle-interval"`
 	// HealthInterval is how often each replica's /health is probed.
 	HealthInterval time.Duration `yaml:"health-interval"`
 	// HealthPath is the path probed; empty means /health. A replica that
@@ -322,9 +327,12 @@ const (
 	DefaultChunkChars     = 64
 	DefaultScrapeInterval = 100 * time.Millisecond
 	DefaultHealthInterval = time.Second
-	DefaultDecisions      = 1024
-	DefaultRetries        = 2
-	DefaultLogLevel       = "info"
+	// DefaultScrapeIdleInterval keeps an idle replica's load younger
+	// than a second, the age past which kv-aware ignores it.
+	DefaultScrapeIdleInterval = 500 * time.Millisecond
+	DefaultDecisions          = 1024
+	DefaultRetries            = 2
+	DefaultLogLevel           = "info"
 
 	// DefaultDrainTimeout is how long in-flight requests may finish after
 	// SIGTERM.
@@ -335,8 +343,10 @@ const (
 	// DefaultPassThrough are the paths an OpenAI (or vLLM) client uses
 	// besides the routed ones; the engines' admin paths (/sleep,
 	// /collective_rpc, /v1/load_lora_adapter, /reset_prefix_cache, ...)
-	// are not among them.
-	DefaultPassThrough = "/v1/models,/v1/embeddings,/v1/audio/,/v1/responses,/v1/score,/v1/rerank,/v2/rerank,/rerank,/score," +
+	// are not among them. POST /v1/responses is routed; below it a
+	// stored response's own paths (GET and DELETE /v1/responses/{id})
+	// pass through, to the replica that holds it.
+	DefaultPassThrough = "/v1/models,/v1/embeddings,/v1/audio/,/v1/responses/,/v1/score,/v1/rerank,/v2/rerank,/rerank,/score," +
 		"/pooling,/classify,/tokenize,/detokenize,/version"
 
 	DefaultMaxHeaderBytes    = 64 << 10
@@ -357,19 +367,20 @@ const (
 // It has no backends.
 func DefaultConfig() Config {
 	return Config{
-		Listen:         DefaultListen,
-		Policy:         route.Default,
-		SessionHeader:  DefaultSessionHeader,
-		MaxBodyBytes:   DefaultMaxBodyBytes,
-		ChunkChars:     DefaultChunkChars,
-		ScrapeInterval: DefaultScrapeInterval,
-		HealthInterval: DefaultHealthInterval,
-		Decisions:      DefaultDecisions,
-		Preset:         engine.DefaultPreset,
-		Retries:        DefaultRetries,
-		LogLevel:       DefaultLogLevel,
-		LogFormat:      LogText,
-		Sessions:       fleet.Sessions{SessionTTL: fleet.DefaultSessionTTL, MaxSessions: fleet.DefaultMaxSessions},
+		Listen:             DefaultListen,
+		Policy:             route.Default,
+		SessionHeader:      DefaultSessionHeader,
+		MaxBodyBytes:       DefaultMaxBodyBytes,
+		ChunkChars:         DefaultChunkChars,
+		ScrapeInterval:     DefaultScrapeInterval,
+		ScrapeIdleInterval: DefaultScrapeIdleInterval,
+		HealthInterval:     DefaultHealthInterval,
+		Decisions:          DefaultDecisions,
+		Preset:             engine.DefaultPreset,
+		Retries:            DefaultRetries,
+		LogLevel:           DefaultLogLevel,
+		LogFormat:          LogText,
+		Sessions:           fleet.Sessions{SessionTTL: fleet.DefaultSessionTTL, MaxSessions: fleet.DefaultMaxSessions},
 		Admission: fleet.Admission{
 			MaxWait: fleet.DefaultMaxWait, MaxQueue: fleet.DefaultMaxQueue, QueueTimeout: fleet.DefaultQueueTimeout,
 		},

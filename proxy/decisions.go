@@ -40,7 +40,7 @@ func (c *call) fill(rec *view.Decision) {
 	*rec = view.Decision{
 		ID: c.id, At: c.start, Session: c.session, SessionSource: c.sessionSrc,
 		Policy: rt.policyName, Index: c.index, Path: c.path,
-		Tokens: c.sc.Request.Tokens, Blocks: c.sc.Request.Blocks,
+		Tokens: c.seen().Request.Tokens, Blocks: c.seen().Request.Blocks,
 		Reason: c.dec.Reason, PredictedCached: c.dec.Matched,
 		ActualCached: c.usage.CachedTokens, PromptTokens: c.usage.PromptTokens,
 		PredictedTTFTMS: ms(c.ticket.Claim().CalibratedTTFT()), DecideMS: ms(c.decide), TTFTMS: ms(c.ttft),

@@ -135,14 +135,29 @@ func (c *call) settle() {
 // through GetBody), or a Pick holds it: then the garbage collector takes
 // it.
 func (rt *Router) recycle(c *call) {
-	if c.rb.r.Size() > 0 && !c.rb.eof.Load() || len(c.failed) > 0 || c.picked {
+	if c.picked {
+		return
+	}
+	rt.putScratch(c)
+	if c.rb.r.Size() > 0 && !c.rb.eof.Load() || len(c.failed) > 0 {
 		return
 	}
 	rt.putCall(c)
 }
 
-// putCall empties c, keeping its buffers, and returns it to the pool.
+// putScratch gives c's decision scratch back to the router, if it has
+// one: no one reads it after the call.
+func (rt *Router) putScratch(c *call) {
+	if c.sc != nil {
+		rt.scratches.put(c.sc)
+		c.sc = nil
+	}
+}
+
+// putCall empties c, keeping its buffers, and returns it to the pool with
+// its decision scratch given back.
 func (rt *Router) putCall(c *call) {
+	rt.putScratch(c)
 	b := c.bufs
 	b.borrow(nil) // emptied now: a buffer past keepBytes is not kept in the pool
 	b.tap.Body, b.tap.OnFirst, b.tap.OnToken = nil, nil, nil

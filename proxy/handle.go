@@ -92,6 +92,13 @@ type call struct {
 
 	*bufs // borrowed from Router.pool until finish
 
+	// sc is the decision's buffers, what the policy saw and chose (read
+	// it through seen), borrowed from Router.scratches at the first
+	// decision and given back with the call (recycle): not in bufs, so
+	// that the garbage collector's emptying of the call pool does not
+	// make the next decision allocate a snapshot of every replica anew.
+	sc *fleet.Scratch
+
 	sloState // the request's SLO and how it fared (slo.go)
 
 	resp *respCall // a Responses API request's own state (responses.go); nil for others
@@ -156,7 +163,6 @@ type scratch struct {
 	xbody []byte // body with kv_transfer_params added
 	whole []byte // a non-streamed answer read whole (readWhole)
 	hs    hashing.Scratch
-	sc    fleet.Scratch // the decision: what the policy saw and chose
 	hdr   []byte
 }
 
@@ -238,16 +244,7 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		c.inj = appendInjectUsage(c.inj[:0], body, p)
 		body, c.strip = c.inj, true
 	}
-	c.sessionOf(r, p)
-	if c.priority, ok = priorityOf(r); !ok {
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
-		return
-	}
-	if !c.setSLO(w, r) {
-		return
-	}
-	c.ctx, c.in = r.Context(), r.Header
-	if !c.route(w) {
+	if !c.admitRoute(w, r, p) {
 		return
 	}
 	if body, ok = c.disaggregate(w, c.xbody[:0], body); !ok {
@@ -256,9 +253,32 @@ func (rt *Router) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	if c.transfer().Blocks > 0 {
 		c.xbody = body
 	}
+	c.forward(w, r, body)
+}
+
+// admitRoute takes a parsed prompt p of r from its session to its
+// replica: the session, the priority, the SLO, the decision. It reports
+// whether the call was routed; if not, w has the answer.
+func (c *call) admitRoute(w http.ResponseWriter, r *http.Request, p *prefix.Prompt) bool {
+	c.sessionOf(r, p)
+	var ok bool
+	if c.priority, ok = priorityOf(r); !ok {
+		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
+		return false
+	}
+	if !c.setSLO(w, r) {
+		return false
+	}
+	c.ctx, c.in = r.Context(), r.Header
+	return c.route(w)
+}
+
+// forward sends r, with body, to the call's replica through the reverse
+// proxy.
+func (c *call) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
 	c.setBody(out, body)
-	rt.rp.ServeHTTP(w, out)
+	c.rt.rp.ServeHTTP(w, out)
 }
 
 // sessionOf finds the request's session id: the configured header, else
@@ -481,7 +501,10 @@ func (c *call) pick(w http.ResponseWriter) bool {
 // decideNow lets the fleet decide the call now and returns when.
 func (c *call) decideNow() time.Time {
 	t0 := c.rt.now()
-	c.dec, c.ticket = c.rt.st.fleet.Decide(&c.freq, c.exclude(), t0, &c.sc)
+	if c.sc == nil {
+		c.sc = c.rt.scratches.get()
+	}
+	c.dec, c.ticket = c.rt.st.fleet.Decide(&c.freq, c.exclude(), t0, c.sc)
 	c.decide += c.rt.now().Sub(t0)
 	return t0
 }

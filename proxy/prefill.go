@@ -194,8 +194,8 @@ func (c *call) settleLeg(tk *fleet.Ticket, end time.Time, err error) {
 // prompt, less what the index matched there, and one output token.
 func (c *call) chargeLeg(from int, now time.Time) *fleet.Ticket {
 	cached := 0
-	if m := c.sc.Request.Match; from < len(m) {
-		cached = m[from] * max(c.sc.Snapshot.BlockSize, 1)
+	if m := c.seen().Request.Match; from < len(m) {
+		cached = m[from] * max(c.seen().Snapshot.BlockSize, 1)
 	}
 	tk, err := c.rt.st.fleet.Acquire(c.rt.name(from), fleet.LegClaim(c.freq.Tokens, cached), now)
 	if err != nil {

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -121,21 +120,9 @@ func (rt *Router) serveResponses(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c.prompt, c.resp = p, rc
-	c.sessionOf(r, p)
-	if c.priority, ok = priorityOf(r); !ok {
-		c.fail(w, http.StatusBadRequest, errInvalidRequest, "invalid_priority", HeaderPriority+" must be an integer within ±1000")
-		return
+	if c.admitRoute(w, r, p) {
+		c.forward(w, r, body)
 	}
-	if !c.setSLO(w, r) {
-		return
-	}
-	c.ctx, c.in = r.Context(), r.Header
-	if !c.route(w) {
-		return
-	}
-	out := r.WithContext(context.WithValue(r.Context(), callKey{}, c))
-	c.setBody(out, body)
-	rt.rp.ServeHTTP(w, out)
 }
 
 // withHistory puts history after the instructions (the first message, if

@@ -85,8 +85,9 @@ type Router struct {
 	st                       *state
 	adm                      *admission // nil: admission control off
 	sm                       *sloMetrics
-	pool                     sync.Pool // *call, with its buffers
-	readBufs                 readBufs  // stream read buffers
+	pool                     sync.Pool   // *call, with its buffers
+	scratches                scratchList // the calls' decision scratches (call.sc)
+	readBufs                 readBufs    // stream read buffers
 	now                      func() time.Time
 	start                    time.Time     // the router's start: time zero of the residency index
 	sf                       surface       // keys, pass-through list, id hashing

@@ -129,6 +129,8 @@ func newState(cfg *Config, policy route.Policy, upstream http.RoundTripper, log 
 	st.scraper = &scrape.Scraper{
 		Client:         &http.Client{Transport: upstream},
 		Interval:       interval,
+		IdleInterval:   cfg.ScrapeIdleInterval,
+		Activity:       st.fleet.Activity,
 		Timeout:        max(interval, time.Second),
 		OnLoad:         st.fleet.SetLoad,
 		OnError:        st.onScrapeError,

@@ -303,6 +303,14 @@ func TestPassList(t *testing.T) {
 	if newPassList(nil).allows(httptest.NewRequest("POST", "/tokenize", nil)) {
 		t.Error("an empty list must pass nothing")
 	}
+	// The default passes a stored response's paths, not the routed
+	// POST /v1/responses itself.
+	def := newPassList(DefaultConfig().PassThrough)
+	for url, want := range map[string]bool{"/v1/responses/resp_1": true, "/v1/responses/resp_1/input_items": true, "/v1/responses": false} {
+		if got := def.allows(httptest.NewRequest("GET", url, nil)); got != want {
+			t.Errorf("default list, %s: got %v, want %v", url, got, want)
+		}
+	}
 }
 
 // TestDecisionIDsHashed: decision records show a keyed hash of a

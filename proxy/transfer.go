@@ -270,7 +270,7 @@ func (c *call) transferred(params []byte, from int) int {
 	if n > 0 {
 		return n * bs
 	}
-	unit := c.sc.Snapshot.BlockSize
+	unit := c.seen().Snapshot.BlockSize
 	if unit <= 0 {
 		unit = fleet.DefaultBlockSize
 	}
@@ -381,8 +381,8 @@ func (c *call) readTokens() (int, string) {
 		return 0, unreadNoUsage
 	}
 	local := 0
-	if m := c.sc.Request.Match; c.replica < len(m) {
-		local = m[c.replica] * max(c.sc.Snapshot.BlockSize, 1)
+	if m := c.seen().Request.Match; c.replica < len(m) {
+		local = m[c.replica] * max(c.seen().Snapshot.BlockSize, 1)
 		if c.freq.Tokens > 0 && u.PromptTokens > 0 {
 			local = local * u.PromptTokens / c.freq.Tokens
 		}

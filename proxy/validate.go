@@ -63,6 +63,9 @@ func (c *Config) Validate() error {
 	if c.HealthPath != "" && !strings.HasPrefix(c.HealthPath, "/") {
 		errs = append(errs, fmt.Errorf("health-path %q: must start with /", c.HealthPath))
 	}
+	if c.ScrapeIdleInterval < 0 {
+		errs = append(errs, fmt.Errorf("scrape-idle-interval: must not be negative, got %s", c.ScrapeIdleInterval))
+	}
 	if c.ModelsInterval < 0 {
 		errs = append(errs, fmt.Errorf("models-interval: must not be negative, got %s", c.ModelsInterval))
 	}

@@ -115,18 +115,61 @@ const (
 // none of the known metrics is not an error (the Load is zero). Malformed
 // text in the lines it reads is an error.
 func Parse(r io.Reader) (Load, error) {
+	kp := texts.Get().(*[]byte)
+	defer putText(kp)
+	if err := readKept(kp, r); err != nil {
+		return Load{}, err
+	}
+	return parseKept(*kp)
+}
+
+// memo parses one replica's pages and keeps the last page's kept lines
+// and Load, so that a page whose kept lines did not change since (an idle
+// engine's, whatever its other families do) is not parsed again. Its zero
+// value is ready; it is not safe for concurrent use.
+type memo struct {
+	kept []byte
+	load Load
+	ok   bool // kept and load are a page's
+}
+
+// parse reads a page from r as Parse does; changed is false when its kept
+// lines are the last page's, whose Load it then returns unparsed. A page
+// that does not parse forgets the last one.
+func (m *memo) parse(r io.Reader) (l Load, changed bool, err error) {
+	kp := texts.Get().(*[]byte)
+	defer putText(kp)
+	if err := readKept(kp, r); err != nil {
+		return Load{}, true, err
+	}
+	if m.ok && bytes.Equal(m.kept, *kp) {
+		return m.load, false, nil
+	}
+	m.ok = false
+	if l, err = parseKept(*kp); err != nil {
+		return Load{}, true, err
+	}
+	m.kept, m.load, m.ok = append(m.kept[:0], *kp...), l, true
+	return l, true, nil
+}
+
+// readKept reads what r yields and sets *kp to its kept lines.
+func readKept(kp *[]byte, r io.Reader) error {
 	bp := texts.Get().(*[]byte)
 	defer putText(bp)
 	in, err := readAll(r, (*bp)[:0])
 	*bp = in
 	if err != nil {
-		return Load{}, fmt.Errorf("parse metrics: %w", err)
+		return fmt.Errorf("parse metrics: %w", err)
 	}
-	kp := texts.Get().(*[]byte)
-	defer putText(kp)
 	*kp = kept((*kp)[:0], in)
+	return nil
+}
+
+// parseKept parses the kept lines of a page.
+func parseKept(k []byte) (Load, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(*kp))
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(k))
 	if err != nil {
 		return Load{}, fmt.Errorf("parse metrics: %w", err)
 	}

@@ -61,6 +61,22 @@ type Scraper struct {
 	// reads as idle): the engine is not one kvrouter reads, or its
 	// metrics are off.
 	OnUnknown func(id string)
+	// IdleInterval is the longest time between two scrapes of an idle
+	// target: one whose last page had the load families of the one
+	// before (Parse's lines, not the whole page) and whose Activity
+	// channel did not close meanwhile. An idle target's scrapes back off,
+	// the gap doubling in whole Intervals up to IdleInterval; a changed
+	// page or a failed scrape brings them back to every Interval, and so
+	// does activity, at the start of the next Interval, so that a
+	// router's traffic finds its engines' load as fresh as without a
+	// backoff. Zero, or less than two Intervals, means no backoff.
+	IdleInterval time.Duration
+	// Activity, if set, returns a channel that closes when the router
+	// next sends target id a request or one of its requests there ends:
+	// what ends a backoff at once (IdleInterval); nil means only a
+	// changed page ends it. It is called before each scrape, from the
+	// target's metrics loop.
+	Activity func(id string) <-chan struct{}
 
 	targets poll.Group[*target]
 }
@@ -107,6 +123,14 @@ type target struct {
 	// slotsAt.
 	slots, slotCtx int
 	slotsAt        time.Time
+
+	// The metrics loop's own state: the last page (to parse a changed
+	// one only) and the backoff (IdleInterval): the Intervals from the
+	// last scrape to the next (zero: one) and the Activity channel taken
+	// before the last scrape.
+	page  memo
+	every int
+	moved <-chan struct{}
 }
 
 // Add starts scraping id (a base URL); adding a present id does nothing.
@@ -133,7 +157,7 @@ func (s *Scraper) Run(ctx context.Context) error {
 	// A replica is scraped and its models listed as soon as it is added:
 	// until then its block size and capacity are unknown, and any model
 	// may be routed to it.
-	loops := []poll.Loop[*target]{{Period: s.interval(), Immediate: true, Do: s.scrapeOnce}}
+	loops := []poll.Loop[*target]{{Period: s.interval(), Immediate: true, Do: s.scrapeOnce, Skip: s.skip}}
 	if every := s.modelsInterval(); every > 0 {
 		loops = append(loops, poll.Loop[*target]{Period: every, Immediate: true, Do: s.listOnce})
 	}
@@ -146,13 +170,18 @@ func (s *Scraper) Run(ctx context.Context) error {
 
 // scrapeOnce does one scrape of t and reports it.
 func (s *Scraper) scrapeOnce(ctx context.Context, _ string, t *target) {
-	l, err := s.fetch(ctx, t.id)
+	var moved <-chan struct{}
+	if s.Activity != nil && s.idlePeriods() > 1 {
+		moved = s.Activity(t.id) // before the scrape: what comes after it moves it
+	}
+	l, changed, err := s.fetch(ctx, t)
 	if err == nil && l.Engine == EngineLlamaCpp {
 		s.readSlots(ctx, t, &l)
 	}
 	if ctx.Err() != nil {
 		return // removed or stopping: a canceled scrape is not a failure
 	}
+	t.every, t.moved = s.nextEvery(t.every, err == nil && !changed && !closed(moved)), moved
 	t.mu.Lock()
 	if err != nil {
 		t.status.Errors++
@@ -194,23 +223,55 @@ func (s *Scraper) listOnce(ctx context.Context, _ string, t *target) {
 	}
 }
 
-// fetch GETs and parses one /metrics response.
-func (s *Scraper) fetch(ctx context.Context, id string) (Load, error) {
+// nextEvery is the Intervals from a scrape to the next: one, or, when the
+// target was idle, twice the last gap (every), at most IdleInterval.
+func (s *Scraper) nextEvery(every int, idle bool) int {
+	if !idle {
+		return 1
+	}
+	return min(2*max(every, 1), s.idlePeriods())
+}
+
+// skip is the metrics loop's poll.Loop.Skip: the Intervals t's backoff
+// leaves out, and the Activity channel that ends it.
+func (s *Scraper) skip(_ string, t *target) (int, <-chan struct{}) {
+	return max(t.every, 1) - 1, t.moved
+}
+
+// idlePeriods is the most Intervals between two scrapes of an idle
+// target (IdleInterval), at least 1.
+func (s *Scraper) idlePeriods() int {
+	return max(int(s.IdleInterval/s.interval()), 1)
+}
+
+// closed reports whether ch is closed; false for nil.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// fetch GETs and parses one /metrics response of t; changed is false when
+// its load families are the last page's (t.page).
+func (s *Scraper) fetch(ctx context.Context, t *target) (l Load, changed bool, err error) {
 	asked := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout())
 	defer cancel()
-	url := strings.TrimSuffix(id, "/") + s.path()
+	url := strings.TrimSuffix(t.id, "/") + s.path()
 	resp, err := get(ctx, s.Client, url, "text/plain;version=0.0.4")
 	if err != nil {
-		return Load{}, err
+		return Load{}, true, err
 	}
 	defer resp.Body.Close()
-	l, err := Parse(io.LimitReader(resp.Body, maxBody))
+	l, changed, err = t.page.parse(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
-		return Load{}, fmt.Errorf("scrape %s: %w", url, err)
+		return Load{}, true, fmt.Errorf("scrape %s: %w", url, err)
 	}
 	l.At, l.Asked = time.Now(), asked
-	return l, nil
+	return l, changed, nil
 }
 
 // readSlots fills l's slot count and context from t's last /slots

@@ -62,6 +62,7 @@ func serveFlags(fs *flag.FlagSet, cfg *proxy.Config, configPath *string) *backen
 	fs.Int64Var(&cfg.MaxBodyBytesTotal, "max-body-bytes-total", cfg.MaxBodyBytesTotal, "bound of the request bodies held in memory together, bytes; past it a request gets 503 with Retry-After before its body is read (0: a 16th of the memory limit, cgroup or physical, at most 32 times --max-body-bytes)")
 	fs.IntVar(&cfg.ChunkChars, "chunk-chars", cfg.ChunkChars, "prefix block size in characters (text mode)")
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")
+	fs.DurationVar(&cfg.ScrapeIdleInterval, "scrape-idle-interval", cfg.ScrapeIdleInterval, "longest gap between reads of an idle replica's /metrics (its load unchanged, no request sent to it since): reads back off to it, doubling, and return to --scrape-interval at the next tick once it has traffic or its load changes; 0 or not above --scrape-interval: no backoff; keep it under 1s, the age past which kv-aware ignores a load")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", cfg.HealthInterval, "how often each replica's /health is probed")
 	fs.StringVar(&cfg.HealthPath, "health-path", cfg.HealthPath, "path probed for each replica's health (empty: /health); a replica without it is probed at /v1/models, one without either judged by its requests alone")
 	fs.DurationVar(&cfg.ModelsInterval, "models-interval", cfg.ModelsInterval, "how often each replica's /v1/models is read again (models it serves; read once at start)")
