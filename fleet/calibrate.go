@@ -209,37 +209,48 @@ func (t *Ticket) predictedTTFT(u Usage) (predicted, compute time.Duration) {
 
 // observeITL corrects the replica's DecodeScale from a streamed request
 // that completed at now with usage u, batch being the replica's decode
-// batch then: its observed decode span, from first token to done, against
-// the cost model's inter-token latency at DecodeScale 1 (a decode step,
-// route.Rates.StepTime) times its output tokens but one. The batch it saw
-// is the mean of the batches at its first token and at its end, and its
-// sequences' context that many times its own mean context (prompt plus
-// half its output): the router sees neither the engine's iterations nor
-// the other sequences' lengths. The prefills that finished on the replica
-// meanwhile ran in the same iterations (chunked prefill) and lengthened
-// them: their predicted time, at the replica's learned Scale, is taken
-// off the observed span, so that DecodeScale corrects the decode side
-// alone, whatever the load. Requests of fewer than 2 output tokens have
-// no inter-token latency and are ignored, as are spans the Calibrator
-// finds too short to measure (MinPredicted). It reports whether it
-// observed anything; r.mu is held.
+// batch then, over its whole decode (observeDecodeLocked). Requests of
+// fewer than 2 output tokens have no inter-token latency and are
+// ignored. It reports whether it observed anything; r.mu is held.
 func (t *Ticket) observeITLLocked(now time.Time, u Usage, batch int) bool {
-	first := t.first.Load()
-	if first == 0 || u.CompletionTokens < 2 {
+	if u.CompletionTokens < 2 {
 		return false
 	}
-	span := now.Sub(t.sent) - time.Duration(first-1)
-	seqs := float64(t.batch0.Load()+int64(batch)) / 2
 	prompt := u.PromptTokens
 	if prompt <= 0 {
 		prompt = t.claim.PromptTokens
 	}
-	ctx := seqs * (float64(prompt) + float64(u.CompletionTokens)/2)
+	return t.observeDecodeLocked(&t.r.dcal, now, u.CompletionTokens-1, prompt, batch)
+}
+
+// observeDecodeLocked has c observe the decode of a streamed request from
+// its first token to now, gaps inter-token gaps of a prompt of prompt
+// tokens, batch being the replica's decode batch now: its observed span
+// against the cost model's inter-token latency at DecodeScale 1 (a
+// decode step, route.Rates.StepTime) times gaps. The batch it saw is the
+// mean of the batches at its first token and now, and its sequences'
+// context that many times its own mean context (prompt plus half its
+// output so far): the router sees neither the engine's iterations nor
+// the other sequences' lengths. The prefills that finished on the
+// replica meanwhile (since work0) ran in the same iterations (chunked
+// prefill) and lengthened them: their predicted time, at the replica's
+// learned Scale, is taken off the observed span, so that DecodeScale
+// corrects the decode side alone, whatever the load. Spans the
+// Calibrator finds too short to measure (MinPredicted) are ignored. It
+// reports whether it observed anything; r.mu is held.
+func (t *Ticket) observeDecodeLocked(c *Calibrator, now time.Time, gaps, prompt, batch int) bool {
+	first := t.first.Load()
+	if first == 0 || gaps < 1 {
+		return false
+	}
+	span := now.Sub(t.sent) - time.Duration(first-1)
+	seqs := float64(t.batch0.Load()+int64(batch)) / 2
+	ctx := seqs * (float64(prompt) + float64(gaps+1)/2)
 	r := t.r
 	others := time.Duration(r.prefilled.Load() - t.work0.Load())
 	rt := r.rates.WithDefaults()
-	predicted := rt.StepTime(seqs, ctx) * time.Duration(u.CompletionTokens-1)
-	r.dcal.Observe(predicted, span-time.Duration(float64(others)*r.cal.Scale()))
+	predicted := rt.StepTime(seqs, ctx) * time.Duration(gaps)
+	c.Observe(predicted, span-time.Duration(float64(others)*r.cal.Scale()))
 	return true
 }
 

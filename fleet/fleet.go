@@ -75,9 +75,9 @@ type Config struct {
 	CacheBlocks int
 	// Sessions bound a session to its replica: for how long, and how many.
 	Sessions
-	// Calibration is the template of each replica's two Calibrators (their
-	// tuning fields), for Scale and DecodeScale; the zero value uses the
-	// Calibrator defaults.
+	// Calibration is the template of each replica's Calibrators (their
+	// tuning fields), for Scale, DecodeScale and the streaming decodes'
+	// DecodeSpread; the zero value uses the Calibrator defaults.
 	Calibration Calibrator
 	// OverlayTTL is the life of the precise mode's just-routed overlay;
 	// zero means residency.DefaultOverlayTTL.
@@ -226,13 +226,14 @@ type replica struct {
 	completed, failed                           atomic.Int64
 	promptTokens, actualCached, predictedCached atomic.Int64
 
-	// mu guards load, scraped, cal, dcal, churn, rates, recent and the
-	// shares.
+	// mu guards load, scraped, cal, dcal, scal, churn, rates, recent and
+	// the shares.
 	mu        sync.Mutex
 	load      scrape.Load
 	scraped   bool
 	cal       Calibrator     // Scale, from times to first token
 	dcal      Calibrator     // DecodeScale, from inter-token latencies
+	scal      Calibrator     // DecodeSpread before dcal observes, from streaming decodes (Token)
 	hits      hitTally       // HitScale, from the engines' cached tokens
 	displaced displacedTally // Displaced, from the engines' cached tokens
 	churn     Churn
@@ -373,7 +374,7 @@ func (f *Fleet) AddReplica(rc Replica) error {
 	}
 	r := &replica{id: rc.ID, index: i, role: rc.Role, maxSeqs: max(rc.MaxNumSeqs, 0), ver: &f.vers[i], cal: f.cfg.Calibration}
 	r.cal.logScale, r.cal.dev, r.cal.n = 0, 0, 0
-	r.dcal = r.cal
+	r.dcal, r.scal = r.cal, r.cal
 	f.tr.AddReplica(r.index)
 	f.updateLocked(r) // r is not shared yet
 	r.healthy.Store(true)
@@ -492,6 +493,9 @@ func (f *Fleet) updateLocked(r *replica) {
 	r.rates.Scale = r.calShare.set(&f.cal, &r.cal)
 	r.rates.DecodeScale = r.dcalShare.set(&f.dcal, &r.dcal)
 	r.rates.Spread, r.rates.DecodeSpread = r.cal.Spread(), r.dcal.Spread()
+	if r.dcal.Observations() == 0 {
+		r.rates.DecodeSpread = r.scal.Spread() // progress.go
+	}
 	r.rates.HitScale = r.hits.scale()
 	r.rates.Displaced = r.displaced.share()
 	calibrated, dcalibrated := r.cal.Observations() > 0, r.dcal.Observations() > 0

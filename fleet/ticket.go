@@ -82,11 +82,15 @@ type Ticket struct {
 	scrapes uint64
 	// state is ticketPrefill, ticketDecoding or ticketDone.
 	state atomic.Uint32
+	// tokens counts the output tokens streamed after the first (Token).
+	tokens atomic.Uint32
 	// prefill is the claim's predicted prefill time at Scale 1.
 	prefill time.Duration
 	// For a streamed claim, FirstToken stores the replica's decode batch
 	// (batch0) and prefilled total (work0) then, and the time from sent to
-	// it plus 1 ns (first; zero: not yet), for Done's inter-token latency.
+	// it plus 1 ns (first; zero: not yet), for the inter-token latency
+	// observed at Done or as it streams (Token, which moves work0 to its
+	// second token).
 	batch0, work0, first atomic.Int64
 	// hold is its hold on its prompt's blocks in the index (hold.go).
 	hold ticketHold

@@ -27,6 +27,15 @@ func (c *call) firstByte(at time.Time) {
 	c.ticket.FirstToken(at)
 }
 
+// token runs at each streamed output token after the first: the
+// replica's inter-token latency is learned from the stream as it goes
+// (fleet.Ticket.Token).
+func (c *call) token(at time.Time) {
+	if c.routed && c.status < 300 {
+		c.ticket.Token(at)
+	}
+}
+
 // finish settles the call on every path: releases the replica's load,
 // feeds passive health, records metrics, completes the decision record,
 // logs the access line and ends the server span. It runs once, when the handler returns (also when it
@@ -136,7 +145,7 @@ func (rt *Router) recycle(c *call) {
 func (rt *Router) putCall(c *call) {
 	b := c.bufs
 	b.borrow(nil) // emptied now: a buffer past keepBytes is not kept in the pool
-	b.tap.Body, b.tap.OnFirst = nil, nil
+	b.tap.Body, b.tap.OnFirst, b.tap.OnToken = nil, nil, nil
 	*c = call{bufs: b} // holds nothing of the request
 	rt.pool.Put(c)
 }

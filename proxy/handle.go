@@ -125,17 +125,18 @@ type bufs struct {
 	st     stream  // a routed stream's reader, its buffers kept
 	rb     reqBody // the request body sent upstream
 
-	// owner is the call borrowing the buffers; onFirst is the tap's
-	// OnFirst, made once per buffer set: a method value of each call would
-	// allocate for every request.
-	owner   *call
-	onFirst func(time.Time)
+	// owner is the call borrowing the buffers; onFirst and onToken are
+	// the tap's OnFirst and OnToken, made once per buffer set: a method
+	// value of each call would allocate for every request.
+	owner            *call
+	onFirst, onToken func(time.Time)
 }
 
 // newBufs returns an empty buffer set.
 func newBufs() *bufs {
 	b := new(bufs)
 	b.onFirst = func(at time.Time) { b.owner.firstByte(at) }
+	b.onToken = func(at time.Time) { b.owner.token(at) }
 	return b
 }
 
@@ -569,6 +570,7 @@ func (rt *Router) modifyResponse(resp *http.Response) error {
 		resp.Body, sse = c.resp.wrap(resp.Body, resp.StatusCode, sse)
 	}
 	c.tap.Body, c.tap.SSE, c.tap.Strip, c.tap.OnFirst, c.tap.Now = resp.Body, sse, c.strip && sse, c.onFirst, rt.now
+	c.tap.OnToken = c.onToken
 	c.tap.Framed = sse && resp.Body == io.ReadCloser(&c.st) // the stream showed the tap its events
 	c.tapped = true
 	resp.Body = &c.tap

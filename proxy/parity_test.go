@@ -85,6 +85,8 @@ func (lr *liveReplay) play(t *testing.T, s sim.Step) (*call, bool) {
 		c := lr.calls[s.ReqID]
 		c.status = 200
 		c.firstByte(lr.now)
+	case sim.StepToken:
+		lr.calls[s.ReqID].token(lr.now)
 	case sim.StepDone:
 		c := lr.calls[s.ReqID]
 		delete(lr.calls, s.ReqID)

@@ -370,6 +370,11 @@ func (r *runner) onEngine(i int, ev *engine.Event) {
 			}
 			r.trace(Step{Kind: StepFirstToken, Replica: i, ReqID: ev.Req})
 		}
+	case engine.Token:
+		if j, ok := r.byID[ev.Req]; ok && r.jobs[j].id == ev.Req {
+			r.flights[j].ticket.Token(at(ev.At)) // the stream's progress, as the live router sees it
+			r.trace(Step{Kind: StepToken, Replica: i, ReqID: ev.Req})
+		}
 	case engine.Done:
 		r.onDone(i, ev)
 	case engine.BlockStored, engine.BlockRemoved, engine.AllCleared:
@@ -422,9 +427,9 @@ func (r *runner) onDone(i int, ev *engine.Event) {
 
 // itl is a request's mean inter-token latency: the time from its first
 // token to its last over the gaps between its output tokens, (E2E −
-// TTFT)/(Output − 1); zero for a single output token. The engine runs
-// without per-token events (Config.NoTokenEvents), so per-token gaps are
-// not seen; the mean is what the SLO checks.
+// TTFT)/(Output − 1); zero for a single output token. Per-token gaps are
+// not kept (the Token events only tell the tickets of the stream's
+// progress); the mean is what the SLO checks.
 func itl(first, last time.Duration, output int) time.Duration {
 	if output <= 1 {
 		return 0

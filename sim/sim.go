@@ -74,7 +74,8 @@ type Config struct {
 	// PresetName names Preset in the report ("llama3-8b-h100").
 	PresetName string
 	// Preset is every replica's engine configuration (engine.Preset).
-	// NoTokenEvents is forced on. Its CPUBlocks gives every replica a CPU
+	// NoTokenEvents is forced off: the tickets learn from the tokens as
+	// they stream, as the live router's do (fleet.Ticket.Token). Its CPUBlocks gives every replica a CPU
 	// offload tier.
 	Preset engine.Config
 	// InterconnectGBps, when positive, lets replicas import KV from one
@@ -207,7 +208,7 @@ func (c Config) withDefaults() (Config, error) {
 	if err := c.checkRouters(); err != nil {
 		return c, err
 	}
-	c.Preset.NoTokenEvents = true
+	c.Preset.NoTokenEvents = false
 	if c.InterconnectGBps < 0 {
 		return c, fmt.Errorf("sim: interconnect bandwidth %g GB/s < 0", c.InterconnectGBps)
 	}

@@ -37,6 +37,9 @@ const (
 	// StepRemove: a replica was taken out of the fleet (its requests in
 	// flight finish on it).
 	StepRemove
+	// StepToken: a request's stream delivered an output token after its
+	// first (fleet.Ticket.Token).
+	StepToken
 )
 
 // Step is one thing the router's side of a simulated run did or was told,

@@ -94,6 +94,10 @@ type Tap struct {
 	Strip bool
 	// OnFirst, if set, is told once the time of the first byte.
 	OnFirst func(at time.Time)
+	// OnToken, if set, is told the time of each SSE event after the first
+	// that carries output (a delta's content, text, reasoning or tool
+	// call): one token each, as vLLM and SGLang stream by default.
+	OnToken func(at time.Time)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Framed is set when Body hands out whole events that this Tap has
@@ -125,6 +129,8 @@ type Tap struct {
 	// ErrEvent is true once an SSE stream delivered an error event (data
 	// {"error": ...}): an end, but not a good one.
 	ErrEvent bool
+	// Outputs counts the SSE events that carried output.
+	Outputs int
 
 	eof   bool
 	given bool   // JSON: the caller read the usage (SetUsage)
@@ -316,6 +322,12 @@ func (t *Tap) observe(ev []byte, f *facts) bool {
 	if !t.Ended && bytes.HasPrefix(data, errorKey) {
 		t.Ended, t.ErrEvent = true, true
 	}
+	if f.hasContent || f.hasText || f.reasoning || f.toolCalls {
+		t.Outputs++
+		if t.Outputs > 1 && t.OnToken != nil {
+			t.OnToken(t.now())
+		}
+	}
 	if !f.usage {
 		return false
 	}
@@ -364,14 +376,18 @@ func (t *Tap) firstByte() {
 	if !t.First.IsZero() {
 		return
 	}
-	if t.Now != nil {
-		t.First = t.Now()
-	} else {
-		t.First = time.Now()
-	}
+	t.First = t.now()
 	if t.OnFirst != nil {
 		t.OnFirst(t.First)
 	}
+}
+
+// now is the Tap's clock's time.
+func (t *Tap) now() time.Time {
+	if t.Now != nil {
+		return t.Now()
+	}
+	return time.Now()
 }
 
 // Close closes the upstream body.

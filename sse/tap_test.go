@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 )
 
 const (
@@ -173,4 +174,25 @@ func FuzzTap(f *testing.F) {
 			i++
 		}
 	})
+}
+
+// TestTapTokens: the Tap tells OnToken of each event after the first that
+// carries output, one token each (the first is the first token, told by
+// OnFirst), at its clock's time; the usage-only, finish and [DONE]
+// events carry none.
+func TestTapTokens(t *testing.T) {
+	third := "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"reasoning_content\":\"hm\"}}],\"usage\":null}\n\n"
+	in := chunk1 + chunk2 + third + finish + usageOnly + done
+	var at []int
+	clock := 0
+	tap := &Tap{Body: io.NopCloser(iotest.OneByteReader(strings.NewReader(in))), SSE: true,
+		Now:     func() time.Time { clock++; return time.Unix(int64(clock), 0) },
+		OnToken: func(now time.Time) { at = append(at, int(now.Unix())) }}
+	if _, err := io.ReadAll(tap); err != nil {
+		t.Fatal(err)
+	}
+	// The clock is read at the first byte (1), then at chunk2 (2) and third (3).
+	if !slices.Equal(at, []int{2, 3}) || tap.Outputs != 3 {
+		t.Errorf("OnToken told at %v of %d output events, want [2 3] of 3", at, tap.Outputs)
+	}
 }
