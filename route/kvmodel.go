@@ -14,6 +14,8 @@
 //	          the replica that holds most of the prefix (source); Others gains the leg's
 //	          stall of the source's decodes and ttftWeight·behind there
 //	Prefill = compute(uncached after cached)·Scale + ⌈uncached/MaxBatchedTokens⌉·iter         cached, prefillNS, iterNS
+//	          cached = match·resident(age + queued·PrefillPerToken·Scale), the blocks outlasting the
+//	          queue's compute ahead (Wait's first term)                                          resident, queueNS
 //	Decode  = out·(step(life, lifeContext) + Δ)·DecodeScale                                   life, kept, lifeContext
 //	Others  = B'·compute·Scale + life·out·Δ·DecodeScale + ttftWeight·behind                   stalled, behind
 //	          B' = B × (the batch's mean 1/output) / (the fleet's), per token

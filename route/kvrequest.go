@@ -238,22 +238,29 @@ func (q *kvRequest) setRates(raw *Rates) {
 }
 
 // cached is the expected cached prompt tokens on replica i: the index's
-// match, at most the prompt, times the probability it is still resident,
-// taken at two points of its age profile when the request says where it
-// changes (Request.Fresh): the warm leading part at its age, the rest at
-// the match's.
+// match, at most the prompt, times the probability it is still resident
+// when the prefill starts, taken at two points of its age profile when
+// the request says where it changes (Request.Fresh): the warm leading
+// part at its age, the rest at the match's. Both ages run on by the
+// queue's wait for the prefill ahead (queueNS of queuedTokens, the
+// compute alone, as Backlog's): the blocks must outlast it, while the
+// misses of the requests queued there are stored.
 func (q *kvRequest) cached(rp *Replica, i int, rt *Rates) float64 {
 	m := q.matched(i)
 	if m <= 0 {
 		return 0
 	}
 	capacity := float64(rp.CacheBlocks) * float64(q.bs)
-	p := resident(ageOf(q.r, i), rt.Horizon, capacity, q.tokens)
+	var queued time.Duration
+	if rt.Horizon > 0 {
+		queued = ns(min(rt.queueNS(queuedTokens(rp, isFresh(rp, kvStaleAfter), q.tokens), 0, 1), 1<<62)) // an age plus it cannot wrap
+	}
+	p := resident(ageOf(q.r, i)+queued, rt.Horizon, capacity, q.tokens)
 	if i < len(q.r.Fresh) && q.r.Fresh[i] > 0 && p < 1 {
 		warm := min(float64(q.r.Fresh[i]*q.bs), m)
 		pw := 1.0
 		if i < len(q.r.FreshAge) {
-			pw = resident(q.r.FreshAge[i], rt.Horizon, capacity, q.tokens)
+			pw = resident(q.r.FreshAge[i]+queued, rt.Horizon, capacity, q.tokens)
 		}
 		p = (warm*max(pw, p) + (m-warm)*p) / m
 	}

@@ -76,7 +76,8 @@ func (r *Rates) iterNS(n, context float64) float64 {
 // request (queuedTokens): their compute at Scale, queued×PrefillPerToken×Scale,
 // in queued/MaxBatchedTokens iterations of iter×scale each, which also
 // carry the running decodes. kv-aware's model (priceWith, legAt), its
-// lower bound (kvprune.go) and Backlog (iter 0: the compute alone) all
+// lower bound (kvprune.go), the age its match reaches before the prefill
+// starts (cached) and Backlog (iter 0 for both: the compute alone) all
 // take the queue's wait from here.
 func (r *Rates) queueNS(queued, iter, scale float64) float64 {
 	return queued*float64(r.PrefillPerToken)*r.Scale + queued/float64(r.MaxBatchedTokens)*iter*scale
